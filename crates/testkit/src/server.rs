@@ -1,0 +1,812 @@
+//! Spawning, controlling and talking to `redis-server` child processes.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, BufReader, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::resp::{Reply, encode_command, read_reply};
+
+/// How long `start` waits for a freshly spawned server to answer `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Interval between readiness probes.
+const POLL: Duration = Duration::from_millis(10);
+/// How many ports `start` tries when the server exits early (port race).
+const START_ATTEMPTS: usize = 5;
+/// How long `restart` keeps retrying to bind the old port.
+const RESTART_BIND_WINDOW: Duration = Duration::from_secs(5);
+/// Connect/read/write timeout of [`RedisServer::cmd`].
+const CMD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Timeouts of a single readiness probe.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long `pause`/`resume` wait for the kernel to (un)stop the process.
+const SIGNAL_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Server log file name inside the server's directory.
+const LOG_FILE: &str = "redis.log";
+/// Where the server's stderr goes, inside its directory.
+const STDERR_FILE: &str = "redis.stderr";
+
+const NOT_FOUND: &str =
+    "redis-server not found: install it (apt-get install -y redis-server) or set REDIS_SERVER";
+
+/// Returns a TCP port on 127.0.0.1 that was free a moment ago: binds
+/// `127.0.0.1:0`, reads the port the kernel chose, and closes the socket.
+///
+/// Another process may take the port before you bind it; [`RedisServer::start`]
+/// handles that race by retrying on a new port.
+///
+/// # Panics
+/// If binding a loopback socket fails.
+pub fn free_port() -> u16 {
+    TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("testkit: cannot bind 127.0.0.1:0 to find a free port: {e}"))
+}
+
+#[derive(Clone, Debug, Default)]
+struct Config {
+    extra_args: Vec<String>,
+    persistence: bool,
+}
+
+impl Config {
+    /// The value following `--requirepass` in the extra args, if any; used
+    /// so the readiness probe can authenticate.
+    fn password(&self) -> Option<&str> {
+        self.extra_args
+            .iter()
+            .rposition(|a| a == "--requirepass")
+            .and_then(|i| self.extra_args.get(i + 1))
+            .map(String::as_str)
+    }
+}
+
+/// Configures a [`RedisServer`] before starting it. Get one from
+/// [`RedisServer::builder`].
+///
+/// ```
+/// let server = testkit::RedisServer::builder()
+///     .arg("--requirepass")
+///     .arg("s3cret")
+///     .start();
+/// assert_eq!(server.cmd_as("s3cret", &["PING"]).as_str(), Some("PONG"));
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use = "a builder does nothing until .start() is called"]
+pub struct ServerBuilder {
+    config: Config,
+}
+
+impl ServerBuilder {
+    /// Appends one extra `redis-server` command-line argument. Extra args come
+    /// after testkit's own, so they override them (`.arg("--save").arg("60 1")`).
+    pub fn arg(mut self, a: impl Into<String>) -> Self {
+        self.config.extra_args.push(a.into());
+        self
+    }
+
+    /// Appends several extra arguments, see [`ServerBuilder::arg`].
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.config
+            .extra_args
+            .extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Durable persistence. Off (the default): `--save "" --appendonly no`,
+    /// so a killed server loses everything. On: `--appendonly yes
+    /// --appendfsync always` (RDB snapshots stay off), so every acknowledged
+    /// write survives [`RedisServer::kill`] + [`RedisServer::restart`].
+    pub fn persistence(mut self, on: bool) -> Self {
+        self.config.persistence = on;
+        self
+    }
+
+    /// Starts the server and waits until it answers `PING`.
+    ///
+    /// Start it from the thread that will own it (normally the test's own
+    /// thread): see [`RedisServer`] on `PR_SET_PDEATHSIG`.
+    ///
+    /// # Panics
+    /// If `redis-server` cannot be found, or does not come up (the message
+    /// includes the tail of its log file).
+    pub fn start(self) -> RedisServer {
+        Launch::begin(redis_binary(), self.config, free_port).finish()
+    }
+}
+
+/// A real `redis-server` child process on a free loopback port with its own
+/// temporary directory, killed and cleaned up on drop.
+///
+/// The server runs with `--bind 127.0.0.1 --protected-mode no --daemonize no`,
+/// its data directory and `redis.log` in a fresh temporary directory (removed
+/// on drop), stdio to `/dev/null`, and no persistence unless
+/// [`ServerBuilder::persistence`] is on.
+///
+/// # Process hygiene
+/// * **Drop** resumes a paused server, sends `SIGKILL` and reaps it, then
+///   removes the directory. It runs during a test's panic unwinding too and
+///   never panics itself.
+/// * **`PR_SET_PDEATHSIG`**: the child asks the kernel for `SIGKILL` when its
+///   parent dies, so servers do not outlive a test process that is itself
+///   `SIGKILL`ed (or killed by Ctrl-C, which skips destructors). Linux ties
+///   this to the *thread* that spawned the server, not the process: start
+///   (and [`restart`](RedisServer::restart)) servers from the test's own
+///   thread, not from a short-lived helper thread, or the server is killed as
+///   soon as that thread exits. For the same reason, do not park servers in a
+///   `static` shared across tests: the first test's thread would own them.
+/// * **Own process group** (`setpgid(0, 0)`): a Ctrl-C in the terminal signals
+///   the whole foreground process group. Without this, `redis-server` would
+///   get `SIGINT` and run its own graceful shutdown (possibly writing files and
+///   logging) concurrently with the test's teardown. In its own group it is
+///   untouched, and the dying test process takes it down deterministically
+///   via `PDEATHSIG`.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    pid: u32,
+    port: u16,
+    paused: bool,
+    binary: PathBuf,
+    config: Config,
+    // Declared last: the Drop impl kills the child before the dir goes away.
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server with default settings; see [`ServerBuilder::start`].
+    pub fn start() -> RedisServer {
+        Self::builder().start()
+    }
+
+    /// A builder for a server with extra arguments or persistence.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    /// Starts `n` independent default servers (different ports and
+    /// directories). They boot concurrently but are all spawned from the
+    /// calling thread (see `PDEATHSIG` in the type docs).
+    pub fn start_many(n: usize) -> Vec<RedisServer> {
+        let binary = redis_binary();
+        let launches: Vec<Launch> = (0..n)
+            .map(|_| Launch::begin(binary.clone(), Config::default(), free_port))
+            .collect();
+        launches.into_iter().map(Launch::finish).collect()
+    }
+
+    /// The TCP port the server listens on (stable across [`restart`](Self::restart)).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `"127.0.0.1:PORT"`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `"redis://127.0.0.1:PORT"`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Process id of the current (or, after [`kill`](Self::kill), the last)
+    /// server process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The server's temporary data directory (holds `redis.log` and any
+    /// AOF files). Removed on drop.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Path of the server's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join(LOG_FILE)
+    }
+
+    /// Freezes the server with `SIGSTOP` and waits until the kernel reports
+    /// it stopped. Clients can still connect (the kernel completes the
+    /// handshake) but get no replies until [`resume`](Self::resume).
+    /// Idempotent.
+    ///
+    /// # Panics
+    /// If the server is not running.
+    pub fn pause(&mut self) {
+        if self.paused {
+            return;
+        }
+        if !self.signal(libc::SIGSTOP) {
+            panic!(
+                "testkit: pause: redis-server on port {} is not running",
+                self.port
+            );
+        }
+        self.paused = true;
+        self.wait_stopped_state(true);
+    }
+
+    /// Undoes [`pause`](Self::pause) with `SIGCONT`. Idempotent; a no-op on a
+    /// server that is not paused (including a killed one).
+    pub fn resume(&mut self) {
+        if !self.paused {
+            return;
+        }
+        self.paused = false;
+        if self.signal(libc::SIGCONT) {
+            self.wait_stopped_state(false);
+        }
+    }
+
+    /// `SIGKILL`s the server (paused or not) and reaps it. No data is flushed.
+    /// A no-op if it is not running.
+    pub fn kill(&mut self) {
+        self.stop_quietly();
+    }
+
+    /// Starts the server again on the **same port and directory** (killing
+    /// it first if it is running) and waits until it answers. Data survives
+    /// only with [`ServerBuilder::persistence`] on. Retries the bind for a
+    /// few seconds in case the old socket lingers.
+    ///
+    /// Call it from the thread that should own the server (see the type docs
+    /// on `PDEATHSIG`).
+    ///
+    /// # Panics
+    /// If the server does not come back up.
+    pub fn restart(&mut self) {
+        self.kill();
+        let bind_deadline = Instant::now() + RESTART_BIND_WINDOW;
+        let mut failures = Vec::new();
+        loop {
+            let mut child = spawn(&self.binary, &self.config, self.port, self.dir.path());
+            let ready_deadline = Instant::now() + READY_TIMEOUT;
+            match wait_ready(
+                &mut child,
+                self.port,
+                self.config.password(),
+                ready_deadline,
+            ) {
+                Ok(()) => {
+                    self.pid = child.id();
+                    self.child = Some(child);
+                    return;
+                }
+                Err(StartError::Exited(status)) if Instant::now() < bind_deadline => {
+                    failures.push(format!("exited early ({status})"));
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(err) => {
+                    kill_and_reap(&mut child);
+                    failures.push(err.to_string());
+                    panic!(
+                        "testkit: redis-server did not restart on port {}: {}\n{}",
+                        self.port,
+                        failures.join("; "),
+                        log_tail(self.dir.path())
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether the server process is alive (a paused server counts as
+    /// running). Reaps it if it exited on its own.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                self.paused = false;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Runs one command on a fresh connection (RESP2, 5 s timeouts) and
+    /// returns the reply; Redis errors come back as [`Reply::Error`].
+    ///
+    /// # Panics
+    /// On connection or protocol failure, including a timeout (e.g. because
+    /// the server is paused); the message names the command and the port.
+    pub fn cmd(&self, args: &[&str]) -> Reply {
+        self.try_cmd(args, CMD_TIMEOUT)
+            .unwrap_or_else(|e| self.cmd_panic(args, e))
+    }
+
+    /// Like [`cmd`](Self::cmd), but first sends `AUTH password` on the same
+    /// connection. If `AUTH` fails, its error reply is returned instead.
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd).
+    pub fn cmd_as(&self, password: &str, args: &[&str]) -> Reply {
+        let mut replies = self
+            .exchange(&[&["AUTH", password], args], CMD_TIMEOUT)
+            .unwrap_or_else(|e| self.cmd_panic(args, e));
+        let reply = replies.pop().expect("two replies");
+        let auth = replies.pop().expect("two replies");
+        if auth.is_error() { auth } else { reply }
+    }
+
+    /// Non-panicking [`cmd`](Self::cmd) with a caller-chosen timeout for
+    /// connect, write and read (e.g. to assert that a paused or killed server
+    /// does *not* answer).
+    ///
+    /// # Errors
+    /// Connection, I/O, timeout (`WouldBlock`/`TimedOut`) or protocol errors.
+    pub fn try_cmd(&self, args: &[&str], timeout: Duration) -> io::Result<Reply> {
+        let mut replies = self.exchange(&[args], timeout)?;
+        Ok(replies.pop().expect("one reply"))
+    }
+
+    fn exchange(&self, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<Reply>> {
+        assert!(
+            cmds.iter().all(|c| !c.is_empty()),
+            "testkit: cmd needs at least one argument"
+        );
+        exchange(self.port, cmds, timeout)
+    }
+
+    fn cmd_panic(&self, args: &[&str], e: io::Error) -> ! {
+        let why = match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
+                "timed out after {CMD_TIMEOUT:?}{}",
+                if self.paused {
+                    " (the server is paused)"
+                } else {
+                    ""
+                }
+            ),
+            _ => e.to_string(),
+        };
+        panic!(
+            "testkit: command `{}` to redis-server on 127.0.0.1:{} failed: {why}",
+            args.join(" "),
+            self.port
+        )
+    }
+
+    /// Sends `sig` to the live child; `false` if there is none. Checking
+    /// `try_wait` first guarantees the pid has not been reaped (and so cannot
+    /// have been recycled) when we signal it.
+    fn signal(&mut self, sig: libc::c_int) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return false;
+        };
+        if !matches!(child.try_wait(), Ok(None)) {
+            return false;
+        }
+        // SAFETY: plain syscall on our own unreaped child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, sig) == 0 }
+    }
+
+    /// Polls `/proc/PID/stat` until the process is (or is no longer) in the
+    /// stopped state `T`, so `pause` returns only once the server is frozen.
+    fn wait_stopped_state(&mut self, stopped: bool) {
+        let deadline = Instant::now() + SIGNAL_SETTLE_TIMEOUT;
+        loop {
+            match process_state(self.pid) {
+                Some(state) if (state == 'T') == stopped => return,
+                None => return, // gone (or no /proc): nothing to wait for
+                Some(_) => {}
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "testkit: redis-server pid {} did not {} within {:?}",
+                    self.pid,
+                    if stopped { "stop" } else { "continue" },
+                    SIGNAL_SETTLE_TIMEOUT
+                );
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// SIGCONT (if paused), SIGKILL, reap. Never panics.
+    fn stop_quietly(&mut self) {
+        if self.paused {
+            self.signal(libc::SIGCONT);
+            self.paused = false;
+        }
+        if let Some(mut child) = self.child.take() {
+            kill_and_reap(&mut child);
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop_quietly();
+        // `dir: TempDir` is removed after this, ignoring errors.
+    }
+}
+
+/// One server being brought up: spawned, not yet known to be ready. Wraps a
+/// `RedisServer` so its Drop cleans up if anything panics half-way (e.g. one
+/// of several servers in `start_many` fails).
+struct Launch {
+    server: RedisServer,
+    next_port: fn() -> u16,
+}
+
+impl Launch {
+    fn begin(binary: PathBuf, config: Config, next_port: fn() -> u16) -> Launch {
+        let dir = tempfile::Builder::new()
+            .prefix("testkit-redis-")
+            .tempdir()
+            .unwrap_or_else(|e| panic!("testkit: cannot create a temporary directory: {e}"));
+        let port = next_port();
+        let child = spawn(&binary, &config, port, dir.path());
+        Launch {
+            server: RedisServer {
+                pid: child.id(),
+                child: Some(child),
+                port,
+                paused: false,
+                binary,
+                config,
+                dir,
+            },
+            next_port,
+        }
+    }
+
+    /// Waits for readiness, retrying on new ports if the server exits early.
+    fn finish(mut self) -> RedisServer {
+        let s = &mut self.server;
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            if attempt > 1 {
+                s.port = (self.next_port)();
+                let child = spawn(&s.binary, &s.config, s.port, s.dir.path());
+                s.pid = child.id();
+                s.child = Some(child);
+            }
+            let child = s.child.as_mut().expect("just spawned");
+            let deadline = Instant::now() + READY_TIMEOUT;
+            match wait_ready(child, s.port, s.config.password(), deadline) {
+                Ok(()) => return self.server,
+                Err(err @ StartError::Exited(_)) => {
+                    failures.push(format!("port {}: {err}", s.port));
+                }
+                Err(err @ StartError::TimedOut) => {
+                    s.kill();
+                    failures.push(format!("port {}: {err}", s.port));
+                    break;
+                }
+            }
+        }
+        panic!(
+            "testkit: redis-server ({}) did not start: {}\n{}",
+            s.binary.display(),
+            failures.join("; "),
+            log_tail(s.dir.path())
+        );
+    }
+}
+
+#[derive(Debug)]
+enum StartError {
+    Exited(ExitStatus),
+    TimedOut,
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Exited(status) => write!(f, "exited early ({status})"),
+            StartError::TimedOut => write!(f, "no PONG within {READY_TIMEOUT:?}"),
+        }
+    }
+}
+
+fn spawn(binary: &Path, config: &Config, port: u16, dir: &Path) -> Child {
+    let mut cmd = Command::new(binary);
+    cmd.arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join(LOG_FILE))
+        .args(["--daemonize", "no", "--protected-mode", "no", "--save", ""]);
+    if config.persistence {
+        cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+    } else {
+        cmd.args(["--appendonly", "no"]);
+    }
+    // stderr goes to a file rather than /dev/null: redis reports bad
+    // arguments there (before it opens its log file), and the start-up panic
+    // message includes it.
+    let stderr = fs::File::create(dir.join(STDERR_FILE))
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null());
+    cmd.args(&config.extra_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the forked child before exec; it only makes
+    // async-signal-safe syscalls (prctl, getppid) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap_or_else(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            panic!("{NOT_FOUND} (tried {})", binary.display());
+        }
+        panic!("testkit: cannot spawn {}: {e}", binary.display())
+    })
+}
+
+/// Polls until the child answers `PING` on `port` *and* owns the listening
+/// socket (so a different server that grabbed the same port is not mistaken
+/// for ours), the child exits, or the deadline passes.
+fn wait_ready(
+    child: &mut Child,
+    port: u16,
+    password: Option<&str>,
+    deadline: Instant,
+) -> Result<(), StartError> {
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(StartError::Exited(status));
+        }
+        if probe(port, password) && owns_listener(child.id(), port) {
+            // Re-check: if it lost a bind race it may have just exited.
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(StartError::Exited(status));
+            }
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(StartError::TimedOut);
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// `PING` (after `AUTH` if the password is known): `+PONG` means up; so does
+/// `-NOAUTH` when the password is unknown. `-LOADING` and anything else: not yet.
+fn probe(port: u16, password: Option<&str>) -> bool {
+    let result = match password {
+        Some(pw) => exchange(port, &[&["AUTH", pw], &["PING"]], PROBE_TIMEOUT),
+        None => exchange(port, &[&["PING"]], PROBE_TIMEOUT),
+    };
+    match result.ok().and_then(|mut r| r.pop()) {
+        Some(Reply::Status(s)) => s == "PONG",
+        Some(Reply::Error(e)) => e.starts_with("NOAUTH"),
+        _ => false,
+    }
+}
+
+/// Sends all commands pipelined on one fresh connection, reads one reply each.
+fn exchange(port: u16, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<Reply>> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    let mut out = Vec::new();
+    for args in cmds {
+        encode_command(&mut out, args);
+    }
+    (&stream).write_all(&out)?;
+    let mut reader = BufReader::new(&stream);
+    let replies = cmds
+        .iter()
+        .map(|_| read_reply(&mut reader))
+        .collect::<io::Result<Vec<_>>>()?;
+    let _ = stream.shutdown(Shutdown::Both);
+    Ok(replies)
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port`, judged from
+/// `/proc/net/tcp{,6}` and `/proc/PID/fd`. If `/proc` cannot be read, assumes
+/// yes (falls back to trusting the `PING`).
+fn owns_listener(pid: u32, port: u16) -> bool {
+    let mut inodes = Vec::new();
+    let mut readable = false;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = fs::read_to_string(table) else {
+            continue;
+        };
+        readable = true;
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) =
+                (fields.get(1), fields.get(3), fields.get(9))
+            else {
+                continue;
+            };
+            let local_port = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if *state == "0A" && local_port == Some(port) {
+                inodes.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if !readable {
+        return true;
+    }
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return true;
+    };
+    fds.flatten().any(|fd| {
+        fs::read_link(fd.path())
+            .ok()
+            .and_then(|target| target.to_str().map(|t| inodes.iter().any(|i| i == t)))
+            .unwrap_or(false)
+    })
+}
+
+/// The state letter from `/proc/PID/stat` (`R`, `S`, `T`, `Z`, ...).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+fn kill_and_reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The last lines of the server's log and stderr, for panic messages.
+fn log_tail(dir: &Path) -> String {
+    const LINES: usize = 30;
+    let mut out = String::new();
+    for name in [LOG_FILE, STDERR_FILE] {
+        let path = dir.join(name);
+        match fs::read_to_string(&path) {
+            Ok(text) if text.trim().is_empty() => {}
+            Ok(text) => {
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(LINES)..].join("\n");
+                out.push_str(&format!("--- tail of {} ---\n{tail}\n", path.display()));
+            }
+            Err(e) => out.push_str(&format!("(no {}: {e})\n", path.display())),
+        }
+    }
+    out
+}
+
+/// `$REDIS_SERVER` if set, else `redis-server` on `$PATH`; panics if missing.
+fn redis_binary() -> PathBuf {
+    find_redis_server(std::env::var_os("REDIS_SERVER"), std::env::var_os("PATH"))
+        .unwrap_or_else(|msg| panic!("{msg}"))
+}
+
+fn find_redis_server(
+    env_override: Option<OsString>,
+    path: Option<OsString>,
+) -> Result<PathBuf, String> {
+    if let Some(p) = env_override.filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if is_executable(&p) {
+            Ok(p)
+        } else {
+            Err(format!(
+                "{NOT_FOUND} (REDIS_SERVER={} is not an executable file)",
+                p.display()
+            ))
+        };
+    }
+    path.iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("redis-server"))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| NOT_FOUND.to_owned())
+}
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn finds_redis_server_via_env_then_path() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fake = tmp.path().join("redis-server");
+        fs::write(&fake, "#!/bin/sh\n").unwrap();
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+
+        assert_eq!(
+            find_redis_server(Some(fake.clone().into()), None).unwrap(),
+            fake
+        );
+        assert_eq!(
+            find_redis_server(
+                None,
+                Some(std::env::join_paths(["/nonexistent", tmp.path().to_str().unwrap()]).unwrap())
+            )
+            .unwrap(),
+            fake
+        );
+        let err = find_redis_server(None, Some("/nonexistent".into())).unwrap_err();
+        assert_eq!(err, NOT_FOUND);
+        let err = find_redis_server(Some("/nonexistent/redis".into()), None).unwrap_err();
+        assert!(err.starts_with(NOT_FOUND), "{err}");
+    }
+
+    #[test]
+    fn password_is_taken_from_requirepass_arg() {
+        let c = RedisServer::builder().arg("--requirepass").arg("pw").config;
+        assert_eq!(c.password(), Some("pw"));
+        assert_eq!(Config::default().password(), None);
+    }
+
+    /// Ports handed out to `Launch::begin` by `scripted_port`.
+    static SCRIPT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+    fn scripted_port() -> u16 {
+        SCRIPT.lock().unwrap().pop().unwrap_or_else(free_port)
+    }
+
+    #[test]
+    fn start_retries_on_a_new_port_when_the_port_is_taken() {
+        // A plain listener holds port A; then a real redis holds port B.
+        // A server started on A, then B, must fail both and land elsewhere,
+        // and must not mistake the redis on B for itself.
+        let blocker = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let taken = blocker.local_addr().unwrap().port();
+        let other = RedisServer::start();
+        other.cmd(&["SET", "owner", "other"]);
+        *SCRIPT.lock().unwrap() = vec![other.port(), taken];
+
+        let server = Launch::begin(redis_binary(), Config::default(), scripted_port).finish();
+        assert_ne!(server.port(), taken);
+        assert_ne!(server.port(), other.port());
+        assert!(server.cmd(&["GET", "owner"]).is_nil());
+        assert_eq!(other.cmd(&["GET", "owner"]).as_str(), Some("other"));
+    }
+
+    #[test]
+    fn process_state_reports_running_process() {
+        let state = process_state(std::process::id()).unwrap();
+        assert!(matches!(state, 'R' | 'S'), "{state}");
+    }
+}

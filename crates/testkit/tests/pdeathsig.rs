@@ -1,0 +1,76 @@
+//! A server must not outlive a test process that is SIGKILLed (no destructors
+//! run): `PR_SET_PDEATHSIG` takes it down.
+//!
+//! The test re-runs its own binary as a child process that starts a server,
+//! reports the server's pid and directory, and blocks; the parent SIGKILLs
+//! the child and watches the server disappear.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "TESTKIT_PDEATHSIG_CHILD";
+const TEST_NAME: &str = "server_dies_with_a_sigkilled_test_process";
+
+/// Gone, or a zombie waiting for a (possibly absent) reaper: either way dead.
+fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+    }
+}
+
+#[test]
+fn server_dies_with_a_sigkilled_test_process() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        let server = testkit::RedisServer::start();
+        println!("REDIS_PID={}", server.pid());
+        println!("REDIS_DIR={}", server.dir().display());
+        // Block until the parent kills us.
+        let _ = std::io::stdin().read_line(&mut String::new());
+        return;
+    }
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut pid = None;
+    let mut dir = None;
+    while pid.is_none() || dir.is_none() {
+        // libtest prints "test NAME ... " first, on the same line.
+        let line = lines
+            .next()
+            .expect("child exited before reporting")
+            .unwrap();
+        if let Some(p) = line.split_once("REDIS_PID=").map(|(_, p)| p) {
+            pid = Some(p.parse::<u32>().unwrap());
+        } else if let Some(d) = line.split_once("REDIS_DIR=").map(|(_, d)| d) {
+            dir = Some(d.to_owned());
+        }
+    }
+    let (pid, dir) = (pid.unwrap(), dir.unwrap());
+    assert!(!dead(pid), "server {pid} not running before the kill");
+
+    child.kill().unwrap(); // SIGKILL: no Drop runs in the child
+    child.wait().unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !dead(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "redis-server {pid} outlived its SIGKILLed parent"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The child could not clean up its temp dir; do it for it.
+    let _ = std::fs::remove_dir_all(dir);
+}

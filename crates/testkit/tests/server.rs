@@ -1,0 +1,261 @@
+//! Behaviour of `testkit::RedisServer` against real `redis-server` processes.
+
+// `libc::kill(pid, 0)` is the independent check that a process is gone.
+#![allow(unsafe_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+use testkit::{RedisServer, Reply};
+
+/// `true` if `kill(pid, 0)` fails with `ESRCH`: no such process (not even a
+/// zombie).
+fn process_gone(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence; nothing is delivered.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    rc == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+fn refuses_connections(port: u16) -> bool {
+    matches!(
+        TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.kind()),
+        Err(ErrorKind::ConnectionRefused)
+    )
+}
+
+#[test]
+fn start_answers_ping_and_round_trips_set_get() {
+    let server = RedisServer::start();
+    assert_ne!(server.port(), 6379);
+    assert_eq!(server.addr(), format!("127.0.0.1:{}", server.port()));
+    assert_eq!(server.url(), format!("redis://127.0.0.1:{}", server.port()));
+    assert_eq!(server.cmd(&["PING"]), Reply::Status("PONG".into()));
+    assert_eq!(
+        server.cmd(&["SET", "greeting", "hello world"]).as_str(),
+        Some("OK")
+    );
+    assert_eq!(
+        server.cmd(&["GET", "greeting"]).as_str(),
+        Some("hello world")
+    );
+    assert!(server.cmd(&["GET", "missing"]).is_nil());
+    assert_eq!(server.cmd(&["INCR", "n"]), Reply::Int(1));
+    assert!(server.cmd(&["NOSUCHCOMMAND"]).is_error());
+
+    server.cmd(&["RPUSH", "list", "a", "b", ""]);
+    let list = server.cmd(&["LRANGE", "list", "0", "-1"]);
+    let items: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert_eq!(items, ["a", "b", ""]);
+}
+
+#[test]
+fn servers_are_independent() {
+    let servers = RedisServer::start_many(3);
+    let mut ports: Vec<u16> = servers.iter().map(RedisServer::port).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 3);
+    assert_ne!(servers[0].pid(), servers[1].pid());
+
+    servers[0].cmd(&["SET", "k", "zero"]);
+    assert_eq!(servers[0].cmd(&["GET", "k"]).as_str(), Some("zero"));
+    assert!(servers[1].cmd(&["GET", "k"]).is_nil());
+    assert!(servers[2].cmd(&["GET", "k"]).is_nil());
+
+    let other = RedisServer::start();
+    assert!(!servers.iter().any(|s| s.port() == other.port()));
+}
+
+#[test]
+fn drop_kills_the_process_frees_the_port_and_removes_the_dir() {
+    let server = RedisServer::start();
+    let (pid, port, dir) = (server.pid(), server.port(), server.dir().to_owned());
+    assert!(!process_gone(pid));
+    assert!(dir.join("redis.log").exists());
+    drop(server);
+    assert!(process_gone(pid), "pid {pid} still exists after drop");
+    assert!(
+        refuses_connections(port),
+        "port {port} still accepts connections"
+    );
+    assert!(!dir.exists());
+}
+
+#[test]
+fn drop_of_a_paused_server_kills_it() {
+    let mut server = RedisServer::start();
+    let pid = server.pid();
+    server.pause();
+    drop(server);
+    assert!(process_gone(pid));
+}
+
+#[test]
+fn paused_server_does_not_answer_until_resumed() {
+    let mut server = RedisServer::start();
+    server.pause();
+    server.pause(); // idempotent
+    assert!(
+        server.is_running(),
+        "a paused server is still a live process"
+    );
+
+    // The kernel still accepts the connection, but nobody answers.
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    stream.write_all(b"PING\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let err = stream.read(&mut buf).expect_err("a paused server answered");
+    assert!(
+        matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+        "{err:?}"
+    );
+    let err = server
+        .try_cmd(&["PING"], Duration::from_millis(200))
+        .unwrap_err();
+    assert!(matches!(
+        err.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut
+    ));
+
+    server.resume();
+    server.resume(); // idempotent
+
+    // The request queued while paused is answered now...
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let n = stream.read(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"+PONG\r\n");
+    // ...and new connections work as usual.
+    assert_eq!(server.cmd(&["PING"]).as_str(), Some("PONG"));
+}
+
+#[test]
+fn kill_works_on_a_paused_server() {
+    let mut server = RedisServer::start();
+    let (pid, port) = (server.pid(), server.port());
+    server.pause();
+    server.kill();
+    assert!(!server.is_running());
+    assert!(process_gone(pid));
+    assert!(refuses_connections(port));
+    server.resume(); // no-op on a dead server
+    server.kill(); // no-op too
+}
+
+#[test]
+fn restart_without_persistence_loses_data() {
+    let mut server = RedisServer::start();
+    let (port, old_pid) = (server.port(), server.pid());
+    server.cmd(&["SET", "k", "v"]);
+    server.kill();
+    assert!(!server.is_running());
+    server.restart();
+    assert!(server.is_running());
+    assert_eq!(server.port(), port);
+    assert_ne!(server.pid(), old_pid);
+    assert!(process_gone(old_pid));
+    assert!(server.cmd(&["GET", "k"]).is_nil());
+}
+
+#[test]
+fn restart_with_persistence_keeps_acknowledged_writes() {
+    let mut server = RedisServer::builder().persistence(true).start();
+    let port = server.port();
+    assert_eq!(server.cmd(&["SET", "k", "v"]).as_str(), Some("OK"));
+    assert_eq!(server.cmd(&["INCR", "n"]), Reply::Int(1));
+    server.kill();
+    server.restart();
+    assert_eq!(server.port(), port);
+    assert_eq!(server.cmd(&["GET", "k"]).as_str(), Some("v"));
+    assert_eq!(server.cmd(&["GET", "n"]).as_int(), Some(1));
+}
+
+#[test]
+fn restart_of_a_running_or_paused_server_kills_it_first() {
+    let mut server = RedisServer::builder().persistence(true).start();
+    server.cmd(&["SET", "k", "v"]);
+    let first = server.pid();
+    server.restart();
+    assert!(process_gone(first));
+    assert_eq!(server.cmd(&["GET", "k"]).as_str(), Some("v"));
+
+    let second = server.pid();
+    server.pause();
+    server.restart();
+    assert!(process_gone(second));
+    assert_eq!(server.cmd(&["GET", "k"]).as_str(), Some("v"));
+}
+
+#[test]
+fn requirepass_is_enforced_and_cmd_as_authenticates() {
+    let mut server = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("pw")
+        .start();
+    let reply = server.cmd(&["PING"]);
+    assert!(
+        reply.as_error().is_some_and(|e| e.starts_with("NOAUTH")),
+        "{reply}"
+    );
+    assert_eq!(server.cmd_as("pw", &["PING"]).as_str(), Some("PONG"));
+    assert_eq!(server.cmd_as("pw", &["SET", "k", "v"]).as_str(), Some("OK"));
+    assert_eq!(server.cmd_as("pw", &["GET", "k"]).as_str(), Some("v"));
+    let wrong = server.cmd_as("nope", &["GET", "k"]);
+    assert!(wrong.is_error(), "{wrong}");
+
+    // Extra args survive a restart.
+    server.restart();
+    assert!(server.cmd(&["PING"]).is_error());
+    assert_eq!(server.cmd_as("pw", &["PING"]).as_str(), Some("PONG"));
+}
+
+#[test]
+fn drop_during_a_panic_kills_the_server() {
+    let mut recorded = None;
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let server = RedisServer::start();
+        recorded = Some((server.pid(), server.port(), server.dir().to_owned()));
+        panic!("test failure while the server is up");
+    }));
+    assert!(result.is_err());
+    let (pid, port, dir) = recorded.unwrap();
+    assert!(process_gone(pid), "pid {pid} survived the panic");
+    assert!(refuses_connections(port));
+    assert!(!dir.exists());
+}
+
+#[test]
+fn cmd_panics_with_the_command_and_port_when_the_server_is_down() {
+    let mut server = RedisServer::start();
+    let port = server.port();
+    server.kill();
+    let err = catch_unwind(AssertUnwindSafe(|| server.cmd(&["GET", "k"]))).unwrap_err();
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("GET k"), "{msg}");
+    assert!(msg.contains(&port.to_string()), "{msg}");
+}
+
+#[test]
+fn start_failure_panics_with_the_servers_complaint() {
+    let err = catch_unwind(|| {
+        RedisServer::builder()
+            .arg("--no-such-option")
+            .arg("1")
+            .start()
+    })
+    .unwrap_err();
+    let msg = err.downcast_ref::<String>().unwrap();
+    assert!(msg.contains("did not start"), "{msg}");
+    assert!(msg.contains("no-such-option"), "{msg}");
+}
