@@ -1,0 +1,156 @@
+//! Talking to Redis nodes: connections with explicit timeouts, script calls, and the
+//! mapping of driver errors to fencelock's typed [`Error`].
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
+
+use crate::error::{Error, UnavailableReason};
+
+/// Timeouts for one node's connection.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
+
+/// One Redis node: a multiplexed connection that reconnects by itself, shared by every
+/// lock of a client. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Node {
+    /// `host:port`, never with credentials: it goes into error messages.
+    addr: String,
+    conn: ConnectionManager,
+    /// The longest one call may take, reconnecting included.
+    call_timeout: Duration,
+}
+
+impl Node {
+    /// Connects to the node at `url`, failing fast when nothing answers.
+    pub async fn connect(url: &str, timeouts: Timeouts) -> Result<Self, Error> {
+        let client = redis::Client::open(url).map_err(|e| {
+            Error::invalid(
+                "Redis URL",
+                format!(
+                    "{} does not parse ({}); expected redis://[user:password@]host[:port][/db]",
+                    redact(url),
+                    e.detail().unwrap_or(e.category())
+                ),
+            )
+        })?;
+        let addr = client.get_connection_info().addr().to_string();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response))
+            // One quick retry: a lock caller would rather hear "unavailable" than wait
+            // through a long reconnect schedule. Later calls reconnect again.
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(Duration::from_millis(200));
+        let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
+        let connecting = ConnectionManager::new_with_config(client, config);
+        let conn = match tokio::time::timeout(call_timeout, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err(map_error(&addr, &e)),
+            Err(_) => return Err(timed_out(&addr, call_timeout)),
+        };
+        Ok(Self {
+            addr,
+            conn,
+            call_timeout,
+        })
+    }
+
+    /// The node's `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Runs a script, bounded by the call timeout.
+    ///
+    /// Cancel safety: dropping the future may leave the script running on the server, or
+    /// already run; callers that write must treat that as an unknown outcome.
+    pub async fn run<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, Error> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.call_timeout, inv.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(map_error(&self.addr, &e)),
+            Err(_) => Err(timed_out(&self.addr, self.call_timeout)),
+        }
+    }
+}
+
+fn timed_out(addr: &str, after: Duration) -> Error {
+    Error::Unavailable {
+        node: addr.to_owned(),
+        reason: UnavailableReason::TimedOut,
+        detail: format!("no answer within {after:?}"),
+    }
+}
+
+/// Sorts a driver error into the variant the caller acts on.
+fn map_error(addr: &str, e: &RedisError) -> Error {
+    let message = || {
+        let mut m = e.code().unwrap_or_default().to_owned();
+        if let Some(d) = e.detail() {
+            if !m.is_empty() {
+                m.push(' ');
+            }
+            m.push_str(d);
+        }
+        if m.is_empty() { e.to_string() } else { m }
+    };
+    let unavailable = |reason| Error::Unavailable {
+        node: addr.to_owned(),
+        reason,
+        detail: e.to_string(),
+    };
+    if e.is_timeout() {
+        return unavailable(UnavailableReason::TimedOut);
+    }
+    if e.is_connection_refusal() {
+        return unavailable(UnavailableReason::Refused);
+    }
+    match e.kind() {
+        ErrorKind::Io => unavailable(UnavailableReason::Io),
+        ErrorKind::AuthenticationFailed => Error::Rejected {
+            node: addr.to_owned(),
+            code: "WRONGPASS".to_owned(),
+            message: "authentication failed: wrong user name or password".to_owned(),
+        },
+        ErrorKind::Server(ServerErrorKind::BusyLoading) => unavailable(UnavailableReason::Io),
+        _ if e.code().is_some() => Error::Rejected {
+            node: addr.to_owned(),
+            code: e.code().unwrap_or_default().to_owned(),
+            message: message(),
+        },
+        _ => Error::Rejected {
+            node: addr.to_owned(),
+            code: "ERR".to_owned(),
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Hides the password of a Redis URL, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***{}", &url[..scheme_end], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_credentials() {
+        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("nonsense"), "nonsense");
+    }
+}

@@ -1,0 +1,169 @@
+//! The one error type of fencelock, with a variant for each thing a caller handles
+//! differently.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Everything that can go wrong when taking, extending or releasing a lock.
+///
+/// Each variant is a different situation with a different remedy; the message of each
+/// says what to do. Match on the variant, not on the message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another owner holds the lock, and the caller asked not to wait (`try_acquire`, or
+    /// a zero wait).
+    #[error(
+        "lock {name:?} is held by another owner ({}); try again later, wait for it, or defer the work",
+        Remaining(*.remaining)
+    )]
+    Held {
+        /// The lock name.
+        name: String,
+        /// How long the current lease still runs, as Redis reported it; `None` when the
+        /// key has no expiry (written by something other than a lock library).
+        remaining: Option<Duration>,
+    },
+
+    /// The lock stayed held by another owner for the whole wait.
+    #[error(
+        "gave up on lock {name:?} after waiting {waited:?}: still held by another owner ({}); wait longer or defer the work",
+        Remaining(*.remaining)
+    )]
+    WaitTimedOut {
+        /// The lock name.
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+        /// The remaining lease of the holder at the last attempt, if known.
+        remaining: Option<Duration>,
+    },
+
+    /// A Redis node could not be reached, or did not answer in time. For a timed-out
+    /// acquire the outcome is unknown; fencelock then releases its token in the background
+    /// so nothing is left behind for longer than the TTL.
+    #[error(
+        "Redis node {node} is unavailable ({reason}): {detail}; check that it is running and reachable, and the URL"
+    )]
+    Unavailable {
+        /// The node, as `host:port` (never with credentials).
+        node: String,
+        /// Why it is considered unavailable.
+        reason: UnavailableReason,
+        /// What the driver reported.
+        detail: String,
+    },
+
+    /// A Redis node answered with an error: authentication (`NOAUTH`, `WRONGPASS`),
+    /// permissions (`NOPERM`), a read-only replica (`READONLY`), out of memory (`OOM`),
+    /// and the like. Retrying will not help until the server or the configuration changes.
+    #[error(
+        "Redis node {node} refused the command ({message}): check the credentials, the ACL permissions, and that the node is a writable master"
+    )]
+    Rejected {
+        /// The node, as `host:port`.
+        node: String,
+        /// The server's error code, such as `NOAUTH`.
+        code: String,
+        /// The server's whole error message.
+        message: String,
+    },
+
+    /// A lock key, or its fencing counter, holds data fencelock did not write (a hash, a
+    /// list, a non-numeric counter, ...). fencelock never overwrites it.
+    #[error(
+        "key {key:?} on {node} holds a Redis {found} that fencelock did not write; it was left untouched: use another lock name or key prefix, or remove the key"
+    )]
+    WrongType {
+        /// The node, as `host:port`.
+        node: String,
+        /// The key in question.
+        key: String,
+        /// The Redis type found there (`"string"` for a counter that is not an integer).
+        found: String,
+    },
+
+    /// An argument was out of range or malformed. Nothing was sent to Redis.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument {
+        /// Which argument.
+        what: &'static str,
+        /// What is wrong with it, and what is accepted.
+        reason: String,
+    },
+
+    /// The caller's lease ended before the caller released or extended it: the work done
+    /// under it may have overlapped with another holder's.
+    #[error(
+        "the lease on lock {name:?} was lost ({cause}); work done under it may have overlapped another holder's: check the fencing token at the resource, and use a longer TTL or extend sooner"
+    )]
+    LeaseLost {
+        /// The lock name.
+        name: String,
+        /// What Redis showed instead of the caller's token.
+        cause: LossCause,
+    },
+}
+
+impl Error {
+    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            what,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Why a node counts as unavailable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UnavailableReason {
+    /// Nothing accepted the connection.
+    Refused,
+    /// Connecting, or waiting for the reply, took longer than the configured timeout.
+    TimedOut,
+    /// The connection broke or another I/O error happened.
+    Io,
+}
+
+impl fmt::Display for UnavailableReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Refused => "connection refused",
+            Self::TimedOut => "timed out",
+            Self::Io => "connection error",
+        })
+    }
+}
+
+/// What happened to a lease that was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossCause {
+    /// The key was gone: the lease expired (or someone deleted it).
+    Expired,
+    /// The key held another owner's token: the lease expired and someone else took the
+    /// lock (or the key was overwritten).
+    TakenByOther,
+}
+
+impl fmt::Display for LossCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Expired => "the key had expired",
+            Self::TakenByOther => "another owner holds the lock now",
+        })
+    }
+}
+
+/// Formats a remaining lease for messages.
+struct Remaining(Option<Duration>);
+
+impl fmt::Display for Remaining {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, "its lease runs about {}ms more", d.as_millis()),
+            None => f.write_str("its key has no expiry, so it will not free itself"),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Key layout: which Redis keys one lock uses, and which names are valid.
+//!
+//! For a lock named `orders:42` under the default prefix `fencelock`:
+//!
+//! | key | type | holds | expires |
+//! |---|---|---|---|
+//! | `fencelock:{orders:42}` | string | the holder's [`OwnerToken`](crate::OwnerToken) | after the TTL |
+//! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | never |
+//!
+//! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
+//! Cluster slot and one script can touch them all. That is why a name may not contain
+//! `{` or `}`.
+
+use crate::error::Error;
+
+/// The longest lock name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "fencelock";
+
+/// The Redis keys of one lock name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// The lock key: the holder's owner token, with an expiry.
+    pub lock: String,
+    /// The fencing counter: never expires.
+    pub fence: String,
+}
+
+impl LockKeys {
+    /// Validates `name` and lays out its keys under `prefix` (already validated).
+    pub fn new(prefix: &str, name: &str) -> Result<Self, Error> {
+        validate_name(name)?;
+        let lock = if prefix.is_empty() {
+            format!("{{{name}}}")
+        } else {
+            format!("{prefix}:{{{name}}}")
+        };
+        let fence = format!("{lock}:fence");
+        Ok(Self { lock, fence })
+    }
+}
+
+/// Checks a lock name without talking to Redis: non-empty, at most [`MAX_NAME_LEN`]
+/// bytes, no `{`, `}` or control characters. Acquire runs the same check.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] saying what is wrong.
+pub fn validate_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::invalid(
+            "lock name",
+            "it is empty; give every lock a name",
+        ));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::invalid(
+            "lock name",
+            format!(
+                "it is {} bytes long; the limit is {MAX_NAME_LEN}",
+                name.len()
+            ),
+        ));
+    }
+    if name.contains(['{', '}']) {
+        return Err(Error::invalid(
+            "lock name",
+            format!("{name:?} contains '{{' or '}}', which would break the key's hash tag"),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "lock name",
+            format!("{name:?} contains a control character"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a key prefix: it may be empty, but may not contain a hash tag of its own.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.contains(['{', '}']) {
+        return Err(Error::invalid(
+            "key prefix",
+            format!("{prefix:?} contains '{{' or '}}'; the hash tag belongs to the lock name"),
+        ));
+    }
+    if prefix.len() > MAX_NAME_LEN || prefix.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "key prefix",
+            "it is too long or contains a control character",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = LockKeys::new("fencelock", "orders:42").unwrap();
+        assert_eq!(k.lock, "fencelock:{orders:42}");
+        assert_eq!(k.fence, "fencelock:{orders:42}:fence");
+        let k = LockKeys::new("", "x").unwrap();
+        assert_eq!(k.lock, "{x}");
+    }
+
+    #[test]
+    fn bad_names_are_invalid_arguments() {
+        for bad in ["", "a{b", "b}", "line\nbreak"] {
+            let err = LockKeys::new("p", bad).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidArgument { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        assert!(matches!(
+            LockKeys::new("p", &long),
+            Err(Error::InvalidArgument { .. })
+        ));
+        assert!(LockKeys::new("p", &"x".repeat(MAX_NAME_LEN)).is_ok());
+        assert!(matches!(
+            validate_prefix("a{"),
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+}

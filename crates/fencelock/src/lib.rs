@@ -1,0 +1,64 @@
+//! Distributed locks on Redis, with fencing tokens.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! # async fn demo() -> Result<(), fencelock::Error> {
+//! let client = fencelock::Client::connect("redis://127.0.0.1:6379").await?;
+//! let guard = client
+//!     .lock("stock:42")
+//!     .ttl(Duration::from_secs(10))
+//!     .wait(Duration::from_secs(5))
+//!     .acquire()
+//!     .await?;
+//! // Send the fencing token with every write; the resource rejects lower ones.
+//! println!("holding stock:42 with fencing token {}", guard.fencing_token());
+//! guard.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What the lock guarantees, and what it does not
+//!
+//! A lock is taken with one script: `SET key token NX PX ttl`, and in the same script an
+//! increment of a per-lock counter that becomes the [`FencingToken`]. Release and extend
+//! are owner-checked scripts: they act only while the key holds this holder's random
+//! [`OwnerToken`].
+//!
+//! | | |
+//! |---|---|
+//! | **Guaranteed** | While a guard's lease lasts, no other owner holds the same lock on that Redis node. |
+//! | **Guaranteed** | A holder never deletes or extends a lock it no longer holds. |
+//! | **Guaranteed** | Fencing tokens of one lock name strictly increase with every grant, while the counter key survives (and across its loss, see [`FencingToken`]). |
+//! | **Guaranteed** | A crashed holder blocks others for at most the TTL. |
+//! | **Not guaranteed** | That your code finishes inside the lease: a pause (GC, swap, `SIGSTOP`) can outlast it. Have the resource check the fencing token. |
+//! | **Not guaranteed** | Mutual exclusion across a failover: replication is asynchronous, so a promoted replica may not have the key. Likewise a restart without persistence. |
+//!
+//! In Martin Kleppmann's terms: for *efficiency* (avoid doing work twice) this lock is
+//! enough on its own. For *correctness* (data must never be corrupted), the lock narrows
+//! the window but only the fencing token, checked by the resource, closes it.
+//!
+//! # Layers
+//! Lua scripts (`src/scripts/*.lua`, each with a header stating KEYS, ARGV, reply) → backend
+//! (connections, timeouts) → algorithms (single node, retry) → public API ([`Client`],
+//! [`LockBuilder`], [`LockGuard`], [`Error`]).
+
+mod algorithms;
+mod backend;
+mod client;
+mod error;
+pub mod keys;
+mod lock;
+mod scripts;
+mod token;
+
+pub use algorithms::retry::Retry;
+pub use client::{Client, ClientBuilder};
+pub use error::{Error, LossCause, UnavailableReason};
+pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
+pub use token::{FencingToken, OwnerToken};
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,22 @@
+-- release.lua: delete the lock only if it still holds the caller's token.
+--
+-- KEYS[1]  lock key
+-- ARGV[1]  owner token
+--
+-- Reply, an integer:
+--    1   released (the key held this token and is gone now)
+--    0   not held: the key is absent (the lease expired)
+--   -1   not held: the key holds another owner's token (it expired and was taken)
+--   -2   the key holds a non-string type fencelock did not write; left untouched
+
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return 0
+elseif kind ~= 'string' then
+  return -2
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return -1
+end
+redis.call('DEL', KEYS[1])
+return 1

@@ -1,0 +1,92 @@
+//! The two tokens of a grant: who holds the lock ([`OwnerToken`]) and in which order the
+//! grants happened ([`FencingToken`]).
+
+use std::fmt;
+
+/// The random value stored in the lock key while a holder owns it.
+///
+/// 128 bits from a CSPRNG seeded by the operating system (`rand`'s `ThreadRng`), fresh
+/// for every acquisition, written as
+/// 32 lowercase hex digits. Release and extend only act when the key still holds this
+/// exact value, so a holder whose lease expired can never delete or prolong the lock of
+/// the next holder. The key holds the token as a plain string, the format redis-py's
+/// `Lock`, redsync and node-redlock use too, so those libraries and fencelock exclude each
+/// other on the same key.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct OwnerToken(String);
+
+impl OwnerToken {
+    /// Draws a fresh token.
+    pub(crate) fn generate() -> Self {
+        let bits: u128 = rand::random();
+        Self(format!("{bits:032x}"))
+    }
+
+    /// The token as stored in Redis.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({})", self.0)
+    }
+}
+
+/// A number that strictly increases with every grant of one lock name.
+///
+/// Pass it to the resource you protect and have the resource reject any write that
+/// carries a token lower than one it has already accepted. That turns the lock from
+/// "usually exclusive" into "a late holder cannot corrupt data": a holder that paused past
+/// its lease (GC, swap, SIGSTOP) still holds an old token, and its late write is refused.
+///
+/// Tokens come from a counter key next to the lock key that never expires. A missing
+/// counter (first use, `FLUSHALL`, a restart without persistence) is seeded from the
+/// Redis server's clock in microseconds, so tokens keep increasing across such a wipe as
+/// long as the server clock does not step backwards and the lock was not granted more
+/// than once per microsecond on average. Tokens of different lock names are unrelated.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw token, for tests and for resources that read tokens back.
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The token as a number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_tokens_are_32_hex_digits_and_distinct() {
+        let a = OwnerToken::generate();
+        let b = OwnerToken::generate();
+        assert_eq!(a.as_str().len(), 32);
+        assert!(
+            a.as_str()
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_ne!(a, b);
+    }
+}

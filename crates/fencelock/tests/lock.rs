@@ -1,0 +1,683 @@
+//! The public API against a real redis-server: acquire, wait, extend, release, drop,
+//! cancellation, and the typed error for every bad input.
+
+use std::time::{Duration, Instant};
+
+use fencelock::{Client, Error, LossCause, Retry, UnavailableReason};
+use testkit::RedisServer;
+
+async fn client(r: &RedisServer) -> Client {
+    Client::connect(&r.url()).await.expect("connect")
+}
+
+fn exists(r: &RedisServer, key: &str) -> bool {
+    r.cmd(&["EXISTS", key]).as_int() == Some(1)
+}
+
+/// Polls (bounded) until `cond` holds; panics with `what` otherwise.
+async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn acquire_and_release_round_trip() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let guard = c.lock("stock:42").try_acquire().await.unwrap();
+    assert_eq!(guard.name(), "stock:42");
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{stock:42}"]).as_str(),
+        Some(guard.owner_token().as_str()),
+        "the key holds this guard's owner token"
+    );
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{stock:42}:fence"]).as_str(),
+        Some(guard.fencing_token().to_string().as_str())
+    );
+    let first = guard.fencing_token();
+    guard.release().await.unwrap();
+    assert!(!exists(&r, "fencelock:{stock:42}"), "released");
+
+    let guard = c.lock("stock:42").try_acquire().await.unwrap();
+    assert!(
+        guard.fencing_token() > first,
+        "tokens increase across holders"
+    );
+    assert_ne!(guard.owner_token().as_str(), "", "owner token present");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn custom_prefix_and_empty_prefix_shape_the_keys() {
+    let r = RedisServer::start();
+    let c = Client::builder(r.url())
+        .prefix("app")
+        .connect()
+        .await
+        .unwrap();
+    let g = c.lock("a").try_acquire().await.unwrap();
+    assert!(exists(&r, "app:{a}"));
+    g.release().await.unwrap();
+    let c = Client::builder(r.url()).prefix("").connect().await.unwrap();
+    let g = c.lock("a").try_acquire().await.unwrap();
+    assert!(exists(&r, "{a}"));
+    assert!(exists(&r, "{a}:fence"));
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn held_lock_fails_fast_with_the_remaining_ttl() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let holder = c
+        .lock("h")
+        .ttl(Duration::from_secs(20))
+        .try_acquire()
+        .await
+        .unwrap();
+    let err = c.lock("h").try_acquire().await.unwrap_err();
+    match &err {
+        Error::Held { name, remaining } => {
+            assert_eq!(name, "h");
+            let rem = remaining.expect("the holder's key has an expiry");
+            assert!(
+                rem > Duration::from_secs(18) && rem <= Duration::from_secs(20),
+                "{rem:?}"
+            );
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    assert!(err.to_string().contains("held by another owner"), "{err}");
+    // A zero wait through acquire() is the same single attempt.
+    assert!(matches!(
+        c.lock("h").acquire().await,
+        Err(Error::Held { .. })
+    ));
+    holder.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_lock_once_the_holder_releases() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let holder = c.lock("w").try_acquire().await.unwrap();
+    let holder_fence = holder.fencing_token();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            tx.send(()).unwrap();
+            c.lock("w").wait(Duration::from_secs(10)).acquire().await
+        })
+    };
+    rx.await.unwrap();
+    holder.release().await.unwrap();
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("the waiter acquires after the release");
+    assert!(guard.fencing_token() > holder_fence);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_gets_the_lock_when_the_holders_lease_expires() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    // A holder that never releases (a crashed process): only its TTL frees the lock.
+    r.cmd(&["SET", "fencelock:{crash}", "crashed-holder", "PX", "300"]);
+    let started = Instant::now();
+    let guard = c
+        .lock("crash")
+        .wait(Duration::from_secs(10))
+        .retry(Retry::backoff(
+            Duration::from_millis(5),
+            Duration::from_secs(5),
+        ))
+        .acquire()
+        .await
+        .unwrap();
+    // The wait is bounded by the holder's remaining TTL, not by the 5 s backoff cap.
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wait_that_runs_out_reports_how_long_it_waited() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let holder = c.lock("t").try_acquire().await.unwrap();
+    let started = Instant::now();
+    let err = c
+        .lock("t")
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    match err {
+        Error::WaitTimedOut {
+            waited, remaining, ..
+        } => {
+            assert!(waited >= Duration::from_millis(300), "{waited:?}");
+            assert!(remaining.is_some());
+        }
+        other => panic!("expected WaitTimedOut, got {other:?}"),
+    }
+    assert!(elapsed >= Duration::from_millis(300));
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{t}"]).as_str(),
+        Some(holder.owner_token().as_str()),
+        "the holder's key is untouched"
+    );
+    holder.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn valid_until_is_measured_from_before_the_acquire_was_sent() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let ttl = Duration::from_secs(10);
+    let before = Instant::now();
+    let guard = c.lock("v").ttl(ttl).try_acquire().await.unwrap();
+    let after = Instant::now();
+    let drift = ttl / 100 + Duration::from_millis(2);
+    assert!(guard.valid_until() >= before + ttl - drift);
+    assert!(guard.valid_until() <= after + ttl - drift);
+    assert!(guard.remaining() <= ttl);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn extend_prolongs_only_a_lease_still_held() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let mut g = c
+        .lock("e")
+        .ttl(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .unwrap();
+    let before = g.valid_until();
+    g.extend(Duration::from_secs(30)).await.unwrap();
+    assert!(g.valid_until() > before);
+    let pttl = r.cmd(&["PTTL", "fencelock:{e}"]).as_int().unwrap();
+    assert!(pttl > 29_000, "PTTL {pttl}");
+    assert!(matches!(
+        g.extend(Duration::ZERO).await,
+        Err(Error::InvalidArgument { what: "TTL", .. })
+    ));
+
+    // Deleted from outside: the lease is lost and extend does not re-create the key.
+    r.cmd(&["DEL", "fencelock:{e}"]);
+    let until = g.valid_until();
+    match g.extend(Duration::from_secs(30)).await {
+        Err(Error::LeaseLost {
+            cause: LossCause::Expired,
+            ..
+        }) => {}
+        other => panic!("expected LeaseLost(Expired), got {other:?}"),
+    }
+    assert_eq!(
+        g.valid_until(),
+        until,
+        "valid_until only moves on a confirmed extend"
+    );
+    assert!(!exists(&r, "fencelock:{e}"));
+    drop(g);
+
+    // Taken by another owner: extend reports it and leaves their key alone.
+    let mut g = c.lock("e").try_acquire().await.unwrap();
+    r.cmd(&["SET", "fencelock:{e}", "someone-else", "PX", "5000"]);
+    match g.extend(Duration::from_secs(30)).await {
+        Err(Error::LeaseLost {
+            cause: LossCause::TakenByOther,
+            ..
+        }) => {}
+        other => panic!("expected LeaseLost(TakenByOther), got {other:?}"),
+    }
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{e}"]).as_str(),
+        Some("someone-else")
+    );
+    assert!(r.cmd(&["PTTL", "fencelock:{e}"]).as_int().unwrap() <= 5_000);
+}
+
+#[tokio::test]
+async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let g = c
+        .lock("x")
+        .ttl(Duration::from_millis(50))
+        .try_acquire()
+        .await
+        .unwrap();
+    let key = "fencelock:{x}";
+    eventually("the lease expires", Duration::from_secs(5), || {
+        !exists(&r, key)
+    })
+    .await;
+    match g.release().await {
+        Err(Error::LeaseLost {
+            cause: LossCause::Expired,
+            ..
+        }) => {}
+        other => panic!("expected LeaseLost(Expired), got {other:?}"),
+    }
+
+    let g = c
+        .lock("x")
+        .ttl(Duration::from_millis(50))
+        .try_acquire()
+        .await
+        .unwrap();
+    eventually("the lease expires", Duration::from_secs(5), || {
+        !exists(&r, key)
+    })
+    .await;
+    let next = c.lock("x").try_acquire().await.unwrap();
+    let err = g.release().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                cause: LossCause::TakenByOther,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("fencing token"),
+        "the message says what to do: {err}"
+    );
+    assert_eq!(
+        r.cmd(&["GET", key]).as_str(),
+        Some(next.owner_token().as_str()),
+        "the next holder's lock survives the late release"
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn dropping_a_guard_releases_in_the_background() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let g = c
+        .lock("d")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(exists(&r, "fencelock:{d}"));
+    drop(g);
+    c.flush().await;
+    assert!(
+        !exists(&r, "fencelock:{d}"),
+        "released long before the 60 s TTL"
+    );
+}
+
+#[test]
+fn dropping_a_guard_outside_a_runtime_does_not_panic() {
+    let r = RedisServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let g = rt.block_on(async {
+        let c = Client::connect(&r.url()).await.unwrap();
+        c.lock("n")
+            .ttl(Duration::from_millis(200))
+            .try_acquire()
+            .await
+            .unwrap()
+    });
+    drop(rt);
+    drop(g); // no runtime: nothing to spawn on; the key expires by its TTL
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while exists(&r, "fencelock:{n}") {
+        assert!(Instant::now() < deadline, "the key did not expire");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_wait_leaves_nothing_behind() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let holder = c.lock("c").try_acquire().await.unwrap();
+    let keys_before = r.cmd(&["DBSIZE"]).as_int();
+    let waited = tokio::time::timeout(
+        Duration::from_millis(200),
+        c.lock("c").wait_forever().acquire(),
+    )
+    .await;
+    assert!(waited.is_err(), "still waiting when cancelled");
+    assert_eq!(
+        r.cmd(&["DBSIZE"]).as_int(),
+        keys_before,
+        "no key added by the waiter"
+    );
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{c}"]).as_str(),
+        Some(holder.owner_token().as_str())
+    );
+    holder.release().await.unwrap();
+}
+
+/// An acquire cancelled while its request sits unanswered (Redis paused) may still be
+/// executed when Redis resumes. The abandoned token must then be released in the
+/// background rather than block the lock for its whole TTL.
+#[tokio::test]
+async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
+    let mut r = RedisServer::start();
+    let c = client(&r).await;
+    c.lock("f")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap(); // scripts loaded
+    r.pause();
+    let attempt = c.lock("f").ttl(Duration::from_secs(60)).try_acquire();
+    let cancelled = tokio::time::timeout(Duration::from_millis(100), attempt).await;
+    assert!(cancelled.is_err(), "no reply while Redis is paused");
+    r.resume();
+    eventually(
+        "the orphaned key is released",
+        Duration::from_secs(5),
+        || !exists(&r, "fencelock:{f}"),
+    )
+    .await;
+    // And the lock is free for others well before the 60 s TTL.
+    c.lock("f")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
+    let mut r = RedisServer::start();
+    let c = Client::builder(r.url())
+        .response_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    c.lock("p")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    r.pause();
+    let started = Instant::now();
+    let err = c
+        .lock("p")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    r.resume();
+    match &err {
+        Error::Unavailable { node, reason, .. } => {
+            assert_eq!(node, &r.addr());
+            assert_eq!(*reason, UnavailableReason::TimedOut);
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        elapsed < Duration::from_secs(3),
+        "bounded by the timeouts: {elapsed:?}"
+    );
+    eventually(
+        "the maybe-written key is released",
+        Duration::from_secs(5),
+        || !exists(&r, "fencelock:{p}"),
+    )
+    .await;
+}
+
+/// A waiting acquire whose first reply is lost (Redis paused past the response timeout)
+/// retries with the same owner token; when Redis resumes, the queued first attempt takes
+/// the lock and the retry finds its own token: one grant, one fencing token.
+#[tokio::test]
+async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
+    let mut r = RedisServer::start();
+    let c = Client::builder(r.url())
+        .response_timeout(Duration::from_millis(150))
+        .connect()
+        .await
+        .unwrap();
+    let before = c.lock("i").try_acquire().await.unwrap();
+    let last_fence = before.fencing_token().get();
+    before.release().await.unwrap();
+
+    r.pause();
+    let started = Instant::now();
+    let acquiring = tokio::spawn(c.lock("i").wait(Duration::from_secs(20)).acquire());
+    // The fault: Redis stays stopped for longer than the response timeout.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    r.resume();
+    let guard = acquiring
+        .await
+        .unwrap()
+        .expect("acquired after Redis resumed");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the first reply was lost"
+    );
+    assert_eq!(
+        guard.fencing_token().get(),
+        last_fence + 1,
+        "exactly one token minted for the retried acquisition"
+    );
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{i}:fence"]).as_str(),
+        Some((last_fence + 1).to_string().as_str())
+    );
+    assert_eq!(
+        r.cmd(&["GET", "fencelock:{i}"]).as_str(),
+        Some(guard.owner_token().as_str())
+    );
+    guard.release().await.unwrap();
+}
+
+// ---- bad input: a typed error each, no panic, no key touched ----
+
+#[tokio::test]
+async fn bad_lock_arguments_are_invalid_and_send_nothing() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let cases: Vec<(&str, fencelock::LockBuilder, &str)> = vec![
+        ("empty name", c.lock(""), "lock name"),
+        ("open brace", c.lock("a{b"), "lock name"),
+        ("close brace", c.lock("a}b"), "lock name"),
+        ("zero TTL", c.lock("ok").ttl(Duration::ZERO), "TTL"),
+        (
+            "sub-ms TTL",
+            c.lock("ok").ttl(Duration::from_micros(500)),
+            "TTL",
+        ),
+        (
+            "TTL above max",
+            c.lock("ok")
+                .ttl(fencelock::MAX_TTL + Duration::from_millis(1)),
+            "TTL",
+        ),
+        (
+            "bad backoff",
+            c.lock("ok").retry(Retry::backoff(
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+            )),
+            "retry backoff",
+        ),
+    ];
+    for (case, builder, expected) in cases {
+        match builder.try_acquire().await {
+            Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, expected, "{case}"),
+            other => panic!("{case}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(0), "nothing was written");
+    // The edges are accepted.
+    for ttl in [fencelock::MIN_TTL, fencelock::MAX_TTL] {
+        c.lock("ok")
+            .ttl(ttl)
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_client_settings_are_invalid() {
+    for (url, builder) in [
+        (
+            "prefix",
+            Client::builder("redis://127.0.0.1:1").prefix("a{b}"),
+        ),
+        (
+            "timeout",
+            Client::builder("redis://127.0.0.1:1").connect_timeout(Duration::ZERO),
+        ),
+    ] {
+        assert!(
+            matches!(builder.connect().await, Err(Error::InvalidArgument { .. })),
+            "{url}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unparsable_url_is_invalid_and_hides_the_password() {
+    for url in [
+        "not a url",
+        "http://127.0.0.1:6379",
+        "redis://user:s3cret@:notaport",
+    ] {
+        match Client::connect(url).await {
+            Err(
+                e @ Error::InvalidArgument {
+                    what: "Redis URL", ..
+                },
+            ) => {
+                assert!(!e.to_string().contains("s3cret"), "password leaked: {e}");
+            }
+            other => panic!("{url}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_url_where_nothing_listens_is_unavailable_naming_the_node() {
+    let port = testkit::free_port();
+    let started = Instant::now();
+    match Client::connect(&format!("redis://127.0.0.1:{port}")).await {
+        Err(e @ Error::Unavailable { .. }) => {
+            let Error::Unavailable { node, reason, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(node, &format!("127.0.0.1:{port}"));
+            assert_eq!(*reason, UnavailableReason::Refused);
+            assert!(e.to_string().contains(&format!("127.0.0.1:{port}")));
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "fails fast: {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_answers_with_an_error_is_rejected() {
+    let r = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("pw")
+        .start();
+    // No password: the connection opens, the first command gets NOAUTH.
+    let c = Client::connect(&r.url())
+        .await
+        .expect("connect without AUTH");
+    match c.lock("a").try_acquire().await {
+        Err(e @ Error::Rejected { .. }) => {
+            let Error::Rejected { code, node, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!(code, "NOAUTH");
+            assert_eq!(node, &r.addr());
+        }
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    // A wrong password is refused at connect time.
+    let url = format!("redis://:wrong@{}", r.addr());
+    match Client::connect(&url).await {
+        Err(Error::Rejected { message, .. }) => assert!(!message.contains("wrong@"), "{message}"),
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    // The right one works.
+    let c = Client::connect(&format!("redis://:pw@{}", r.addr()))
+        .await
+        .unwrap();
+    c.lock("a")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_is_reported_and_left_alone() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    r.cmd(&["HSET", "fencelock:{wt}", "field", "value"]);
+    match c.lock("wt").try_acquire().await {
+        Err(Error::WrongType { key, found, node }) => {
+            assert_eq!(key, "fencelock:{wt}");
+            assert_eq!(found, "hash");
+            assert_eq!(node, r.addr());
+        }
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    // Waiting does not turn it into a timeout either.
+    assert!(matches!(
+        c.lock("wt").wait(Duration::from_secs(5)).acquire().await,
+        Err(Error::WrongType { .. })
+    ));
+    assert_eq!(
+        r.cmd(&["HGET", "fencelock:{wt}", "field"]).as_str(),
+        Some("value")
+    );
+    assert_eq!(r.cmd(&["EXISTS", "fencelock:{wt}:fence"]).as_int(), Some(0));
+
+    r.cmd(&["SET", "fencelock:{wc}:fence", "not-a-number"]);
+    assert!(
+        matches!(c.lock("wc").try_acquire().await, Err(Error::WrongType { found, .. }) if found == "string")
+    );
+    assert_eq!(
+        r.cmd(&["EXISTS", "fencelock:{wc}"]).as_int(),
+        Some(0),
+        "no lock left behind"
+    );
+}
