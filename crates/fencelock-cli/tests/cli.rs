@@ -1,0 +1,512 @@
+//! `fencelock run` end to end: the real binary against real `redis-server`s.
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+/// No single `fencelock` run in these tests may take longer than this.
+const RUN_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bound of every polling loop that waits for an event.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(10);
+
+/// What a user sees of one finished `fencelock` run.
+#[derive(Debug)]
+struct Run {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// Asserts the exit code, and that stderr is one `fencelock: ...` line; returns it.
+    fn fails_with(&self, code: i32) -> &str {
+        assert_eq!(self.code(), Some(code), "{self:#?}");
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "stderr should be one line: {self:#?}");
+        assert!(lines[0].starts_with("fencelock: "), "{self:#?}");
+        lines[0]
+    }
+}
+
+/// A `fencelock` command that ignores any `FENCELOCK_REDIS` of the caller.
+fn command<S: AsRef<OsStr>>(args: &[S]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env_remove("FENCELOCK_REDIS")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs `fencelock` with `args` to the end (at most [`RUN_TIMEOUT`]).
+fn fencelock<S: AsRef<OsStr>>(args: &[S]) -> Run {
+    run_command(command(args))
+}
+
+fn run_command(mut cmd: Command) -> Run {
+    let started = Instant::now();
+    let child = cmd.spawn().expect("spawn fencelock");
+    finish(child, started)
+}
+
+/// Waits (bounded) for a spawned `fencelock` and collects its output.
+fn finish(mut child: Child, started: Instant) -> Run {
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > RUN_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fencelock did not exit within {RUN_TIMEOUT:?}");
+        }
+        thread::sleep(POLL);
+    };
+    let elapsed = started.elapsed();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        out.read_to_string(&mut stdout).expect("read stdout");
+    }
+    if let Some(mut err) = child.stderr.take() {
+        err.read_to_string(&mut stderr).expect("read stderr");
+    }
+    Run {
+        status,
+        stdout,
+        stderr,
+        elapsed,
+    }
+}
+
+/// Polls `condition` until it holds; panics after [`EVENT_TIMEOUT`].
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        thread::sleep(POLL);
+    }
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cmd(&["EXISTS", key]).as_int() == Some(1)
+}
+
+fn lock_key(name: &str) -> String {
+    format!("fencelock:{{{name}}}")
+}
+
+fn fence_key(name: &str) -> String {
+    format!("fencelock:{{{name}}}:fence")
+}
+
+/// Sends `signal` (like `TERM`) to a process with kill(1).
+fn kill(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// The number of clients connected to `server`, this query's own connection included.
+fn connected_clients(server: &RedisServer) -> i64 {
+    let info = server.cmd(&["INFO", "clients"]);
+    let info = info.as_str().expect("INFO reply");
+    info.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients in INFO")
+}
+
+#[test]
+fn runs_the_command_with_name_and_token_then_releases() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let script = r#"echo "$FENCELOCK_NAME $FENCELOCK_TOKEN""#;
+
+    let run = fencelock(&["run", "--redis", &url, "job", "--", "sh", "-c", script]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stderr, "", "{run:#?}");
+    let (name, token) = run.stdout.trim_end().split_once(' ').expect("two words");
+    assert_eq!(name, "job");
+    let token: u64 = token.parse().expect("a decimal fencing token");
+    assert!(!exists(&server, &lock_key("job")), "lock left behind");
+    assert!(exists(&server, &fence_key("job")));
+    assert_eq!(
+        server.cmd(&["GET", &fence_key("job")]).as_int(),
+        Some(token as i64)
+    );
+
+    // Again, with the URL from FENCELOCK_REDIS: the next grant has a higher token.
+    let mut cmd = command(&["run", "job", "--", "sh", "-c", script]);
+    cmd.env("FENCELOCK_REDIS", &url);
+    let run = run_command(cmd);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    let next: u64 = run.stdout.trim_end()["job ".len()..].parse().unwrap();
+    assert!(next > token, "{next} should be above {token}");
+    assert!(!exists(&server, &lock_key("job")));
+}
+
+#[test]
+fn passes_the_exit_code_through_and_releases() {
+    let server = RedisServer::start();
+    let url = server.url();
+
+    let run = fencelock(&["run", "--redis", &url, "seven", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(run.code(), Some(7), "{run:#?}");
+    assert_eq!(run.stderr, "");
+    assert!(!exists(&server, &lock_key("seven")));
+
+    let run = fencelock(&[
+        "run",
+        "--redis",
+        &url,
+        "killed",
+        "--",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ]);
+    assert_eq!(run.code(), Some(128 + 9), "{run:#?}");
+    assert_eq!(run.stderr, "");
+    assert!(!exists(&server, &lock_key("killed")));
+    assert!(
+        exists(&server, &fence_key("killed")),
+        "the lock was never taken"
+    );
+}
+
+#[test]
+fn a_held_lock_exits_75_and_is_left_untouched() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = lock_key("busy");
+    server.cmd(&["SET", &key, "other-token", "PX", "60000"]);
+
+    let run = fencelock(&["run", "--redis", &url, "busy", "--", "true"]);
+    let line = run.fails_with(75);
+    assert!(line.contains("held"), "{line}");
+    assert!(line.contains("busy"), "{line}");
+    assert!(run.elapsed < Duration::from_secs(3), "{run:#?}");
+
+    let run = fencelock(&[
+        "run", "--redis", &url, "--wait", "300ms", "busy", "--", "true",
+    ]);
+    let line = run.fails_with(75);
+    assert!(line.contains("held"), "{line}");
+    assert!(run.elapsed >= Duration::from_millis(300), "{run:#?}");
+
+    assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
+    assert!(server.cmd(&["PTTL", &key]).as_int().unwrap() > 0);
+}
+
+#[test]
+fn nothing_listening_exits_69_naming_the_address() {
+    let port = testkit::free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let run = fencelock(&["run", "--redis", &url, "job", "--", "true"]);
+    let line = run.fails_with(69);
+    assert!(line.contains(&format!("127.0.0.1:{port}")), "{line}");
+}
+
+#[test]
+fn a_refused_password_exits_69_with_noauth() {
+    let server = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("pw")
+        .start();
+    let run = fencelock(&["run", "--redis", &server.url(), "job", "--", "true"]);
+    let line = run.fails_with(69);
+    assert!(line.contains("NOAUTH"), "{line}");
+
+    let url = format!("redis://:pw@127.0.0.1:{}", server.port());
+    let run = fencelock(&["run", "--redis", &url, "job", "--", "true"]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stderr, "");
+}
+
+#[test]
+fn a_key_of_another_type_exits_69_and_is_left_untouched() {
+    let server = RedisServer::start();
+    let key = lock_key("h");
+    server.cmd(&["HSET", &key, "f", "v"]);
+
+    let run = fencelock(&["run", "--redis", &server.url(), "h", "--", "true"]);
+    let line = run.fails_with(69);
+    assert!(line.contains("hash"), "{line}");
+    assert_eq!(server.cmd(&["TYPE", &key]).as_str(), Some("hash"));
+    assert_eq!(server.cmd(&["HLEN", &key]).as_int(), Some(1));
+    assert_eq!(server.cmd(&["HGET", &key, "f"]).as_str(), Some("v"));
+    assert_eq!(server.cmd(&["TTL", &key]).as_int(), Some(-1));
+}
+
+#[test]
+fn bad_usage_exits_64_and_writes_nothing() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let url = url.as_str();
+    // (arguments after `run`, a word the message must contain)
+    let cases: &[(&[&str], &str)] = &[
+        (&["--redis", url, "--ttl", "5x", "bad", "--", "true"], "5x"),
+        (
+            &["--redis", url, "--wait", "-1s", "bad", "--", "true"],
+            "negative",
+        ),
+        (
+            &["--redis", url, "--wait=-1s", "bad", "--", "true"],
+            "negative",
+        ),
+        (
+            &["--redis", url, "--ttl", "0s", "bad", "--", "true"],
+            "--ttl",
+        ),
+        (
+            &["--redis", url, "--ttl", "25h", "bad", "--", "true"],
+            "24h",
+        ),
+        (
+            &[
+                "--redis",
+                url,
+                "--wait",
+                "99999999999999999999h",
+                "bad",
+                "--",
+                "true",
+            ],
+            "too large",
+        ),
+        (&["--redis", url, "", "--", "true"], "lock name"),
+        (&["--redis", url, "a{b", "--", "true"], "lock name"),
+        (
+            &["--redis", url, "--prefix", "p{", "bad", "--", "true"],
+            "prefix",
+        ),
+        (&["--redis", "not a url", "bad", "--", "true"], "URL"),
+        (&["--redis", url, "bad"], "COMMAND"),
+        (&["--redis", url, "bad", "--"], "COMMAND"),
+        (&["--redis", url, "bad", "true"], "true"),
+        (
+            &["--redis", url, "--frobnicate", "bad", "--", "true"],
+            "--frobnicate",
+        ),
+    ];
+    for (args, mentions) in cases {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        let run = fencelock(&argv);
+        let line = run.fails_with(64);
+        assert!(
+            line.contains(mentions),
+            "{args:?}: {line:?} should mention {mentions:?}"
+        );
+        assert_eq!(run.stdout, "", "{args:?}");
+        assert_eq!(
+            server.cmd(&["DBSIZE"]).as_int(),
+            Some(0),
+            "{args:?} wrote to Redis"
+        );
+    }
+
+    // No subcommand at all.
+    let run = fencelock::<&str>(&[]);
+    run.fails_with(64);
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_64_and_releases_the_lock() {
+    let server = RedisServer::start();
+    let run = fencelock(&[
+        "run",
+        "--redis",
+        &server.url(),
+        "bad",
+        "--",
+        "/nonexistent/bin",
+    ]);
+    let line = run.fails_with(64);
+    assert!(line.contains("/nonexistent/bin"), "{line}");
+    assert!(!exists(&server, &lock_key("bad")), "lock left behind");
+    assert!(
+        exists(&server, &fence_key("bad")),
+        "the lock was never taken"
+    );
+
+    // Found but not executable.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("not-executable");
+    fs::write(&script, "#!/bin/sh\n").unwrap();
+    let script = script.to_str().unwrap();
+    let run = fencelock(&["run", "--redis", &server.url(), "bad", "--", script]);
+    let line = run.fails_with(64);
+    assert!(line.contains("not-executable"), "{line}");
+    assert!(!exists(&server, &lock_key("bad")), "lock left behind");
+}
+
+#[test]
+fn non_utf8_arguments_pass_through_or_are_refused_cleanly() {
+    let server = RedisServer::start();
+    let url = OsString::from(server.url());
+    let odd = OsString::from_vec(b"caf\xe9".to_vec());
+
+    let args: Vec<OsString> = ["run".into(), "--redis".into(), url.clone(), "utf".into()]
+        .into_iter()
+        .chain(["--".into(), "printf".into(), "%s".into(), odd.clone()])
+        .collect();
+    let mut cmd = command(&args);
+    cmd.stdout(Stdio::piped());
+    let output = cmd.output().expect("run fencelock");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert_eq!(output.stdout, odd.as_bytes());
+
+    let args: Vec<OsString> = vec![
+        "run".into(),
+        "--redis".into(),
+        url,
+        odd,
+        "--".into(),
+        "true".into(),
+    ];
+    fencelock(&args).fails_with(64);
+    assert_eq!(server.cmd(&["EXISTS", &lock_key("utf")]).as_int(), Some(0));
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    for args in [&["--help"][..], &["run", "--help"], &["help", "run"]] {
+        let run = fencelock(args);
+        assert_eq!(run.code(), Some(0), "{args:?}: {run:#?}");
+        for needle in ["64", "69", "75", "--wait", "--ttl"] {
+            assert!(run.stdout.contains(needle), "{args:?} help lacks {needle}");
+        }
+        assert!(!run.stdout.contains("76"), "76 is not reserved yet");
+    }
+    let run = fencelock(&["--version"]);
+    assert_eq!(run.code(), Some(0));
+    assert!(run.stdout.starts_with("fencelock "), "{run:#?}");
+}
+
+/// The acceptance criterion: concurrent read-modify-writes under one lock never
+/// interleave, and fencing tokens grow in the order the holders ran.
+#[test]
+fn concurrent_runs_are_mutually_exclusive() {
+    const PER_THREAD: usize = 10;
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let dir_path = dir.path().to_str().unwrap();
+    fs::write(dir.path().join("counter"), "0\n").unwrap();
+    fs::write(dir.path().join("log"), "").unwrap();
+    let script = r#"c=$(cat "$1/counter"); sleep 0.02; echo $((c + 1)) > "$1/counter"; echo "$FENCELOCK_TOKEN" >> "$1/log""#;
+    let args = [
+        "run", "--redis", &url, "--wait", "30s", "race", "--", "sh", "-c", script, "sh", dir_path,
+    ];
+
+    thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..PER_THREAD {
+                    let run = fencelock(&args);
+                    assert_eq!(run.code(), Some(0), "{run:#?}");
+                }
+            });
+        }
+    });
+
+    let counter = fs::read_to_string(dir.path().join("counter")).unwrap();
+    assert_eq!(
+        counter.trim(),
+        (2 * PER_THREAD).to_string(),
+        "a lost update"
+    );
+    let log = fs::read_to_string(dir.path().join("log")).unwrap();
+    let tokens: Vec<u64> = log.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(tokens.len(), 2 * PER_THREAD);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not strictly increasing: {tokens:?}"
+    );
+    assert!(!exists(&server, &lock_key("race")));
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_lock_released() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = r#"trap "exit 3" TERM; touch "$1"; while true; do sleep 0.05; done"#;
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "sig",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+        ready.to_str().unwrap(),
+    ];
+    let started = Instant::now();
+    let mut child = command(&args).spawn().expect("spawn fencelock");
+    wait_until("the command runs under the lock", || {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "fencelock exited early"
+        );
+        Path::new(&ready).exists() && exists(&server, &lock_key("sig"))
+    });
+
+    kill(child.id(), "TERM");
+    let run = finish(child, started);
+    assert_eq!(run.code(), Some(3), "{run:#?}");
+    assert_eq!(run.stderr, "");
+    assert!(!exists(&server, &lock_key("sig")), "lock left behind");
+}
+
+#[test]
+fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
+    let server = RedisServer::start();
+    let key = lock_key("busy");
+    server.cmd(&["SET", &key, "other-token", "PX", "60000"]);
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--wait",
+        "20s",
+        "busy",
+        "--",
+        "true",
+    ];
+    let started = Instant::now();
+    let child = command(&args).spawn().expect("spawn fencelock");
+    // fencelock catches signals before it connects: once connected, it is waiting.
+    wait_until("fencelock is connected", || connected_clients(&server) >= 2);
+
+    kill(child.id(), "TERM");
+    let run = finish(child, started);
+    let line = run.fails_with(128 + 15);
+    assert!(line.contains("SIGTERM"), "{line}");
+    assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
+    assert!(run.status.signal().is_none());
+    assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
+}
