@@ -1,5 +1,8 @@
-//! Talking to Redis nodes: connections with explicit timeouts, script calls, and the
-//! mapping of driver errors to fencelock's typed [`Error`].
+//! Talking to Redis nodes: connections with explicit timeouts, script calls, release
+//! notifications ([`subscriber`]), and the mapping of driver errors to fencelock's typed
+//! [`Error`].
+
+pub(crate) mod subscriber;
 
 use std::time::Duration;
 
@@ -7,6 +10,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
 
 use crate::error::{Error, UnavailableReason};
+use subscriber::Subscriber;
 
 /// Timeouts for one node's connection.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +28,8 @@ pub(crate) struct Node {
     conn: ConnectionManager,
     /// The longest one call may take, reconnecting included.
     call_timeout: Duration,
+    /// Release notifications for waiters; connects on first use.
+    subscriber: Subscriber,
 }
 
 impl Node {
@@ -49,6 +55,7 @@ impl Node {
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(Duration::from_millis(200));
         let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
+        let subscriber = Subscriber::new(client.clone(), timeouts);
         let connecting = ConnectionManager::new_with_config(client, config);
         let conn = match tokio::time::timeout(call_timeout, connecting).await {
             Ok(Ok(conn)) => conn,
@@ -59,12 +66,18 @@ impl Node {
             addr,
             conn,
             call_timeout,
+            subscriber,
         })
     }
 
     /// The node's `host:port`.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The node's release notifications.
+    pub fn subscriber(&self) -> &Subscriber {
+        &self.subscriber
     }
 
     /// Runs a script, bounded by the call timeout.

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::algorithms::watchdog::Watchdog;
 use crate::backend::{Node, Timeouts};
 use crate::error::Error;
 use crate::keys::{self, DEFAULT_PREFIX};
@@ -23,6 +24,8 @@ pub(crate) struct Inner {
     pub prefix: String,
     /// Releases sent in the background by dropped guards and abandoned acquires.
     pub background: TaskTracker,
+    /// Renews the leases of held locks.
+    pub watchdog: Watchdog,
 }
 
 impl std::fmt::Debug for Client {
@@ -65,9 +68,35 @@ impl Client {
         LockBuilder::new(self.clone(), name.into())
     }
 
+    /// The delay queue called `name` on this client's node, under its key prefix. Nothing
+    /// is sent to Redis; the queue's keys appear with the first push.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a name lock names would not accept either (see
+    /// [`keys::validate_name`]).
+    pub fn delay_queue(
+        &self,
+        name: impl Into<String>,
+    ) -> Result<crate::delay_queue::DelayQueue, Error> {
+        crate::delay_queue::DelayQueue::new(self.clone(), name.into())
+    }
+
     /// The node this client talks to, as `host:port`.
     pub fn node(&self) -> &str {
         self.inner.node.addr()
+    }
+
+    /// What this client holds open right now: channels it is subscribed to, waiters
+    /// registered on them, and background releases in flight. Meant for monitoring and
+    /// for tests that check a cancelled wait left nothing behind.
+    pub fn stats(&self) -> ClientStats {
+        let sub = self.inner.node.subscriber().stats();
+        ClientStats {
+            subscribed_channels: sub.channels,
+            waiters: sub.waiters,
+            background_tasks: self.inner.background.len(),
+            watched_leases: self.inner.watchdog.len(),
+        }
     }
 
     /// Waits until every release this client sent in the background has finished: those
@@ -86,6 +115,21 @@ impl Client {
         tracker.wait().await;
         tracker.reopen();
     }
+}
+
+/// A snapshot of what a [`Client`] holds open; see [`Client::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Release channels subscribed to (one per lock name with waiters, until the
+    /// unsubscribe after the last waiter left has gone through).
+    pub subscribed_channels: usize,
+    /// Waiters registered for release notifications.
+    pub waiters: usize,
+    /// Releases of dropped guards and abandoned acquires still in flight.
+    pub background_tasks: usize,
+    /// Leases of held locks the watchdog keeps alive or watches for expiry.
+    pub watched_leases: usize,
 }
 
 /// Settings of a [`Client`]. Every setting has a default, listed with its method.
@@ -163,6 +207,7 @@ impl ClientBuilder {
         let node = Node::connect(&self.url, timeouts).await?;
         Ok(Client {
             inner: Arc::new(Inner {
+                watchdog: Watchdog::new(node.clone()),
                 node,
                 prefix: self.prefix,
                 background: TaskTracker::new(),

@@ -4,7 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-/// Everything that can go wrong when taking, extending or releasing a lock.
+/// Everything that can go wrong when taking, extending or releasing a lock, or using a
+/// [`DelayQueue`](crate::DelayQueue).
 ///
 /// Each variant is a different situation with a different remedy; the message of each
 /// says what to do. Match on the variant, not on the message.
@@ -69,7 +70,7 @@ pub enum Error {
         message: String,
     },
 
-    /// A lock key, or its fencing counter, holds data fencelock did not write (a hash, a
+    /// A lock key, its fencing counter, or a queue key holds data fencelock did not write (a hash, a
     /// list, a non-numeric counter, ...). fencelock never overwrites it.
     #[error(
         "key {key:?} on {node} holds a Redis {found} that fencelock did not write; it was left untouched: use another lock name or key prefix, or remove the key"
@@ -145,6 +146,10 @@ pub enum LossCause {
     /// The key held another owner's token: the lease expired and someone else took the
     /// lock (or the key was overwritten).
     TakenByOther,
+    /// No renewal could be confirmed (Redis unreachable or too slow) before the lease
+    /// would run out by the local clock. Redis may still hold the key for a moment, but
+    /// the holder can no longer count on it.
+    Unconfirmed,
 }
 
 impl fmt::Display for LossCause {
@@ -152,6 +157,7 @@ impl fmt::Display for LossCause {
         f.write_str(match self {
             Self::Expired => "the key had expired",
             Self::TakenByOther => "another owner holds the lock now",
+            Self::Unconfirmed => "no renewal was confirmed before the lease ran out",
         })
     }
 }
@@ -162,6 +168,9 @@ struct Remaining(Option<Duration>);
 impl fmt::Display for Remaining {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
+            Some(d) if d.is_zero() => {
+                f.write_str("it is free, but other waiters are first in line")
+            }
             Some(d) => write!(f, "its lease runs about {}ms more", d.as_millis()),
             None => f.write_str("its key has no expiry, so it will not free itself"),
         }

@@ -6,6 +6,12 @@
 //! |---|---|---|---|
 //! | `fencelock:{orders:42}` | string | the holder's [`OwnerToken`](crate::OwnerToken) | after the TTL |
 //! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | never |
+//! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty |
+//! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | when empty |
+//!
+//! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: an
+//! empty message wakes every waiter, a message carrying an owner token wakes that waiter
+//! (the head of a fair queue).
 //!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain
@@ -26,6 +32,12 @@ pub(crate) struct LockKeys {
     pub lock: String,
     /// The fencing counter: never expires.
     pub fence: String,
+    /// Fair mode: the waiters' owner tokens, in arrival order.
+    pub queue: String,
+    /// Fair mode: each waiter's deadline to call again.
+    pub waiters: String,
+    /// The pub/sub channel releases are announced on.
+    pub channel: String,
 }
 
 impl LockKeys {
@@ -37,8 +49,13 @@ impl LockKeys {
         } else {
             format!("{prefix}:{{{name}}}")
         };
-        let fence = format!("{lock}:fence");
-        Ok(Self { lock, fence })
+        Ok(Self {
+            fence: format!("{lock}:fence"),
+            queue: format!("{lock}:queue"),
+            waiters: format!("{lock}:waiters"),
+            channel: format!("{lock}:released"),
+            lock,
+        })
     }
 }
 
@@ -49,10 +66,7 @@ impl LockKeys {
 /// [`Error::InvalidArgument`] saying what is wrong.
 pub fn validate_name(name: &str) -> Result<(), Error> {
     if name.is_empty() {
-        return Err(Error::invalid(
-            "lock name",
-            "it is empty; give every lock a name",
-        ));
+        return Err(Error::invalid("lock name", "it is empty"));
     }
     if name.len() > MAX_NAME_LEN {
         return Err(Error::invalid(

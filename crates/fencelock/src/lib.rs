@@ -7,10 +7,9 @@
 //! let client = fencelock::Client::connect("redis://127.0.0.1:6379").await?;
 //! let guard = client
 //!     .lock("stock:42")
-//!     .ttl(Duration::from_secs(10))
 //!     .wait(Duration::from_secs(5))
 //!     .acquire()
-//!     .await?;
+//!     .await?; // a 30 s lease, renewed while `guard` lives
 //! // Send the fencing token with every write; the resource rejects lower ones.
 //! println!("holding stock:42 with fencing token {}", guard.fencing_token());
 //! guard.release().await?;
@@ -30,7 +29,9 @@
 //! | **Guaranteed** | While a guard's lease lasts, no other owner holds the same lock on that Redis node. |
 //! | **Guaranteed** | A holder never deletes or extends a lock it no longer holds. |
 //! | **Guaranteed** | Fencing tokens of one lock name strictly increase with every grant, while the counter key survives (and across its loss, see [`FencingToken`]). |
-//! | **Guaranteed** | A crashed holder blocks others for at most the TTL. |
+//! | **Guaranteed** | A crashed holder blocks others for at most one lease; a live one keeps its lock while its guard lives (watchdog renewal). |
+//! | **Guaranteed** | The holder hears of a lost lease ([`LockGuard::lost`]) before [`LockGuard::valid_until`]. |
+//! | **Guaranteed** | A waiter is woken by the release; a lost notification costs it at most the holder's remaining lease. |
 //! | **Not guaranteed** | That your code finishes inside the lease: a pause (GC, swap, `SIGSTOP`) can outlast it. Have the resource check the fencing token. |
 //! | **Not guaranteed** | Mutual exclusion across a failover: replication is asynchronous, so a promoted replica may not have the key. Likewise a restart without persistence. |
 //!
@@ -40,12 +41,14 @@
 //!
 //! # Layers
 //! Lua scripts (`src/scripts/*.lua`, each with a header stating KEYS, ARGV, reply) → backend
-//! (connections, timeouts) → algorithms (single node, retry) → public API ([`Client`],
-//! [`LockBuilder`], [`LockGuard`], [`Error`]).
+//! (connections, timeouts, the shared pub/sub connection) → algorithms (single node
+//! plain/fair/reentrant, retry, the watchdog) → public API ([`Client`], [`LockBuilder`],
+//! [`LockGuard`], [`DelayQueue`], [`Error`]).
 
 mod algorithms;
 mod backend;
 mod client;
+mod delay_queue;
 mod error;
 pub mod keys;
 mod lock;
@@ -53,9 +56,12 @@ mod scripts;
 mod token;
 
 pub use algorithms::retry::Retry;
-pub use client::{Client, ClientBuilder};
+pub use client::{Client, ClientBuilder, ClientStats};
+pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use error::{Error, LossCause, UnavailableReason};
-pub use lock::{DEFAULT_TTL, LockBuilder, LockGuard, MAX_TTL, MIN_TTL};
+pub use lock::{
+    Acquisition, DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, LockBuilder, LockGuard, MAX_TTL, MIN_TTL,
+};
 pub use token::{FencingToken, OwnerToken};
 
 /// The README's examples, compiled as doc tests.

@@ -3,9 +3,11 @@
 use std::time::{Duration, Instant};
 
 use crate::algorithms::retry::Retry;
-use crate::algorithms::single_node::{self, Attempt};
+use crate::algorithms::single_node::{self, Attempt, Mode};
+use crate::algorithms::watchdog::Registration;
 use crate::client::Client;
-use crate::error::Error;
+use crate::delay_queue::{DelayQueue, ItemId};
+use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -14,21 +16,61 @@ pub const MIN_TTL: Duration = Duration::from_millis(1);
 /// The longest TTL accepted: 24 hours. A lease longer than that is a deadlock in waiting
 /// if its holder dies; hold long work under a shorter lease that you extend.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
-/// The TTL used when none is given: 30 s.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The lease used when no TTL is given: 30 s, renewed by the watchdog every 10 s while
+/// the guard lives.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Fair mode: how long a queued waiter may go without calling Redis before it is purged
+/// from the queue, unless set with [`LockBuilder::waiter_timeout`]: 3 s.
+pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How to take one named lock: its TTL, how long to wait, and how to pace retries.
+/// How to take one named lock: its TTL, how long to wait, in which order waiters are
+/// served, and how to pace retries.
 ///
-/// Made by [`Client::lock`]. Defaults: TTL 30 s ([`DEFAULT_TTL`]), no waiting (one
-/// attempt), [`Retry::default`]. The builder can be kept and used again; each acquire
-/// draws a fresh owner token.
+/// Made by [`Client::lock`]. Defaults: a 30 s lease renewed while the guard lives
+/// ([`DEFAULT_LEASE`]), no maximum hold, no waiting (one attempt), not fair,
+/// [`Retry::default`]. The builder can be kept and used again; each acquire draws a fresh
+/// owner token.
+///
+/// # Leases
+/// With [`ttl`](Self::ttl) the lease is fixed: it ends after the TTL unless you
+/// [`extend`](LockGuard::extend) it. Otherwise the client's watchdog renews it (to the
+/// [`lease`](Self::lease) length, every third of it) for as long as the guard lives, so
+/// a crashed holder blocks others for at most one lease while a slow one keeps its lock.
+/// [`max_hold`](Self::max_hold) caps the renewals. Either way the guard's
+/// [`lost`](LockGuard::lost) signal fires the moment the lease is known to be lost.
+///
+/// # How waiting works
+/// A waiting acquire subscribes to the lock's release channel *before* its first
+/// attempt, so a release that happens between a failed attempt and the wait is never
+/// missed. A release wakes waiters at once (one pub/sub message, then one round trip).
+/// Pub/sub is never trusted alone: every wait is also bounded by the holder's remaining
+/// lease as Redis reported it, so a lost message, a dropped subscription or a holder
+/// that died without releasing costs at most that lease. All waiters of one [`Client`]
+/// share one subscription connection.
+///
+/// # Which strategy fits on contention
+/// - *Fail fast* ([`try_acquire`](Self::try_acquire), or no wait): for requests a
+///   person is waiting on. [`Error::Held`] carries the holder's remaining lease, to
+///   show or to retry after.
+/// - *Wait* ([`wait`](Self::wait), [`wait_forever`](Self::wait_forever)): for
+///   background work that must happen now and can afford to block a task.
+/// - *Defer*: for message processing, where blocking would hold up the messages behind
+///   this one: push the work on a [`DelayQueue`](crate::DelayQueue) and take it again
+///   later.
 #[derive(Clone, Debug)]
 pub struct LockBuilder {
     client: Client,
     name: String,
     ttl: Duration,
+    /// Whether the watchdog renews the lease.
+    renew: bool,
+    max_hold: Option<Duration>,
     /// `None`: wait for ever.
     wait: Option<Duration>,
+    /// Fair mode, with its waiter timeout.
+    fair: Option<Duration>,
+    /// Reentrant mode, with the owner id.
+    owner: Option<String>,
     retry: Retry,
 }
 
@@ -37,17 +79,40 @@ impl LockBuilder {
         Self {
             client,
             name,
-            ttl: DEFAULT_TTL,
+            ttl: DEFAULT_LEASE,
+            renew: true,
+            max_hold: None,
             wait: Some(Duration::ZERO),
+            fair: None,
+            owner: None,
             retry: Retry::default(),
         }
     }
 
-    /// How long the lease lasts unless extended or released (default 30 s). Checked on
+    /// A fixed lease: the lock is held for `ttl` unless extended or released, with no
+    /// renewal (default: a renewed 30 s lease, see [`lease`](Self::lease)). Checked on
     /// acquire: between [`MIN_TTL`] and [`MAX_TTL`]; whole milliseconds count, the rest
     /// is dropped.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
+        self.renew = false;
+        self
+    }
+
+    /// A lease renewed by the watchdog while the guard lives: each renewal resets it to
+    /// `lease` (default 30 s, [`DEFAULT_LEASE`]), every third of `lease`. A holder that
+    /// crashes blocks others for at most `lease`. Same range as [`ttl`](Self::ttl).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.ttl = lease;
+        self.renew = true;
+        self
+    }
+
+    /// The longest the lock may be held, counted from the acquire (default: no limit).
+    /// Renewals stop there and the lease runs out, so a holder stuck for ever does not
+    /// hold the lock for ever; its [`lost`](LockGuard::lost) signal then fires.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -65,7 +130,84 @@ impl LockBuilder {
         self
     }
 
-    /// How to pace attempts while waiting (default [`Retry::default`]).
+    /// Serves waiters in arrival order (default: not fair, the first attempt after a
+    /// release wins).
+    ///
+    /// Waiters queue in Redis. Only the first in line is woken by a release, and a
+    /// caller that arrives while others wait cannot take a free lock ahead of them, even
+    /// with [`try_acquire`](Self::try_acquire). Each waiter calls Redis at least every
+    /// third of the [waiter timeout](Self::waiter_timeout); one that stops (crashed,
+    /// paused, cancelled without cleanup) is purged once its timeout runs out, so it
+    /// delays the queue by at most the waiter timeout plus a third of it. Deadlines come
+    /// from Redis's clock, never from comparing the clients' wall clocks.
+    ///
+    /// Every client of one lock name must agree on the mode: a plain acquire does not
+    /// look at the queue.
+    pub fn fair(mut self) -> Self {
+        self.fair.get_or_insert(DEFAULT_WAITER_TIMEOUT);
+        self
+    }
+
+    /// Fair mode: how long a queued waiter may stay silent before the queue drops it
+    /// (default [`DEFAULT_WAITER_TIMEOUT`], 3 s; between 30 ms and 1 h). Implies
+    /// [`fair`](Self::fair). Shorter bounds the stall a crashed waiter causes; longer
+    /// tolerates longer pauses of a live waiter, which otherwise loses its place.
+    pub fn waiter_timeout(mut self, timeout: Duration) -> Self {
+        self.fair = Some(timeout);
+        self
+    }
+
+    /// Makes the lock reentrant for `owner` (default: not reentrant). The same owner
+    /// acquiring again, from this process or any other that uses the same owner id (a
+    /// job id passed between services, say), adds a hold instead of waiting; each
+    /// release gives one hold back, and the last one frees the lock.
+    ///
+    /// Reentry does not issue a new fencing token: every hold of one owner shares the
+    /// token of its first hold, since they are one critical section. In this mode the
+    /// lock key is a hash (`owner`, `fence`, one `hold:<token>` field per hold) instead
+    /// of the plain string of the other modes; plain callers see it as held. Not
+    /// combinable with [`fair`](Self::fair). The owner id: 1 to 256 bytes, no control
+    /// characters.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
+    fn mode(&self) -> Result<Mode, Error> {
+        match (&self.fair, &self.owner) {
+            (Some(_), Some(_)) => Err(Error::invalid(
+                "lock mode",
+                "a lock cannot be both fair and reentrant; choose one",
+            )),
+            (Some(waiter_timeout), None) => {
+                if !(Duration::from_millis(30)..=Duration::from_secs(3600)).contains(waiter_timeout)
+                {
+                    return Err(Error::invalid(
+                        "waiter timeout",
+                        format!("{waiter_timeout:?} is out of range; give between 30ms and 1h"),
+                    ));
+                }
+                Ok(Mode::Fair {
+                    waiter_timeout: *waiter_timeout,
+                })
+            }
+            (None, Some(owner)) => {
+                if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
+                    return Err(Error::invalid(
+                        "owner id",
+                        format!("{owner:?} must be 1 to 256 bytes without control characters"),
+                    ));
+                }
+                Ok(Mode::Reentrant {
+                    owner: owner.clone(),
+                })
+            }
+            (None, None) => Ok(Mode::Plain),
+        }
+    }
+
+    /// How to pace attempts while waiting when release notifications are unavailable
+    /// (default [`Retry::default`]).
     pub fn retry(mut self, retry: Retry) -> Self {
         self.retry = retry;
         self
@@ -92,7 +234,7 @@ impl LockBuilder {
     /// spawned.
     pub fn try_acquire(&self) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static {
         let this = self.clone();
-        async move { this.run(Some(Duration::ZERO)).await }
+        async move { this.run_acquire(Some(Duration::ZERO)).await }
     }
 
     /// Takes the lock, waiting for it as configured with [`wait`](Self::wait) or
@@ -115,123 +257,308 @@ impl LockBuilder {
     /// spawned.
     pub fn acquire(&self) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static {
         let this = self.clone();
-        async move { this.run(this.wait).await }
+        async move { this.run_acquire(this.wait).await }
     }
 
-    async fn run(&self, wait: Option<Duration>) -> Result<LockGuard, Error> {
-        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
+    /// Takes the lock in one attempt, or, if another owner holds it, defers the work:
+    /// pushes `payload` on `queue`, due after `delay`, for a consumer to
+    /// [`take`](crate::DelayQueue::take) and try again later. The third answer to
+    /// contention, beside failing fast and waiting: right for message processing, where
+    /// waiting would hold up the messages behind this one.
+    ///
+    /// # Errors
+    /// The errors of [`try_acquire`](Self::try_acquire) other than [`Error::Held`]
+    /// (which becomes [`Acquisition::Deferred`]), and those of
+    /// [`DelayQueue::push`](crate::DelayQueue::push).
+    ///
+    /// # Cancel safety
+    /// Cancel safe as far as the lock goes (see [`try_acquire`](Self::try_acquire)). If
+    /// dropped during the push, the item may or may not have been queued.
+    pub async fn acquire_or_defer(
+        &self,
+        queue: &DelayQueue,
+        payload: impl AsRef<[u8]>,
+        delay: Duration,
+    ) -> Result<Acquisition, Error> {
+        match self.try_acquire().await {
+            Ok(guard) => Ok(Acquisition::Acquired(guard)),
+            Err(Error::Held { .. }) => Ok(Acquisition::Deferred(queue.push(payload, delay).await?)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `work` under the lock: acquires (waiting as configured), gives `work` the
+    /// fencing token, and releases when it finishes. If the lease is lost first, `work`
+    /// is cancelled (its future dropped at its next await point) and the result is
+    /// [`Error::LeaseLost`]: the caller cannot forget to check.
+    ///
+    /// # Errors
+    /// The errors of [`acquire`](Self::acquire); [`Error::LeaseLost`] when the lease was
+    /// lost while `work` ran (then `work` was cancelled) or by the time it finished (its
+    /// result is then dropped, since it may have overlapped another holder's work).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future cancels `work` and releases the lock in the
+    /// background.
+    pub async fn run<F, Fut, T>(&self, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        let lost = guard.lost();
+        let output = tokio::select! {
+            output = work(guard.fencing_token()) => output,
+            cause = lost => {
+                return Err(Error::LeaseLost { name: self.name.clone(), cause });
+            }
+        };
+        match guard.release().await {
+            Ok(()) => Ok(output),
+            Err(e @ Error::LeaseLost { .. }) => Err(e),
+            Err(e) => {
+                // The lease held until now; the key expires by itself.
+                tracing::warn!(lock = %self.name, error = %e, "release after the work failed");
+                Ok(output)
+            }
+        }
+    }
+
+    async fn run_acquire(&self, wait: Option<Duration>) -> Result<LockGuard, Error> {
+        let ttl = checked_ttl(self.ttl)?;
+        if self
+            .max_hold
+            .is_some_and(|h| h < MIN_TTL || h > Duration::from_secs(365 * 24 * 3600))
+        {
             return Err(Error::invalid(
-                "TTL",
-                format!("{:?} is out of range; give between 1ms and 24h", self.ttl),
+                "maximum hold",
+                format!(
+                    "{:?} is out of range; give between 1ms and 365 days",
+                    self.max_hold
+                ),
             ));
         }
-        let ttl = Duration::from_millis(self.ttl.as_millis() as u64);
         self.retry.validate()?;
+        // The first lease may not outlast the maximum hold either.
+        let acquire_ttl = match self.max_hold {
+            Some(h) => ttl.min(Duration::from_millis(h.as_millis() as u64).max(MIN_TTL)),
+            None => ttl,
+        };
+        let mode = self.mode()?;
         let keys = LockKeys::new(&self.client.inner.prefix, &self.name)?;
         let started = Instant::now();
         let deadline = wait.map(|w| started + w);
+        let waits = wait != Some(Duration::ZERO);
         let mut pending = PendingAcquire {
             client: self.client.clone(),
             keys,
             token: OwnerToken::generate(),
+            mode: mode.clone(),
             maybe_written: false,
+            queued: false,
         };
         let node = &self.client.inner.node;
+        // The first attempt goes out at once: an uncontended acquire costs one round
+        // trip. A waiter subscribes after its first refusal and then tries again, so the
+        // attempt whose failure it trusts comes after the subscription: no release
+        // after it can go unnoticed.
+        let mut subscription = None;
+        let mut subscribe = waits;
         let mut attempt: u32 = 0;
         loop {
             pending.maybe_written = true;
-            let outcome = single_node::try_acquire(node, &pending.keys, &pending.token, ttl).await;
-            let pause = match outcome {
-                Ok(Attempt::Acquired { fence, valid_until }) => {
-                    return Ok(pending.into_guard(self.name.clone(), fence, valid_until));
+            let outcome = single_node::try_acquire(
+                node,
+                &pending.keys,
+                &pending.token,
+                acquire_ttl,
+                &mode,
+                waits,
+            )
+            .await;
+            let bound = match outcome {
+                Ok(Attempt::Acquired {
+                    fence,
+                    sent_at,
+                    valid_until,
+                }) => {
+                    let registration = self.client.inner.watchdog.watch(
+                        pending.keys.lock.clone(),
+                        mode.holder_id(&pending.token).to_owned(),
+                        ttl,
+                        self.renew,
+                        self.max_hold.map(|h| sent_at + h),
+                        sent_at,
+                        valid_until,
+                    );
+                    return Ok(pending.into_guard(self.name.clone(), fence, registration));
                 }
                 Ok(Attempt::Held { remaining }) => {
-                    // The reply is definite, and a same-connection earlier attempt would
-                    // have shown up as our token; an earlier one on a dropped connection
-                    // may still land, so an earlier "maybe" stays a maybe.
+                    // A definite answer. An earlier attempt whose reply was lost on a
+                    // dropped connection may still land, so an earlier "maybe" stays.
                     if attempt == 0 {
                         pending.maybe_written = false;
                     }
-                    let now = Instant::now();
-                    match deadline {
-                        Some(d) if now >= d => {
-                            return Err(if wait == Some(Duration::ZERO) {
-                                Error::Held {
-                                    name: self.name.clone(),
-                                    remaining,
-                                }
-                            } else {
-                                Error::WaitTimedOut {
-                                    name: self.name.clone(),
-                                    waited: now - started,
-                                    remaining,
-                                }
-                            });
+                    pending.queued = waits && matches!(mode, Mode::Fair { .. });
+                    if std::mem::take(&mut subscribe) {
+                        let token =
+                            matches!(mode, Mode::Fair { .. }).then(|| pending.token.as_str());
+                        match node
+                            .subscriber()
+                            .subscribe(&pending.keys.channel, token)
+                            .await
+                        {
+                            Ok(s) => subscription = Some(s),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "no release notifications; polling instead");
+                            }
                         }
-                        _ => {}
+                        attempt = attempt.saturating_add(1);
+                        continue;
                     }
-                    // No point sleeping past the holder's lease: the key is gone then.
-                    let until_free =
-                        remaining.map_or(Duration::MAX, |r| r + Duration::from_millis(1));
-                    self.retry.delay(attempt).min(until_free)
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        pending.withdraw().await;
+                        return Err(if waits {
+                            Error::WaitTimedOut {
+                                name: self.name.clone(),
+                                waited: now - started,
+                                remaining,
+                            }
+                        } else {
+                            Error::Held {
+                                name: self.name.clone(),
+                                remaining,
+                            }
+                        });
+                    }
+                    // The key is gone once the holder's lease runs out, message or not.
+                    let mut bound = match remaining {
+                        Some(r) if !r.is_zero() => r + Duration::from_millis(1),
+                        _ => self.retry.delay(attempt),
+                    };
+                    if let Mode::Fair { waiter_timeout } = &mode {
+                        let waiter_timeout = *waiter_timeout;
+                        // Stay in line: call again well before the queue drops us.
+                        bound = bound.min(waiter_timeout / 3);
+                    }
+                    if subscription.is_none() {
+                        bound = bound.min(self.retry.delay(attempt));
+                    }
+                    bound
                 }
                 Err(e @ Error::Unavailable { .. }) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                    if deadline.is_none_or(|d| Instant::now() < d) && waits {
+                        tracing::debug!(error = %e, "acquire attempt failed; retrying");
+                        self.retry.delay(attempt)
+                    } else {
                         return Err(e);
                     }
-                    tracing::debug!(error = %e, "acquire attempt failed; retrying");
-                    self.retry.delay(attempt)
                 }
                 Err(e) => {
-                    pending.maybe_written = false;
+                    pending.withdraw().await;
                     return Err(e);
                 }
             };
-            let pause = match deadline {
-                Some(d) => pause.min(d.saturating_duration_since(Instant::now())),
-                None => pause,
+            let bound = match deadline {
+                Some(d) => bound.min(d.saturating_duration_since(Instant::now())),
+                None => bound,
             };
-            tokio::time::sleep(pause).await;
+            match &subscription {
+                Some(s) => {
+                    tokio::select! {
+                        () = s.notified() => {}
+                        () = tokio::time::sleep(bound) => {}
+                    }
+                }
+                None => tokio::time::sleep(bound).await,
+            }
             attempt = attempt.saturating_add(1);
         }
     }
 }
 
-/// An acquire in progress. If it ends without a guard after an attempt whose outcome is
-/// unknown (timeout, cancellation), its token may sit in Redis: release it.
+fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "TTL",
+            format!("{ttl:?} is out of range; give between 1ms and 24h"),
+        ));
+    }
+    Ok(Duration::from_millis(ttl.as_millis() as u64))
+}
+
+/// The outcome of [`LockBuilder::acquire_or_defer`].
+#[derive(Debug)]
+#[must_use = "an acquired lock is released when the guard is dropped"]
+pub enum Acquisition {
+    /// The lock was free: do the work now.
+    Acquired(LockGuard),
+    /// The lock was held: the work item went on the delay queue under this id.
+    Deferred(ItemId),
+}
+
+/// An acquire in progress. If it ends without a guard, it may have left something in
+/// Redis: a grant whose reply was lost (timeout, cancellation), or a place in a fair
+/// queue. Withdraw both.
 struct PendingAcquire {
     client: Client,
     keys: LockKeys,
     token: OwnerToken,
+    mode: Mode,
     maybe_written: bool,
+    queued: bool,
 }
 
 impl PendingAcquire {
-    fn into_guard(mut self, name: String, fence: FencingToken, valid_until: Instant) -> LockGuard {
+    fn into_guard(mut self, name: String, fence: FencingToken, lease: Registration) -> LockGuard {
         self.maybe_written = false;
+        self.queued = false;
         LockGuard {
             client: self.client.clone(),
             name,
             keys: self.keys.clone(),
             token: self.token.clone(),
+            mode: self.mode.clone(),
             fence,
-            valid_until,
+            lease: Some(lease),
             held: true,
+        }
+    }
+
+    fn owes_cleanup(&self) -> bool {
+        self.maybe_written || self.queued
+    }
+
+    /// Withdraws now, so the caller's error comes after the cleanup; on failure (or if
+    /// this future is dropped) the drop retries in the background.
+    async fn withdraw(&mut self) {
+        if !self.owes_cleanup() {
+            return;
+        }
+        let node = &self.client.inner.node;
+        if single_node::abandon(node, &self.keys, &self.token, &self.mode)
+            .await
+            .is_ok()
+        {
+            self.maybe_written = false;
+            self.queued = false;
         }
     }
 }
 
 impl Drop for PendingAcquire {
     fn drop(&mut self) {
-        if self.maybe_written {
-            release_in_background(&self.client, String::new(), &self.keys, &self.token);
+        if self.owes_cleanup() {
+            abandon_in_background(&self.client, &self.keys, &self.token, &self.mode);
         }
     }
 }
 
-/// Sends a release without waiting for it. Never blocks or panics; without a Tokio
-/// runtime it does nothing and the key expires after its TTL.
-fn release_in_background(client: &Client, name: String, keys: &LockKeys, token: &OwnerToken) {
+/// Withdraws a token (its grant, its queue place) without waiting. Never blocks or
+/// panics; without a Tokio runtime it does nothing, and the key expires after its TTL
+/// (a queue place after the waiter timeout).
+fn abandon_in_background(client: &Client, keys: &LockKeys, token: &OwnerToken, mode: &Mode) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(key = %keys.lock, "no Tokio runtime to release the lock in; it expires after its TTL");
         return;
@@ -239,12 +566,15 @@ fn release_in_background(client: &Client, name: String, keys: &LockKeys, token: 
     let node = client.inner.node.clone();
     let keys = keys.clone();
     let token = token.clone();
-    client.inner.background.spawn_on(async move {
-        match single_node::release(&node, &name, &keys, &token).await {
-            Ok(()) | Err(Error::LeaseLost { .. }) => {}
-            Err(e) => tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its TTL"),
-        }
-    }, &runtime);
+    let mode = mode.clone();
+    client.inner.background.spawn_on(
+        async move {
+            if let Err(e) = single_node::abandon(&node, &keys, &token, &mode).await {
+                tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its TTL");
+            }
+        },
+        &runtime,
+    );
 }
 
 /// A held lock. Release it with [`release`](Self::release); a guard dropped unreleased
@@ -264,8 +594,10 @@ pub struct LockGuard {
     name: String,
     keys: LockKeys,
     token: OwnerToken,
+    mode: Mode,
     fence: FencingToken,
-    valid_until: Instant,
+    /// The watched lease; `None` once released (which stops its renewal).
+    lease: Option<Registration>,
     /// Whether a release is still owed (false after release, or once the lease is known
     /// to be lost).
     held: bool,
@@ -289,20 +621,59 @@ impl LockGuard {
     }
 
     /// When the lease ends, at the latest, by this process's monotonic clock: measured
-    /// from just before the acquire (or the last extend) was sent, minus an allowance for
-    /// clock drift of 1% of the TTL plus 2 ms. Never taken from the wall clock.
+    /// from just before the request that Redis last confirmed (the acquire, a renewal,
+    /// an extend) was sent, minus an allowance for clock drift of 1% of the TTL plus
+    /// 2 ms. Only a confirmed renewal moves it forward; never taken from the wall clock.
     pub fn valid_until(&self) -> Instant {
-        self.valid_until
+        self.lease()
+            .map_or_else(Instant::now, |l| l.lease().valid_until())
     }
 
     /// How much of the lease is left by the local monotonic clock (zero once past
     /// [`valid_until`](Self::valid_until)).
     pub fn remaining(&self) -> Duration {
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Completes when the lease is lost, with the reason: a renewal found the key gone
+    /// or someone else's, or no renewal was confirmed and the lease is about to run out
+    /// by the local clock (at [`valid_until`](Self::valid_until) minus a tenth of the
+    /// lease, at most 1 s), or a fixed lease reached that point. Never completes for a
+    /// lease that is kept, or after the guard was released.
+    ///
+    /// Race your work against it (`tokio::select!`), or let
+    /// [`LockBuilder::run`] do that for you.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    pub fn lost(&self) -> impl Future<Output = LossCause> + Send + 'static {
+        let watched = self
+            .lease
+            .as_ref()
+            .map(|r| (r.lease().lost_token(), r.lease_arc()));
+        async move {
+            match watched {
+                Some((token, lease)) => {
+                    token.cancelled().await;
+                    lease.cause().unwrap_or(LossCause::Expired)
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Whether the loss signal has fired, and why.
+    pub fn loss(&self) -> Option<LossCause> {
+        self.lease().and_then(|r| r.lease().cause())
+    }
+
+    fn lease(&self) -> Option<&Registration> {
+        self.lease.as_ref()
     }
 
     /// Resets the lease to `ttl` from now, if this guard still holds the lock. Never
-    /// re-creates an expired lock.
+    /// re-creates an expired lock. The watchdog, if it renews this lease, goes on
+    /// renewing it to its own lease length afterwards.
     ///
     /// # Errors
     /// [`Error::LeaseLost`] when the key expired or belongs to another owner now (the
@@ -311,30 +682,31 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the extend may or may not have happened on the server,
-    /// and [`valid_until`](Self::valid_until) keeps its earlier, smaller value.
+    /// and [`valid_until`](Self::valid_until) keeps its earlier value.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        if ttl < MIN_TTL || ttl > MAX_TTL {
-            return Err(Error::invalid(
-                "TTL",
-                format!("{ttl:?} is out of range; give between 1ms and 24h"),
-            ));
-        }
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let ttl = checked_ttl(ttl)?;
         let node = &self.client.inner.node;
-        match single_node::extend(node, &self.name, &self.keys, &self.token, ttl).await {
-            Ok(until) => {
-                self.valid_until = until;
+        let holder = self.mode.holder_id(&self.token);
+        match single_node::extend(node, &self.name, &self.keys, holder, ttl).await {
+            Ok((sent_at, until)) => {
+                if let Some(r) = self.lease() {
+                    r.lease().extended(sent_at, until);
+                }
                 Ok(())
             }
             Err(e @ Error::LeaseLost { .. }) => {
                 self.held = false;
+                if let (Some(r), Error::LeaseLost { cause, .. }) = (self.lease(), &e) {
+                    r.lease().lose(*cause);
+                }
                 Err(e)
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Releases the lock: deletes the key if it still holds this guard's token.
+    /// Releases the lock: stops its renewal at once, then deletes the key if it still
+    /// holds this guard's token.
     ///
     /// # Errors
     /// [`Error::LeaseLost`] when the lease had already ended (the key expired, or another
@@ -346,8 +718,11 @@ impl LockGuard {
     /// Cancel safe: if dropped before the reply, the guard's drop sends the release again
     /// in the background (releasing twice is harmless: the second finds the key gone).
     pub async fn release(mut self) -> Result<(), Error> {
+        // No renewal is sent for this lease from here on.
+        self.lease = None;
         let node = &self.client.inner.node;
-        let result = single_node::release(node, &self.name, &self.keys, &self.token).await;
+        let result =
+            single_node::release(node, &self.name, &self.keys, &self.token, &self.mode).await;
         if !matches!(result, Err(Error::Unavailable { .. })) {
             self.held = false;
         }
@@ -357,8 +732,9 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        self.lease = None; // stop renewing before anything else
         if self.held {
-            release_in_background(&self.client, self.name.clone(), &self.keys, &self.token);
+            abandon_in_background(&self.client, &self.keys, &self.token, &self.mode);
         }
     }
 }

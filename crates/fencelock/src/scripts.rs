@@ -16,21 +16,30 @@ static ACQUIRE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/acquire.lua")));
 static RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/release.lua")));
-static EXTEND: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/extend.lua")));
+static REENTRANT_ACQUIRE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/reentrant_acquire.lua")));
+static REENTRANT_RELEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/reentrant_release.lua")));
+static FAIR_ACQUIRE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_acquire.lua")));
+static FAIR_RELEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_release.lua")));
+static FAIR_LEAVE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_leave.lua")));
 
 /// What `acquire.lua` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
     /// The lock is ours; `fresh` is false when it already held our token (a retry).
     Acquired { fence: FencingToken, fresh: bool },
-    /// Another owner holds it; `None` when the key has no expiry.
+    /// Another owner holds it (`None`: the key has no expiry), or in fair mode it is free
+    /// but another waiter is first in line (`Some(ZERO)`).
     Held { remaining: Option<Duration> },
     /// `key` holds a `found` fencelock did not write.
     WrongType { key: String, found: String },
 }
 
-/// What `release.lua` and `extend.lua` found.
+/// What the release scripts and each lease of `renew.lua` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OwnedReply {
     /// The key held our token and the operation happened.
@@ -58,21 +67,83 @@ pub(crate) fn acquire(
 
 pub(crate) fn release(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvocation<'static> {
     let mut inv = RELEASE.prepare_invoke();
-    inv.key(&keys.lock).arg(token.as_str());
+    inv.key(&keys.lock).arg(token.as_str()).arg(&keys.channel);
     inv
 }
 
-pub(crate) fn extend(
+/// `join`: enter the queue when it is not our turn (a waiting acquire), or only try.
+pub(crate) fn fair_acquire(
     keys: &LockKeys,
     token: &OwnerToken,
     ttl: Duration,
+    waiter_timeout: Duration,
+    join: bool,
 ) -> redis::ScriptInvocation<'static> {
-    let mut inv = EXTEND.prepare_invoke();
-    inv.key(&keys.lock).arg(token.as_str()).arg(ttl_ms(ttl));
+    let mut inv = FAIR_ACQUIRE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.fence)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .arg(token.as_str())
+        .arg(ttl_ms(ttl))
+        .arg(ttl_ms(waiter_timeout))
+        .arg(&keys.channel)
+        .arg(if join { "1" } else { "0" });
     inv
 }
 
-/// TTLs are validated to whole milliseconds >= 1 before they get here.
+pub(crate) fn fair_release(
+    keys: &LockKeys,
+    token: &OwnerToken,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = FAIR_RELEASE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .arg(token.as_str())
+        .arg(&keys.channel);
+    inv
+}
+
+pub(crate) fn fair_leave(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvocation<'static> {
+    let mut inv = FAIR_LEAVE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.queue)
+        .key(&keys.waiters)
+        .arg(token.as_str())
+        .arg(&keys.channel);
+    inv
+}
+
+pub(crate) fn reentrant_acquire(
+    keys: &LockKeys,
+    owner: &str,
+    token: &OwnerToken,
+    ttl: Duration,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = REENTRANT_ACQUIRE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.fence)
+        .arg(owner)
+        .arg(token.as_str())
+        .arg(ttl_ms(ttl));
+    inv
+}
+
+pub(crate) fn reentrant_release(
+    keys: &LockKeys,
+    owner: &str,
+    token: &OwnerToken,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = REENTRANT_RELEASE.prepare_invoke();
+    inv.key(&keys.lock)
+        .arg(owner)
+        .arg(token.as_str())
+        .arg(&keys.channel);
+    inv
+}
+
+/// Durations in whole milliseconds (validated before they get here; queue delays may be 0).
 fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
@@ -101,10 +172,11 @@ impl FromRedisValue for AcquireReply {
                 })
             }
             0 => {
-                let pttl = int(1)?;
-                Ok(Self::Held {
-                    remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-                })
+                let remaining = match int(1)? {
+                    -2 => Some(Duration::ZERO),
+                    pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
+                };
+                Ok(Self::Held { remaining })
             }
             -1 => Ok(Self::WrongType {
                 key: text(1)?,
@@ -115,16 +187,265 @@ impl FromRedisValue for AcquireReply {
     }
 }
 
-impl FromRedisValue for OwnedReply {
-    fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
-        match v {
-            Value::Int(1) => Ok(Self::Done),
-            Value::Int(0) => Ok(Self::Absent),
-            Value::Int(-1) => Ok(Self::Other),
-            Value::Int(-2) => Ok(Self::WrongType),
-            other => Err(ParsingError::from(format!(
-                "release/extend script replied with an unexpected value: {other:?}"
-            ))),
+impl OwnedReply {
+    pub(crate) fn from_code(code: i64) -> Option<Self> {
+        match code {
+            1 => Some(Self::Done),
+            0 => Some(Self::Absent),
+            -1 => Some(Self::Other),
+            -2 => Some(Self::WrongType),
+            _ => None,
         }
     }
+}
+
+impl FromRedisValue for OwnedReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(code) => Self::from_code(code),
+            _ => None,
+        }
+        .ok_or_else(|| ParsingError::from(format!("release script replied with {v:?}")))
+    }
+}
+
+static RENEW: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/renew.lua")));
+
+/// One batch of the watchdog: `(lock key, owner token, ttl)` per lease.
+pub(crate) fn renew<'a>(
+    leases: impl Iterator<Item = (&'a str, &'a str, Duration)>,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = RENEW.prepare_invoke();
+    for (key, token, ttl) in leases {
+        inv.key(key).arg(token).arg(ttl_ms(ttl));
+    }
+    inv
+}
+
+// ---------------------------------------------------------------------------------------
+// Delay queue (`delay_queue.rs`): the `queue_*.lua` scripts and their replies.
+// ---------------------------------------------------------------------------------------
+
+use crate::delay_queue::{ItemId, QueueKeys};
+
+static QUEUE_PUSH: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/queue_push.lua")));
+static QUEUE_TAKE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/queue_take.lua")));
+static QUEUE_ACK: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/queue_ack.lua")));
+static QUEUE_RETRY: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/queue_retry.lua")));
+static QUEUE_EXTEND: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/queue_extend.lua")));
+static QUEUE_COUNTS: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/queue_counts.lua")));
+
+/// What a `queue_*.lua` script found: its own outcome `T`, or the `{-1, key, type}`
+/// marker every queue script replies with for a key of the wrong type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum QueueReply<T> {
+    Done(T),
+    /// `key` holds a `found` fencelock did not write; nothing was written.
+    WrongType {
+        key: String,
+        found: String,
+    },
+}
+
+/// An item `queue_take.lua` delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub id: ItemId,
+    pub payload: Vec<u8>,
+    pub attempt: u32,
+}
+
+/// The counts `queue_counts.lua` replies with: ready, delayed, in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub ready: u64,
+    pub delayed: u64,
+    pub in_flight: u64,
+}
+
+/// The reply of one queue script, after its leading code (other than -1).
+pub(crate) trait QueueOutcome: Sized {
+    /// The script's file name, for parse errors.
+    const SCRIPT: &'static str;
+    /// `None` when the reply does not fit the script's header.
+    fn parse(code: i64, rest: &[Value]) -> Option<Self>;
+}
+
+/// `queue_push.lua`: the new item's id.
+impl QueueOutcome for ItemId {
+    const SCRIPT: &'static str = "queue_push.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        match (code, rest) {
+            (1, [Value::Int(id)]) => u64::try_from(*id).ok().map(ItemId::new),
+            _ => None,
+        }
+    }
+}
+
+/// `queue_take.lua`: the delivered item, or `None` when nothing is due.
+impl QueueOutcome for Option<Taken> {
+    const SCRIPT: &'static str = "queue_take.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        match (code, rest) {
+            (0, []) => Some(None),
+            (
+                1,
+                [
+                    Value::Int(id),
+                    Value::BulkString(payload),
+                    Value::Int(attempt),
+                ],
+            ) => Some(Some(Taken {
+                id: ItemId::new(u64::try_from(*id).ok()?),
+                payload: payload.clone(),
+                attempt: u32::try_from(*attempt).unwrap_or(u32::MAX),
+            })),
+            _ => None,
+        }
+    }
+}
+
+/// `queue_ack.lua`, `queue_retry.lua`, `queue_extend.lua`: whether the item was still in
+/// flight under the caller's receipt (and the operation happened).
+impl QueueOutcome for bool {
+    const SCRIPT: &'static str = "queue_ack/retry/extend.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        match (code, rest) {
+            (1, []) => Some(true),
+            (0, []) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+/// `queue_counts.lua`.
+impl QueueOutcome for Counts {
+    const SCRIPT: &'static str = "queue_counts.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        let count = |v: &Value| match v {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        };
+        match (code, rest) {
+            (1, [ready, delayed, in_flight]) => Some(Counts {
+                ready: count(ready)?,
+                delayed: count(delayed)?,
+                in_flight: count(in_flight)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl<T: QueueOutcome> FromRedisValue for QueueReply<T> {
+    fn from_redis_value(v: Value) -> Result<Self, redis::ParsingError> {
+        let bad = |v: &Value| ParsingError::from(format!("{} replied with {v:?}", T::SCRIPT));
+        let Value::Array(items) = &v else {
+            return Err(bad(&v));
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        match items.as_slice() {
+            [Value::Int(-1), key, found] => match (text(key), text(found)) {
+                (Some(key), Some(found)) => Ok(Self::WrongType { key, found }),
+                _ => Err(bad(&v)),
+            },
+            [Value::Int(code), rest @ ..] => {
+                T::parse(*code, rest).map(Self::Done).ok_or_else(|| bad(&v))
+            }
+            _ => Err(bad(&v)),
+        }
+    }
+}
+
+pub(crate) fn queue_push(
+    keys: &QueueKeys,
+    payload: &[u8],
+    delay: Duration,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUEUE_PUSH.prepare_invoke();
+    inv.key(&keys.due)
+        .key(&keys.items)
+        .key(&keys.seq)
+        .arg(payload)
+        .arg(ttl_ms(delay));
+    inv
+}
+
+pub(crate) fn queue_take(
+    keys: &QueueKeys,
+    visibility: Duration,
+    receipt: &str,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUEUE_TAKE.prepare_invoke();
+    inv.key(&keys.due)
+        .key(&keys.in_flight)
+        .key(&keys.items)
+        .key(&keys.attempts)
+        .key(&keys.receipts)
+        .arg(ttl_ms(visibility))
+        .arg(receipt);
+    inv
+}
+
+pub(crate) fn queue_ack(
+    keys: &QueueKeys,
+    id: ItemId,
+    receipt: &str,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUEUE_ACK.prepare_invoke();
+    inv.key(&keys.in_flight)
+        .key(&keys.items)
+        .key(&keys.attempts)
+        .key(&keys.receipts)
+        .arg(id.member())
+        .arg(receipt);
+    inv
+}
+
+pub(crate) fn queue_retry(
+    keys: &QueueKeys,
+    id: ItemId,
+    receipt: &str,
+    delay: Duration,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUEUE_RETRY.prepare_invoke();
+    inv.key(&keys.due)
+        .key(&keys.in_flight)
+        .key(&keys.receipts)
+        .arg(id.member())
+        .arg(receipt)
+        .arg(ttl_ms(delay));
+    inv
+}
+
+pub(crate) fn queue_extend(
+    keys: &QueueKeys,
+    id: ItemId,
+    receipt: &str,
+    visibility: Duration,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUEUE_EXTEND.prepare_invoke();
+    inv.key(&keys.in_flight)
+        .key(&keys.receipts)
+        .arg(id.member())
+        .arg(receipt)
+        .arg(ttl_ms(visibility));
+    inv
+}
+
+pub(crate) fn queue_counts(keys: &QueueKeys) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUEUE_COUNTS.prepare_invoke();
+    inv.key(&keys.due).key(&keys.in_flight);
+    inv
 }

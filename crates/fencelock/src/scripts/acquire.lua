@@ -10,7 +10,8 @@
 --   {2, fence}        the key already held this owner token (a retried acquire whose
 --                     first reply was lost): same grant, expiry reset to ttl, the fence
 --                     already minted (a new one only if the counter was wiped meanwhile)
---   {0, pttl}         held by another owner; pttl is its remaining ms (-1: no expiry)
+--   {0, pttl}         held by another owner (a plain token, or a reentrant lock's hash);
+--                     pttl is its remaining ms (-1: no expiry)
 --   {-1, key, type}   KEYS[1] or KEYS[2] holds something fencelock did not write
 --                     (type is the Redis type, or "string" for a non-integer counter);
 --                     nothing was written
@@ -45,7 +46,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 
 local lock_type = redis.call('TYPE', KEYS[1]).ok
-if lock_type ~= 'string' then
+if lock_type == 'hash' and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
+  return {0, redis.call('PTTL', KEYS[1])} -- a reentrant holder
+elseif lock_type ~= 'string' then
   return {-1, KEYS[1], lock_type}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then

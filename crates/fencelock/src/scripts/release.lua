@@ -1,7 +1,9 @@
--- release.lua: delete the lock only if it still holds the caller's token.
+-- release.lua: delete the lock only if it still holds the caller's token, and tell the
+-- waiters.
 --
 -- KEYS[1]  lock key
 -- ARGV[1]  owner token
+-- ARGV[2]  release channel: an empty message there wakes every waiter
 --
 -- Reply, an integer:
 --    1   released (the key held this token and is gone now)
@@ -12,6 +14,8 @@
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
   return 0
+elseif kind == 'hash' and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
+  return -1 -- a reentrant lock of another owner
 elseif kind ~= 'string' then
   return -2
 end
@@ -19,4 +23,5 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return -1
 end
 redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '')
 return 1

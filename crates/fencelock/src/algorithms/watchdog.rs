@@ -1,0 +1,342 @@
+//! The watchdog: keeps the leases of held locks alive while their guards live, and tells
+//! each holder the moment its lease is lost.
+//!
+//! One task per client serves every lease. It wakes on a fixed tick (a sixth of the
+//! shortest renewed lease) and renews, in batches, every lease that falls due before the
+//! next tick: one `renew.lua` call per node carries up to [`BATCH`] leases, so 100,000
+//! held locks cost about 100 calls per renewal round. A lease is renewed once a third of
+//! its length has passed since the last renewal was sent (up to one tick earlier); a
+//! failed renewal is retried on the next tick. A guard that is released or dropped unregisters its
+//! lease synchronously: no renewal is sent for it afterwards.
+//!
+//! The loss signal fires when a renewal finds the key gone or someone else's, or when no
+//! renewal was confirmed and the lease is about to run out by the local monotonic clock
+//! (at `valid_until` minus a tenth of the lease, at most 1 s), whether or not Redis ever
+//! answers. `valid_until` only moves forward when Redis confirmed a renewal.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::algorithms::single_node::lease_end;
+use crate::backend::Node;
+use crate::error::LossCause;
+use crate::scripts;
+
+/// Leases per `renew.lua` call.
+pub(crate) const BATCH: usize = 1000;
+
+/// The watchdog of one client.
+#[derive(Clone)]
+pub(crate) struct Watchdog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: Node,
+    leases: Mutex<Leases>,
+    /// Wakes the task: a lease was added that needs a shorter tick.
+    changed: Notify,
+    /// The task's current tick, in ms.
+    tick_ms: AtomicU64,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct Leases {
+    by_id: HashMap<u64, Arc<Lease>>,
+    task_running: bool,
+}
+
+/// One held lock's lease, shared by its guard and the watchdog.
+pub(crate) struct Lease {
+    key: String,
+    token: String,
+    ttl: Duration,
+    /// `false` for a fixed lease: watched for expiry, never renewed.
+    renew: bool,
+    /// Renewals stop here (the maximum hold); the lease then runs out.
+    hold_until: Option<Instant>,
+    state: Mutex<State>,
+    lost: CancellationToken,
+    cause: OnceLock<LossCause>,
+}
+
+struct State {
+    valid_until: Instant,
+    /// When the next renewal is due.
+    next_renewal: Instant,
+    in_flight: bool,
+}
+
+/// Keeps a lease watched; dropping it stops the watch at once.
+pub(crate) struct Registration {
+    inner: Weak<Inner>,
+    id: u64,
+    lease: Arc<Lease>,
+}
+
+impl Watchdog {
+    pub fn new(node: Node) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                node,
+                leases: Mutex::new(Leases::default()),
+                changed: Notify::new(),
+                tick_ms: AtomicU64::new(u64::MAX),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Starts watching a lease granted until `valid_until`, whose request was sent at
+    /// `sent_at`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn watch(
+        &self,
+        key: String,
+        token: String,
+        ttl: Duration,
+        renew: bool,
+        hold_until: Option<Instant>,
+        sent_at: Instant,
+        valid_until: Instant,
+    ) -> Registration {
+        let lease = Arc::new(Lease {
+            key,
+            token,
+            ttl,
+            renew,
+            hold_until,
+            state: Mutex::new(State {
+                valid_until,
+                next_renewal: sent_at + ttl / 3,
+                in_flight: false,
+            }),
+            lost: CancellationToken::new(),
+            cause: OnceLock::new(),
+        });
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut leases = lock(&self.inner.leases);
+        leases.by_id.insert(id, lease.clone());
+        if !leases.task_running {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    leases.task_running = true;
+                    rt.spawn(run(Arc::downgrade(&self.inner)));
+                }
+                Err(_) => tracing::warn!("no Tokio runtime: the lease is not renewed"),
+            }
+        }
+        drop(leases);
+        // A lease whose renewal or loss falls before the next tick needs an earlier one.
+        let tick = Duration::from_millis(self.inner.tick_ms.load(Ordering::Relaxed));
+        if !renew || ttl / 6 < tick {
+            self.inner.changed.notify_one();
+        }
+        Registration {
+            inner: Arc::downgrade(&self.inner),
+            id,
+            lease,
+        }
+    }
+
+    /// How many leases are watched.
+    pub fn len(&self) -> usize {
+        lock(&self.inner.leases).by_id.len()
+    }
+}
+
+impl Registration {
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    pub fn lease_arc(&self) -> Arc<Lease> {
+        self.lease.clone()
+    }
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.lease.key)
+            .field("ttl", &self.lease.ttl)
+            .field("renew", &self.lease.renew)
+            .field("valid_until", &self.lease.valid_until())
+            .field("lost", &self.lease.cause())
+            .finish()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            lock(&inner.leases).by_id.remove(&self.id);
+        }
+    }
+}
+
+impl Lease {
+    pub fn valid_until(&self) -> Instant {
+        lock(&self.state).valid_until
+    }
+
+    /// Records an extend that Redis confirmed (a manual one).
+    pub fn extended(&self, sent_at: Instant, valid_until: Instant) {
+        let mut st = lock(&self.state);
+        st.valid_until = valid_until;
+        st.next_renewal = sent_at + self.ttl / 3;
+    }
+
+    pub fn lose(&self, cause: LossCause) {
+        if self.cause.set(cause).is_ok() {
+            tracing::warn!(key = %self.key, %cause, "lease lost");
+        }
+        self.lost.cancel();
+    }
+
+    pub fn cause(&self) -> Option<LossCause> {
+        self.cause.get().copied()
+    }
+
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    /// When to give up on a lease whose renewal Redis has not confirmed: a little before
+    /// `valid_until`, so the holder can stop before the lease really ends.
+    fn loss_deadline(&self, valid_until: Instant) -> Instant {
+        let margin = (self.ttl / 10).min(Duration::from_secs(1));
+        valid_until.checked_sub(margin).unwrap_or(valid_until)
+    }
+
+    /// The TTL the next renewal asks for (shortened to end at the maximum hold), or
+    /// `None` if the lease must not be renewed any more.
+    fn renewal_ttl(&self, now: Instant) -> Option<Duration> {
+        let ttl = match self.hold_until {
+            Some(end) => self.ttl.min(end.saturating_duration_since(now)),
+            None => self.ttl,
+        };
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        (ttl >= Duration::from_millis(1)).then_some(ttl)
+    }
+}
+
+/// The watchdog task. It runs on a fixed tick (a sixth of the shortest renewed lease),
+/// and on each tick renews, in batches, every lease that would fall due before the next
+/// tick, so leases taken at scattered times still share calls. Losses are checked on
+/// the tick and at each lease's own deadline. Ends when no lease is left (the next one
+/// starts it again).
+async fn run(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let changed = inner.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let now = Instant::now();
+        let mut due: Vec<(Arc<Lease>, Duration)> = Vec::new();
+        let mut tick = Duration::from_secs(10);
+        let mut wake;
+        {
+            let mut leases = lock(&inner.leases);
+            if leases.by_id.is_empty() {
+                leases.task_running = false;
+                return;
+            }
+            for lease in leases.by_id.values() {
+                if lease.renew {
+                    tick = tick.min(lease.ttl / 6);
+                }
+            }
+            tick = tick.max(Duration::from_millis(5));
+            inner
+                .tick_ms
+                .store(tick.as_millis() as u64, Ordering::Relaxed);
+            wake = now + tick;
+            for lease in leases.by_id.values() {
+                if lease.lost.is_cancelled() {
+                    continue;
+                }
+                let mut st = lock(&lease.state);
+                let give_up = lease.loss_deadline(st.valid_until);
+                if now >= give_up {
+                    drop(st);
+                    lease.lose(if lease.renew {
+                        LossCause::Unconfirmed
+                    } else {
+                        LossCause::Expired
+                    });
+                    continue;
+                }
+                wake = wake.min(give_up);
+                if !lease.renew || st.in_flight || st.next_renewal > now + tick {
+                    continue;
+                }
+                if let Some(ttl) = lease.renewal_ttl(now) {
+                    st.in_flight = true;
+                    due.push((lease.clone(), ttl));
+                }
+            }
+        }
+        while !due.is_empty() {
+            let batch: Vec<_> = due.drain(..due.len().min(BATCH)).collect();
+            tokio::spawn(renew(inner.node.clone(), batch));
+        }
+        // Holding `inner` while asleep is fine: the task ends once no lease is left.
+        tokio::select! {
+            () = tokio::time::sleep_until(wake.into()) => {}
+            () = changed => {}
+        }
+    }
+}
+
+/// Sends one batch and applies the answers. A batch that fails is retried on the next
+/// tick.
+async fn renew(node: Node, batch: Vec<(Arc<Lease>, Duration)>) {
+    let sent_at = Instant::now();
+    let invocation = scripts::renew(
+        batch
+            .iter()
+            .map(|(l, ttl)| (l.key.as_str(), l.token.as_str(), *ttl)),
+    );
+    let answers: Result<Vec<i64>, _> = node.run(&invocation).await;
+    match answers {
+        Ok(answers) if answers.len() == batch.len() => {
+            for ((lease, ttl), answer) in batch.iter().zip(answers) {
+                let mut st = lock(&lease.state);
+                st.in_flight = false;
+                match answer {
+                    1 => {
+                        st.valid_until = st.valid_until.max(lease_end(sent_at, *ttl));
+                        st.next_renewal = sent_at + lease.ttl / 3;
+                    }
+                    0 => {
+                        drop(st);
+                        lease.lose(LossCause::Expired);
+                    }
+                    _ => {
+                        drop(st);
+                        lease.lose(LossCause::TakenByOther);
+                    }
+                }
+            }
+        }
+        other => {
+            if let Err(e) = other {
+                tracing::debug!(error = %e, leases = batch.len(), "renewal failed; retrying");
+            }
+            for (lease, _) in &batch {
+                lock(&lease.state).in_flight = false;
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,98 @@
+-- fair_acquire.lua: take the lock in arrival order, or join (and stay in) the queue.
+--
+-- KEYS[1]  lock key        plain string holding the owner token, with a PX expiry
+-- KEYS[2]  fence counter   plain integer string, never expires
+-- KEYS[3]  queue           LIST of waiting owner tokens, in arrival order
+-- KEYS[4]  waiters         ZSET owner token -> deadline (server ms) by which the waiter
+--                          must call again, or be purged as crashed
+-- ARGV[1]  owner token
+-- ARGV[2]  ttl, ms
+-- ARGV[3]  waiter timeout, ms: how long a queued waiter may stay silent
+-- ARGV[4]  release channel: a message carrying a token wakes that waiter
+-- ARGV[5]  "1": join the queue when it is not our turn; "0": only try
+--
+-- Reply:
+--   {1, fence}        acquired now
+--   {2, fence}        the key already held this owner token (a retried acquire)
+--   {0, pttl}         not acquired: held by another owner (pttl ms left, -1 for no
+--                     expiry), or free but another waiter is first in line (pttl -2)
+--   {-1, key, type}   a key holds something fencelock did not write; nothing written
+--
+-- Deadlines come from the server's clock (TIME), never from the clients'. Every check
+-- happens before the first write: scripts do not roll back.
+
+local wanted = {{KEYS[1], 'string'}, {KEYS[3], 'list'}, {KEYS[4], 'zset'}}
+for _, kw in ipairs(wanted) do
+  local found = redis.call('TYPE', kw[1]).ok
+  if found == 'hash' and kw[1] == KEYS[1] and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
+    return {0, redis.call('PTTL', KEYS[1])} -- a reentrant holder: not ours to queue behind
+  elseif found ~= 'none' and found ~= kw[2] then
+    return {-1, kw[1], found}
+  end
+end
+local counter_type = redis.call('TYPE', KEYS[2]).ok
+local counter = nil
+if counter_type == 'string' then
+  counter = redis.call('GET', KEYS[2])
+  if not string.match(counter, '^%d+$') or string.len(counter) > 18 then
+    return {-1, KEYS[2], 'string'}
+  end
+elseif counter_type ~= 'none' then
+  return {-1, KEYS[2], counter_type}
+end
+
+local function next_fence()
+  if counter == nil then
+    local t = redis.call('TIME')
+    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  return redis.call('INCR', KEYS[2])
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Purge waiters that stopped calling: crashed, paused, or gone without leaving.
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for i = 1, #dead do
+  redis.call('LREM', KEYS[3], 0, dead[i])
+end
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+end
+
+local function leave_queue()
+  redis.call('LREM', KEYS[3], 0, ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
+
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  leave_queue()
+  if counter == nil then
+    return {2, next_fence()}
+  end
+  return {2, tonumber(counter)}
+end
+
+local head = redis.call('LINDEX', KEYS[3], 0)
+if not holder and (not head or head == ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  leave_queue()
+  return {1, next_fence()}
+end
+
+if ARGV[5] == '1' then
+  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+    redis.call('RPUSH', KEYS[3], ARGV[1])
+  end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), ARGV[1])
+end
+
+if not holder then
+  -- Free, and another waiter's turn: make sure it knows, in case it missed a message.
+  redis.call('PUBLISH', ARGV[4], head)
+  return {0, -2}
+end
+return {0, redis.call('PTTL', KEYS[1])}

@@ -1,0 +1,44 @@
+-- fair_release.lua: delete the lock only if it still holds the caller's token, then wake
+-- the first live waiter in line, and only that one.
+--
+-- KEYS[1]  lock key
+-- KEYS[2]  queue     LIST of waiting owner tokens, in arrival order
+-- KEYS[3]  waiters   ZSET owner token -> deadline (server ms)
+-- ARGV[1]  owner token
+-- ARGV[2]  release channel
+--
+-- Reply, an integer:
+--    1   released
+--    0   not held: the key is absent (the lease expired)
+--   -1   not held: the key holds another owner's token
+--   -2   the lock key holds a non-string type fencelock did not write; left untouched
+
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return 0
+elseif kind == 'hash' and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
+  return -1 -- a reentrant lock of another owner
+elseif kind ~= 'string' then
+  return -2
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return -1
+end
+redis.call('DEL', KEYS[1])
+
+if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'zset' then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+  for i = 1, #dead do
+    redis.call('LREM', KEYS[2], 0, dead[i])
+  end
+  if #dead > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  end
+  local head = redis.call('LINDEX', KEYS[2], 0)
+  if head then
+    redis.call('PUBLISH', ARGV[2], head)
+  end
+end
+return 1

@@ -1,0 +1,56 @@
+-- reentrant_acquire.lua: take the lock for an owner, or add one more hold if that owner
+-- holds it already (from this process or another that shares the owner id).
+--
+-- KEYS[1]  lock key        a hash: "owner" -> owner id, "fence" -> fencing token, and one
+--                          field "hold:<token>" per live hold; PX expiry
+-- KEYS[2]  fence counter   plain integer string, never expires
+-- ARGV[1]  owner id
+-- ARGV[2]  acquisition token (32 hex digits, fresh for every acquire call)
+-- ARGV[3]  ttl, ms
+--
+-- Reply:
+--   {1, fence}        acquired: the first hold, a new fencing token
+--   {2, fence}        an added hold (or a retry of one whose reply was lost: the hold
+--                     field makes it idempotent); same fencing token, expiry reset to ttl
+--   {0, pttl}         held by another owner (or by a plain, non-reentrant holder)
+--   {-1, key, type}   a key holds something fencelock did not write; nothing written
+
+local counter_type = redis.call('TYPE', KEYS[2]).ok
+local counter = nil
+if counter_type == 'string' then
+  counter = redis.call('GET', KEYS[2])
+  if not string.match(counter, '^%d+$') or string.len(counter) > 18 then
+    return {-1, KEYS[2], 'string'}
+  end
+elseif counter_type ~= 'none' then
+  return {-1, KEYS[2], counter_type}
+end
+
+local kind = redis.call('TYPE', KEYS[1]).ok
+local hold = 'hold:' .. ARGV[2]
+if kind == 'none' then
+  if counter == nil then
+    local t = redis.call('TIME')
+    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, hold, '1')
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, fence}
+elseif kind == 'string' then
+  return {0, redis.call('PTTL', KEYS[1])} -- a plain lock holds it
+elseif kind ~= 'hash' then
+  return {-1, KEYS[1], kind}
+end
+
+local owner = redis.call('HGET', KEYS[1], 'owner')
+local fence = tonumber(redis.call('HGET', KEYS[1], 'fence'))
+if not owner or not fence then
+  return {-1, KEYS[1], 'hash'}
+end
+if owner ~= ARGV[1] then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+redis.call('HSET', KEYS[1], hold, '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {2, fence}

@@ -1,0 +1,332 @@
+//! Leases: the watchdog keeps a held lock alive, tells the holder at once when it is
+//! lost, stops renewing the moment the guard goes, and batches renewals. Against real
+//! redis-server processes, with real faults (SIGKILL, SIGSTOP, keys changed from outside).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fencelock::{Client, Error, LossCause};
+use testkit::RedisServer;
+
+const HELPER_ENV: &str = "FENCELOCK_LEASE_HELPER";
+
+async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn pttl(r: &RedisServer, key: &str) -> i64 {
+    r.cmd(&["PTTL", key]).as_int().unwrap()
+}
+
+/// Calls of the scripts (EVALSHA and EVAL) the server has run since the last reset.
+fn script_calls(r: &RedisServer) -> i64 {
+    let info = r.cmd(&["INFO", "commandstats"]);
+    let text = info.as_str().unwrap().to_owned();
+    text.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .map(|l| {
+            let calls = l.split("calls=").nth(1).unwrap();
+            calls.split(',').next().unwrap().parse::<i64>().unwrap()
+        })
+        .sum()
+}
+
+/// A process that holds `name` under a renewed lease of `lease_ms` and never releases.
+fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["helper_process", "--exact", "--ignored", "--nocapture"])
+        .env(HELPER_ENV, format!("{} {name} {lease_ms}", r.url()))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn helper")
+}
+
+#[test]
+#[ignore = "helper process entry point, started by the tests below"]
+fn helper_process() {
+    let Ok(spec) = std::env::var(HELPER_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split(' ').collect();
+    let [url, name, lease] = parts[..] else {
+        panic!("bad spec {spec}")
+    };
+    let lease = Duration::from_millis(lease.parse().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = Client::connect(url).await.unwrap();
+        let _guard = c.lock(name).lease(lease).try_acquire().await.unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+#[tokio::test]
+async fn a_renewed_lease_outlives_its_length_while_the_guard_lives() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_secs(2);
+    let guard = c.lock("long").lease(lease).try_acquire().await.unwrap();
+    let started = Instant::now();
+    let first_valid_until = guard.valid_until();
+    while started.elapsed() < Duration::from_secs(10) {
+        assert_eq!(
+            r.cmd(&["GET", "fencelock:{long}"]).as_str(),
+            Some(guard.owner_token().as_str()),
+            "still ours after {:?}",
+            started.elapsed()
+        );
+        assert!(pttl(&r, "fencelock:{long}") > 0);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(guard.loss().is_none());
+    assert!(
+        guard.valid_until() > first_valid_until + Duration::from_secs(7),
+        "renewals moved valid_until"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_key_of_a_sigkilled_holder_expires_within_one_lease() {
+    let r = RedisServer::start();
+    let lease = Duration::from_millis(1500);
+    let mut holder = lease_holder(&r, "k9", lease.as_millis() as u64);
+    eventually("the holder took the lock", Duration::from_secs(10), || {
+        r.cmd(&["EXISTS", "fencelock:{k9}"]).as_int() == Some(1)
+    })
+    .await;
+    // Renewed past its first lease: the watchdog in the other process works.
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    assert_eq!(r.cmd(&["EXISTS", "fencelock:{k9}"]).as_int(), Some(1));
+    holder.kill().unwrap();
+    let killed = Instant::now();
+    holder.wait().unwrap();
+    eventually("the key expired", lease + Duration::from_secs(1), || {
+        r.cmd(&["EXISTS", "fencelock:{k9}"]).as_int() == Some(0)
+    })
+    .await;
+    assert!(
+        killed.elapsed() <= lease + Duration::from_millis(100),
+        "{:?}",
+        killed.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn deleting_or_overwriting_the_key_fires_the_loss_signal_within_one_renewal() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_millis(900); // renewed every 300 ms
+    for (how, expected) in [
+        ("delete", LossCause::Expired),
+        ("overwrite", LossCause::TakenByOther),
+    ] {
+        let guard = c.lock("sig").lease(lease).try_acquire().await.unwrap();
+        let lost = guard.lost();
+        let changed = Instant::now();
+        if how == "delete" {
+            r.cmd(&["DEL", "fencelock:{sig}"]);
+        } else {
+            r.cmd(&["SET", "fencelock:{sig}", "intruder", "PX", "60000"]);
+        }
+        let cause = tokio::time::timeout(lease, lost)
+            .await
+            .expect("the loss signal fired");
+        assert_eq!(cause, expected, "{how}");
+        assert!(
+            changed.elapsed() <= lease / 3 + Duration::from_millis(150),
+            "{how}: {:?}",
+            changed.elapsed()
+        );
+        assert_eq!(guard.loss(), Some(expected));
+        assert!(matches!(
+            guard.release().await,
+            Err(Error::LeaseLost { .. })
+        ));
+        r.cmd(&["DEL", "fencelock:{sig}"]);
+    }
+}
+
+#[tokio::test]
+async fn run_cancels_the_work_when_the_lease_is_lost() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finished_tx, mut finished_rx) = tokio::sync::oneshot::channel::<()>();
+    let lock = c.lock("job").lease(Duration::from_millis(600));
+    let running = tokio::spawn(async move {
+        lock.run(|token| async move {
+            started_tx.send(token).unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            finished_tx.send(()).unwrap(); // never reached
+        })
+        .await
+    });
+    let token = started_rx.await.unwrap();
+    assert!(token.get() > 0);
+    r.cmd(&["DEL", "fencelock:{job}"]);
+    let result = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(result, Err(Error::LeaseLost { .. })), "{result:?}");
+    assert!(
+        finished_rx.try_recv().is_err(),
+        "the work was cancelled, not finished"
+    );
+
+    // And when the lease holds, run returns the work's output and releases.
+    let out = c
+        .lock("job")
+        .run(|token| async move { token.get() * 2 })
+        .await
+        .unwrap();
+    assert!(out > 0);
+    assert_eq!(r.cmd(&["EXISTS", "fencelock:{job}"]).as_int(), Some(0));
+}
+
+#[tokio::test]
+async fn a_paused_redis_fires_the_loss_signal_before_valid_until() {
+    let mut r = RedisServer::start();
+    let c = Client::builder(r.url())
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let guard = c
+        .lock("stop")
+        .lease(Duration::from_secs(1))
+        .try_acquire()
+        .await
+        .unwrap();
+    r.pause(); // longer than the lease: no renewal can be confirmed
+    let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("loss fired");
+    let fired = Instant::now();
+    let valid_until = guard.valid_until();
+    r.resume();
+    assert_eq!(cause, LossCause::Unconfirmed);
+    assert!(
+        fired < valid_until,
+        "fired {:?} before valid_until",
+        valid_until - fired
+    );
+}
+
+#[tokio::test]
+async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
+    let mut r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_millis(300); // renewed every 100 ms
+    let guard = c.lock("rel").lease(lease).try_acquire().await.unwrap();
+    // Stop Redis so the next renewal sits unanswered, then release behind it.
+    r.pause();
+    tokio::time::sleep(Duration::from_millis(150)).await; // the fault lasts past a renewal
+    assert_eq!(c.stats().watched_leases, 1);
+    let releasing = tokio::spawn(guard.release());
+    tokio::task::yield_now().await;
+    assert_eq!(c.stats().watched_leases, 0, "unregistered synchronously");
+    r.resume();
+    releasing.await.unwrap().unwrap();
+    assert_eq!(r.cmd(&["EXISTS", "fencelock:{rel}"]).as_int(), Some(0));
+    r.cmd(&["CONFIG", "RESETSTAT"]);
+    tokio::time::sleep(lease * 3).await; // three lease lengths: nine renewal periods
+    assert_eq!(script_calls(&r), 0, "no renewal sent after the release");
+    assert_eq!(
+        r.cmd(&["EXISTS", "fencelock:{rel}"]).as_int(),
+        Some(0),
+        "never re-created"
+    );
+}
+
+#[tokio::test]
+async fn a_maximum_hold_stops_renewals_and_the_lease_runs_out() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let guard = c
+        .lock("cap")
+        .lease(Duration::from_millis(600))
+        .max_hold(Duration::from_millis(1000))
+        .try_acquire()
+        .await
+        .unwrap();
+    let acquired = Instant::now();
+    let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .unwrap();
+    assert_eq!(cause, LossCause::Unconfirmed);
+    eventually("the key expired", Duration::from_secs(3), || {
+        r.cmd(&["EXISTS", "fencelock:{cap}"]).as_int() == Some(0)
+    })
+    .await;
+    let held = acquired.elapsed();
+    assert!(
+        held >= Duration::from_millis(900) && held <= Duration::from_millis(1400),
+        "held {held:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_leases_are_renewed_in_batches() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_secs(3); // renewed every 0.5 s to 1 s
+    let n = 10_000;
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut guards = Vec::new();
+            for i in (t..n).step_by(8) {
+                guards.push(
+                    c.lock(format!("many:{i}"))
+                        .lease(lease)
+                        .try_acquire()
+                        .await
+                        .unwrap(),
+                );
+            }
+            guards
+        }));
+    }
+    let mut guards = Vec::new();
+    for t in tasks {
+        guards.extend(t.await.unwrap());
+    }
+    assert_eq!(c.stats().watched_leases, n);
+    r.cmd(&["CONFIG", "RESETSTAT"]);
+    let window = Duration::from_secs(4); // more than one whole lease
+    tokio::time::sleep(window).await;
+    let calls = script_calls(&r);
+    // Every lease alive: lock key and fence counter each.
+    assert_eq!(
+        r.cmd(&["DBSIZE"]).as_int(),
+        Some(2 * n as i64),
+        "a lease ran out"
+    );
+    assert!(guards.iter().all(|g| g.loss().is_none()));
+    // The watchdog ticks every sixth of the lease; each tick costs one call per batch
+    // of up to 1,000 due leases. The promise is at most one call per 100 leases a tick.
+    let ticks = (window.as_secs_f64() / (lease.as_secs_f64() / 6.0)).ceil() as i64 + 1;
+    let batched = ticks * (n as i64 / 1000 + 1);
+    let promised = ticks * (n as i64 / 100);
+    assert!(
+        calls <= batched,
+        "{calls} script calls for {n} leases in {window:?}, batching allows {batched}"
+    );
+    assert!(calls > 0, "renewals happened");
+    assert!(
+        calls <= promised,
+        "{calls} script calls for {n} leases in {window:?} (promise: {promised})"
+    );
+    eprintln!("{calls} renewal calls for {n} leases over {window:?}");
+    drop(guards);
+}

@@ -1,0 +1,460 @@
+//! Waiting for a held lock: release notifications by pub/sub, the lease bound that backs
+//! them up, cancellation, and fair (FIFO) mode, against real redis-server processes.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fencelock::{Client, Error};
+use testkit::RedisServer;
+
+const HELPER_ENV: &str = "FENCELOCK_WAITING_HELPER";
+
+/// Polls (bounded) until `cond` holds.
+async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn llen(r: &RedisServer, key: &str) -> i64 {
+    r.cmd(&["LLEN", key]).as_int().unwrap()
+}
+
+fn numsub(r: &RedisServer, channel: &str) -> i64 {
+    let reply = r.cmd(&["PUBSUB", "NUMSUB", channel]);
+    reply.as_array().unwrap()[1].as_int().unwrap()
+}
+
+/// Another OS process running the library: `hold TTL_MS` takes the lock and never
+/// releases it; `fair-wait TIMEOUT_MS` joins the fair queue and waits for ever.
+fn helper(r: &RedisServer, name: &str, mode: &str, arg: u64) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["helper_process", "--exact", "--ignored", "--nocapture"])
+        .env(HELPER_ENV, format!("{} {name} {mode} {arg}", r.url()))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn helper process")
+}
+
+#[test]
+#[ignore = "helper process entry point, started by the tests below"]
+fn helper_process() {
+    let Ok(spec) = std::env::var(HELPER_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split(' ').collect();
+    let [url, name, mode, arg] = parts[..] else {
+        panic!("bad spec {spec}")
+    };
+    let arg = Duration::from_millis(arg.parse().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = Client::connect(url).await.unwrap();
+        let guard = match mode {
+            "hold" => c.lock(name).ttl(arg).try_acquire().await.unwrap(),
+            "fair-wait" => c
+                .lock(name)
+                .waiter_timeout(arg)
+                .wait_forever()
+                .acquire()
+                .await
+                .unwrap(),
+            _ => panic!("unknown mode {mode}"),
+        };
+        std::mem::forget(guard); // a holder that never releases: only SIGKILL ends it
+        std::future::pending::<()>().await;
+    });
+}
+
+#[tokio::test]
+async fn a_release_wakes_the_waiter_at_once() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // A long lease: only the release message can end this wait quickly.
+    let holder = c
+        .lock("n")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(c.lock("n").wait(Duration::from_secs(30)).acquire());
+    eventually("the waiter subscribed", Duration::from_secs(5), || {
+        c.stats().waiters == 1
+    })
+    .await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
+    let handoff = released.elapsed();
+    assert!(
+        handoff < Duration::from_secs(2),
+        "woken by the release, not the 60 s lease: {handoff:?}"
+    );
+    guard.release().await.unwrap();
+    assert_eq!(c.stats().waiters, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_their_subscription_being_killed() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let holder = c.lock("k").ttl(ttl).try_acquire().await.unwrap();
+    let acquired = Arc::new(Mutex::new(0usize));
+    let mut waiters = Vec::new();
+    for _ in 0..20 {
+        let lock = c.lock("k").ttl(ttl).wait(Duration::from_secs(30));
+        let acquired = acquired.clone();
+        waiters.push(tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            *acquired.lock().unwrap() += 1;
+            g.release().await.unwrap();
+        }));
+    }
+    eventually("20 waiters subscribed", Duration::from_secs(5), || {
+        c.stats().waiters == 20
+    })
+    .await;
+    assert_eq!(
+        numsub(&r, "fencelock:{k}:released"),
+        1,
+        "one subscription serves all 20"
+    );
+    let killed = r
+        .cmd(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .as_int()
+        .unwrap();
+    assert_eq!(killed, 1, "the client's one pub/sub connection");
+    let started = Instant::now();
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*acquired.lock().unwrap(), 20);
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < ttl + Duration::from_secs(1),
+        "within the TTL plus a margin: {elapsed:?}"
+    );
+    // The subscription came back by itself.
+    eventually("resubscribed or cleaned up", Duration::from_secs(5), || {
+        c.stats().subscribed_channels == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_holder_killed_without_releasing_frees_the_lock_after_its_ttl() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let ttl = Duration::from_millis(800);
+    let mut holder = helper(&r, "crash", "hold", ttl.as_millis() as u64);
+    eventually(
+        "the holder process took the lock",
+        Duration::from_secs(10),
+        || r.cmd(&["EXISTS", "fencelock:{crash}"]).as_int() == Some(1),
+    )
+    .await;
+    let waiter = tokio::spawn(c.lock("crash").wait(Duration::from_secs(30)).acquire());
+    holder.kill().unwrap();
+    let killed = Instant::now();
+    holder.wait().unwrap();
+    let guard = waiter.await.unwrap().expect("the waiter gets the lock");
+    let waited = killed.elapsed();
+    assert!(
+        waited <= ttl + Duration::from_millis(400),
+        "TTL plus a small margin: {waited:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cancelled_wait_leaves_no_key_queue_entry_or_subscription() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    for fair in [false, true] {
+        let name = if fair { "cf" } else { "cp" };
+        let holder = c.lock(name).fair().try_acquire().await.unwrap();
+        let keys_before = r.cmd(&["DBSIZE"]).as_int();
+        let mut lock = c.lock(name).wait_forever();
+        if fair {
+            lock = lock.fair();
+        }
+        let waiting = tokio::spawn(lock.acquire());
+        let queue = format!("fencelock:{{{name}}}:queue");
+        eventually("the waiter is registered", Duration::from_secs(5), || {
+            c.stats().waiters == 1 && (!fair || llen(&r, &queue) == 1)
+        })
+        .await;
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        assert_eq!(c.stats().waiters, 0, "unregistered in the client at once");
+        c.flush().await;
+        assert_eq!(llen(&r, &queue), 0, "no queue entry left");
+        assert_eq!(
+            r.cmd(&["ZCARD", &format!("fencelock:{{{name}}}:waiters")])
+                .as_int(),
+            Some(0)
+        );
+        assert_eq!(r.cmd(&["DBSIZE"]).as_int(), keys_before, "no key left");
+        let channel = format!("fencelock:{{{name}}}:released");
+        eventually("unsubscribed on the server", Duration::from_secs(5), || {
+            numsub(&r, &channel) == 0 && c.stats().subscribed_channels == 0
+        })
+        .await;
+        holder.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_wait_that_times_out_in_fair_mode_leaves_the_queue() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let holder = c.lock("ft").fair().try_acquire().await.unwrap();
+    let err = c
+        .lock("ft")
+        .fair()
+        .wait(Duration::from_millis(200))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::WaitTimedOut { .. }), "{err:?}");
+    assert_eq!(
+        llen(&r, "fencelock:{ft}:queue"),
+        0,
+        "left the queue before returning"
+    );
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_serves_fifty_waiters_in_arrival_order() {
+    let r = RedisServer::start();
+    let clients = [
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    ];
+    let holder = clients[0]
+        .lock("q")
+        .fair()
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..50 {
+        let lock = clients[i % 3]
+            .lock("q")
+            .fair()
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(60));
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let g = lock.acquire().await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        // Arrival order is the order of entering the queue.
+        eventually("the waiter queued", Duration::from_secs(5), || {
+            llen(&r, "fencelock:{q}:queue") == i as i64 + 1
+        })
+        .await;
+    }
+    // A newcomer cannot jump the queue, not even when the lock is free.
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..50).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn fair_mode_try_does_not_barge_ahead_of_waiters() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let holder = c.lock("b").fair().try_acquire().await.unwrap();
+    // A waiter that is slow to react: its task runs only when we yield.
+    let waiter = tokio::spawn(c.lock("b").fair().wait(Duration::from_secs(10)).acquire());
+    eventually("queued", Duration::from_secs(5), || {
+        llen(&r, "fencelock:{b}:queue") == 1
+    })
+    .await;
+    r.cmd(&["DEL", "fencelock:{b}"]); // the lock is free, the waiter is first in line
+    match c.lock("b").fair().try_acquire().await {
+        Err(Error::Held {
+            remaining: Some(d), ..
+        }) => assert!(d.is_zero()),
+        Ok(_) => panic!("a newcomer took the lock ahead of the queue"),
+        Err(e) => panic!("unexpected {e:?}"),
+    }
+    let g = waiter.await.unwrap().unwrap();
+    g.release().await.unwrap();
+    drop(holder);
+}
+
+#[tokio::test]
+async fn a_crashed_head_waiter_delays_the_queue_by_at_most_its_timeout() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let timeout = Duration::from_millis(600);
+    let holder = c
+        .lock("h")
+        .fair()
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let mut head = helper(&r, "h", "fair-wait", timeout.as_millis() as u64);
+    eventually(
+        "the other process queued first",
+        Duration::from_secs(10),
+        || llen(&r, "fencelock:{h}:queue") == 1,
+    )
+    .await;
+    let second = tokio::spawn(
+        c.lock("h")
+            .waiter_timeout(timeout)
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    eventually("we queued second", Duration::from_secs(5), || {
+        llen(&r, "fencelock:{h}:queue") == 2
+    })
+    .await;
+    head.kill().unwrap();
+    head.wait().unwrap();
+    let crashed = Instant::now();
+    holder.release().await.unwrap(); // wakes the dead head, which cannot answer
+    let g = second
+        .await
+        .unwrap()
+        .expect("the second waiter gets its turn");
+    let stall = crashed.elapsed();
+    let bound = timeout + timeout / 3;
+    assert!(
+        stall <= bound + Duration::from_millis(300),
+        "stalled {stall:?}, bound {bound:?}"
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn deleting_a_fair_lock_by_hand_does_not_stall_the_queue() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let timeout = Duration::from_millis(600);
+    let holder = c
+        .lock("del")
+        .fair()
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        c.lock("del")
+            .waiter_timeout(timeout)
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    eventually("queued", Duration::from_secs(5), || {
+        llen(&r, "fencelock:{del}:queue") == 1
+    })
+    .await;
+    let deleted = Instant::now();
+    r.cmd(&["DEL", "fencelock:{del}"]); // no release message is published
+    let g = waiter.await.unwrap().unwrap();
+    assert!(
+        deleted.elapsed() <= timeout / 3 + Duration::from_millis(300),
+        "{:?}",
+        deleted.elapsed()
+    );
+    g.release().await.unwrap();
+    drop(holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_subscription_is_restored_and_wakes_waiters_again() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // A long lease: if notifications were not restored, waiters would sit out 10 s.
+    let holder = c
+        .lock("re")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..20 {
+        let lock = c.lock("re").wait(Duration::from_secs(30));
+        waiters.push(tokio::spawn(async move {
+            lock.acquire().await.unwrap().release().await.unwrap();
+        }));
+    }
+    let channel = "fencelock:{re}:released";
+    eventually("20 waiters subscribed", Duration::from_secs(5), || {
+        c.stats().waiters == 20
+    })
+    .await;
+    assert_eq!(
+        r.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int(),
+        Some(1)
+    );
+    eventually("subscribed again", Duration::from_secs(5), || {
+        numsub(&r, channel) == 1
+    })
+    .await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    let elapsed = released.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "woken by messages, not by the 10 s lease: {elapsed:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_lock_defers_the_work_to_the_delay_queue() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let queue = c.delay_queue("audits").unwrap();
+    // Free: acquired at once, nothing queued.
+    match c
+        .lock("order:9")
+        .acquire_or_defer(&queue, b"audit 9", Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        fencelock::Acquisition::Acquired(g) => {
+            // Busy now: the same request is deferred instead of failing or blocking.
+            let deferred = c
+                .lock("order:9")
+                .acquire_or_defer(&queue, b"audit 9", Duration::ZERO)
+                .await
+                .unwrap();
+            let fencelock::Acquisition::Deferred(id) = deferred else {
+                panic!("a held lock was acquired twice");
+            };
+            g.release().await.unwrap();
+            let item = queue
+                .take(Duration::from_secs(5))
+                .await
+                .unwrap()
+                .expect("the deferred item");
+            assert_eq!(item.id(), id);
+            assert_eq!(item.payload(), b"audit 9");
+            assert!(item.ack().await.unwrap());
+        }
+        fencelock::Acquisition::Deferred(_) => panic!("a free lock was deferred"),
+    }
+}
