@@ -4,6 +4,7 @@
 
 pub(crate) mod subscriber;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -30,11 +31,33 @@ pub(crate) struct Node {
     call_timeout: Duration,
     /// Release notifications for waiters; connects on first use.
     subscriber: Subscriber,
+    /// Redlock restart protection: what this node said about itself last.
+    health: Arc<Mutex<Health>>,
+}
+
+/// What a Redlock client remembers of a node, to keep a node that restarted (and may
+/// have lost the locks it held) from voting too soon.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// The server's run id when last seen; a change means it restarted.
+    pub run_id: Option<String>,
+    /// Its vote does not count before this.
+    pub quarantined_until: Option<std::time::Instant>,
 }
 
 impl Node {
     /// Connects to the node at `url`, failing fast when nothing answers.
     pub async fn connect(url: &str, timeouts: Timeouts) -> Result<Self, Error> {
+        Self::open(url, timeouts, true).await
+    }
+
+    /// Sets up the node without waiting for it to answer: for one of several Redlock
+    /// nodes, where a minority may be down when the client starts.
+    pub async fn connect_lazy(url: &str, timeouts: Timeouts) -> Result<Self, Error> {
+        Self::open(url, timeouts, false).await
+    }
+
+    async fn open(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
         let client = redis::Client::open(url).map_err(|e| {
             Error::invalid(
                 "Redis URL",
@@ -56,23 +79,49 @@ impl Node {
             .set_max_delay(Duration::from_millis(200));
         let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
         let subscriber = Subscriber::new(client.clone(), timeouts);
-        let connecting = ConnectionManager::new_with_config(client, config);
-        let conn = match tokio::time::timeout(call_timeout, connecting).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(map_error(&addr, &e)),
-            Err(_) => return Err(timed_out(&addr, call_timeout)),
+        let conn = if eager {
+            let connecting = ConnectionManager::new_with_config(client, config);
+            match tokio::time::timeout(call_timeout, connecting).await {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) => return Err(map_error(&addr, &e)),
+                Err(_) => return Err(timed_out(&addr, call_timeout)),
+            }
+        } else {
+            ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|e| map_error(&addr, &e))?
         };
         Ok(Self {
             addr,
             conn,
             call_timeout,
             subscriber,
+            health: Arc::new(Mutex::new(Health::default())),
         })
     }
 
     /// The node's `host:port`.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// Restart-protection state.
+    pub fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs a script with a deadline shorter than the call timeout (a Redlock node's
+    /// share of an acquire).
+    pub async fn run_within<T: FromRedisValue>(
+        &self,
+        within: Duration,
+        inv: &ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(within, self.run(inv)).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(&self.addr, within)),
+        }
     }
 
     /// The node's release notifications.

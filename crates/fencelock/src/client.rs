@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::algorithms::quorum::Quorum;
 use crate::algorithms::watchdog::Watchdog;
 use crate::backend::{Node, Timeouts};
 use crate::error::Error;
@@ -13,14 +14,21 @@ use tokio_util::task::TaskTracker;
 /// A connection to one Redis node, shared by every lock taken through it.
 ///
 /// Cheap to clone; clones share the connection. The connection is multiplexed (many
-/// locks, one socket) and reconnects by itself after a failure.
+/// locks, one socket) and reconnects by itself after a failure. A client belongs to the
+/// Tokio runtime it was connected in: its connection and its watchdog run there, so
+/// create one client per runtime.
 #[derive(Clone)]
 pub struct Client {
     pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
+    /// The first node: the only one, unless this is a Redlock client.
     pub node: Node,
+    /// Every node, in the order given.
+    pub nodes: Vec<Node>,
+    /// Redlock settings; `None` for a single node.
+    pub quorum: Option<Quorum>,
     pub prefix: String,
     /// Releases sent in the background by dropped guards and abandoned acquires.
     pub background: TaskTracker,
@@ -54,8 +62,26 @@ impl Client {
     /// Starts configuring a client for the Redis node at `url`
     /// (`redis://[user:password@]host[:port][/db]`).
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        Self::redlock([url])
+    }
+
+    /// Starts configuring a Redlock client over independent Redis masters (not replicas
+    /// of each other, not one Redis Cluster): an odd number, at least 3. A lock is held
+    /// when a majority granted it; see the [crate docs](crate#redlock) for what that
+    /// buys and what it does not. With one URL this is [`Client::builder`].
+    ///
+    /// Redlock locks support waiting, leases and fencing tokens; fair mode, reentrancy
+    /// and delay queues need a single node, and say so with
+    /// [`Error::InvalidArgument`].
+    pub fn redlock<I, S>(urls: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
         ClientBuilder {
-            url: url.into(),
+            urls: urls.into_iter().map(Into::into).collect(),
+            node_timeout: None,
+            restart_protection: Some(crate::lock::DEFAULT_LEASE),
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: ClientBuilder::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: ClientBuilder::DEFAULT_RESPONSE_TIMEOUT,
@@ -73,17 +99,29 @@ impl Client {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a name lock names would not accept either (see
-    /// [`keys::validate_name`]).
+    /// [`keys::validate_name`]), or on a Redlock client: a queue lives on one Redis, so
+    /// use a single-node client for it.
     pub fn delay_queue(
         &self,
         name: impl Into<String>,
     ) -> Result<crate::delay_queue::DelayQueue, Error> {
+        if self.inner.quorum.is_some() {
+            return Err(Error::invalid(
+                "delay queue",
+                "a delay queue lives on one Redis node; make it with a single-node client",
+            ));
+        }
         crate::delay_queue::DelayQueue::new(self.clone(), name.into())
     }
 
-    /// The node this client talks to, as `host:port`.
+    /// The node this client talks to, as `host:port` (the first one, for Redlock).
     pub fn node(&self) -> &str {
         self.inner.node.addr()
+    }
+
+    /// Every node, as `host:port`, in the order given.
+    pub fn nodes(&self) -> Vec<&str> {
+        self.inner.nodes.iter().map(Node::addr).collect()
     }
 
     /// What this client holds open right now: channels it is subscribed to, waiters
@@ -135,7 +173,9 @@ pub struct ClientStats {
 /// Settings of a [`Client`]. Every setting has a default, listed with its method.
 #[derive(Clone)]
 pub struct ClientBuilder {
-    url: String,
+    urls: Vec<String>,
+    node_timeout: Option<Duration>,
+    restart_protection: Option<Duration>,
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -144,7 +184,14 @@ pub struct ClientBuilder {
 impl std::fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientBuilder")
-            .field("url", &crate::backend::redact(&self.url))
+            .field(
+                "urls",
+                &self
+                    .urls
+                    .iter()
+                    .map(|u| crate::backend::redact(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
@@ -179,6 +226,25 @@ impl ClientBuilder {
         self
     }
 
+    /// Redlock: how long each node may take to answer its share of an acquire or
+    /// extend (default: a twentieth of the lease, between 5 ms and the response
+    /// timeout). A node slower than this counts as unavailable for that attempt.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = Some(timeout);
+        self
+    }
+
+    /// Redlock restart protection (default on, with 30 s). A node that restarted less
+    /// than `quarantine` ago — or less than the longest lease this client asks for, if
+    /// that is longer — may have lost keys it held when it went down, so its grants do
+    /// not count until that much time has passed since it came back. `None` turns it
+    /// off: only do that if every node persists every write (`appendfsync always`) or
+    /// you accept two holders after a crash and restart.
+    pub fn restart_protection(mut self, quarantine: Option<Duration>) -> Self {
+        self.restart_protection = quarantine;
+        self
+    }
+
     /// Validates the settings and connects.
     ///
     /// # Errors
@@ -204,11 +270,41 @@ impl ClientBuilder {
             connect: self.connect_timeout,
             response: self.response_timeout,
         };
-        let node = Node::connect(&self.url, timeouts).await?;
+        let (nodes, quorum) = match self.urls.len() {
+            1 => (vec![Node::connect(&self.urls[0], timeouts).await?], None),
+            n if n >= 3 && n % 2 == 1 => {
+                for (i, url) in self.urls.iter().enumerate() {
+                    if self.urls[..i].contains(url) {
+                        return Err(Error::invalid(
+                            "Redis URLs",
+                            format!("{} is given twice", crate::backend::redact(url)),
+                        ));
+                    }
+                }
+                let mut nodes = Vec::with_capacity(n);
+                for url in &self.urls {
+                    nodes.push(Node::connect_lazy(url, timeouts).await?);
+                }
+                let quorum = Quorum {
+                    node_timeout: self.node_timeout,
+                    quarantine: self.restart_protection,
+                    response_timeout: self.response_timeout,
+                };
+                (nodes, Some(quorum))
+            }
+            n => {
+                return Err(Error::invalid(
+                    "Redis URLs",
+                    format!("{n} given; give one, or an odd number of at least 3 for Redlock"),
+                ));
+            }
+        };
         Ok(Client {
             inner: Arc::new(Inner {
-                watchdog: Watchdog::new(node.clone()),
-                node,
+                watchdog: Watchdog::new(nodes.clone(), quorum.clone()),
+                node: nodes[0].clone(),
+                nodes,
+                quorum,
                 prefix: self.prefix,
                 background: TaskTracker::new(),
             }),

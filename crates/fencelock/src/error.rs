@@ -93,6 +93,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// Redlock: too few nodes granted the lock. Says, per node, what happened. When
+    /// some nodes were held by another owner this is contention (retry or wait); when
+    /// they were unreachable or quarantined it is an outage.
+    #[error("lock {name:?} needs {needed} of {} Redis nodes and got {granted}: {}; {}", nodes.len(), NodeList(nodes), if nodes.iter().any(|n| matches!(n.outcome, NodeOutcome::Held { .. })) { "another owner holds it: try again later or wait for it" } else { "check that a majority of the nodes is up and reachable" })]
+    NoQuorum {
+        /// The lock name.
+        name: String,
+        /// The majority needed.
+        needed: usize,
+        /// How many nodes granted it (and were released again).
+        granted: usize,
+        /// What each node answered, in the order the nodes were given.
+        nodes: Vec<NodeReport>,
+    },
+
     /// The caller's lease ended before the caller released or extended it: the work done
     /// under it may have overlapped with another holder's.
     #[error(
@@ -159,6 +174,72 @@ impl fmt::Display for LossCause {
             Self::TakenByOther => "another owner holds the lock now",
             Self::Unconfirmed => "no renewal was confirmed before the lease ran out",
         })
+    }
+}
+
+/// One Redis node's part in a failed quorum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeReport {
+    /// The node, as `host:port`.
+    pub node: String,
+    /// What it answered.
+    pub outcome: NodeOutcome,
+}
+
+/// What one node answered to a quorum attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeOutcome {
+    /// It granted the lock (released again, since the quorum failed).
+    Granted,
+    /// Another owner holds the lock there.
+    Held {
+        /// That owner's remaining lease there, if the key has an expiry.
+        remaining: Option<Duration>,
+    },
+    /// It could not be reached, or did not answer in time.
+    Unavailable(UnavailableReason),
+    /// It restarted recently, so it may have lost locks it held: its vote does not count
+    /// until every lease it could have held has run out.
+    Quarantined {
+        /// How much longer.
+        remaining: Duration,
+    },
+    /// It answered with an error, or a key there holds data fencelock did not write.
+    Refused(String),
+}
+
+impl fmt::Display for NodeOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Granted => f.write_str("granted"),
+            Self::Held { remaining } => {
+                write!(f, "held by another owner ({})", Remaining(*remaining))
+            }
+            Self::Unavailable(reason) => write!(f, "unavailable ({reason})"),
+            Self::Quarantined { remaining } => {
+                write!(
+                    f,
+                    "quarantined after a restart for {}ms more",
+                    remaining.as_millis()
+                )
+            }
+            Self::Refused(message) => write!(f, "refused: {message}"),
+        }
+    }
+}
+
+struct NodeList<'a>(&'a [NodeReport]);
+
+impl fmt::Display for NodeList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, n) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{} {}", n.node, n.outcome)?;
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,26 @@
 //! enough on its own. For *correctness* (data must never be corrupted), the lock narrows
 //! the window but only the fencing token, checked by the resource, closes it.
 //!
+//! # Redlock
+//!
+//! [`Client::redlock`] takes a lock on N independent Redis masters (N odd, at least 3):
+//! every node is asked at once, each with a short timeout, and the lock is held when a
+//! majority granted it with time to spare (validity = TTL − elapsed − 1% of the TTL −
+//! 2 ms). It survives a minority of nodes being down, and there is no replica to fail
+//! over to, so the failover hazard of a single master is gone. Errors name each node and
+//! what it said ([`Error::NoQuorum`]).
+//!
+//! What it does not fix: it still assumes bounded pauses and clock drift (a holder
+//! paused past its lease is not stopped), and a node that restarts without the keys it
+//! held can vote again. fencelock closes the second hole on the client side: a node
+//! that came back less than the longest lease ago (at least 30 s, configurable with
+//! [`ClientBuilder::restart_protection`]) does not count until that time has passed.
+//! Fencing tokens are the highest of the granting nodes' counters, and release raises
+//! every counter to it: they increase across holders while a majority keeps its
+//! counters, and across the wipe of a majority as long as the nodes' clocks agree
+//! better than the time between two grants. Fair mode, reentrancy and delay queues need
+//! a single node.
+//!
 //! # Layers
 //! Lua scripts (`src/scripts/*.lua`, each with a header stating KEYS, ARGV, reply) → backend
 //! (connections, timeouts, the shared pub/sub connection) → algorithms (single node
@@ -58,7 +78,7 @@ mod token;
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
-pub use error::{Error, LossCause, UnavailableReason};
+pub use error::{Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
 pub use lock::{
     Acquisition, DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, LockBuilder, LockGuard, MAX_TTL, MIN_TTL,
 };

@@ -3,11 +3,15 @@
 use std::time::{Duration, Instant};
 
 use crate::algorithms::retry::Retry;
+use futures_util::future::{join_all, select_all};
+
+use crate::algorithms::quorum::{self, Quorum, QuorumAttempt};
 use crate::algorithms::single_node::{self, Attempt, Mode};
 use crate::algorithms::watchdog::Registration;
+use crate::backend::subscriber::Subscription;
 use crate::client::Client;
 use crate::delay_queue::{DelayQueue, ItemId};
-use crate::error::{Error, LossCause};
+use crate::error::{Error, LossCause, NodeOutcome};
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -174,6 +178,14 @@ impl LockBuilder {
     }
 
     fn mode(&self) -> Result<Mode, Error> {
+        if self.client.inner.quorum.is_some() && (self.fair.is_some() || self.owner.is_some()) {
+            return Err(Error::invalid(
+                "lock mode",
+                "fair and reentrant locks need a single Redis node: a fair queue needs one \
+                 authority on arrival order, and reentrant holds one place to count them; \
+                 Redlock clients take plain locks",
+            ));
+        }
         match (&self.fair, &self.owner) {
             (Some(_), Some(_)) => Err(Error::invalid(
                 "lock mode",
@@ -357,25 +369,40 @@ impl LockBuilder {
             maybe_written: false,
             queued: false,
         };
-        let node = &self.client.inner.node;
+        let inner = &self.client.inner;
         // The first attempt goes out at once: an uncontended acquire costs one round
         // trip. A waiter subscribes after its first refusal and then tries again, so the
         // attempt whose failure it trusts comes after the subscription: no release
         // after it can go unnoticed.
-        let mut subscription = None;
+        let mut subscriptions: Vec<Subscription> = Vec::new();
         let mut subscribe = waits;
         let mut attempt: u32 = 0;
         loop {
             pending.maybe_written = true;
-            let outcome = single_node::try_acquire(
-                node,
-                &pending.keys,
-                &pending.token,
-                acquire_ttl,
-                &mode,
-                waits,
-            )
-            .await;
+            let outcome = match &inner.quorum {
+                None => {
+                    single_node::try_acquire(
+                        &inner.node,
+                        &pending.keys,
+                        &pending.token,
+                        acquire_ttl,
+                        &mode,
+                        waits,
+                    )
+                    .await
+                }
+                Some(q) => {
+                    let attempt = quorum::try_acquire(
+                        &inner.nodes,
+                        q,
+                        &pending.keys,
+                        &pending.token,
+                        acquire_ttl,
+                    )
+                    .await;
+                    self.quorum_outcome(attempt)
+                }
+            };
             let bound = match outcome {
                 Ok(Attempt::Acquired {
                     fence,
@@ -403,14 +430,16 @@ impl LockBuilder {
                     if std::mem::take(&mut subscribe) {
                         let token =
                             matches!(mode, Mode::Fair { .. }).then(|| pending.token.as_str());
-                        match node
-                            .subscriber()
-                            .subscribe(&pending.keys.channel, token)
-                            .await
-                        {
-                            Ok(s) => subscription = Some(s),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "no release notifications; polling instead");
+                        let subscribing = inner
+                            .nodes
+                            .iter()
+                            .map(|n| n.subscriber().subscribe(&pending.keys.channel, token));
+                        for result in join_all(subscribing).await {
+                            match result {
+                                Ok(s) => subscriptions.push(s),
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "no release notifications from a node; its lease bound applies");
+                                }
                             }
                         }
                         attempt = attempt.saturating_add(1);
@@ -442,12 +471,12 @@ impl LockBuilder {
                         // Stay in line: call again well before the queue drops us.
                         bound = bound.min(waiter_timeout / 3);
                     }
-                    if subscription.is_none() {
+                    if subscriptions.len() < inner.nodes.len() {
                         bound = bound.min(self.retry.delay(attempt));
                     }
                     bound
                 }
-                Err(e @ Error::Unavailable { .. }) => {
+                Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
                     if deadline.is_none_or(|d| Instant::now() < d) && waits {
                         tracing::debug!(error = %e, "acquire attempt failed; retrying");
                         self.retry.delay(attempt)
@@ -464,16 +493,49 @@ impl LockBuilder {
                 Some(d) => bound.min(d.saturating_duration_since(Instant::now())),
                 None => bound,
             };
-            match &subscription {
-                Some(s) => {
-                    tokio::select! {
-                        () = s.notified() => {}
-                        () = tokio::time::sleep(bound) => {}
-                    }
+            if subscriptions.is_empty() {
+                tokio::time::sleep(bound).await;
+            } else {
+                let any_release = select_all(subscriptions.iter().map(|s| Box::pin(s.notified())));
+                tokio::select! {
+                    _ = any_release => {}
+                    () = tokio::time::sleep(bound) => {}
                 }
-                None => tokio::time::sleep(bound).await,
             }
             attempt = attempt.saturating_add(1);
+        }
+    }
+}
+
+impl LockBuilder {
+    /// Redlock: a failed quorum is contention (an `Attempt::Held`, so waiting and the
+    /// usual errors apply) when a majority is held by another owner; otherwise an outage
+    /// that names every node.
+    fn quorum_outcome(&self, attempt: Result<QuorumAttempt, Error>) -> Result<Attempt, Error> {
+        match attempt? {
+            QuorumAttempt::Granted(granted) => Ok(granted),
+            QuorumAttempt::Failed { held, report } => {
+                let held_nodes = report
+                    .iter()
+                    .filter(|r| matches!(r.outcome, NodeOutcome::Held { .. }))
+                    .count();
+                let needed = Quorum::majority(report.len());
+                if held_nodes >= needed {
+                    Ok(Attempt::Held {
+                        remaining: held.flatten(),
+                    })
+                } else {
+                    Err(Error::NoQuorum {
+                        name: self.name.clone(),
+                        needed,
+                        granted: report
+                            .iter()
+                            .filter(|r| matches!(r.outcome, NodeOutcome::Granted))
+                            .count(),
+                        nodes: report,
+                    })
+                }
+            }
         }
     }
 }
@@ -491,6 +553,8 @@ fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
 /// The outcome of [`LockBuilder::acquire_or_defer`].
 #[derive(Debug)]
 #[must_use = "an acquired lock is released when the guard is dropped"]
+// Returned once per call and matched at once; boxing the guard would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Acquisition {
     /// The lock was free: do the work now.
     Acquired(LockGuard),
@@ -536,8 +600,7 @@ impl PendingAcquire {
         if !self.owes_cleanup() {
             return;
         }
-        let node = &self.client.inner.node;
-        if single_node::abandon(node, &self.keys, &self.token, &self.mode)
+        if abandon(&self.client, &self.keys, &self.token, &self.mode, 0)
             .await
             .is_ok()
         {
@@ -550,26 +613,55 @@ impl PendingAcquire {
 impl Drop for PendingAcquire {
     fn drop(&mut self) {
         if self.owes_cleanup() {
-            abandon_in_background(&self.client, &self.keys, &self.token, &self.mode);
+            abandon_in_background(&self.client, &self.keys, &self.token, &self.mode, 0);
         }
     }
+}
+
+/// Withdraws everything `token` may hold: its grant (on every node, for Redlock, where
+/// `fence` is raised into the counters), or its fair-queue place.
+async fn abandon(
+    client: &Client,
+    keys: &LockKeys,
+    token: &OwnerToken,
+    mode: &Mode,
+    fence: u64,
+) -> Result<(), Error> {
+    let inner = &client.inner;
+    if inner.quorum.is_some() {
+        let answers = quorum::release_everywhere(&inner.nodes, keys, token, fence).await;
+        return match answers.iter().any(Result::is_ok) {
+            true => Ok(()),
+            false => answers
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err),
+        };
+    }
+    single_node::abandon(&inner.node, keys, token, mode).await
 }
 
 /// Withdraws a token (its grant, its queue place) without waiting. Never blocks or
 /// panics; without a Tokio runtime it does nothing, and the key expires after its TTL
 /// (a queue place after the waiter timeout).
-fn abandon_in_background(client: &Client, keys: &LockKeys, token: &OwnerToken, mode: &Mode) {
+fn abandon_in_background(
+    client: &Client,
+    keys: &LockKeys,
+    token: &OwnerToken,
+    mode: &Mode,
+    fence: u64,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(key = %keys.lock, "no Tokio runtime to release the lock in; it expires after its TTL");
         return;
     };
-    let node = client.inner.node.clone();
+    let owner = client.clone();
     let keys = keys.clone();
     let token = token.clone();
     let mode = mode.clone();
     client.inner.background.spawn_on(
         async move {
-            if let Err(e) = single_node::abandon(&node, &keys, &token, &mode).await {
+            if let Err(e) = abandon(&owner, &keys, &token, &mode, fence).await {
                 tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its TTL");
             }
         },
@@ -685,9 +777,15 @@ impl LockGuard {
     /// and [`valid_until`](Self::valid_until) keeps its earlier value.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let ttl = checked_ttl(ttl)?;
-        let node = &self.client.inner.node;
+        let inner = &self.client.inner;
         let holder = self.mode.holder_id(&self.token);
-        match single_node::extend(node, &self.name, &self.keys, holder, ttl).await {
+        let extended = match &inner.quorum {
+            None => single_node::extend(&inner.node, &self.name, &self.keys, holder, ttl).await,
+            Some(q) => {
+                quorum::extend(&inner.nodes, q, &self.name, &self.keys, &self.token, ttl).await
+            }
+        };
+        match extended {
             Ok((sent_at, until)) => {
                 if let Some(r) = self.lease() {
                     r.lease().extended(sent_at, until);
@@ -720,9 +818,23 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         // No renewal is sent for this lease from here on.
         self.lease = None;
-        let node = &self.client.inner.node;
-        let result =
-            single_node::release(node, &self.name, &self.keys, &self.token, &self.mode).await;
+        let inner = &self.client.inner;
+        let result = match inner.quorum {
+            None => {
+                single_node::release(&inner.node, &self.name, &self.keys, &self.token, &self.mode)
+                    .await
+            }
+            Some(_) => {
+                quorum::release(
+                    &inner.nodes,
+                    &self.name,
+                    &self.keys,
+                    &self.token,
+                    self.fence,
+                )
+                .await
+            }
+        };
         if !matches!(result, Err(Error::Unavailable { .. })) {
             self.held = false;
         }
@@ -734,7 +846,13 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.lease = None; // stop renewing before anything else
         if self.held {
-            abandon_in_background(&self.client, &self.keys, &self.token, &self.mode);
+            abandon_in_background(
+                &self.client,
+                &self.keys,
+                &self.token,
+                &self.mode,
+                self.fence.get(),
+            );
         }
     }
 }

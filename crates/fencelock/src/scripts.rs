@@ -209,6 +209,70 @@ impl FromRedisValue for OwnedReply {
     }
 }
 
+static QUORUM_ACQUIRE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/quorum_acquire.lua")));
+static QUORUM_RELEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("scripts/quorum_release.lua")));
+
+pub(crate) fn quorum_acquire(
+    keys: &LockKeys,
+    token: &OwnerToken,
+    ttl: Duration,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUORUM_ACQUIRE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.fence)
+        .arg(token.as_str())
+        .arg(ttl_ms(ttl));
+    inv
+}
+
+/// `fence`: the grant's token, raised into every node's counter (0: none).
+pub(crate) fn quorum_release(
+    keys: &LockKeys,
+    token: &OwnerToken,
+    fence: u64,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = QUORUM_RELEASE.prepare_invoke();
+    inv.key(&keys.lock)
+        .key(&keys.fence)
+        .arg(token.as_str())
+        .arg(&keys.channel)
+        .arg(fence);
+    inv
+}
+
+/// One node's answer to `quorum_acquire.lua`: the acquire reply, and who the node is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QuorumReply {
+    pub reply: AcquireReply,
+    /// `(run_id, uptime in seconds)`; absent on a wrong-type reply.
+    pub identity: Option<(String, u64)>,
+}
+
+impl FromRedisValue for QuorumReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let identity = match &v {
+            Value::Array(items) if items.len() == 4 => match (&items[2], &items[3]) {
+                (Value::BulkString(id), Value::Int(up)) => Some((
+                    String::from_utf8_lossy(id).into_owned(),
+                    u64::try_from(*up).unwrap_or(0),
+                )),
+                _ => None,
+            },
+            _ => None,
+        };
+        let reply = match v {
+            Value::Array(mut items) if items.len() == 4 => {
+                items.truncate(2);
+                AcquireReply::from_redis_value(Value::Array(items))?
+            }
+            other => AcquireReply::from_redis_value(other)?,
+        };
+        Ok(Self { reply, identity })
+    }
+}
+
 static RENEW: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/renew.lua")));
 

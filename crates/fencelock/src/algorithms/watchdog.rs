@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use futures_util::future::join_all;
+
+use crate::algorithms::quorum::Quorum;
 use crate::algorithms::single_node::lease_end;
 use crate::backend::Node;
 use crate::error::LossCause;
@@ -37,7 +40,9 @@ pub(crate) struct Watchdog {
 }
 
 struct Inner {
-    node: Node,
+    /// One node, or the Redlock nodes.
+    nodes: Vec<Node>,
+    quorum: Option<Quorum>,
     leases: Mutex<Leases>,
     /// Wakes the task: a lease was added that needs a shorter tick.
     changed: Notify,
@@ -49,7 +54,9 @@ struct Inner {
 #[derive(Default)]
 struct Leases {
     by_id: HashMap<u64, Arc<Lease>>,
-    task_running: bool,
+    /// The task, while it runs. A runtime that shut down takes its tasks with it, so a
+    /// finished handle means the next lease starts a new task.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// One held lock's lease, shared by its guard and the watchdog.
@@ -81,10 +88,11 @@ pub(crate) struct Registration {
 }
 
 impl Watchdog {
-    pub fn new(node: Node) -> Self {
+    pub fn new(nodes: Vec<Node>, quorum: Option<Quorum>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                node,
+                nodes,
+                quorum,
                 leases: Mutex::new(Leases::default()),
                 changed: Notify::new(),
                 tick_ms: AtomicU64::new(u64::MAX),
@@ -123,12 +131,9 @@ impl Watchdog {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let mut leases = lock(&self.inner.leases);
         leases.by_id.insert(id, lease.clone());
-        if !leases.task_running {
+        if leases.task.as_ref().is_none_or(|t| t.is_finished()) {
             match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    leases.task_running = true;
-                    rt.spawn(run(Arc::downgrade(&self.inner)));
-                }
+                Ok(rt) => leases.task = Some(rt.spawn(run(Arc::downgrade(&self.inner)))),
                 Err(_) => tracing::warn!("no Tokio runtime: the lease is not renewed"),
             }
         }
@@ -245,7 +250,7 @@ async fn run(weak: Weak<Inner>) {
         {
             let mut leases = lock(&inner.leases);
             if leases.by_id.is_empty() {
-                leases.task_running = false;
+                leases.task = None;
                 return;
             }
             for lease in leases.by_id.values() {
@@ -285,7 +290,7 @@ async fn run(weak: Weak<Inner>) {
         }
         while !due.is_empty() {
             let batch: Vec<_> = due.drain(..due.len().min(BATCH)).collect();
-            tokio::spawn(renew(inner.node.clone(), batch));
+            tokio::spawn(renew(inner.clone(), batch));
         }
         // Holding `inner` while asleep is fine: the task ends once no lease is left.
         tokio::select! {
@@ -295,44 +300,66 @@ async fn run(weak: Weak<Inner>) {
     }
 }
 
-/// Sends one batch and applies the answers. A batch that fails is retried on the next
-/// tick.
-async fn renew(node: Node, batch: Vec<(Arc<Lease>, Duration)>) {
+/// Sends one batch (to every node, for Redlock) and applies the answers. A lease is
+/// renewed when a majority confirmed it; lost when so many nodes said it is gone that no
+/// majority can confirm it; otherwise retried on the next tick.
+async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration)>) {
     let sent_at = Instant::now();
     let invocation = scripts::renew(
         batch
             .iter()
             .map(|(l, ttl)| (l.key.as_str(), l.token.as_str(), *ttl)),
     );
-    let answers: Result<Vec<i64>, _> = node.run(&invocation).await;
-    match answers {
-        Ok(answers) if answers.len() == batch.len() => {
-            for ((lease, ttl), answer) in batch.iter().zip(answers) {
-                let mut st = lock(&lease.state);
-                st.in_flight = false;
-                match answer {
-                    1 => {
-                        st.valid_until = st.valid_until.max(lease_end(sent_at, *ttl));
-                        st.next_renewal = sent_at + lease.ttl / 3;
-                    }
-                    0 => {
-                        drop(st);
-                        lease.lose(LossCause::Expired);
-                    }
-                    _ => {
-                        drop(st);
-                        lease.lose(LossCause::TakenByOther);
-                    }
+    let shortest = batch.iter().map(|(_, ttl)| *ttl).min().unwrap_or_default();
+    let size = batch.len();
+    let answers: Vec<Option<Vec<i64>>> = join_all(inner.nodes.iter().map(|node| {
+        let invocation = &invocation;
+        let within = inner
+            .quorum
+            .as_ref()
+            .map(|q| q.node_timeout(shortest));
+        async move {
+            let answer: Result<Vec<i64>, _> = match within {
+                Some(within) => node.run_within(within, invocation).await,
+                None => node.run(invocation).await,
+            };
+            match answer {
+                Ok(codes) if codes.len() == size => Some(codes),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!(node = node.addr(), error = %e, leases = size, "renewal failed; retrying");
+                    None
                 }
             }
         }
-        other => {
-            if let Err(e) = other {
-                tracing::debug!(error = %e, leases = batch.len(), "renewal failed; retrying");
+    }))
+    .await;
+    let n = inner.nodes.len();
+    let majority = n / 2 + 1;
+    let now = Instant::now();
+    for (i, (lease, ttl)) in batch.iter().enumerate() {
+        let codes = answers.iter().flatten().map(|codes| codes[i]);
+        let (mut renewed, mut gone, mut taken) = (0, 0, 0);
+        for code in codes {
+            match code {
+                1 => renewed += 1,
+                0 => gone += 1,
+                _ => taken += 1,
             }
-            for (lease, _) in &batch {
-                lock(&lease.state).in_flight = false;
-            }
+        }
+        let mut st = lock(&lease.state);
+        st.in_flight = false;
+        let valid_until = lease_end(sent_at, *ttl);
+        if renewed >= majority && valid_until > now {
+            st.valid_until = st.valid_until.max(valid_until);
+            st.next_renewal = sent_at + lease.ttl / 3;
+        } else if gone + taken > n - majority {
+            drop(st);
+            lease.lose(if taken > 0 {
+                LossCause::TakenByOther
+            } else {
+                LossCause::Expired
+            });
         }
     }
 }

@@ -1,0 +1,517 @@
+//! The hidden `worker` subcommand: one OS process running several contenders as tokio
+//! tasks.
+//!
+//! Protocol with the harness, one line each on stdout: `ready` once connected; then,
+//! after the harness writes `go START_NS` on stdin (a `CLOCK_MONOTONIC` time shortly
+//! ahead, the same for every worker), the contenders run from START_NS for
+//! `--duration-ms`; then the results (`sample NS`, `count N`, `stat NAME N`,
+//! `error MSG`) and `done`.
+//! A worker exits as soon as its stdin closes (the harness died), so none outlives it.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::clock::mono_ns;
+
+/// The lock under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockKind {
+    /// fencelock, default (plain) mode, waiting for ever.
+    Plain,
+    /// fencelock in fair (FIFO) mode, waiting for ever.
+    Fair,
+    /// A polling lock with peer defaults: `SET NX PX`, sleep 100 ms on failure.
+    Poll,
+}
+
+impl LockKind {
+    /// The name shown in the tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            LockKind::Plain => "fencelock",
+            LockKind::Fair => "fencelock fair()",
+            LockKind::Poll => "polling (SET NX, sleep 100 ms)",
+        }
+    }
+}
+
+/// What the contenders do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// Strict handoff: measure release → another process holds.
+    Handoff,
+    /// Fairness grid: count acquisitions per contender.
+    Grid,
+}
+
+/// Arguments of the hidden `worker` subcommand (set by the harness, not by people).
+#[derive(clap::Args, Clone, Debug)]
+pub struct WorkerArgs {
+    /// Redis URL.
+    #[arg(long)]
+    pub url: String,
+    /// What the contenders do.
+    #[arg(long, value_enum)]
+    pub scenario: Scenario,
+    /// Which lock.
+    #[arg(long, value_enum)]
+    pub lock: LockKind,
+    /// Lock name (also the prefix of the bench's own keys).
+    #[arg(long)]
+    pub name: String,
+    /// Contenders (tokio tasks) in this process.
+    #[arg(long)]
+    pub tasks: usize,
+    /// How long each acquisition holds the lock, in microseconds.
+    #[arg(long)]
+    pub hold_us: u64,
+    /// How long the contenders run, from the start time the harness sends with `go`, in
+    /// milliseconds.
+    #[arg(long)]
+    pub duration_ms: u64,
+    /// This process's index among the run's worker processes.
+    #[arg(long, default_value_t = 0)]
+    pub proc_index: usize,
+    /// How many worker processes the run has.
+    #[arg(long, default_value_t = 1)]
+    pub procs: usize,
+    /// How many contenders the run has, over all its processes.
+    #[arg(long, default_value_t = 1)]
+    pub contenders: usize,
+    /// Polling lock: sleep after a failed attempt, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub poll_sleep_ms: u64,
+    /// Lock TTL in milliseconds (fixed lease, never reached in practice).
+    #[arg(long, default_value_t = 10_000)]
+    pub ttl_ms: u64,
+}
+
+/// Compare-and-delete release of the polling lock (redis-py's `Lock.release` script).
+const CAD: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+  return redis.call("del", KEYS[1])
+else
+  return 0
+end"#;
+
+/// How a process takes and gives back the lock under test. One per process, shared by
+/// its tasks (as an application would share its client).
+enum Locker {
+    Fence(fencelock::LockBuilder),
+    Poll {
+        conn: MultiplexedConnection,
+        key: String,
+        ttl_ms: u64,
+        sleep: Duration,
+        cad: redis::Script,
+    },
+}
+
+enum Held {
+    Fence(Box<fencelock::LockGuard>),
+    Poll(String),
+}
+
+impl Locker {
+    /// Waits for the lock; `Ok(None)` when `deadline` comes first.
+    async fn acquire(&self, deadline: Instant, token: &str) -> Result<Option<Held>, String> {
+        match self {
+            Locker::Fence(builder) => tokio::select! {
+                r = builder.acquire() => r.map(|g| Some(Held::Fence(Box::new(g)))).map_err(|e| e.to_string()),
+                () = sleep_until(deadline) => Ok(None),
+            },
+            Locker::Poll {
+                conn,
+                key,
+                ttl_ms,
+                sleep: pause,
+                ..
+            } => {
+                let mut conn = conn.clone();
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(key)
+                        .arg(token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(*ttl_ms)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if set.is_some() {
+                        return Ok(Some(Held::Poll(token.to_owned())));
+                    }
+                    tokio::select! {
+                        () = sleep(*pause) => {}
+                        () = sleep_until(deadline) => return Ok(None),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release(&self, held: Held) -> Result<(), String> {
+        match (self, held) {
+            (Locker::Fence(_), Held::Fence(guard)) => {
+                guard.release().await.map_err(|e| e.to_string())
+            }
+            (Locker::Poll { conn, key, cad, .. }, Held::Poll(token)) => {
+                let mut conn = conn.clone();
+                let deleted: i64 = cad
+                    .key(key)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err("polling lock: released a lock no longer held".to_owned())
+                }
+            }
+            _ => unreachable!("a guard is released by the locker that made it"),
+        }
+    }
+}
+
+#[derive(Default)]
+struct TaskResult {
+    /// Handoff latencies, ns.
+    samples: Vec<u64>,
+    acquisitions: u64,
+    /// Handoffs between two tasks of this process (not counted as samples).
+    same_process: u64,
+    /// Acquisitions that started after the previous release (the contender was not
+    /// waiting at the release, so it is not a handoff sample).
+    late: u64,
+    /// The longest single acquire, ns.
+    max_wait: u64,
+    errors: Vec<String>,
+}
+
+struct Ctx {
+    args: WorkerArgs,
+    locker: Locker,
+    conn: MultiplexedConnection,
+    pid: u32,
+}
+
+/// Runs the worker; returns the process exit code.
+pub fn run(args: WorkerArgs) -> i32 {
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<u64>();
+    // Stdin watcher: `go START_NS` starts the run; end of file (the harness is gone)
+    // ends the process at once.
+    std::thread::spawn(move || {
+        let mut go = Some(go_tx);
+        let stdin = std::io::stdin();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match stdin.lock().read_line(&mut line) {
+                Ok(0) | Err(_) => std::process::exit(3),
+                Ok(_) => {
+                    let start = line.trim().strip_prefix("go ").and_then(|n| n.parse().ok());
+                    if let (Some(start), Some(tx)) = (start, go.take()) {
+                        let _ = tx.send(start);
+                    }
+                }
+            }
+        }
+    });
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run_async(args, go_rx)) {
+        Ok(()) => 0,
+        Err(e) => {
+            println!("error {e}");
+            println!("done");
+            1
+        }
+    }
+}
+
+async fn run_async(
+    args: WorkerArgs,
+    go: tokio::sync::oneshot::Receiver<u64>,
+) -> Result<(), String> {
+    let redis_client = redis::Client::open(args.url.as_str()).map_err(|e| e.to_string())?;
+    let conn = redis_client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut fence_client = None;
+    let locker = match args.lock {
+        LockKind::Plain | LockKind::Fair => {
+            let client = fencelock::Client::connect(&args.url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut builder = client
+                .lock(args.name.as_str())
+                .ttl(Duration::from_millis(args.ttl_ms))
+                .wait_forever();
+            if args.lock == LockKind::Fair {
+                builder = builder.fair();
+            }
+            fence_client = Some(client);
+            Locker::Fence(builder)
+        }
+        LockKind::Poll => Locker::Poll {
+            conn: conn.clone(),
+            key: format!("{}:poll-lock", args.name),
+            ttl_ms: args.ttl_ms,
+            sleep: Duration::from_millis(args.poll_sleep_ms),
+            cad: redis::Script::new(CAD),
+        },
+    };
+    // Handoff: one connection per task for the blocking BLPOP that tells a releaser
+    // another contender took the lock.
+    let mut blpop_conns = Vec::new();
+    if args.scenario == Scenario::Handoff {
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(5)));
+        for _ in 0..args.tasks {
+            blpop_conns.push(
+                redis_client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+    }
+    let ctx = Arc::new(Ctx {
+        locker,
+        conn,
+        pid: std::process::id(),
+        args,
+    });
+    emit(&["ready".to_owned()]);
+    let start_ns = go.await.map_err(|_| "no go from the harness".to_owned())?;
+    let start = instant_at(start_ns);
+    let deadline = start + Duration::from_millis(ctx.args.duration_ms);
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..ctx.args.tasks {
+        let ctx = ctx.clone();
+        match ctx.args.scenario {
+            Scenario::Handoff => {
+                let blpop = blpop_conns.pop().expect("one per task");
+                // Contender `g` (interleaved across processes: task `t` of process `p` is
+                // `t * procs + p`) makes its first attempt `g / contenders` of a polling
+                // interval after the start. So a FIFO queue starts out alternating
+                // between processes rather than grouped by process, and the polling
+                // lock's waiters poll at evenly spread phases (its best case) rather
+                // than all at once.
+                let g = task * ctx.args.procs + ctx.args.proc_index;
+                let spacing = Duration::from_millis(ctx.args.poll_sleep_ms)
+                    / ctx.args.contenders.max(1) as u32;
+                let first = start + spacing * g as u32;
+                tasks.spawn(async move {
+                    sleep_until(first).await;
+                    handoff_task(&ctx, blpop, task, deadline).await
+                });
+            }
+            Scenario::Grid => {
+                tasks.spawn(async move {
+                    sleep_until(start).await;
+                    grid_task(&ctx, task, deadline).await
+                });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut totals = TaskResult::default();
+    while let Some(joined) = tasks.join_next().await {
+        let r = joined.map_err(|e| format!("contender task failed: {e}"))?;
+        if ctx.args.scenario == Scenario::Grid {
+            out.push(format!("count {}", r.acquisitions));
+        }
+        totals.samples.extend(r.samples);
+        totals.acquisitions += r.acquisitions;
+        totals.same_process += r.same_process;
+        totals.late += r.late;
+        totals.max_wait = totals.max_wait.max(r.max_wait);
+        totals.errors.extend(r.errors);
+    }
+    // Releases of acquires cancelled at the deadline go out in the background.
+    if let Some(client) = &fence_client {
+        tokio::time::timeout(Duration::from_secs(5), client.flush())
+            .await
+            .ok();
+    }
+    out.extend(totals.samples.iter().map(|s| format!("sample {s}")));
+    out.push(format!("stat acquisitions {}", totals.acquisitions));
+    out.push(format!("stat same_process {}", totals.same_process));
+    out.push(format!("stat late {}", totals.late));
+    out.push(format!("stat max_wait {}", totals.max_wait));
+    out.extend(
+        totals
+            .errors
+            .iter()
+            .map(|e| format!("error {}", e.replace('\n', " "))),
+    );
+    out.push("done".to_owned());
+    emit(&out);
+    Ok(())
+}
+
+/// The tokio instant of a `CLOCK_MONOTONIC` time.
+fn instant_at(mono: u64) -> Instant {
+    let (now, now_ns) = (Instant::now(), mono_ns());
+    if mono >= now_ns {
+        now + Duration::from_nanos(mono - now_ns)
+    } else {
+        now.checked_sub(Duration::from_nanos(now_ns - mono))
+            .unwrap_or(now)
+    }
+}
+
+fn emit(lines: &[String]) {
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    for l in lines {
+        let _ = writeln!(w, "{l}");
+    }
+    let _ = w.flush();
+}
+
+/// The previous holder's stamp: `"<pid> <ns> <task>"`.
+fn parse_stamp(s: &str) -> Option<(u32, u64, String)> {
+    let mut it = s.split(' ');
+    let pid = it.next()?.parse().ok()?;
+    let ns = it.next()?.parse().ok()?;
+    let task = it.next()?.to_owned();
+    Some((pid, ns, format!("{pid}:{task}")))
+}
+
+/// One contender of the handoff scenario. Each loop: acquire (waiting for ever) → read
+/// the clock → GET the stamp of the previous holder → record a sample if that holder was
+/// another process and this contender was already waiting when it released → tell the
+/// previous holder its lock was taken → hold → write our stamp → release → wait until
+/// another contender has taken the lock (strict handoff, no barging: the releaser
+/// always rejoins the waiters instead of retaking a lock it just freed).
+async fn handoff_task(
+    ctx: &Ctx,
+    mut blpop: MultiplexedConnection,
+    task: usize,
+    deadline: Instant,
+) -> TaskResult {
+    let mut r = TaskResult::default();
+    let mut conn = ctx.conn.clone();
+    let name = &ctx.args.name;
+    let me = format!("{}:{task}", ctx.pid);
+    let stamp_key = format!("{name}:stamp");
+    let my_inbox = format!("{name}:taken:{me}");
+    let hold = Duration::from_micros(ctx.args.hold_us);
+    let mut seq = 0u64;
+    while Instant::now() < deadline {
+        seq += 1;
+        let token = format!("{me}:{seq}");
+        let started = mono_ns();
+        let held = match ctx.locker.acquire(deadline, &token).await {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(e) => {
+                r.errors.push(format!("acquire: {e}"));
+                break;
+            }
+        };
+        let now = mono_ns();
+        r.acquisitions += 1;
+        let prev: Result<Option<String>, _> = conn.get(&stamp_key).await;
+        let prev = match prev {
+            Ok(p) => p,
+            Err(e) => {
+                r.errors.push(format!("GET: {e}"));
+                let _ = ctx.locker.release(held).await;
+                break;
+            }
+        };
+        if let Some((pid, ns, prev_id)) = prev.as_deref().and_then(parse_stamp) {
+            if pid == ctx.pid {
+                r.same_process += 1;
+            } else if started <= ns {
+                r.samples.push(now.saturating_sub(ns));
+            } else {
+                r.late += 1;
+            }
+            if prev_id != me {
+                let pushed: Result<i64, _> = conn.lpush(format!("{name}:taken:{prev_id}"), 1).await;
+                if let Err(e) = pushed {
+                    r.errors.push(format!("LPUSH: {e}"));
+                }
+            }
+        }
+        sleep(hold).await;
+        let stamp = format!("{} {} {task}", ctx.pid, mono_ns());
+        let wrote: Result<(), _> = redis::pipe()
+            .del(&my_inbox)
+            .ignore()
+            .set(&stamp_key, stamp)
+            .ignore()
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = wrote {
+            r.errors.push(format!("SET stamp: {e}"));
+        }
+        if let Err(e) = ctx.locker.release(held).await {
+            r.errors.push(format!("release: {e}"));
+            break;
+        }
+        // Wait (bounded by the deadline) until someone else took the lock.
+        loop {
+            if Instant::now() >= deadline {
+                return r;
+            }
+            let popped = tokio::select! {
+                p = blpop.blpop::<_, Option<(String, String)>>(&my_inbox, 0.5) => p,
+                () = sleep_until(deadline) => return r,
+            };
+            match popped {
+                Ok(Some(_)) => break,
+                Ok(None) => {}
+                Err(e) => {
+                    r.errors.push(format!("BLPOP: {e}"));
+                    return r;
+                }
+            }
+        }
+    }
+    r
+}
+
+/// One contender of the fairness grid: acquire (waiting for ever) → hold → release, as
+/// fast as it can, until the deadline. Counts its acquisitions.
+async fn grid_task(ctx: &Ctx, task: usize, deadline: Instant) -> TaskResult {
+    let mut r = TaskResult::default();
+    let hold = Duration::from_micros(ctx.args.hold_us);
+    let mut seq = 0u64;
+    while Instant::now() < deadline {
+        seq += 1;
+        let token = format!("{}:{task}:{seq}", ctx.pid);
+        let asked = mono_ns();
+        let acquired = ctx.locker.acquire(deadline, &token).await;
+        r.max_wait = r.max_wait.max(mono_ns() - asked);
+        let held = match acquired {
+            Ok(Some(h)) => h,
+            Ok(None) => break,
+            Err(e) => {
+                r.errors.push(format!("acquire: {e}"));
+                break;
+            }
+        };
+        r.acquisitions += 1;
+        if !hold.is_zero() {
+            sleep(hold).await;
+        }
+        if let Err(e) = ctx.locker.release(held).await {
+            r.errors.push(format!("release: {e}"));
+            break;
+        }
+    }
+    r
+}

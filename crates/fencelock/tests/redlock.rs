@@ -1,0 +1,410 @@
+//! Redlock over five independent redis-server processes: availability with a minority
+//! down, failure naming the nodes with a majority down, the crash-restart hazard (shown
+//! real with restart protection off, refused with it on), fencing across wipes, extends
+//! that miss quorum, and stale requests that land late.
+
+use std::time::{Duration, Instant};
+
+use fencelock::{Client, Error, NodeOutcome};
+use testkit::RedisServer;
+
+const KEY: &str = "fencelock:{rl}";
+
+async fn redlock(servers: &[RedisServer], protection: Option<Duration>) -> Client {
+    Client::redlock(servers.iter().map(RedisServer::url))
+        .restart_protection(protection)
+        .node_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn holds(r: &RedisServer, token: &str) -> bool {
+    r.cmd(&["GET", KEY]).as_str() == Some(token)
+}
+
+#[tokio::test]
+async fn acquires_with_two_of_five_nodes_killed_or_paused() {
+    let mut servers = RedisServer::start_many(5);
+    let c = redlock(&servers, None).await;
+    servers[0].kill();
+    servers[1].kill();
+    let g = c
+        .lock("rl")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .expect("3 of 5 suffice");
+    let held = servers[2..]
+        .iter()
+        .filter(|r| holds(r, g.owner_token().as_str()))
+        .count();
+    assert_eq!(held, 3);
+    g.release().await.unwrap();
+    assert!(
+        servers[2..]
+            .iter()
+            .all(|r| r.cmd(&["EXISTS", KEY]).as_int() == Some(0)),
+        "released everywhere"
+    );
+
+    servers[0].restart();
+    servers[1].restart();
+    servers[3].pause();
+    servers[4].pause();
+    let started = Instant::now();
+    let g = c
+        .lock("rl")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .expect("3 of 5 suffice");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "paused nodes cost only their timeout"
+    );
+    g.release().await.unwrap();
+    servers[3].resume();
+    servers[4].resume();
+}
+
+#[tokio::test]
+async fn fails_with_three_of_five_down_naming_each_node() {
+    let mut servers = RedisServer::start_many(5);
+    let c = redlock(&servers, None).await;
+    servers[0].kill();
+    servers[1].pause();
+    servers[2].pause();
+    let started = Instant::now();
+    let err = c
+        .lock("rl")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    servers[1].resume();
+    servers[2].resume();
+    assert!(
+        elapsed < Duration::from_millis(100) + Duration::from_millis(400),
+        "{elapsed:?}"
+    );
+    match &err {
+        Error::NoQuorum {
+            needed,
+            granted,
+            nodes,
+            ..
+        } => {
+            assert_eq!(*needed, 3);
+            assert_eq!(*granted, 2);
+            assert_eq!(nodes.len(), 5);
+            for (i, report) in nodes.iter().enumerate() {
+                assert_eq!(report.node, servers[i].addr());
+                let unavailable = matches!(report.outcome, NodeOutcome::Unavailable(_));
+                assert_eq!(unavailable, i < 3, "node {i}: {:?}", report.outcome);
+            }
+        }
+        other => panic!("expected NoQuorum, got {other:?}"),
+    }
+    let text = err.to_string();
+    for s in &servers {
+        assert!(
+            text.contains(&s.addr()),
+            "the message names {}: {text}",
+            s.addr()
+        );
+    }
+    // The two grants were taken back.
+    assert!(
+        servers[3..]
+            .iter()
+            .all(|r| r.cmd(&["EXISTS", KEY]).as_int() == Some(0))
+    );
+}
+
+/// Kleppmann's scenario: A holds nodes 0, 1, 2 (3 and 4 missed its grant); node 2
+/// crashes and restarts empty; B locks 2, 3, 4.
+async fn crash_restart_scenario(
+    protection: Option<Duration>,
+) -> (
+    Result<fencelock::LockGuard, Error>,
+    fencelock::LockGuard,
+    Vec<RedisServer>,
+) {
+    let mut servers = RedisServer::start_many(5);
+    if let Some(q) = protection {
+        // Let the nodes be up longer than the quarantine, so only the restart counts.
+        let deadline = Instant::now() + q + Duration::from_secs(5);
+        while servers.iter().any(|s| {
+            let info = s.cmd(&["INFO", "server"]);
+            let up = info
+                .as_str()
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:"));
+            up.unwrap().trim().parse::<u64>().unwrap() < q.as_secs() + 1
+        }) {
+            assert!(Instant::now() < deadline);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let a = redlock(&servers, protection).await;
+    let b = redlock(&servers, protection).await;
+    // A lease no longer than the quarantine: restart protection waits out the longest
+    // lease in use, so the quarantine is max(configured, TTL).
+    let ttl = Duration::from_secs(2);
+    let held_by_a = a.lock("rl").ttl(ttl).try_acquire().await.unwrap();
+    servers[3].cmd(&["DEL", KEY]);
+    servers[4].cmd(&["DEL", KEY]);
+    servers[2].kill();
+    servers[2].restart(); // no persistence: the key is gone
+    let b_result = b.lock("rl").ttl(ttl).try_acquire().await;
+    (b_result, held_by_a, servers)
+}
+
+#[tokio::test]
+async fn without_restart_protection_a_crash_restart_gives_two_holders() {
+    let (b, a, _servers) = crash_restart_scenario(None).await;
+    let b = b.expect("the hazard is real: B gets a majority");
+    assert!(
+        !a.remaining().is_zero() && !b.remaining().is_zero(),
+        "both leases run at once"
+    );
+    assert_ne!(
+        a.owner_token(),
+        b.owner_token(),
+        "two holders of one lock at once"
+    );
+}
+
+#[tokio::test]
+async fn with_restart_protection_the_restarted_node_does_not_vote() {
+    let (b, a, _servers) = crash_restart_scenario(Some(Duration::from_secs(2))).await;
+    match b {
+        Err(Error::NoQuorum { nodes, .. }) => {
+            assert!(
+                matches!(nodes[2].outcome, NodeOutcome::Quarantined { .. }),
+                "{:?}",
+                nodes[2]
+            );
+            assert!(matches!(nodes[0].outcome, NodeOutcome::Held { .. }));
+        }
+        other => panic!("B must be refused, naming the quarantined node, got {other:?}"),
+    }
+    assert!(!a.remaining().is_zero(), "A still holds the lock");
+}
+
+#[tokio::test]
+async fn fencing_tokens_increase_across_a_thousand_handoffs_with_wipes() {
+    let servers = RedisServer::start_many(5);
+    let c = redlock(&servers, None).await;
+    let mut last = 0;
+    for i in 0..1000 {
+        if i % 10 == 5 {
+            servers[(i / 10) % 5].cmd(&["FLUSHALL"]); // one node at a time loses everything
+        }
+        let g = c
+            .lock("rl")
+            .ttl(Duration::from_secs(5))
+            .try_acquire()
+            .await
+            .unwrap();
+        let token = g.fencing_token().get();
+        assert!(token > last, "handoff {i}: token {token} after {last}");
+        last = token;
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_extend_that_misses_quorum_once_releases_nothing() {
+    let mut servers = RedisServer::start_many(5);
+    let c = redlock(&servers, None).await;
+    let mut g = c
+        .lock("rl")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .unwrap();
+    let token = g.owner_token().as_str().to_owned();
+    for s in &mut servers[..3] {
+        s.pause();
+    }
+    let missed = g.extend(Duration::from_secs(20)).await;
+    for s in &mut servers[..3] {
+        s.resume();
+    }
+    assert!(
+        matches!(missed, Err(Error::Unavailable { .. })),
+        "{missed:?}"
+    );
+    assert!(g.loss().is_none(), "not counted as lost");
+    assert!(
+        servers.iter().all(|s| holds(s, &token)),
+        "still held on every node"
+    );
+    g.extend(Duration::from_secs(20))
+        .await
+        .expect("the next extend reaches a quorum");
+    assert!(
+        servers
+            .iter()
+            .all(|s| s.cmd(&["PTTL", KEY]).as_int().unwrap() > 15_000)
+    );
+    g.release().await.unwrap();
+}
+
+/// A's acquire and release to a paused node, and B's acquire, land there only after it
+/// resumes, in an order nobody controls. Whatever the order, A's late requests never
+/// leave A's token there and never remove B's key: every script checks the owner token.
+#[tokio::test]
+async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
+    let mut servers = RedisServer::start_many(5);
+    let a = redlock(&servers, None).await;
+    let b = redlock(&servers, None).await;
+    for c in [&a, &b] {
+        c.lock("warm")
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap(); // scripts loaded
+    }
+    servers[4].cmd(&["CONFIG", "RESETSTAT"]);
+    servers[4].pause();
+    let ga = a
+        .lock("rl")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .unwrap();
+    let a_token = ga.owner_token().as_str().to_owned();
+    ga.release().await.unwrap();
+    let gb = b
+        .lock("rl")
+        .ttl(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .unwrap();
+    servers[4].resume();
+    // A's acquire, A's release and B's acquire all reach node 4 now.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = servers[4].cmd(&["INFO", "commandstats"]);
+        let calls: u64 = stats
+            .as_str()
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap());
+        if calls >= 3 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 4 ran {calls} of the 3 queued scripts"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let late = servers[4].cmd(&["GET", KEY]);
+    assert_ne!(late.as_str(), Some(a_token.as_str()), "never A's token");
+    assert!(
+        late.is_nil() || late.as_str() == Some(gb.owner_token().as_str()),
+        "{late:?}"
+    );
+    assert!(
+        servers[..4]
+            .iter()
+            .all(|s| holds(s, gb.owner_token().as_str())),
+        "B's majority intact"
+    );
+    gb.release().await.unwrap();
+    assert!(
+        servers
+            .iter()
+            .all(|s| s.cmd(&["EXISTS", KEY]).as_int() == Some(0))
+    );
+}
+
+#[tokio::test]
+async fn a_redlock_waiter_is_woken_by_the_release() {
+    let servers = RedisServer::start_many(3);
+    let c = redlock(&servers, None).await;
+    let holder = c
+        .lock("rl")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        c.lock("rl")
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.stats().waiters == 0 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let g = waiter.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken, not timed out: {:?}",
+        released.elapsed()
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_renewed_redlock_lease_outlives_its_length() {
+    let servers = RedisServer::start_many(3);
+    let c = redlock(&servers, None).await;
+    let g = c
+        .lock("rl")
+        .lease(Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(g.loss().is_none());
+    assert!(servers.iter().all(|s| holds(s, g.owner_token().as_str())));
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn redlock_settings_are_checked() {
+    let servers = RedisServer::start_many(3);
+    for n in [2, 4] {
+        let urls: Vec<String> = (0..n).map(|i| servers[i % 3].url()).collect();
+        assert!(
+            matches!(
+                Client::redlock(urls).connect().await,
+                Err(Error::InvalidArgument { .. })
+            ),
+            "{n} nodes"
+        );
+    }
+    let twice = vec![servers[0].url(), servers[0].url(), servers[1].url()];
+    assert!(matches!(
+        Client::redlock(twice).connect().await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    let c = redlock(&servers, None).await;
+    assert!(matches!(
+        c.lock("x").fair().try_acquire().await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        c.lock("x").owner("me").try_acquire().await,
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        c.delay_queue("q"),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
