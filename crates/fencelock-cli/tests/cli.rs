@@ -166,6 +166,34 @@ fn runs_the_command_with_name_and_token_then_releases() {
 }
 
 #[test]
+fn fair_waits_in_the_queue_and_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // Another owner holds the lock for a short lease and never releases it.
+    server.cmd(&["SET", &lock_key("fq"), "other-owner", "PX", "500"]);
+    let started = Instant::now();
+    let child = command(&[
+        "run", "--redis", &url, "--fair", "--wait", "10s", "fq", "--", "true",
+    ])
+    .spawn()
+    .expect("spawn fencelock");
+    wait_until("the run queued", || {
+        server.cmd(&["LLEN", "fencelock:{fq}:queue"]).as_int() == Some(1)
+    });
+    let run = finish(child, started);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert!(!exists(&server, &lock_key("fq")));
+    assert!(
+        !exists(&server, "fencelock:{fq}:queue"),
+        "queue left behind"
+    );
+    assert!(
+        !exists(&server, "fencelock:{fq}:waiters"),
+        "waiter entry left behind"
+    );
+}
+
+#[test]
 fn passes_the_exit_code_through_and_releases() {
     let server = RedisServer::start();
     let url = server.url();
@@ -294,6 +322,14 @@ fn bad_usage_exits_64_and_writes_nothing() {
             ],
             "too large",
         ),
+        (
+            &["--redis", url, "--max-hold", "0s", "bad", "--", "true"],
+            "--max-hold",
+        ),
+        (
+            &["--redis", url, "--kill-grace", "ten", "bad", "--", "true"],
+            "ten",
+        ),
         (&["--redis", url, "", "--", "true"], "lock name"),
         (&["--redis", url, "a{b", "--", "true"], "lock name"),
         (
@@ -394,10 +430,19 @@ fn help_and_version_exit_0() {
     for args in [&["--help"][..], &["run", "--help"], &["help", "run"]] {
         let run = fencelock(args);
         assert_eq!(run.code(), Some(0), "{args:?}: {run:#?}");
-        for needle in ["64", "69", "75", "--wait", "--ttl"] {
+        for needle in [
+            "64",
+            "69",
+            "75",
+            "76",
+            "--wait",
+            "--ttl",
+            "--max-hold",
+            "--kill-grace",
+            "process group",
+        ] {
             assert!(run.stdout.contains(needle), "{args:?} help lacks {needle}");
         }
-        assert!(!run.stdout.contains("76"), "76 is not reserved yet");
     }
     let run = fencelock(&["--version"]);
     assert_eq!(run.code(), Some(0));
@@ -452,7 +497,10 @@ fn sigterm_is_forwarded_and_the_lock_released() {
     let server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
-    let script = r#"trap "exit 3" TERM; touch "$1"; while true; do sleep 0.05; done"#;
+    // The forwarded SIGTERM reaches the `sleep` too (it is in COMMAND's process group):
+    // keep the shell from reporting that on stderr.
+    let script =
+        r#"exec 2>/dev/null; trap "exit 3" TERM; touch "$1"; while true; do sleep 0.05; done"#;
     let args = [
         "run",
         "--redis",
@@ -509,4 +557,395 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
     assert!(run.status.signal().is_none());
     assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
+}
+
+/// Whether process `pid` is gone: no such process, or a zombie (dead, waiting for a
+/// parent, maybe a slow PID 1, to reap it).
+fn process_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// A grandchild of `fencelock`: a script that COMMAND starts, which records its pid and
+/// then loops. `on_term` is its SIGTERM trap action (`""` ignores SIGTERM).
+struct Grandchild {
+    script: std::path::PathBuf,
+    pid_file: std::path::PathBuf,
+    /// Killed when the test ends, so that a failing test leaves nothing running.
+    pid: Option<u32>,
+}
+
+impl Grandchild {
+    fn new(dir: &Path, on_term: &str) -> Self {
+        let script = dir.join("grandchild.sh");
+        let pid_file = dir.join("grandchild.pid");
+        // Its stdio goes to /dev/null: a survivor must not keep fencelock's pipes open.
+        fs::write(
+            &script,
+            format!(
+                "exec >/dev/null 2>&1 </dev/null\n\
+                 trap '{on_term}' TERM\n\
+                 echo $$ > \"$1.tmp\" && mv \"$1.tmp\" \"$1\"\n\
+                 while :; do sleep 0.05; done\n"
+            ),
+        )
+        .unwrap();
+        Self {
+            script,
+            pid_file,
+            pid: None,
+        }
+    }
+
+    /// How COMMAND starts it: `sh "$0" "$1"` with these two arguments after `sh -c`.
+    fn args(&self) -> [String; 2] {
+        [&self.script, &self.pid_file].map(|path| path.to_str().unwrap().to_owned())
+    }
+
+    /// Its pid, once it has written it in full.
+    fn pid(&mut self) -> Option<u32> {
+        if self.pid.is_none() {
+            let text = fs::read_to_string(&self.pid_file).ok()?;
+            self.pid = Some(text.strip_suffix('\n')?.parse().ok()?);
+        }
+        self.pid
+    }
+}
+
+impl Drop for Grandchild {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid.filter(|&pid| !process_gone(pid)) {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+}
+
+/// Spawns `fencelock` and waits (bounded) until the lock `name` is held and `ready`
+/// says the command is set up.
+fn spawn_until_ready(
+    args: &[&str],
+    server: &RedisServer,
+    name: &str,
+    mut ready: impl FnMut() -> bool,
+) -> (Child, Instant) {
+    let started = Instant::now();
+    let mut child = command(args).spawn().expect("spawn fencelock");
+    let deadline = started + EVENT_TIMEOUT;
+    while !(ready() && exists(server, &lock_key(name))) {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("fencelock exited early: {status}");
+        }
+        if Instant::now() >= deadline {
+            // Don't leave it running: a test that fails here should not hang others.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("timed out waiting until the command runs under the lock");
+        }
+        thread::sleep(POLL);
+    }
+    (child, started)
+}
+
+#[test]
+fn the_lease_is_renewed_while_the_command_runs() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let key = lock_key("long");
+    let started = Instant::now();
+    let mut child = command(&[
+        "run", "--redis", &url, "--ttl", "600ms", "long", "--", "sh", "-c", "sleep 2",
+    ])
+    .spawn()
+    .expect("spawn fencelock");
+    // Poll the key until fencelock exits: once taken, it must stay, with a lease of at
+    // most 600 ms, until well past 600 ms (the command takes 2 s after the acquire).
+    let mut first_seen = None;
+    let mut seen_late = false;
+    loop {
+        let running = child.try_wait().unwrap().is_none();
+        let now = started.elapsed();
+        let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+        if pttl > 0 {
+            assert!(pttl <= 600, "the lease is {pttl} ms long");
+            first_seen.get_or_insert(now);
+            seen_late |= running && now >= Duration::from_millis(1200);
+        } else if running && first_seen.is_some() {
+            assert!(
+                now >= Duration::from_millis(1800),
+                "the lock key vanished at {now:?} while the command ran"
+            );
+        }
+        if !running {
+            break;
+        }
+        assert!(started.elapsed() < RUN_TIMEOUT, "fencelock did not exit");
+        thread::sleep(POLL);
+    }
+    let run = finish(child, started);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stderr, "", "{run:#?}");
+    assert!(first_seen.is_some(), "the lock key was never seen");
+    assert!(seen_late, "the lock key was gone by 1.2 s: {run:#?}");
+    assert!(!exists(&server, &key), "lock left behind");
+}
+
+#[test]
+fn a_lost_lease_kills_the_whole_group_within_the_grace_and_exits_76() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Both COMMAND and its child ignore SIGTERM.
+    let mut grandchild = Grandchild::new(dir.path(), "");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "900ms",
+        "--kill-grace",
+        "1s",
+        "doomed",
+        "--",
+        "sh",
+        "-c",
+        r#"trap "" TERM; sh "$0" "$1" & wait"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (child, started) =
+        spawn_until_ready(&args, &server, "doomed", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+    assert!(!process_gone(pid));
+
+    server.cmd(&["DEL", &lock_key("doomed")]);
+    let deleted = Instant::now();
+    let run = finish(child, started);
+    let after_delete = deleted.elapsed();
+    let line = run.fails_with(76);
+    assert!(
+        line.contains("lease") && line.contains("\"doomed\""),
+        "{line}"
+    );
+    // Loss seen at the next renewal (within a third of the TTL), then the full grace,
+    // since nothing exits on SIGTERM; 1 s of margin.
+    assert!(
+        after_delete >= Duration::from_secs(1),
+        "{after_delete:?}: {run:#?}"
+    );
+    assert!(
+        after_delete <= Duration::from_millis(300 + 1000 + 1000),
+        "{after_delete:?}: {run:#?}"
+    );
+    wait_until("the grandchild is dead", || process_gone(pid));
+    assert!(
+        !exists(&server, &lock_key("doomed")),
+        "the lock was re-created"
+    );
+}
+
+#[test]
+fn a_command_that_stops_on_sigterm_after_a_loss_still_exits_76() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // COMMAND exits on SIGTERM at once; the child it leaves behind ignores SIGTERM.
+    let mut grandchild = Grandchild::new(dir.path(), "");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "900ms",
+        "taken",
+        "--",
+        "sh",
+        "-c",
+        r#"exec 2>/dev/null; trap "exit 0" TERM; sh "$0" "$1" & while :; do sleep 0.05; done"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (child, started) =
+        spawn_until_ready(&args, &server, "taken", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+
+    // Another owner takes over the key.
+    let key = lock_key("taken");
+    server.cmd(&["SET", &key, "other-owner", "PX", "60000"]);
+    let taken = Instant::now();
+    let run = finish(child, started);
+    let line = run.fails_with(76);
+    assert!(line.contains("another owner"), "{line}");
+    assert!(line.contains("\"taken\""), "{line}");
+    // Well within the default 10 s grace: COMMAND exited on SIGTERM, and what was left
+    // of its group got SIGKILL then.
+    assert!(taken.elapsed() < Duration::from_secs(3), "{run:#?}");
+    wait_until("the grandchild is dead", || process_gone(pid));
+    assert_eq!(
+        server.cmd(&["GET", &key]).as_str(),
+        Some("other-owner"),
+        "the other owner's lock was touched"
+    );
+}
+
+#[test]
+fn max_hold_stops_the_command_and_exits_76() {
+    let server = RedisServer::start();
+    let run = fencelock(&[
+        "run",
+        "--redis",
+        &server.url(),
+        "--max-hold",
+        "1s",
+        "--ttl",
+        "600ms",
+        "capped",
+        "--",
+        "sh",
+        "-c",
+        "sleep 30",
+    ]);
+    let line = run.fails_with(76);
+    assert!(line.contains("--max-hold"), "{line}");
+    assert!(
+        (Duration::from_millis(900)..Duration::from_secs(3)).contains(&run.elapsed),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn forwarded_signals_reach_the_commands_children() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut grandchild = Grandchild::new(dir.path(), r#"touch "$1.term"; exit 0"#);
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "fwd",
+        "--",
+        "sh",
+        "-c",
+        r#"sh "$0" "$1"; exit 9"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (child, started) = spawn_until_ready(&args, &server, "fwd", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+
+    kill(child.id(), "TERM");
+    let run = finish(child, started);
+    // COMMAND's shell died of the forwarded SIGTERM; its child got it too.
+    assert_eq!(run.code(), Some(128 + 15), "{run:#?}");
+    assert_eq!(run.stderr, "", "{run:#?}");
+    wait_until("the grandchild got SIGTERM", || {
+        dir.path().join("grandchild.pid.term").exists()
+    });
+    wait_until("the grandchild is dead", || process_gone(pid));
+    assert!(!exists(&server, &lock_key("fwd")), "lock left behind");
+}
+
+#[test]
+fn a_lease_found_lost_at_release_exits_76_not_the_commands_status() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let go = dir.path().join("go");
+    // COMMAND waits for the test to delete the key, then exits 0 at once: long before
+    // the next renewal (the default 30 s lease is renewed every 10 s) could notice.
+    let script = r#"touch "$0"; while [ ! -e "$1" ]; do sleep 0.01; done"#;
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "late",
+        "--",
+        "sh",
+        "-c",
+        script,
+        ready.to_str().unwrap(),
+        go.to_str().unwrap(),
+    ];
+    let (child, started) = spawn_until_ready(&args, &server, "late", || ready.exists());
+
+    server.cmd(&["DEL", &lock_key("late")]);
+    fs::write(&go, "").unwrap();
+    let run = finish(child, started);
+    let line = run.fails_with(76);
+    assert!(
+        line.contains("lease") && line.contains("\"late\""),
+        "{line}"
+    );
+    assert!(line.contains("status 0"), "{line}");
+    assert!(run.elapsed < Duration::from_secs(5), "{run:#?}");
+}
+
+#[test]
+fn several_redis_urls_lock_with_redlock() {
+    let mut servers = RedisServer::start_many(3);
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let script = r#"echo "$FENCELOCK_TOKEN""#;
+    let mut args = vec![
+        "run".to_owned(),
+        "--restart-protection".to_owned(),
+        "0".to_owned(),
+    ];
+    for url in &urls {
+        args.push("--redis".to_owned());
+        args.push(url.clone());
+    }
+    args.extend(["rl", "--", "sh", "-c", script].map(str::to_owned));
+    let run = fencelock(&args);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    let token: u64 = run.stdout.trim().parse().expect("a fencing token");
+    for s in &servers {
+        // Every node's counter was raised to the grant's token, and the lock released.
+        assert_eq!(
+            s.cmd(&["GET", &fence_key("rl")]).as_int(),
+            Some(token as i64)
+        );
+        assert!(!exists(s, &lock_key("rl")));
+    }
+
+    // The same through a comma-separated FENCELOCK_REDIS, with one node down.
+    servers[0].kill();
+    let mut cmd = command(&["run", "--restart-protection", "0", "rl", "--", "true"]);
+    cmd.env("FENCELOCK_REDIS", urls.join(","));
+    let run = run_command(cmd);
+    assert_eq!(run.code(), Some(0), "2 of 3 is a majority: {run:#?}");
+
+    // Held on a majority by another owner: 75. Two nodes down: 69, naming them.
+    for s in &servers[1..] {
+        s.cmd(&["SET", &lock_key("rl"), "other-owner", "PX", "60000"]);
+    }
+    let mut cmd = command(&["run", "--restart-protection", "0", "rl", "--", "true"]);
+    cmd.env("FENCELOCK_REDIS", urls.join(","));
+    let line = run_command(cmd).fails_with(75).to_owned();
+    assert!(line.contains("held by another owner"), "{line}");
+    assert!(
+        line.contains(&servers[0].addr()),
+        "names the down node: {line}"
+    );
+    servers[1].kill();
+    let mut cmd = command(&["run", "--restart-protection", "0", "rl", "--", "true"]);
+    cmd.env("FENCELOCK_REDIS", urls.join(","));
+    let line = run_command(cmd).fails_with(69).to_owned();
+    assert!(
+        line.contains(&servers[0].addr()) && line.contains(&servers[1].addr()),
+        "{line}"
+    );
+
+    // An even number of nodes is bad usage.
+    let two = format!("{},{}", urls[0], urls[1]);
+    let mut cmd = command(&["run", "rl", "--", "true"]);
+    cmd.env("FENCELOCK_REDIS", two);
+    run_command(cmd).fails_with(64);
 }

@@ -93,10 +93,11 @@ pub enum Error {
         reason: String,
     },
 
-    /// Redlock: too few nodes granted the lock. Says, per node, what happened. When
-    /// some nodes were held by another owner this is contention (retry or wait); when
-    /// they were unreachable or quarantined it is an outage.
-    #[error("lock {name:?} needs {needed} of {} Redis nodes and got {granted}: {}; {}", nodes.len(), NodeList(nodes), if nodes.iter().any(|n| matches!(n.outcome, NodeOutcome::Held { .. })) { "another owner holds it: try again later or wait for it" } else { "check that a majority of the nodes is up and reachable" })]
+    /// Redlock: too few nodes granted the lock. Says, per node, what happened. A Redlock
+    /// client reports every failed quorum this way, contention included (where a single
+    /// node would say [`Error::Held`] or [`Error::WaitTimedOut`]);
+    /// [`is_contention`](Error::is_contention) tells the two apart.
+    #[error("lock {name:?} needs {needed} of {} Redis nodes and got {granted}: {}; {}", nodes.len(), NodeList(nodes), if outage(nodes, *needed) { "check that a majority of the nodes is up and reachable" } else { "another owner holds it on some nodes: try again later or wait for it" })]
     NoQuorum {
         /// The lock name.
         name: String,
@@ -122,6 +123,18 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether this is contention (another owner holds the lock: retry later, wait, or
+    /// defer) rather than an outage or a mistake. For [`Error::NoQuorum`]: true unless
+    /// the nodes that failed for other reasons (unreachable, quarantined, refusing) are
+    /// enough on their own to block a majority.
+    pub fn is_contention(&self) -> bool {
+        match self {
+            Self::Held { .. } | Self::WaitTimedOut { .. } => true,
+            Self::NoQuorum { nodes, needed, .. } => !outage(nodes, *needed),
+            _ => false,
+        }
+    }
+
     pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {
             what,
@@ -165,14 +178,18 @@ pub enum LossCause {
     /// would run out by the local clock. Redis may still hold the key for a moment, but
     /// the holder can no longer count on it.
     Unconfirmed,
+    /// The maximum hold ([`LockBuilder::max_hold`](crate::LockBuilder::max_hold)) was
+    /// reached: renewals stopped and the lease ran out, as asked.
+    MaxHold,
 }
 
 impl fmt::Display for LossCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Expired => "the key had expired",
+            Self::Expired => "the key was gone: it expired or was deleted",
             Self::TakenByOther => "another owner holds the lock now",
             Self::Unconfirmed => "no renewal was confirmed before the lease ran out",
+            Self::MaxHold => "the maximum hold was reached",
         })
     }
 }
@@ -227,6 +244,16 @@ impl fmt::Display for NodeOutcome {
             Self::Refused(message) => write!(f, "refused: {message}"),
         }
     }
+}
+
+/// Whether the nodes that failed for reasons other than another owner block a majority
+/// by themselves.
+fn outage(nodes: &[NodeReport], needed: usize) -> bool {
+    let down = nodes
+        .iter()
+        .filter(|n| !matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::Held { .. }))
+        .count();
+    down > nodes.len() - needed
 }
 
 struct NodeList<'a>(&'a [NodeReport]);

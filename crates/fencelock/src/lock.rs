@@ -11,7 +11,7 @@ use crate::algorithms::watchdog::Registration;
 use crate::backend::subscriber::Subscription;
 use crate::client::Client;
 use crate::delay_queue::{DelayQueue, ItemId};
-use crate::error::{Error, LossCause, NodeOutcome};
+use crate::error::{Error, LossCause, NodeOutcome, NodeReport};
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -375,6 +375,8 @@ impl LockBuilder {
         // attempt whose failure it trusts comes after the subscription: no release
         // after it can go unnoticed.
         let mut subscriptions: Vec<Subscription> = Vec::new();
+        // Redlock: what each node said last, for the error if it comes to that.
+        let mut last_report = None;
         let mut subscribe = waits;
         let mut attempt: u32 = 0;
         loop {
@@ -400,7 +402,7 @@ impl LockBuilder {
                         acquire_ttl,
                     )
                     .await;
-                    self.quorum_outcome(attempt)
+                    self.quorum_outcome(attempt, &mut last_report)
                 }
             };
             let bound = match outcome {
@@ -448,6 +450,18 @@ impl LockBuilder {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         pending.withdraw().await;
+                        if let Some(nodes) = last_report {
+                            let granted = nodes
+                                .iter()
+                                .filter(|n| n.outcome == NodeOutcome::Granted)
+                                .count();
+                            return Err(Error::NoQuorum {
+                                name: self.name.clone(),
+                                needed: Quorum::majority(inner.nodes.len()),
+                                granted,
+                                nodes,
+                            });
+                        }
                         return Err(if waits {
                             Error::WaitTimedOut {
                                 name: self.name.clone(),
@@ -511,7 +525,11 @@ impl LockBuilder {
     /// Redlock: a failed quorum is contention (an `Attempt::Held`, so waiting and the
     /// usual errors apply) when a majority is held by another owner; otherwise an outage
     /// that names every node.
-    fn quorum_outcome(&self, attempt: Result<QuorumAttempt, Error>) -> Result<Attempt, Error> {
+    fn quorum_outcome(
+        &self,
+        attempt: Result<QuorumAttempt, Error>,
+        last_report: &mut Option<Vec<NodeReport>>,
+    ) -> Result<Attempt, Error> {
         match attempt? {
             QuorumAttempt::Granted(granted) => Ok(granted),
             QuorumAttempt::Failed { held, report } => {
@@ -521,6 +539,7 @@ impl LockBuilder {
                     .count();
                 let needed = Quorum::majority(report.len());
                 if held_nodes >= needed {
+                    *last_report = Some(report);
                     Ok(Attempt::Held {
                         remaining: held.flatten(),
                     })

@@ -262,7 +262,7 @@ async fn a_maximum_hold_stops_renewals_and_the_lease_runs_out() {
     let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .unwrap();
-    assert_eq!(cause, LossCause::Unconfirmed);
+    assert_eq!(cause, LossCause::MaxHold);
     eventually("the key expired", Duration::from_secs(3), || {
         r.cmd(&["EXISTS", "fencelock:{cap}"]).as_int() == Some(0)
     })

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use futures_util::future::join_all;
 
 use crate::algorithms::quorum::Quorum;
-use crate::algorithms::single_node::lease_end;
+use crate::algorithms::single_node::{drift, lease_end};
 use crate::backend::Node;
 use crate::error::LossCause;
 use crate::scripts;
@@ -270,12 +270,19 @@ async fn run(weak: Weak<Inner>) {
                 let mut st = lock(&lease.state);
                 let give_up = lease.loss_deadline(st.valid_until);
                 if now >= give_up {
-                    drop(st);
-                    lease.lose(if lease.renew {
-                        LossCause::Unconfirmed
-                    } else {
+                    let cause = if !lease.renew {
                         LossCause::Expired
-                    });
+                    } else if lease
+                        .hold_until
+                        .is_some_and(|end| st.valid_until + drift(lease.ttl) >= end)
+                    {
+                        // Renewed right up to the maximum hold: it ran out as asked.
+                        LossCause::MaxHold
+                    } else {
+                        LossCause::Unconfirmed
+                    };
+                    drop(st);
+                    lease.lose(cause);
                     continue;
                 }
                 wake = wake.min(give_up);
