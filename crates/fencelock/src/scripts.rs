@@ -12,18 +12,32 @@ use redis::{FromRedisValue, ParsingError, Value};
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
+/// An acquire script with `_counter.lua` (the fencing counter's functions) in front.
+macro_rules! with_counter {
+    ($file:literal) => {
+        concat!(include_str!("scripts/_counter.lua"), include_str!($file))
+    };
+}
+
+/// A release script with `_holder.lua` (the owner check) in front.
+macro_rules! with_holder {
+    ($file:literal) => {
+        concat!(include_str!("scripts/_holder.lua"), include_str!($file))
+    };
+}
+
 static ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/acquire.lua")));
+    LazyLock::new(|| redis::Script::new(with_counter!("scripts/acquire.lua")));
 static RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/release.lua")));
+    LazyLock::new(|| redis::Script::new(with_holder!("scripts/release.lua")));
 static REENTRANT_ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/reentrant_acquire.lua")));
+    LazyLock::new(|| redis::Script::new(with_counter!("scripts/reentrant_acquire.lua")));
 static REENTRANT_RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/reentrant_release.lua")));
 static FAIR_ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_acquire.lua")));
+    LazyLock::new(|| redis::Script::new(with_counter!("scripts/fair_acquire.lua")));
 static FAIR_RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_release.lua")));
+    LazyLock::new(|| redis::Script::new(with_holder!("scripts/fair_release.lua")));
 static FAIR_LEAVE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_leave.lua")));
 
@@ -210,9 +224,9 @@ impl FromRedisValue for OwnedReply {
 }
 
 static QUORUM_ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/quorum_acquire.lua")));
+    LazyLock::new(|| redis::Script::new(with_counter!("scripts/quorum_acquire.lua")));
 static QUORUM_RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("scripts/quorum_release.lua")));
+    LazyLock::new(|| redis::Script::new(with_holder!("scripts/quorum_release.lua")));
 
 pub(crate) fn quorum_acquire(
     keys: &LockKeys,

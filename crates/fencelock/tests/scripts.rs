@@ -4,13 +4,28 @@
 
 use testkit::{RedisServer, Reply};
 
-const ACQUIRE: &str = include_str!("../src/scripts/acquire.lua");
-const RELEASE: &str = include_str!("../src/scripts/release.lua");
+const ACQUIRE: &str = concat!(
+    include_str!("../src/scripts/_counter.lua"),
+    include_str!("../src/scripts/acquire.lua")
+);
+const RELEASE: &str = concat!(
+    include_str!("../src/scripts/_holder.lua"),
+    include_str!("../src/scripts/release.lua")
+);
 const RENEW: &str = include_str!("../src/scripts/renew.lua");
-const REENTRANT_ACQUIRE: &str = include_str!("../src/scripts/reentrant_acquire.lua");
+const REENTRANT_ACQUIRE: &str = concat!(
+    include_str!("../src/scripts/_counter.lua"),
+    include_str!("../src/scripts/reentrant_acquire.lua")
+);
 const REENTRANT_RELEASE: &str = include_str!("../src/scripts/reentrant_release.lua");
-const FAIR_ACQUIRE: &str = include_str!("../src/scripts/fair_acquire.lua");
-const FAIR_RELEASE: &str = include_str!("../src/scripts/fair_release.lua");
+const FAIR_ACQUIRE: &str = concat!(
+    include_str!("../src/scripts/_counter.lua"),
+    include_str!("../src/scripts/fair_acquire.lua")
+);
+const FAIR_RELEASE: &str = concat!(
+    include_str!("../src/scripts/_holder.lua"),
+    include_str!("../src/scripts/fair_release.lua")
+);
 const FAIR_LEAVE: &str = include_str!("../src/scripts/fair_leave.lua");
 
 const LOCK: &str = "fencelock:{s}";

@@ -19,30 +19,14 @@
 -- Everything is checked before the first write: a Lua error after SET would leave the
 -- lock set without a token being handed out (scripts do not roll back).
 
-local counter_type = redis.call('TYPE', KEYS[2]).ok
-local counter = nil
-if counter_type == 'string' then
-  counter = redis.call('GET', KEYS[2])
-  if not string.match(counter, '^%d+$') or string.len(counter) > 18 then
-    return {-1, KEYS[2], 'string'}
-  end
-elseif counter_type ~= 'none' then
-  return {-1, KEYS[2], counter_type}
-end
-
-local function next_fence()
-  if counter == nil then
-    -- A missing counter (first use, FLUSHALL, restart without persistence) is seeded
-    -- from the server clock in microseconds, so tokens keep increasing across a wipe
-    -- unless the lock was granted more than once per microsecond on average.
-    local now = redis.call('TIME')
-    redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
-  end
-  return redis.call('INCR', KEYS[2])
+-- read_counter and next_fence come from _counter.lua, loaded in front of this file.
+local counter, bad = read_counter(KEYS[2])
+if bad then
+  return {-1, KEYS[2], bad}
 end
 
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, next_fence()}
+  return {1, next_fence(KEYS[2], counter)}
 end
 
 local lock_type = redis.call('TYPE', KEYS[1]).ok
@@ -56,8 +40,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   if counter == nil then
     -- The counter vanished while we held the lock: our first token is unknowable, so
     -- mint a fresh one, which is higher than any token handed out before.
-    return {2, next_fence()}
+    return {2, next_fence(KEYS[2], counter)}
   end
-  return {2, tonumber(counter)}
+  return {2, counter}
 end
 return {0, redis.call('PTTL', KEYS[1])}

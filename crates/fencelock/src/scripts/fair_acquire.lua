@@ -30,23 +30,10 @@ for _, kw in ipairs(wanted) do
     return {-1, kw[1], found}
   end
 end
-local counter_type = redis.call('TYPE', KEYS[2]).ok
-local counter = nil
-if counter_type == 'string' then
-  counter = redis.call('GET', KEYS[2])
-  if not string.match(counter, '^%d+$') or string.len(counter) > 18 then
-    return {-1, KEYS[2], 'string'}
-  end
-elseif counter_type ~= 'none' then
-  return {-1, KEYS[2], counter_type}
-end
-
-local function next_fence()
-  if counter == nil then
-    local t = redis.call('TIME')
-    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  return redis.call('INCR', KEYS[2])
+-- read_counter and next_fence come from _counter.lua, loaded in front of this file.
+local counter, bad = read_counter(KEYS[2])
+if bad then
+  return {-1, KEYS[2], bad}
 end
 
 local t = redis.call('TIME')
@@ -71,16 +58,16 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   leave_queue()
   if counter == nil then
-    return {2, next_fence()}
+    return {2, next_fence(KEYS[2], counter)}
   end
-  return {2, tonumber(counter)}
+  return {2, counter}
 end
 
 local head = redis.call('LINDEX', KEYS[3], 0)
 if not holder and (not head or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   leave_queue()
-  return {1, next_fence()}
+  return {1, next_fence(KEYS[2], counter)}
 end
 
 if ARGV[5] == '1' then

@@ -19,17 +19,12 @@ local info = redis.call('INFO', 'server')
 local run_id = string.match(info, 'run_id:(%x+)') or ''
 local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
 
-local counter_type = redis.call('TYPE', KEYS[2]).ok
-local counter = 0
-if counter_type == 'string' then
-  local raw = redis.call('GET', KEYS[2])
-  if not string.match(raw, '^%d+$') or string.len(raw) > 18 then
-    return {-1, KEYS[2], 'string'}
-  end
-  counter = tonumber(raw)
-elseif counter_type ~= 'none' then
-  return {-1, KEYS[2], counter_type}
+-- read_counter comes from _counter.lua, loaded in front of this file.
+local counter, bad = read_counter(KEYS[2])
+if bad then
+  return {-1, KEYS[2], bad}
 end
+counter = counter or 0
 
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local t = redis.call('TIME')

@@ -25,16 +25,10 @@ if counter_type == 'none' or counter_type == 'string' then
   end
 end
 
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' then
-  return 0
-elseif kind == 'hash' and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
-  return -1
-elseif kind ~= 'string' then
-  return -2
-end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
+-- holder_of comes from _holder.lua, loaded in front of this file.
+local holder = holder_of(KEYS[1], ARGV[1])
+if holder ~= 1 then
+  return holder
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], '')

@@ -15,25 +15,16 @@
 --   {0, pttl}         held by another owner (or by a plain, non-reentrant holder)
 --   {-1, key, type}   a key holds something fencelock did not write; nothing written
 
-local counter_type = redis.call('TYPE', KEYS[2]).ok
-local counter = nil
-if counter_type == 'string' then
-  counter = redis.call('GET', KEYS[2])
-  if not string.match(counter, '^%d+$') or string.len(counter) > 18 then
-    return {-1, KEYS[2], 'string'}
-  end
-elseif counter_type ~= 'none' then
-  return {-1, KEYS[2], counter_type}
+-- read_counter and next_fence come from _counter.lua, loaded in front of this file.
+local counter, bad = read_counter(KEYS[2])
+if bad then
+  return {-1, KEYS[2], bad}
 end
 
 local kind = redis.call('TYPE', KEYS[1]).ok
 local hold = 'hold:' .. ARGV[2]
 if kind == 'none' then
-  if counter == nil then
-    local t = redis.call('TIME')
-    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  local fence = redis.call('INCR', KEYS[2])
+  local fence = next_fence(KEYS[2], counter)
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, hold, '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {1, fence}

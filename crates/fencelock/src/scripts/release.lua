@@ -11,16 +11,10 @@
 --   -1   not held: the key holds another owner's token (it expired and was taken)
 --   -2   the key holds a non-string type fencelock did not write; left untouched
 
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' then
-  return 0
-elseif kind == 'hash' and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
-  return -1 -- a reentrant lock of another owner
-elseif kind ~= 'string' then
-  return -2
-end
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return -1
+-- holder_of comes from _holder.lua, loaded in front of this file.
+local holder = holder_of(KEYS[1], ARGV[1])
+if holder ~= 1 then
+  return holder
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], '')
