@@ -1,11 +1,17 @@
 //! `fencelock-bench`: how fast a released fencelock reaches a waiter in another process,
-//! compared with a polling lock, and how fairly contenders share it.
+//! compared with a polling lock, and how fairly contenders share it; what Redlock adds
+//! to an uncontended acquire + release; and what keeping many leases alive costs.
 //!
-//! One run starts one throwaway `redis-server` (testkit), measures, and prints a
-//! markdown report on stdout (progress goes to stderr). Contenders run in worker
-//! processes: this binary re-executed as the hidden `worker` subcommand.
+//! One run starts throwaway `redis-server`s (testkit): one for the handoff and fairness
+//! runs and the single-node latency, five for Redlock, one for the held-locks run. It
+//! measures, and prints a markdown report on stdout (progress goes to stderr).
+//! Contenders run in worker processes: this binary re-executed as the hidden `worker`
+//! subcommand.
 
+mod affinity;
 mod clock;
+mod held;
+mod latency;
 mod spawn;
 mod worker;
 
@@ -27,11 +33,13 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Short run (under 2 minutes): 3 s per fencelock handoff row (5 s polling), 2 s
-    /// per fairness cell.
+    /// per fairness cell, 2,000 latency cycles per client, 20,000 held locks watched
+    /// for 10 s.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
     /// Full run (the default; about 5 minutes): 10 s per fencelock handoff row (20 s
-    /// polling), 10 s per fairness cell.
+    /// polling), 10 s per fairness cell, 20,000 latency cycles per client, 100,000 held
+    /// locks watched for 20 s.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
@@ -71,6 +79,11 @@ struct Plan {
     handoff_run: Duration,
     poll_run: Duration,
     grid_run: Duration,
+    /// Acquire + release cycles per client (single node, Redlock).
+    latency_cycles: usize,
+    /// Locks held at once with the watchdog on, and how long they are watched.
+    held_locks: usize,
+    held_window: Duration,
 }
 
 const QUICK: Plan = Plan {
@@ -79,6 +92,9 @@ const QUICK: Plan = Plan {
     handoff_run: Duration::from_secs(3),
     poll_run: Duration::from_secs(5),
     grid_run: Duration::from_secs(2),
+    latency_cycles: 2_000,
+    held_locks: 20_000,
+    held_window: Duration::from_secs(10),
 };
 
 const FULL: Plan = Plan {
@@ -87,6 +103,9 @@ const FULL: Plan = Plan {
     handoff_run: Duration::from_secs(10),
     poll_run: Duration::from_secs(20),
     grid_run: Duration::from_secs(10),
+    latency_cycles: 20_000,
+    held_locks: 100_000,
+    held_window: Duration::from_secs(20),
 };
 
 fn main() {
@@ -118,6 +137,63 @@ fn main() {
     }
 }
 
+/// Nodes of the Redlock client.
+const REDLOCK_NODES: usize = 5;
+
+/// The servers of the scenarios that do not use the main one.
+struct Servers {
+    /// Independent nodes for the Redlock client.
+    redlock: Vec<testkit::RedisServer>,
+    /// The held-locks scenario's own node.
+    held: testkit::RedisServer,
+}
+
+/// Pins the harness thread to the first CPU it may use and every server to the others
+/// (round robin), until the result is dropped; and says where each runs.
+fn pin_for_latency(
+    main: &testkit::RedisServer,
+    redlock: &[testkit::RedisServer],
+) -> (affinity::Pins, String) {
+    let cpus = affinity::allowed_cpus();
+    if cpus.len() < 2 {
+        return (
+            affinity::Pins::default(),
+            format!("not pinned ({} CPU allowed)", cpus.len()),
+        );
+    }
+    let (client, rest) = (cpus[0], &cpus[1..]);
+    let mut pins = affinity::Pins::default();
+    let pinned = (|| {
+        pins.pin_thread(client)?;
+        pins.pin_process(main.pid(), rest[0])?;
+        for (i, s) in redlock.iter().enumerate() {
+            pins.pin_process(s.pid(), rest[i % rest.len()])?;
+        }
+        Ok::<_, std::io::Error>(())
+    })();
+    if let Err(e) = pinned {
+        drop(pins);
+        return (affinity::Pins::default(), format!("not pinned ({e})"));
+    }
+    let placement = if rest.len() == 1 {
+        format!(
+            "the harness (one thread) pinned to CPU {client}, every redis-server to CPU {}",
+            rest[0]
+        )
+    } else {
+        let nodes: Vec<String> = (0..redlock.len())
+            .map(|i| rest[i % rest.len()].to_string())
+            .collect();
+        format!(
+            "the harness (one thread) pinned to CPU {client}, the single node to CPU {}, the \
+             Redlock nodes to CPUs {}",
+            rest[0],
+            nodes.join(", ")
+        )
+    };
+    (pins, placement)
+}
+
 /// Latency percentiles of one set of samples (ns).
 #[derive(Clone, Copy, Debug)]
 struct Summary {
@@ -143,10 +219,12 @@ fn summarize(samples: &[u64]) -> Option<Summary> {
     })
 }
 
-/// `123 µs`, `4.56 ms`, `1.23 s`.
+/// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
 fn fmt_ns(ns: u64) -> String {
     let ns = ns as f64;
-    if ns < 1e6 {
+    if ns < 1e5 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1e6 {
         format!("{:.0} µs", ns / 1e3)
     } else if ns < 1e9 {
         format!("{:.2} ms", ns / 1e6)
@@ -309,7 +387,31 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
         }
     };
 
-    // 2. Handoff.
+    // The other scenarios' servers, started after the baseline so it is taken with only
+    // the main server running, as before they existed. Still on the main thread (the
+    // current-thread runtime polls this future on the thread that called `block_on`),
+    // which testkit ties their PR_SET_PDEATHSIG to; dropped at the end of this function.
+    let servers = Servers {
+        redlock: testkit::RedisServer::start_many(REDLOCK_NODES),
+        held: testkit::RedisServer::start(),
+    };
+
+    // 2. Uncontended acquire + release, single node vs Redlock.
+    eprintln!(
+        "latency: {} acquire + release cycles, single node and Redlock over {REDLOCK_NODES} nodes",
+        plan.latency_cycles
+    );
+    let redlock_urls: Vec<String> = servers.redlock.iter().map(|s| s.url()).collect();
+    let latency = latency::run(&url, &redlock_urls, plan.latency_cycles, || {
+        pin_for_latency(server, &servers.redlock)
+    })
+    .await;
+    if let Err(e) = &latency {
+        eprintln!("latency run failed: {e}");
+        failed = true;
+    }
+
+    // 3. Handoff.
     let mut handoff = Vec::new();
     for lock in [LockKind::Plain, LockKind::Fair, LockKind::Poll] {
         for waiters in WAITERS {
@@ -346,7 +448,7 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
         }
     }
 
-    // 3. Fairness grid.
+    // 4. Fairness grid.
     let mut grid = Vec::new();
     for lock in [LockKind::Plain, LockKind::Fair] {
         for clients in GRID_CLIENTS {
@@ -382,6 +484,26 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
         }
     }
 
+    // 5. Many locks held at once, watchdog on.
+    eprintln!(
+        "held: {} locks with a {:?} lease, watched for {:?}",
+        plan.held_locks,
+        held::LEASE,
+        plan.held_window
+    );
+    let held = held::run(&servers.held.url(), plan.held_locks, plan.held_window).await;
+    match &held {
+        Err(e) => {
+            eprintln!("held-locks run failed: {e}");
+            failed = true;
+        }
+        Ok(h) if !h.all_alive() || !h.flushed => {
+            eprintln!("held-locks run: not every lease stayed alive, or releases timed out");
+            failed = true;
+        }
+        Ok(_) => {}
+    }
+
     eprintln!("baseline again: {} PINGs", plan.pings);
     let ping_after = ping_baseline(&url, plan.pings).await.ok();
     let (_, load_after) = machine();
@@ -395,6 +517,8 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
         ping_after: ping_after.as_ref(),
         handoff: &handoff,
         grid: &grid,
+        latency: &latency,
+        held: &held,
         elapsed: started.elapsed(),
     });
     (md, failed)
@@ -434,6 +558,8 @@ struct RenderInput<'a> {
     ping_after: Option<&'a Summary>,
     handoff: &'a [HandoffRow],
     grid: &'a [GridRow],
+    latency: &'a Result<latency::LatencyRun, String>,
+    held: &'a Result<held::HeldRun, String>,
     elapsed: Duration,
 }
 
@@ -447,7 +573,7 @@ fn render(input: &RenderInput<'_>) -> String {
     let _ = writeln!(s, "- CPU: {}", input.cpu);
     let _ = writeln!(
         s,
-        "- redis-server {} (throwaway, loopback, no persistence; started by testkit)",
+        "- redis-server {} (throwaway, loopback, no persistence; started by testkit: one for the handoff, fairness and single-node latency runs, five for Redlock, one for the held-locks run)",
         input.redis_version
     );
     let _ = writeln!(
@@ -623,6 +749,14 @@ fn render(input: &RenderInput<'_>) -> String {
         );
     }
     let _ = writeln!(s);
+
+    latency::render(&mut s, input.latency, ping);
+    held::render(
+        &mut s,
+        input.held,
+        input.plan.held_locks,
+        input.plan.held_window,
+    );
     s
 }
 

@@ -512,7 +512,7 @@ mod tests {
             &k.seq,
         ] {
             assert_ne!(key, &lock.lock);
-            assert_ne!(key, &lock.fence);
+            assert_ne!(key, &lock.fence());
         }
     }
 

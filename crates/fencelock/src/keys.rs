@@ -25,19 +25,13 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "fencelock";
 
-/// The Redis keys of one lock name.
+/// The Redis keys of one lock name. Only the lock key is stored (a guard keeps this for
+/// as long as it lives); the others are derived when a script needs them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct LockKeys {
-    /// The lock key: the holder's owner token, with an expiry.
+    /// The lock key: the holder's owner token (or a reentrant lock's hash), with an
+    /// expiry.
     pub lock: String,
-    /// The fencing counter: never expires.
-    pub fence: String,
-    /// Fair mode: the waiters' owner tokens, in arrival order.
-    pub queue: String,
-    /// Fair mode: each waiter's deadline to call again.
-    pub waiters: String,
-    /// The pub/sub channel releases are announced on.
-    pub channel: String,
 }
 
 impl LockKeys {
@@ -49,13 +43,27 @@ impl LockKeys {
         } else {
             format!("{prefix}:{{{name}}}")
         };
-        Ok(Self {
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:queue"),
-            waiters: format!("{lock}:waiters"),
-            channel: format!("{lock}:released"),
-            lock,
-        })
+        Ok(Self { lock })
+    }
+
+    /// The fencing counter: never expires.
+    pub fn fence(&self) -> String {
+        format!("{}:fence", self.lock)
+    }
+
+    /// Fair mode: the waiters' owner tokens, in arrival order.
+    pub fn queue(&self) -> String {
+        format!("{}:queue", self.lock)
+    }
+
+    /// Fair mode: each waiter's deadline to call again.
+    pub fn waiters(&self) -> String {
+        format!("{}:waiters", self.lock)
+    }
+
+    /// The pub/sub channel releases are announced on.
+    pub fn channel(&self) -> String {
+        format!("{}:released", self.lock)
     }
 }
 
@@ -117,7 +125,10 @@ mod tests {
     fn keys_share_one_hash_tag() {
         let k = LockKeys::new("fencelock", "orders:42").unwrap();
         assert_eq!(k.lock, "fencelock:{orders:42}");
-        assert_eq!(k.fence, "fencelock:{orders:42}:fence");
+        assert_eq!(k.fence(), "fencelock:{orders:42}:fence");
+        assert_eq!(k.queue(), "fencelock:{orders:42}:queue");
+        assert_eq!(k.waiters(), "fencelock:{orders:42}:waiters");
+        assert_eq!(k.channel(), "fencelock:{orders:42}:released");
         let k = LockKeys::new("", "x").unwrap();
         assert_eq!(k.lock, "{x}");
     }

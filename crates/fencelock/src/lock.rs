@@ -432,10 +432,11 @@ impl LockBuilder {
                     if std::mem::take(&mut subscribe) {
                         let token =
                             matches!(mode, Mode::Fair { .. }).then(|| pending.token.as_str());
+                        let channel = pending.keys.channel();
                         let subscribing = inner
                             .nodes
                             .iter()
-                            .map(|n| n.subscriber().subscribe(&pending.keys.channel, token));
+                            .map(|n| n.subscriber().subscribe(&channel, token));
                         for result in join_all(subscribing).await {
                             match result {
                                 Ok(s) => subscriptions.push(s),

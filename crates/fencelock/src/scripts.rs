@@ -73,7 +73,7 @@ pub(crate) fn acquire(
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = ACQUIRE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.fence)
+        .key(keys.fence())
         .arg(token.as_str())
         .arg(ttl_ms(ttl));
     inv
@@ -81,7 +81,7 @@ pub(crate) fn acquire(
 
 pub(crate) fn release(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvocation<'static> {
     let mut inv = RELEASE.prepare_invoke();
-    inv.key(&keys.lock).arg(token.as_str()).arg(&keys.channel);
+    inv.key(&keys.lock).arg(token.as_str()).arg(keys.channel());
     inv
 }
 
@@ -95,13 +95,13 @@ pub(crate) fn fair_acquire(
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = FAIR_ACQUIRE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.fence)
-        .key(&keys.queue)
-        .key(&keys.waiters)
+        .key(keys.fence())
+        .key(keys.queue())
+        .key(keys.waiters())
         .arg(token.as_str())
         .arg(ttl_ms(ttl))
         .arg(ttl_ms(waiter_timeout))
-        .arg(&keys.channel)
+        .arg(keys.channel())
         .arg(if join { "1" } else { "0" });
     inv
 }
@@ -112,20 +112,20 @@ pub(crate) fn fair_release(
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = FAIR_RELEASE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.queue)
-        .key(&keys.waiters)
+        .key(keys.queue())
+        .key(keys.waiters())
         .arg(token.as_str())
-        .arg(&keys.channel);
+        .arg(keys.channel());
     inv
 }
 
 pub(crate) fn fair_leave(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvocation<'static> {
     let mut inv = FAIR_LEAVE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.queue)
-        .key(&keys.waiters)
+        .key(keys.queue())
+        .key(keys.waiters())
         .arg(token.as_str())
-        .arg(&keys.channel);
+        .arg(keys.channel());
     inv
 }
 
@@ -137,7 +137,7 @@ pub(crate) fn reentrant_acquire(
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = REENTRANT_ACQUIRE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.fence)
+        .key(keys.fence())
         .arg(owner)
         .arg(token.as_str())
         .arg(ttl_ms(ttl));
@@ -153,7 +153,7 @@ pub(crate) fn reentrant_release(
     inv.key(&keys.lock)
         .arg(owner)
         .arg(token.as_str())
-        .arg(&keys.channel);
+        .arg(keys.channel());
     inv
 }
 
@@ -228,16 +228,19 @@ static QUORUM_ACQUIRE: LazyLock<redis::Script> =
 static QUORUM_RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(with_holder!("scripts/quorum_release.lua")));
 
+/// `identify`: have each node report its run id and uptime (restart protection).
 pub(crate) fn quorum_acquire(
     keys: &LockKeys,
     token: &OwnerToken,
     ttl: Duration,
+    identify: bool,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = QUORUM_ACQUIRE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.fence)
+        .key(keys.fence())
         .arg(token.as_str())
-        .arg(ttl_ms(ttl));
+        .arg(ttl_ms(ttl))
+        .arg(if identify { "1" } else { "0" });
     inv
 }
 
@@ -249,9 +252,9 @@ pub(crate) fn quorum_release(
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = QUORUM_RELEASE.prepare_invoke();
     inv.key(&keys.lock)
-        .key(&keys.fence)
+        .key(keys.fence())
         .arg(token.as_str())
-        .arg(&keys.channel)
+        .arg(keys.channel())
         .arg(fence);
     inv
 }
@@ -268,7 +271,7 @@ impl FromRedisValue for QuorumReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let identity = match &v {
             Value::Array(items) if items.len() == 4 => match (&items[2], &items[3]) {
-                (Value::BulkString(id), Value::Int(up)) => Some((
+                (Value::BulkString(id), Value::Int(up)) if !id.is_empty() => Some((
                     String::from_utf8_lossy(id).into_owned(),
                     u64::try_from(*up).unwrap_or(0),
                 )),

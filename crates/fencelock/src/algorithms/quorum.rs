@@ -72,7 +72,7 @@ pub(crate) async fn try_acquire(
 ) -> Result<QuorumAttempt, Error> {
     let within = config.node_timeout(ttl);
     let sent_at = Instant::now();
-    let invocation = scripts::quorum_acquire(keys, token, ttl);
+    let invocation = scripts::quorum_acquire(keys, token, ttl, config.quarantine.is_some());
     let answers: Vec<Result<QuorumReply, Error>> =
         join_all(nodes.iter().map(|n| n.run_within(within, &invocation))).await;
     let now = Instant::now();

@@ -6,18 +6,22 @@
 -- KEYS[2]  fence counter   plain integer string, never expires
 -- ARGV[1]  owner token
 -- ARGV[2]  ttl, ms
+-- ARGV[3]  "1": report run_id and uptime (restart protection is on); "0": skip INFO
 --
 -- Reply, an array: {code, value, run_id, uptime_s}
 --   code 1: acquired now, value = fence (max(counter + 1, server time in us))
 --   code 2: the key already held this token (a retry), value = the counter
 --   code 0: held by another owner, value = pttl (-1: no expiry)
 --   {-1, key, type}: a key holds something fencelock did not write; nothing written
--- run_id and uptime_s come from INFO server: a node that restarted recently may have lost
+-- run_id and uptime_s come from INFO server ('' and 0 when ARGV[3] is "0"): a node that restarted recently may have lost
 -- the keys it held, and must not vote until every lease it held has run out.
 
-local info = redis.call('INFO', 'server')
-local run_id = string.match(info, 'run_id:(%x+)') or ''
-local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+local run_id, uptime = '', 0
+if ARGV[3] == '1' then
+  local info = redis.call('INFO', 'server')
+  run_id = string.match(info, 'run_id:(%x+)') or ''
+  uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+end
 
 -- read_counter comes from _counter.lua, loaded in front of this file.
 local counter, bad = read_counter(KEYS[2])
