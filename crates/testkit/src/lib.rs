@@ -18,18 +18,25 @@
 //! assert!(server.cmd(&["GET", "k"]).is_nil());
 //! ```
 //!
+//! [`FaultProxy`] sits between a client and a server and injects network
+//! faults (delay, blackhole, dropped replies, resets); one proxy per
+//! (client, node) link composes into partitions, see [`proxy`].
+//!
 //! `redis-server` is taken from `$REDIS_SERVER` if set, else from `$PATH`.
 //! Linux only (`prctl`, `/proc`). Start servers from the test's own thread:
 //! see [`RedisServer`] on `PR_SET_PDEATHSIG`.
 
 #![warn(missing_docs)]
-// Unsafe is needed for raw process control that std does not offer:
-// `libc::kill` (SIGSTOP/SIGCONT) and a `pre_exec` hook calling
-// `prctl(PR_SET_PDEATHSIG)` in the forked child.
+// Unsafe is needed for raw process and socket control that std does not offer:
+// `libc::kill` (SIGSTOP/SIGCONT), a `pre_exec` hook calling
+// `prctl(PR_SET_PDEATHSIG)` in the forked child, and in the fault proxy
+// `setsockopt(SO_LINGER)` (RST on close) and `poll` (accept with a timeout).
 #![allow(unsafe_code)]
 
+pub mod proxy;
 mod resp;
 mod server;
 
+pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
 pub use server::{RedisServer, ServerBuilder, free_port};
