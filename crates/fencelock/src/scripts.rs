@@ -34,10 +34,18 @@ static REENTRANT_ACQUIRE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(with_counter!("scripts/reentrant_acquire.lua")));
 static REENTRANT_RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/reentrant_release.lua")));
-static FAIR_ACQUIRE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(with_counter!("scripts/fair_acquire.lua")));
-static FAIR_RELEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(with_holder!("scripts/fair_release.lua")));
+static FAIR_ACQUIRE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("scripts/_queue.lua"),
+        with_counter!("scripts/fair_acquire.lua")
+    ))
+});
+static FAIR_RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(concat!(
+        include_str!("scripts/_queue.lua"),
+        with_holder!("scripts/fair_release.lua")
+    ))
+});
 static FAIR_LEAVE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("scripts/fair_leave.lua")));
 

@@ -19,10 +19,12 @@ const REENTRANT_ACQUIRE: &str = concat!(
 );
 const REENTRANT_RELEASE: &str = include_str!("../src/scripts/reentrant_release.lua");
 const FAIR_ACQUIRE: &str = concat!(
+    include_str!("../src/scripts/_queue.lua"),
     include_str!("../src/scripts/_counter.lua"),
     include_str!("../src/scripts/fair_acquire.lua")
 );
 const FAIR_RELEASE: &str = concat!(
+    include_str!("../src/scripts/_queue.lua"),
     include_str!("../src/scripts/_holder.lua"),
     include_str!("../src/scripts/fair_release.lua")
 );

@@ -36,17 +36,9 @@ if bad then
   return {-1, KEYS[2], bad}
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- Purge waiters that stopped calling: crashed, paused, or gone without leaving.
-local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-for i = 1, #dead do
-  redis.call('LREM', KEYS[3], 0, dead[i])
-end
-if #dead > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-end
+-- server_ms and purge_waiters come from _queue.lua, loaded in front of this file.
+local now = server_ms()
+purge_waiters(KEYS[3], KEYS[4], now)
 
 local function leave_queue()
   redis.call('LREM', KEYS[3], 0, ARGV[1])

@@ -21,15 +21,8 @@ end
 redis.call('DEL', KEYS[1])
 
 if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'zset' then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-  for i = 1, #dead do
-    redis.call('LREM', KEYS[2], 0, dead[i])
-  end
-  if #dead > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  end
+  -- purge_waiters and server_ms come from _queue.lua, loaded in front of this file.
+  purge_waiters(KEYS[2], KEYS[3], server_ms())
   local head = redis.call('LINDEX', KEYS[2], 0)
   if head then
     redis.call('PUBLISH', ARGV[2], head)
