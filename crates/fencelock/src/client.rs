@@ -128,10 +128,15 @@ impl Client {
     /// registered on them, and background releases in flight. Meant for monitoring and
     /// for tests that check a cancelled wait left nothing behind.
     pub fn stats(&self) -> ClientStats {
-        let sub = self.inner.node.subscriber().stats();
+        let (mut channels, mut waiters) = (0, 0);
+        for node in &self.inner.nodes {
+            let sub = node.subscriber().stats();
+            channels += sub.channels;
+            waiters += sub.waiters;
+        }
         ClientStats {
-            subscribed_channels: sub.channels,
-            waiters: sub.waiters,
+            subscribed_channels: channels,
+            waiters,
             background_tasks: self.inner.background.len(),
             watched_leases: self.inner.watchdog.len(),
         }
@@ -160,9 +165,11 @@ impl Client {
 #[non_exhaustive]
 pub struct ClientStats {
     /// Release channels subscribed to (one per lock name with waiters, until the
-    /// unsubscribe after the last waiter left has gone through).
+    /// unsubscribe after the last waiter left has gone through), summed over the nodes
+    /// of a Redlock client.
     pub subscribed_channels: usize,
-    /// Waiters registered for release notifications.
+    /// Waiters registered for release notifications (a Redlock waiter registers on
+    /// every node, and counts once per node).
     pub waiters: usize,
     /// Releases of dropped guards and abandoned acquires still in flight.
     pub background_tasks: usize,
