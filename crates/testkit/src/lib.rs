@@ -22,6 +22,10 @@
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
 //! (client, node) link composes into partitions, see [`proxy`].
 //!
+//! For the safety lab, [`history`] is the per-process JSON Lines history
+//! format (timestamps from `CLOCK_MONOTONIC`) and [`checkers`] are the
+//! linear safety checkers (C1-C6) run over the merged history.
+//!
 //! `redis-server` is taken from `$REDIS_SERVER` if set, else from `$PATH`.
 //! Linux only (`prctl`, `/proc`). Start servers from the test's own thread:
 //! see [`RedisServer`] on `PR_SET_PDEATHSIG`.
@@ -30,9 +34,13 @@
 // Unsafe is needed for raw process and socket control that std does not offer:
 // `libc::kill` (SIGSTOP/SIGCONT), a `pre_exec` hook calling
 // `prctl(PR_SET_PDEATHSIG)` in the forked child, and in the fault proxy
-// `setsockopt(SO_LINGER)` (RST on close) and `poll` (accept with a timeout).
+// `setsockopt(SO_LINGER)` (RST on close) and `poll` (accept with a timeout),
+// and in the history `clock_gettime(CLOCK_MONOTONIC)` (std's `Instant` does
+// not expose its raw value, which must be comparable across processes).
 #![allow(unsafe_code)]
 
+pub mod checkers;
+pub mod history;
 pub mod proxy;
 mod resp;
 mod server;
