@@ -1,0 +1,236 @@
+//! One worker process: acquire, read the resource, wait, write with the fencing token,
+//! release; every step recorded in its own JSON Lines history.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
+
+/// The fenced resource's write: accepted only with a token not lower than every token
+/// accepted before. KEYS: max token, counter, set of written values, log list.
+/// ARGV: token, new counter value, written value. Returns 1 (accepted) or 0 (rejected).
+const FENCED_WRITE: &str = r"
+local tok = tonumber(ARGV[1])
+local high = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if tok < high then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[3])
+redis.call('RPUSH', KEYS[4], ARGV[1] .. ':' .. ARGV[3])
+return 1
+";
+
+/// Keys of one scenario's resource on the resource server.
+pub struct ResourceKeys {
+    /// Highest accepted token (fenced only).
+    pub max_token: String,
+    /// The counter every worker increments (read, then write read + 1).
+    pub counter: String,
+    /// Set of every distinct value written and accepted.
+    pub values: String,
+    /// `token:value` of every accepted write (fenced only).
+    pub log: String,
+}
+
+impl ResourceKeys {
+    /// The keys under `prefix`.
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            max_token: format!("{prefix}:max_token"),
+            counter: format!("{prefix}:counter"),
+            values: format!("{prefix}:values"),
+            log: format!("{prefix}:log"),
+        }
+    }
+}
+
+/// Arguments of the hidden `worker` subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// Process id recorded in the history (unique per scenario).
+    #[arg(long)]
+    pub process: u32,
+    /// `redis://` URL of the lock server.
+    #[arg(long)]
+    pub lock_url: String,
+    /// `redis://` URL of the resource server.
+    #[arg(long)]
+    pub resource_url: String,
+    /// Lock name.
+    #[arg(long)]
+    pub lock: String,
+    /// Key prefix of the resource.
+    #[arg(long)]
+    pub prefix: String,
+    /// Write through the fencing script (otherwise a plain SET).
+    #[arg(long)]
+    pub fenced: bool,
+    /// Iterations (acquire .. release).
+    #[arg(long)]
+    pub iterations: u32,
+    /// Fixed lock TTL, ms.
+    #[arg(long)]
+    pub ttl_ms: u64,
+    /// How long an acquire waits for a held lock, ms.
+    #[arg(long)]
+    pub wait_ms: u64,
+    /// Extra wait between read and write in the first iteration, ms (a window for the
+    /// harness to pause this process while it holds the lock).
+    #[arg(long, default_value_t = 0)]
+    pub hold_first_ms: u64,
+    /// Seed of the random 0-5 ms waits.
+    #[arg(long)]
+    pub seed: u64,
+    /// History file (JSON Lines) to append to.
+    #[arg(long)]
+    pub history: PathBuf,
+}
+
+/// Runs the worker on a single-threaded runtime.
+pub fn main(args: WorkerArgs) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    rt.block_on(run(args))
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+async fn run(args: WorkerArgs) -> Result<(), String> {
+    let p = args.process;
+    let mut hist = HistoryWriter::create(&args.history)
+        .map_err(|e| format!("{}: {e}", args.history.display()))?;
+    let mut record = |e: Event| {
+        hist.append(&e)
+            .map_err(|err| format!("history append: {err}"))
+    };
+    let client = fencelock::Client::connect(&args.lock_url)
+        .await
+        .map_err(|e| format!("lock connect: {e}"))?;
+    let mut res = redis::Client::open(args.resource_url.as_str())
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("resource connect: {e}"))?;
+    let script = redis::Script::new(FENCED_WRITE);
+    let keys = ResourceKeys::new(&args.prefix);
+    let mut rng =
+        StdRng::seed_from_u64(args.seed ^ u64::from(p).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let wait = Duration::from_millis(args.wait_ms);
+
+    for i in 0..args.iterations {
+        record(Event::now(p, Op::Acquire, Phase::Invoke))?;
+        let guard = match client.lock(&args.lock).ttl(ttl).wait(wait).acquire().await {
+            Ok(g) => g,
+            Err(e) => {
+                record(Event::now(p, Op::Acquire, Phase::Fail).with_error(e.to_string()))?;
+                continue;
+            }
+        };
+        let now_ns = monotonic_ns();
+        let valid_until_ns = now_ns
+            + ns(guard
+                .valid_until()
+                .saturating_duration_since(Instant::now()));
+        let token = guard.fencing_token().get();
+        let owner = guard.owner_token().as_str().to_owned();
+        record(
+            Event::new(p, now_ns, Op::Acquire, Phase::Ok)
+                .with_token(token)
+                .with_owner(owner.as_str())
+                .with_valid_until(valid_until_ns)
+                .with_nodes([client.node()]),
+        )?;
+
+        record(Event::now(p, Op::Read, Phase::Invoke))?;
+        let read: Result<Option<i64>, _> = redis::cmd("GET")
+            .arg(&keys.counter)
+            .query_async(&mut res)
+            .await;
+        let current = match read {
+            Ok(v) => {
+                let v = v.unwrap_or(0);
+                record(Event::now(p, Op::Read, Phase::Ok).with_value(v))?;
+                Some(v)
+            }
+            Err(e) => {
+                record(Event::now(p, Op::Read, Phase::Info).with_error(e.to_string()))?;
+                None
+            }
+        };
+
+        if let Some(current) = current {
+            let mut pause = Duration::from_micros(rng.random_range(0..=5_000));
+            if i == 0 {
+                pause += Duration::from_millis(args.hold_first_ms);
+            }
+            tokio::time::sleep(pause).await;
+
+            let value = i64::from(p) * 1_000_000 + i64::from(i);
+            let next = current + 1;
+            let write_event = |phase| {
+                Event::now(p, Op::Write, phase)
+                    .with_token(token)
+                    .with_owner(owner.as_str())
+                    .with_value(value)
+            };
+            record(write_event(Phase::Invoke))?;
+            let outcome: Result<bool, redis::RedisError> = if args.fenced {
+                script
+                    .key(&keys.max_token)
+                    .key(&keys.counter)
+                    .key(&keys.values)
+                    .key(&keys.log)
+                    .arg(token)
+                    .arg(next)
+                    .arg(value)
+                    .invoke_async::<i64>(&mut res)
+                    .await
+                    .map(|r| r == 1)
+            } else {
+                redis::pipe()
+                    .atomic()
+                    .cmd("SET")
+                    .arg(&keys.counter)
+                    .arg(next)
+                    .ignore()
+                    .cmd("SADD")
+                    .arg(&keys.values)
+                    .arg(value)
+                    .ignore()
+                    .query_async::<()>(&mut res)
+                    .await
+                    .map(|()| true)
+            };
+            match outcome {
+                Ok(true) => record(write_event(Phase::Ok))?,
+                Ok(false) => record(write_event(Phase::Fail).with_error("stale fencing token"))?,
+                Err(e) => record(write_event(Phase::Info).with_error(e.to_string()))?,
+            }
+        }
+
+        record(
+            Event::now(p, Op::Release, Phase::Invoke)
+                .with_token(token)
+                .with_owner(owner.as_str()),
+        )?;
+        let released = guard.release().await;
+        let done = |phase| {
+            Event::now(p, Op::Release, phase)
+                .with_token(token)
+                .with_owner(owner.as_str())
+        };
+        match released {
+            Ok(()) => record(done(Phase::Ok))?,
+            Err(e) => record(done(Phase::Fail).with_error(e.to_string()))?,
+        }
+    }
+    Ok(())
+}
