@@ -1,7 +1,7 @@
 //! `fencelock-lab`: the safety lab of fencelock.
 //!
-//! `fencelock-lab run --short [--seed N]` starts a lock `redis-server` and a resource
-//! `redis-server` (testkit), runs seeded scenarios with worker processes (this binary
+//! `fencelock-lab run --short [--seed N]` starts a lock `redis-server`, a resource
+//! `redis-server` and 5 Redlock nodes (testkit), runs seeded scenarios with worker processes (this binary
 //! re-executed as the hidden `worker` subcommand, each writing its own JSON Lines
 //! history), merges the histories, runs the checkers C1-C5 and prints a markdown table.
 //! It exits non-zero when any scenario's expectation fails, including a positive control
@@ -22,9 +22,12 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use testkit::RedisServer;
+use fencelock::{NodeOutcome, OwnerToken};
 use testkit::checkers::{fenced_order, leases_overlap, lost_writes, tokens_increase};
-use testkit::history::{Event, Op, Phase, read_histories, read_history};
+use testkit::history::{
+    Event, HistoryWriter, Op, Phase, monotonic_ns, read_histories, read_history,
+};
+use testkit::{Fault, FaultProxy, RedisServer};
 
 use crate::worker::{ResourceKeys, WorkerArgs};
 
@@ -47,7 +50,8 @@ enum Cmd {
 
 #[derive(clap::Args, Debug)]
 struct RunArgs {
-    /// Short mode (under a minute): no-faults and paused-worker (fenced and unfenced).
+    /// Short mode (under a minute): no-faults, paused-worker (fenced and unfenced),
+    /// Redlock with a blackholed minority, Redlock crash-restart (unprotected, protected).
     #[arg(long)]
     short: bool,
     /// Seed of the workers' random waits (default: from the clock; printed).
@@ -66,7 +70,15 @@ const WAIT: Duration = Duration::from_secs(5);
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the paused worker holds the lock before writing (first iteration), so the
 /// harness can stop it inside its lease.
-const HOLD_BEFORE_PAUSE: Duration = Duration::from_millis(200);
+/// Independent Redlock nodes.
+const REDLOCK_NODES: usize = 5;
+/// Redlock per-node timeout.
+const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Connect and response timeout of the Redlock workers' client: bounds how long a
+/// release waits for a blackholed node.
+const REDLOCK_CLIENT_TIMEOUT: Duration = Duration::from_millis(150);
+/// Fixed lease of A in the crash-restart scenarios (and their quarantine when protected).
+const RESTART_TTL: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -102,6 +114,20 @@ impl Drop for Workers {
             let _ = c.wait();
         }
     }
+}
+
+/// Whether `pid` is stopped (state `T` in /proc/PID/stat).
+fn process_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after_name = stat.rsplit_once(')')?.1;
+            after_name
+                .split_whitespace()
+                .next()
+                .map(|state| state == "T")
+        })
+        .unwrap_or(false)
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -184,6 +210,8 @@ struct Lab {
     exe: PathBuf,
     lock: RedisServer,
     resource: RedisServer,
+    /// Independent lock nodes of the Redlock scenarios.
+    nodes: Vec<RedisServer>,
     dir: PathBuf,
     seed: u64,
 }
@@ -197,10 +225,31 @@ impl Lab {
         iterations: u32,
         hold_first: Duration,
     ) -> (Vec<String>, PathBuf) {
+        self.worker_args_on(
+            scenario,
+            process,
+            resource,
+            iterations,
+            hold_first,
+            &[self.lock.url()],
+        )
+    }
+
+    /// [`worker_args`](Self::worker_args) with the lock taken on `lock_urls` (several:
+    /// Redlock).
+    fn worker_args_on(
+        &self,
+        scenario: &str,
+        process: u32,
+        resource: Resource,
+        iterations: u32,
+        hold_first: Duration,
+        lock_urls: &[String],
+    ) -> (Vec<String>, PathBuf) {
         let history = self.dir.join(format!("{scenario}-p{process}.jsonl"));
-        let mut args = vec![
-            format!("--process={process}"),
-            format!("--lock-url={}", self.lock.url()),
+        let mut args = vec![format!("--process={process}")];
+        args.extend(lock_urls.iter().map(|u| format!("--lock-url={u}")));
+        args.extend([
             format!("--resource-url={}", self.resource.url()),
             format!("--lock=lab:{scenario}"),
             format!("--prefix=res:{scenario}"),
@@ -210,7 +259,7 @@ impl Lab {
             format!("--hold-first-ms={}", hold_first.as_millis()),
             format!("--seed={}", self.seed),
             format!("--history={}", history.display()),
-        ];
+        ]);
         if resource == Resource::Fenced {
             args.push("--fenced".into());
         }
@@ -305,26 +354,19 @@ impl Lab {
         let mut workers = Workers {
             children: Vec::new(),
         };
-        let (args_a, hist_a) = self.worker_args(name, 1, resource, 3, HOLD_BEFORE_PAUSE);
+        let (mut args_a, hist_a) = self.worker_args(name, 1, resource, 3, Duration::ZERO);
+        args_a.push("--stop-after-first-read".into());
         let (args_b, hist_b) = self.worker_args(name, 2, resource, 10, Duration::ZERO);
         let pid_a = workers.spawn(&self.exe, &args_a)?;
-        // Stop A right after its first `acquire ok` (it then holds for 200 ms).
+        // A stops itself (SIGSTOP) between its first read and write, inside its lease:
+        // wait until the kernel shows it stopped.
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let acquired = hist_a.exists()
-                && read_history(&hist_a)
-                    .map_err(|e| e.to_string())?
-                    .iter()
-                    .any(|e| e.op == Op::Acquire && e.phase == Phase::Ok);
-            if acquired {
-                break;
-            }
+        while !process_stopped(pid_a) {
             if Instant::now() > deadline {
-                return Err(format!("{name}: worker 1 never acquired"));
+                return Err(format!("{name}: worker 1 never stopped holding the lock"));
             }
             thread::sleep(Duration::from_millis(1));
         }
-        signal(pid_a, libc::SIGSTOP);
         let stopped_at = Instant::now();
         workers.spawn(&self.exe, &args_b)?;
         thread::sleep((3 * TTL).saturating_sub(stopped_at.elapsed()));
@@ -390,6 +432,283 @@ impl Lab {
         }
         Ok(o)
     }
+
+    /// Redlock over 5 nodes, each behind its own fault proxy; 3 workers on the fenced
+    /// resource; once they run, 2 of the 5 proxies blackhole everything for good.
+    fn redlock_minority_blackholed(&self) -> Result<Outcome, String> {
+        let name = "redlock-minority-blackholed";
+        let proxies: Vec<FaultProxy> = self
+            .nodes
+            .iter()
+            .map(|n| FaultProxy::start(&n.addr()))
+            .collect();
+        let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+        let mut workers = Workers {
+            children: Vec::new(),
+        };
+        let mut histories = Vec::new();
+        for p in 1..=3 {
+            let (mut args, path) =
+                self.worker_args_on(name, p, Resource::Fenced, 12, Duration::ZERO, &urls);
+            args.push(format!("--node-timeout-ms={}", NODE_TIMEOUT.as_millis()));
+            args.push(format!(
+                "--lock-timeout-ms={}",
+                REDLOCK_CLIENT_TIMEOUT.as_millis()
+            ));
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        // Fault once the workers are acquiring.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut acquired = false;
+            for h in histories.iter().filter(|h| h.exists()) {
+                acquired |= read_history(h)
+                    .map_err(|e| e.to_string())?
+                    .iter()
+                    .any(|e| e.op == Op::Acquire && e.phase == Phase::Ok);
+            }
+            if acquired {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{name}: no worker ever acquired"));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        let fault_at = monotonic_ns();
+        proxies[1].set(Fault::Blackhole);
+        proxies[3].set(Fault::Blackhole);
+        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+        drop(proxies);
+
+        let faults = "blackhole n2, n4 of 5 after the first acquire".to_owned();
+        let (mut o, h) = self.judge(name, &histories, faults)?;
+        fail_on_violations(&mut o, [1, 2, 3, 4]);
+        if o.acked as i64 != o.counter {
+            o.failed.push(format!(
+                "counter {} != {} acknowledged writes",
+                o.counter, o.acked
+            ));
+        }
+        let after = |phase| {
+            h.iter()
+                .filter(|e| e.op == Op::Acquire && e.phase == phase && e.time_ns > fault_at)
+                .count()
+        };
+        let (ok, failed) = (after(Phase::Ok), after(Phase::Fail));
+        // Exercised: an acquire invoked after the fault waits out the node timeout of the
+        // blackholed nodes.
+        let mut invoked: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        let mut fast = 0;
+        for e in h.iter().filter(|e| e.op == Op::Acquire) {
+            if e.phase == Phase::Invoke {
+                invoked.insert(e.process, e.time_ns);
+            } else if let Some(&start) = invoked.get(&e.process)
+                && start > fault_at
+                && e.time_ns - start < u64::try_from(NODE_TIMEOUT.as_nanos()).unwrap_or(0)
+            {
+                fast += 1;
+            }
+        }
+        if fast > 0 {
+            o.failed.push(format!(
+                "{fast} acquire(s) after the fault took less than the node timeout \
+                 (blackhole not exercised)"
+            ));
+        }
+        o.faults
+            .push_str(&format!("; after it {ok} acquires ok, {failed} failed"));
+        if ok == 0 || ok * 5 < (ok + failed) * 4 {
+            o.failed.push(format!(
+                "only {ok} of {} acquires after the fault succeeded (need >= 80%)",
+                ok + failed
+            ));
+        }
+        Ok(o)
+    }
+
+    /// Kleppmann's crash-restart, with the harness itself acting as clients A (process 1)
+    /// and B (process 2) through the library: A acquires on all 5 nodes (TTL 3 s); its
+    /// key is deleted by hand on n4 and n5 (they "missed" the grant); n2 is SIGKILLed and
+    /// restarted without persistence; then B tries once. Unprotected: B gets n2, n4, n5,
+    /// a majority, and C1 must flag the overlap (positive control). Protected (quarantine
+    /// = TTL, every node up longer than that): n2's vote does not count, B gets NoQuorum.
+    fn redlock_restart(&mut self, protected: bool) -> Result<Outcome, String> {
+        let name = if protected {
+            "redlock-restart-protected"
+        } else {
+            "redlock-restart-unprotected"
+        };
+        let quarantine = protected.then_some(RESTART_TTL);
+        if protected {
+            // Uptime counts whole seconds: wait for quarantine + 1 s on every node.
+            let min_up = RESTART_TTL.as_secs() + 1;
+            let deadline = Instant::now() + RESTART_TTL + Duration::from_secs(5);
+            while self.nodes.iter().any(|n| uptime_secs(n) < min_up) {
+                if Instant::now() > deadline {
+                    return Err(format!("{name}: nodes not up for {min_up} s"));
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tokio runtime: {e}"))?;
+        let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+        let connect = |urls: Vec<String>| {
+            fencelock::Client::redlock(urls)
+                .restart_protection(quarantine)
+                .node_timeout(NODE_TIMEOUT)
+                .connect()
+        };
+        let lock = format!("lab:{name}");
+        let key = format!("fencelock:{{{lock}}}");
+        let hist_a = self.dir.join(format!("{name}-p1.jsonl"));
+        let hist_b = self.dir.join(format!("{name}-p2.jsonl"));
+        let mut wa = HistoryWriter::create(&hist_a).map_err(|e| e.to_string())?;
+        let mut wb = HistoryWriter::create(&hist_b).map_err(|e| e.to_string())?;
+        let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
+
+        // A acquires on every node.
+        let client_a = rt
+            .block_on(connect(urls.clone()))
+            .map_err(|e| format!("{name}: A connect: {e}"))?;
+        rec(&mut wa, Event::now(1, Op::Acquire, Phase::Invoke))?;
+        let guard_a = rt
+            .block_on(client_a.lock(&lock).ttl(RESTART_TTL).try_acquire())
+            .map_err(|e| format!("{name}: A did not acquire: {e}"))?;
+        rec(&mut wa, acquired(1, &guard_a, &client_a))?;
+        let owner_a = guard_a.owner_token().clone();
+        let token_a = guard_a.fencing_token().get();
+
+        // n4 and n5 lose A's grant; n2 crashes and comes back empty.
+        for n in &self.nodes[3..5] {
+            if n.cmd(&["DEL", &key]).as_int() != Some(1) {
+                return Err(format!("{name}: A's key {key} not found on {}", n.addr()));
+            }
+        }
+        self.nodes[1].kill();
+        self.nodes[1].restart();
+
+        // B: a fresh client, one attempt.
+        let client_b = rt
+            .block_on(connect(urls))
+            .map_err(|e| format!("{name}: B connect: {e}"))?;
+        rec(&mut wb, Event::now(2, Op::Acquire, Phase::Invoke))?;
+        let b = rt.block_on(client_b.lock(&lock).ttl(RESTART_TTL).try_acquire());
+        let mut b_outcome = String::new();
+        let mut b_refused_by_quarantine = false;
+        match &b {
+            Ok(g) => {
+                rec(&mut wb, acquired(2, g, &client_b))?;
+                b_outcome = "B acquired".into();
+            }
+            Err(e) => {
+                if let fencelock::Error::NoQuorum { nodes, .. } = e {
+                    b_refused_by_quarantine = nodes
+                        .iter()
+                        .any(|r| matches!(r.outcome, NodeOutcome::Quarantined { .. }));
+                    b_outcome = "B: NoQuorum".into();
+                }
+                rec(
+                    &mut wb,
+                    Event::now(2, Op::Acquire, Phase::Fail).with_error(e.to_string()),
+                )?;
+            }
+        }
+        // Release B, then A.
+        if let Ok(g) = b {
+            let (owner, token) = (g.owner_token().clone(), g.fencing_token().get());
+            rec(&mut wb, release(2, Phase::Invoke, &owner, token))?;
+            let r = rt.block_on(g.release());
+            rec(&mut wb, release(2, release_phase(&r), &owner, token))?;
+        }
+        rec(&mut wa, release(1, Phase::Invoke, &owner_a, token_a))?;
+        let r = rt.block_on(guard_a.release());
+        rec(&mut wa, release(1, release_phase(&r), &owner_a, token_a))?;
+        rt.block_on(async {
+            client_a.flush().await;
+            client_b.flush().await;
+        });
+        drop((wa, wb));
+
+        let faults = format!(
+            "DEL A's key on n4, n5; kill -9 + restart n2 (no persistence); {}",
+            if b_outcome.is_empty() {
+                "B: other error"
+            } else {
+                &b_outcome
+            }
+        );
+        let (mut o, _) = self.judge(name, &[hist_a, hist_b], faults)?;
+        if protected {
+            fail_on_violations(&mut o, [1, 2, 3, 4]);
+            if !b_refused_by_quarantine {
+                o.failed
+                    .push("B was not refused with NoQuorum naming a quarantined node".into());
+            }
+        } else {
+            fail_on_violations(&mut o, [2, 3, 4]);
+            if b_outcome != "B acquired" {
+                o.failed
+                    .push("B did not get a majority (no fault exercised)".into());
+            }
+            if o.violations[0] == 0 {
+                o.failed.push(
+                    "positive control missed: C1 did not flag A's and B's overlapping leases"
+                        .into(),
+                );
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Adds a failed expectation for each listed checker (1-based) that found violations.
+fn fail_on_violations<const N: usize>(o: &mut Outcome, checkers: [usize; N]) {
+    for c in checkers {
+        let n = o.violations[c - 1];
+        if n != 0 {
+            o.failed.push(format!("C{c} found {n} violation(s)"));
+        }
+    }
+}
+
+/// `uptime_in_seconds` of `INFO server` (0 if unreadable).
+fn uptime_secs(node: &RedisServer) -> u64 {
+    node.cmd(&["INFO", "server"])
+        .as_str()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The `acquire ok` record of a guard just acquired.
+fn acquired(p: u32, guard: &fencelock::LockGuard, client: &fencelock::Client) -> Event {
+    let now_ns = monotonic_ns();
+    let left = guard
+        .valid_until()
+        .saturating_duration_since(Instant::now());
+    Event::new(p, now_ns, Op::Acquire, Phase::Ok)
+        .with_token(guard.fencing_token().get())
+        .with_owner(guard.owner_token().as_str())
+        .with_valid_until(now_ns + u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+        .with_nodes(client.nodes())
+}
+
+fn release(p: u32, phase: Phase, owner: &OwnerToken, token: u64) -> Event {
+    Event::now(p, Op::Release, phase)
+        .with_token(token)
+        .with_owner(owner.as_str())
+}
+
+fn release_phase(r: &Result<(), fencelock::Error>) -> Phase {
+    if r.is_ok() { Phase::Ok } else { Phase::Fail }
 }
 
 fn run(args: &RunArgs) -> Result<bool, String> {
@@ -412,18 +731,24 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         }
         None => temp.path().to_path_buf(),
     };
-    let lab = Lab {
+    let mut lab = Lab {
         exe,
         lock: RedisServer::start(),
         resource: RedisServer::start(),
+        nodes: RedisServer::start_many(REDLOCK_NODES),
         dir,
         seed,
     };
 
+    // The protected crash-restart runs before the unprotected one: it needs every node
+    // up longer than its quarantine, and the unprotected one restarts n2.
     let outcomes = [
         lab.no_faults()?,
         lab.paused_worker(Resource::Fenced)?,
         lab.paused_worker(Resource::Unfenced)?,
+        lab.redlock_minority_blackholed()?,
+        lab.redlock_restart(true)?,
+        lab.redlock_restart(false)?,
     ];
 
     println!(
@@ -449,7 +774,10 @@ fn run(args: &RunArgs) -> Result<bool, String> {
     println!(
         "\nC5 (foreign_touch) not judged: workers cannot observe `touched_owner` yet. \
          Positive controls (unfenced paused worker): C1 and C2 must flag the late write and \
-         the final counter must be below the acknowledged writes (lost update)."
+         the final counter must be below the acknowledged writes (lost update); \
+         redlock-restart-unprotected: C1 must flag A's and B's overlapping leases. \
+         The redlock-restart rows are driven by the harness itself as clients A (p1) and B \
+         (p2) through the library."
     );
     let details: Vec<&String> = outcomes.iter().flat_map(|o| &o.details).collect();
     if !details.is_empty() {

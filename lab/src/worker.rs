@@ -53,9 +53,19 @@ pub struct WorkerArgs {
     /// Process id recorded in the history (unique per scenario).
     #[arg(long)]
     pub process: u32,
-    /// `redis://` URL of the lock server.
+    /// `redis://` URL of the lock server; repeat it (an odd number, at least 3) for a
+    /// Redlock client over independent nodes.
+    #[arg(long, required = true)]
+    pub lock_url: Vec<String>,
+    /// Redlock: per-node timeout, ms.
+    #[arg(long, default_value_t = 50)]
+    pub node_timeout_ms: u64,
+    /// Redlock: restart protection quarantine, ms (default: off; fresh servers are young).
     #[arg(long)]
-    pub lock_url: String,
+    pub restart_protection_ms: Option<u64>,
+    /// Connect and response timeout of the lock client, ms.
+    #[arg(long, default_value_t = 1000)]
+    pub lock_timeout_ms: u64,
     /// `redis://` URL of the resource server.
     #[arg(long)]
     pub resource_url: String,
@@ -81,6 +91,10 @@ pub struct WorkerArgs {
     /// harness to pause this process while it holds the lock).
     #[arg(long, default_value_t = 0)]
     pub hold_first_ms: u64,
+    /// Stop this process (SIGSTOP to itself) between the read and the write of the first
+    /// iteration, holding the lock: the harness resumes it later (a process pause).
+    #[arg(long)]
+    pub stop_after_first_read: bool,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -110,9 +124,21 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         hist.append(&e)
             .map_err(|err| format!("history append: {err}"))
     };
-    let client = fencelock::Client::connect(&args.lock_url)
+    let lock_timeout = Duration::from_millis(args.lock_timeout_ms);
+    let builder = if args.lock_url.len() == 1 {
+        fencelock::Client::builder(args.lock_url[0].as_str())
+    } else {
+        fencelock::Client::redlock(args.lock_url.iter().map(String::as_str))
+            .restart_protection(args.restart_protection_ms.map(Duration::from_millis))
+            .node_timeout(Duration::from_millis(args.node_timeout_ms))
+    };
+    let client = builder
+        .connect_timeout(lock_timeout)
+        .response_timeout(lock_timeout)
+        .connect()
         .await
         .map_err(|e| format!("lock connect: {e}"))?;
+    let nodes: Vec<String> = client.nodes().into_iter().map(str::to_owned).collect();
     let mut res = redis::Client::open(args.resource_url.as_str())
         .map_err(|e| e.to_string())?
         .get_multiplexed_async_connection()
@@ -146,7 +172,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                 .with_token(token)
                 .with_owner(owner.as_str())
                 .with_valid_until(valid_until_ns)
-                .with_nodes([client.node()]),
+                .with_nodes(nodes.iter().map(String::as_str)),
         )?;
 
         record(Event::now(p, Op::Read, Phase::Invoke))?;
@@ -170,6 +196,13 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             let mut pause = Duration::from_micros(rng.random_range(0..=5_000));
             if i == 0 {
                 pause += Duration::from_millis(args.hold_first_ms);
+                if args.stop_after_first_read {
+                    // SAFETY: raise(3) only sends a signal to this process; SIGSTOP stops
+                    // it until the harness sends SIGCONT.
+                    unsafe {
+                        libc::raise(libc::SIGSTOP);
+                    }
+                }
             }
             tokio::time::sleep(pause).await;
 
