@@ -379,7 +379,11 @@ impl LockBuilder {
         let mut last_report = None;
         let mut subscribe = waits;
         let mut attempt: u32 = 0;
+        // Whether an attempt that went out got no definite answer (a timeout, a dropped
+        // connection): its write may still land, so it must be withdrawn at the end.
+        let mut unanswered = false;
         loop {
+            // Until this attempt is answered, its outcome is unknown too.
             pending.maybe_written = true;
             let outcome = match &inner.quorum {
                 None => {
@@ -423,11 +427,9 @@ impl LockBuilder {
                     return Ok(pending.into_guard(self.name.clone(), fence, registration));
                 }
                 Ok(Attempt::Held { remaining }) => {
-                    // A definite answer. An earlier attempt whose reply was lost on a
-                    // dropped connection may still land, so an earlier "maybe" stays.
-                    if attempt == 0 {
-                        pending.maybe_written = false;
-                    }
+                    // A definite answer (a failed Redlock quorum was already released
+                    // everywhere); only an earlier unanswered attempt is still a maybe.
+                    pending.maybe_written = unanswered;
                     pending.queued = waits && matches!(mode, Mode::Fair { .. });
                     if std::mem::take(&mut subscribe) {
                         let token =
@@ -492,6 +494,10 @@ impl LockBuilder {
                     bound
                 }
                 Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
+                    // A single node's Unavailable leaves the outcome unknown; a failed
+                    // quorum was released everywhere already.
+                    unanswered |= matches!(e, Error::Unavailable { .. });
+                    pending.maybe_written = unanswered;
                     if deadline.is_none_or(|d| Instant::now() < d) && waits {
                         tracing::debug!(error = %e, "acquire attempt failed; retrying");
                         self.retry.delay(attempt)

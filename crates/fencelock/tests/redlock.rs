@@ -89,6 +89,8 @@ async fn fails_with_three_of_five_down_naming_each_node() {
         elapsed < Duration::from_millis(100) + Duration::from_millis(400),
         "{elapsed:?}"
     );
+    // The failed attempt released its grants itself; nothing is sent again.
+    assert_eq!(c.stats().background_tasks, 0);
     match &err {
         Error::NoQuorum {
             needed,
