@@ -24,7 +24,9 @@
 //!
 //! For the safety lab, [`history`] is the per-process JSON Lines history
 //! format (timestamps from `CLOCK_MONOTONIC`) and [`checkers`] are the
-//! linear safety checkers (C1-C6) run over the merged history.
+//! linear safety checkers (C1-C6) run over the merged history;
+//! [`monitor`] records a server's `MONITOR` stream and replays it into C5's
+//! input (which owner's key each script deleted or extended).
 //!
 //! `redis-server` is taken from `$REDIS_SERVER` if set, else from `$PATH`.
 //! Linux only (`prctl`, `/proc`). Start servers from the test's own thread:
@@ -41,6 +43,7 @@
 
 pub mod checkers;
 pub mod history;
+pub mod monitor;
 pub mod proxy;
 mod resp;
 mod server;
