@@ -139,14 +139,14 @@ struct RunArgs {
     )]
     redis: Vec<String>,
 
-    /// How long the lease lasts (1ms to 24h). It is renewed every third of that while
+    /// How long the lease lasts (10ms to 24h). It is renewed every third of that while
     /// COMMAND runs, so COMMAND may take longer; a crashed fencelock blocks others for at
     /// most this long. DURATION: a whole number with a unit (ms, s, m, h), like 500ms,
     /// 30s, 2m, 1h.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
     ttl: Duration,
 
-    /// The longest the lock is held, from the acquire (1ms to 8760h; default: no limit).
+    /// The longest the lock is held, from the acquire (10ms to 8760h; default: no limit).
     /// Renewals stop there and the lease runs out: COMMAND is then stopped as for a lost
     /// lease, and fencelock exits 76.
     #[arg(long, value_name = "DURATION", value_parser = parse_max_hold, allow_hyphen_values = true)]
@@ -304,7 +304,7 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
         Ok(ttl)
     } else {
         Err(format!(
-            "{text:?} is out of range; give between 1ms and 24h"
+            "{text:?} is out of range; give between 10ms and 24h"
         ))
     }
 }
@@ -316,7 +316,7 @@ fn parse_max_hold(text: &str) -> Result<Duration, String> {
         Ok(max_hold)
     } else {
         Err(format!(
-            "{text:?} is out of range; give between 1ms and 8760h (365 days)"
+            "{text:?} is out of range; give between 10ms and 8760h (365 days)"
         ))
     }
 }
@@ -690,19 +690,19 @@ mod tests {
 
     #[test]
     fn ttl_must_be_in_range() {
-        for bad in ["0", "0s", "25h"] {
+        for bad in ["0", "0s", "25h", "9ms"] {
             assert!(
                 parse(&["--ttl", bad, "job", "--", "true"]).is_err(),
                 "{bad}"
             );
         }
         assert!(parse(&["--ttl", "24h", "job", "--", "true"]).is_ok());
-        assert!(parse(&["--ttl", "1ms", "job", "--", "true"]).is_ok());
+        assert!(parse(&["--ttl", "10ms", "job", "--", "true"]).is_ok());
     }
 
     #[test]
     fn max_hold_must_be_in_range() {
-        for bad in ["0", "0s", "8761h", "-1s"] {
+        for bad in ["0", "0s", "9ms", "8761h", "-1s"] {
             assert!(
                 parse(&["--max-hold", bad, "job", "--", "true"]).is_err(),
                 "{bad}"
@@ -712,7 +712,7 @@ mod tests {
         assert_eq!(args.max_hold, Some(MAX_HOLD_LIMIT));
         let args = parse(&[
             "--max-hold",
-            "1ms",
+            "10ms",
             "--kill-grace",
             "0",
             "job",
@@ -720,7 +720,7 @@ mod tests {
             "true",
         ])
         .unwrap();
-        assert_eq!(args.max_hold, Some(Duration::from_millis(1)));
+        assert_eq!(args.max_hold, Some(Duration::from_millis(10)));
         assert_eq!(args.kill_grace, Duration::ZERO);
     }
 

@@ -42,7 +42,10 @@ pub enum Error {
 
     /// A Redis node could not be reached, or did not answer in time. For a timed-out
     /// acquire the outcome is unknown; fencelock then releases its token in the background
-    /// so nothing is left behind for longer than the TTL.
+    /// so nothing is left behind for longer than the TTL. A single-node grant whose reply
+    /// came back after the lease had already run out is reported this way too (reason
+    /// [`TimedOut`](UnavailableReason::TimedOut)), after fencelock took it back: another
+    /// client may have held the lock by then.
     #[error(
         "Redis node {node} is unavailable ({reason}): {detail}; check that it is running and reachable, and the URL"
     )]

@@ -15,8 +15,10 @@ use crate::error::{Error, LossCause, NodeOutcome, NodeReport};
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
-/// The shortest TTL accepted: 1 ms.
-pub const MIN_TTL: Duration = Duration::from_millis(1);
+/// The shortest TTL accepted: 10 ms. A lease must outlast the clock-drift allowance
+/// (1% of the TTL plus 2 ms) and a round trip, or no grant would ever be valid when it
+/// arrives.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// The longest TTL accepted: 24 hours. A lease longer than that is a deadlock in waiting
 /// if its holder dies; hold long work under a shorter lease that you extend.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -345,7 +347,7 @@ impl LockBuilder {
             return Err(Error::invalid(
                 "maximum hold",
                 format!(
-                    "{:?} is out of range; give between 1ms and 365 days",
+                    "{:?} is out of range; give between 10ms and 365 days",
                     self.max_hold
                 ),
             ));
@@ -570,7 +572,7 @@ fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
     if ttl < MIN_TTL || ttl > MAX_TTL {
         return Err(Error::invalid(
             "TTL",
-            format!("{ttl:?} is out of range; give between 1ms and 24h"),
+            format!("{ttl:?} is out of range; give between 10ms and 24h"),
         ));
     }
     Ok(Duration::from_millis(ttl.as_millis() as u64))

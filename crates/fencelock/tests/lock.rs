@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error, LossCause, Retry, UnavailableReason};
-use testkit::RedisServer;
+use testkit::{Fault, FaultProxy, RedisServer};
 
 async fn client(r: &RedisServer) -> Client {
     Client::connect(&r.url()).await.expect("connect")
@@ -449,6 +449,48 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
         || !exists(&r, "fencelock:{p}"),
     )
     .await;
+}
+
+/// A grant whose reply comes back after its lease ran out is no grant: the acquire
+/// reports a timeout instead of a guard whose lease is already over (another client may
+/// hold the lock by then). Replies are delayed by a real TCP proxy.
+#[tokio::test]
+async fn a_grant_that_arrives_after_its_lease_is_refused() {
+    let r = RedisServer::start();
+    let proxy = FaultProxy::start(&r.addr());
+    let c = Client::builder(proxy.url())
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    // 150 ms each way: a round trip of at least 300 ms.
+    proxy.set(Fault::Delay {
+        base: Duration::from_millis(150),
+        jitter: Duration::ZERO,
+    });
+    let err = c
+        .lock("slow")
+        .ttl(Duration::from_millis(200))
+        .try_acquire()
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Unavailable { reason, detail, .. } => {
+            assert_eq!(*reason, UnavailableReason::TimedOut);
+            assert!(detail.contains("after its 200 ms lease"), "{detail}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // A lease longer than the round trip is granted through the same slow link.
+    let g = c
+        .lock("slow")
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(g.remaining() > Duration::from_millis(1000), "{g:?}");
+    g.release().await.unwrap();
 }
 
 /// A waiting acquire whose first reply is lost (Redis paused past the response timeout)

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::Node;
-use crate::error::{Error, LossCause};
+use crate::error::{Error, LossCause, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::scripts::{self, AcquireReply, OwnedReply};
 use crate::token::{FencingToken, OwnerToken};
@@ -82,10 +82,29 @@ pub(crate) async fn try_acquire(
             if !fresh {
                 tracing::debug!(key = %keys.lock, "acquire retry found our own token");
             }
+            let valid_until = lease_end(sent_at, ttl);
+            let now = Instant::now();
+            if valid_until <= now {
+                // The grant came back after its lease ran out (a slow network, a paused
+                // client): the lock may belong to someone else already, so holding it
+                // is not on offer. Take it back (owner-checked: a successor's key stays)
+                // and report the attempt as timed out; the caller treats its outcome as
+                // unknown and withdraws again if this release did not get through.
+                let _ = abandon(node, keys, token, mode).await;
+                return Err(Error::Unavailable {
+                    node: node.addr().to_owned(),
+                    reason: UnavailableReason::TimedOut,
+                    detail: format!(
+                        "the grant arrived {} ms after the acquire was sent, after its {} ms lease (less the drift allowance) had run out",
+                        (now - sent_at).as_millis(),
+                        ttl.as_millis()
+                    ),
+                });
+            }
             Ok(Attempt::Acquired {
                 fence,
                 sent_at,
-                valid_until: lease_end(sent_at, ttl),
+                valid_until,
             })
         }
         AcquireReply::Held { remaining } => Ok(Attempt::Held { remaining }),
