@@ -23,8 +23,8 @@ const TICK: Duration = Duration::from_secs(1);
 const TASKS: usize = 8;
 /// Targets from the issue: script calls per tick per 100 held leases, and client memory
 /// per held lock.
-const TARGET_CALLS_PER_100: f64 = 1.0;
-const TARGET_BYTES_PER_LOCK: f64 = 1024.0;
+pub const TARGET_CALLS_PER_100: f64 = 1.0;
+pub const TARGET_BYTES_PER_LOCK: f64 = 1024.0;
 /// How long the background releases of the dropped guards may take.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -57,6 +57,17 @@ pub struct HeldRun {
 }
 
 impl HeldRun {
+    /// Script calls per renewal tick per 100 held leases (the target: at most 1).
+    pub fn calls_per_100_per_tick(&self) -> f64 {
+        let ticks = self.window.as_secs_f64() / TICK.as_secs_f64();
+        (self.evalsha + self.eval) as f64 / ticks / (self.locks as f64 / 100.0)
+    }
+
+    /// Client memory per held lock, bytes (VmRSS growth while acquiring / locks).
+    pub fn bytes_per_lock(&self) -> f64 {
+        self.rss_acquired.saturating_sub(self.rss_before) as f64 / self.locks as f64
+    }
+
     /// Every lease stayed alive through the window.
     pub fn all_alive(&self) -> bool {
         self.dbsize == 2 * self.locks as u64 && self.lost == 0 && self.watched == self.locks

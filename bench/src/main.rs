@@ -1,50 +1,65 @@
-//! `fencelock-bench`: how fast a released fencelock reaches a waiter in another process,
-//! compared with a polling lock, and how fairly contenders share it; what Redlock adds
-//! to an uncontended acquire + release; and what keeping many leases alive costs.
+//! `fencelock-bench`: fencelock side by side with its peers (the Rust crates rslock and
+//! redlock, redis-py's `Lock` and python-redis-lock), on the same throwaway Redis in
+//! one run: uncontended acquire + release, release-to-waiter handoff, one hot key,
+//! Redlock vs single node; and what keeping many fencelock leases alive costs.
 //!
-//! One run starts throwaway `redis-server`s (testkit): one for the handoff and fairness
-//! runs and the single-node latency, five for Redlock, one for the held-locks run. It
-//! measures, and prints a markdown report on stdout (progress goes to stderr).
+//! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key and
+//! single-node latency runs, five for Redlock, one for the held-locks run. It measures,
+//! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
-//! subcommand.
+//! subcommand, or `bench/py/driver.py` for the Python peers.
 
 mod affinity;
+mod chart;
 mod clock;
 mod held;
 mod latency;
+mod peers;
+mod report;
 mod spawn;
 mod worker;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 
+use crate::peers::Peer;
 use crate::spawn::{Report, Workers};
-use crate::worker::{LockKind, Scenario, WorkerArgs};
+use crate::worker::WorkerArgs;
 
-/// Benchmarks fencelock's release-to-waiter handoff and fairness on a throwaway
-/// redis-server, and prints the results as markdown.
+/// Benchmarks fencelock against its peers on throwaway redis-servers, prints the results
+/// as markdown and draws PNG charts.
 #[derive(Parser, Debug)]
 #[command(name = "fencelock-bench", version)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Short run (under 2 minutes): 3 s per fencelock handoff row (5 s polling), 2 s
-    /// per fairness cell, 2,000 latency cycles per client, 20,000 held locks watched
-    /// for 10 s.
+    /// Short run (under 2 minutes): 1 s per handoff row (2 s for peers polling at
+    /// 100 ms or more), 1.5 s per hot-key row, 1,000 latency cycles per client, 10,000
+    /// held locks watched for 5 s. Charts go to target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 5 minutes): 10 s per fencelock handoff row (20 s
-    /// polling), 10 s per fairness cell, 20,000 latency cycles per client, 100,000 held
-    /// locks watched for 20 s.
+    /// Full run (the default; about 10 minutes): 10 s per handoff row (20 s for slow
+    /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
+    /// locks watched for 20 s. Charts go to docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Python interpreter with redis-py and python-redis-lock installed (scripts/bench
+    /// makes a venv); without it the Python peers are left out.
+    #[arg(long, env = "FENCELOCK_BENCH_PYTHON", value_name = "PATH")]
+    python: Option<PathBuf>,
+    /// Where to write the PNG charts (default: docs/img for a full run, target/bench-img
+    /// for a quick one).
+    #[arg(long, value_name = "DIR")]
+    img_dir: Option<PathBuf>,
+    /// TrueType font for the charts' text (default: DejaVu Sans from the usual places).
+    #[arg(long, value_name = "FILE")]
+    font: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -61,51 +76,57 @@ const MAX_PROCS: usize = 8;
 const HANDOFF_HOLD: Duration = Duration::from_millis(1);
 /// Waiters (contenders minus the holder) of the handoff rows.
 const WAITERS: [usize; 3] = [1, 8, 64];
-/// Contenders of the fairness grid.
-const GRID_CLIENTS: [usize; 3] = [2, 8, 32];
-/// Hold times of the fairness grid.
-const GRID_HOLDS_MS: [u64; 3] = [0, 1, 10];
-/// Polling lock: redis-py's `Lock(sleep=0.1)` default.
-const POLL_SLEEP_MS: u64 = 100;
+/// Contenders of the hot-key run (empty critical section).
+const HOT_KEY_CONTENDERS: usize = 64;
+/// Handoff contenders make their first attempt at offsets spread over this, so pollers
+/// poll at spread phases (their best case) rather than all at once.
+const START_SPREAD_MS: u64 = 100;
 /// Targets from the issue.
-const TARGET_P50: Duration = Duration::from_millis(1);
-const TARGET_P99: Duration = Duration::from_millis(5);
-const TARGET_RATIO: f64 = 20.0;
+const TARGET_HANDOFF_P50: Duration = Duration::from_millis(1);
+const TARGET_HANDOFF_RATIO: f64 = 20.0;
 const TARGET_FAIRNESS: f64 = 0.8;
+const TARGET_PING_RATIO: f64 = 1.25;
+const TARGET_REDLOCK_RATIO: f64 = 1.5;
+/// Nodes of the Redlock clients.
+const REDLOCK_NODES: usize = 5;
 
 struct Plan {
     name: &'static str,
     pings: usize,
+    /// Per handoff row; `slow_run` for the peers that poll at 100 ms or more.
     handoff_run: Duration,
-    poll_run: Duration,
-    grid_run: Duration,
-    /// Acquire + release cycles per client (single node, Redlock).
+    slow_run: Duration,
+    hot_key_run: Duration,
+    /// Acquire + release cycles per client (single node, Redlock, Python).
     latency_cycles: usize,
     /// Locks held at once with the watchdog on, and how long they are watched.
     held_locks: usize,
     held_window: Duration,
+    img_dir: &'static str,
 }
 
 const QUICK: Plan = Plan {
     name: "quick",
     pings: 5_000,
-    handoff_run: Duration::from_secs(3),
-    poll_run: Duration::from_secs(5),
-    grid_run: Duration::from_secs(2),
-    latency_cycles: 2_000,
-    held_locks: 20_000,
-    held_window: Duration::from_secs(10),
+    handoff_run: Duration::from_secs(1),
+    slow_run: Duration::from_secs(2),
+    hot_key_run: Duration::from_millis(1500),
+    latency_cycles: 1_000,
+    held_locks: 10_000,
+    held_window: Duration::from_secs(5),
+    img_dir: "target/bench-img",
 };
 
 const FULL: Plan = Plan {
     name: "full",
     pings: 50_000,
     handoff_run: Duration::from_secs(10),
-    poll_run: Duration::from_secs(20),
-    grid_run: Duration::from_secs(10),
+    slow_run: Duration::from_secs(20),
+    hot_key_run: Duration::from_secs(10),
     latency_cycles: 20_000,
     held_locks: 100_000,
     held_window: Duration::from_secs(20),
+    img_dir: "docs/img",
 };
 
 fn main() {
@@ -114,6 +135,18 @@ fn main() {
         std::process::exit(worker::run(args));
     }
     let plan = if cli.quick { &QUICK } else { &FULL };
+    let python = match cli.python.as_deref() {
+        Some(p) if p.is_file() => Ok(p.to_owned()),
+        Some(p) => Err(format!("{} is not a file", p.display())),
+        None => Err("no --python given (scripts/bench makes a venv and passes it)".to_owned()),
+    };
+    if let Err(e) = &python {
+        eprintln!("Python peers left out: {e}");
+    }
+    let img_dir = cli
+        .img_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(plan.img_dir));
     // Started from the main thread, which lives as long as the server should
     // (testkit ties the server's PR_SET_PDEATHSIG to the starting thread).
     let server = testkit::RedisServer::start();
@@ -121,36 +154,149 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (report, failed) = runtime.block_on(bench(plan, &server));
-    print!("{report}");
+    let (results, failed) = runtime.block_on(bench(plan, &server, python));
+    drop(runtime);
+    drop(server);
+    let charts = draw_charts(&results, &img_dir, cli.font.as_deref());
+    let md = report::render(&results, &charts);
+    print!("{md}");
     if let Some(path) = &cli.out
-        && let Err(e) = std::fs::write(path, &report)
+        && let Err(e) = std::fs::write(path, &md)
     {
         eprintln!("cannot write {}: {e}", path.display());
         std::process::exit(1);
     }
-    drop(runtime);
-    drop(server);
     if failed {
         eprintln!("some measurements failed; see the report");
         std::process::exit(1);
     }
 }
 
-/// Nodes of the Redlock client.
-const REDLOCK_NODES: usize = 5;
+/// The charts written, or why none were.
+pub(crate) struct Charts {
+    /// The directory, as given.
+    pub(crate) dir: PathBuf,
+    pub(crate) latency: Option<String>,
+    pub(crate) handoff: Option<String>,
+    pub(crate) fairness: Option<String>,
+    pub(crate) error: Option<String>,
+}
+
+fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Charts {
+    let mut charts = Charts {
+        dir: dir.to_owned(),
+        latency: None,
+        handoff: None,
+        fairness: None,
+        error: None,
+    };
+    let prepared = (|| {
+        let font = chart::find_font(font).ok_or(
+            "no TrueType font found (install fonts-dejavu-core, or pass --font FILE)".to_owned(),
+        )?;
+        chart::register(&font)?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+    })();
+    if let Err(e) = prepared {
+        eprintln!("charts not drawn: {e}");
+        charts.error = Some(e);
+        return charts;
+    }
+    let mut errors = Vec::new();
+    let mut draw = |file: &str, f: &dyn Fn(&Path) -> Result<(), String>| {
+        let path = dir.join(file);
+        match f(&path) {
+            Ok(()) => {
+                eprintln!("chart: {}", path.display());
+                Some(file.to_owned())
+            }
+            Err(e) => {
+                errors.push(format!("{file}: {e}"));
+                None
+            }
+        }
+    };
+    if let Ok(lat) = &r.latency {
+        let mut series: Vec<(String, &[u64])> = lat
+            .single
+            .iter()
+            .map(|(p, s)| (p.label().to_owned(), s.samples.as_slice()))
+            .collect();
+        for (p, s) in r.python_latency.iter() {
+            if let Ok(run) = s {
+                series.push((p.label().to_owned(), run.cycles.samples.as_slice()));
+            }
+        }
+        series.push(("PING (redis-rs)".to_owned(), lat.ping.samples.as_slice()));
+        if let Some(Ok(run)) = r.python_latency.first().map(|(_, s)| s) {
+            series.push(("PING (redis-py)".to_owned(), run.pings.samples.as_slice()));
+        }
+        charts.latency = draw("latency.png", &|p| {
+            chart::latency_cdf(
+                p,
+                "Uncontended acquire + release, one client, single node",
+                &series,
+            )
+        });
+    }
+    let rows: Vec<(String, Vec<Option<u64>>)> = Peer::ALL
+        .iter()
+        .filter(|p| r.handoff.iter().any(|h| h.peer == **p))
+        .map(|&p| {
+            let p50s = WAITERS
+                .iter()
+                .map(|&w| {
+                    r.handoff
+                        .iter()
+                        .find(|h| h.peer == p && h.waiters == w)
+                        .and_then(|h| h.summary)
+                        .map(|s| s.p50)
+                })
+                .collect();
+            (p.label().to_owned(), p50s)
+        })
+        .collect();
+    charts.handoff = draw("handoff.png", &|p| {
+        chart::handoff(
+            p,
+            "Handoff: release to next holder in another process, p50",
+            &WAITERS,
+            &rows,
+        )
+    });
+    let rows: Vec<(String, f64, f64)> = r
+        .hot_key
+        .iter()
+        .map(|h| (h.peer.label().to_owned(), h.fairness(), h.per_second()))
+        .collect();
+    charts.fairness = draw("fairness.png", &|p| {
+        chart::fairness(
+            p,
+            &format!("Hot key, {HOT_KEY_CONTENDERS} contenders, empty critical section"),
+            TARGET_FAIRNESS,
+            &rows,
+        )
+    });
+    if !errors.is_empty() {
+        eprintln!("charts: {}", errors.join("; "));
+        charts.error = Some(errors.join("; "));
+    }
+    charts
+}
 
 /// The servers of the scenarios that do not use the main one.
 struct Servers {
-    /// Independent nodes for the Redlock client.
+    /// Independent nodes for the Redlock clients.
     redlock: Vec<testkit::RedisServer>,
     /// The held-locks scenario's own node.
     held: testkit::RedisServer,
 }
 
-/// Pins the harness thread to the first CPU it may use and every server to the others
-/// (round robin), until the result is dropped; and says where each runs.
+/// Pins the harness thread (or `client`, a process) to the first CPU it may use and
+/// every server to the others (round robin), until the result is dropped; and says where
+/// each runs.
 fn pin_for_latency(
+    client: Option<u32>,
     main: &testkit::RedisServer,
     redlock: &[testkit::RedisServer],
 ) -> (affinity::Pins, String) {
@@ -161,10 +307,13 @@ fn pin_for_latency(
             format!("not pinned ({} CPU allowed)", cpus.len()),
         );
     }
-    let (client, rest) = (cpus[0], &cpus[1..]);
+    let (client_cpu, rest) = (cpus[0], &cpus[1..]);
     let mut pins = affinity::Pins::default();
     let pinned = (|| {
-        pins.pin_thread(client)?;
+        match client {
+            None => pins.pin_thread(client_cpu)?,
+            Some(pid) => pins.pin_process(pid, client_cpu)?,
+        }
         pins.pin_process(main.pid(), rest[0])?;
         for (i, s) in redlock.iter().enumerate() {
             pins.pin_process(s.pid(), rest[i % rest.len()])?;
@@ -175,9 +324,14 @@ fn pin_for_latency(
         drop(pins);
         return (affinity::Pins::default(), format!("not pinned ({e})"));
     }
+    let who = if client.is_some() {
+        "the Python driver (all its threads)"
+    } else {
+        "the harness (one thread)"
+    };
     let placement = if rest.len() == 1 {
         format!(
-            "the harness (one thread) pinned to CPU {client}, every redis-server to CPU {}",
+            "{who} pinned to CPU {client_cpu}, every redis-server to CPU {}",
             rest[0]
         )
     } else {
@@ -185,8 +339,8 @@ fn pin_for_latency(
             .map(|i| rest[i % rest.len()].to_string())
             .collect();
         format!(
-            "the harness (one thread) pinned to CPU {client}, the single node to CPU {}, the \
-             Redlock nodes to CPUs {}",
+            "{who} pinned to CPU {client_cpu}, the single node to CPU {}, the Redlock nodes \
+             to CPUs {}",
             rest[0],
             nodes.join(", ")
         )
@@ -196,18 +350,18 @@ fn pin_for_latency(
 
 /// Latency percentiles of one set of samples (ns).
 #[derive(Clone, Copy, Debug)]
-struct Summary {
-    n: u64,
-    p50: u64,
-    p99: u64,
-    max: u64,
+pub(crate) struct Summary {
+    pub(crate) n: u64,
+    pub(crate) p50: u64,
+    pub(crate) p99: u64,
+    pub(crate) max: u64,
 }
 
-fn summarize(samples: &[u64]) -> Option<Summary> {
+pub(crate) fn summarize(samples: &[u64]) -> Option<Summary> {
     if samples.is_empty() {
         return None;
     }
-    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("histogram");
+    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).ok()?;
     for &s in samples {
         h.saturating_record(s.max(1));
     }
@@ -220,7 +374,7 @@ fn summarize(samples: &[u64]) -> Option<Summary> {
 }
 
 /// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
-fn fmt_ns(ns: u64) -> String {
+pub(crate) fn fmt_ns(ns: u64) -> String {
     let ns = ns as f64;
     if ns < 1e5 {
         format!("{:.1} µs", ns / 1e3)
@@ -233,8 +387,12 @@ fn fmt_ns(ns: u64) -> String {
     }
 }
 
-fn yes_no(ok: bool) -> &'static str {
+pub(crate) fn yes_no(ok: bool) -> &'static str {
     if ok { "yes" } else { "**no**" }
+}
+
+pub(crate) fn fmt_dur(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 /// Spreads `contenders` over at most [`MAX_PROCS`] processes: tasks per process.
@@ -245,50 +403,55 @@ fn spread(contenders: usize) -> Vec<usize> {
         .collect()
 }
 
-fn fmt_spread(tasks: &[usize]) -> String {
-    let (min, max) = (
-        tasks.iter().min().copied().unwrap_or(0),
-        tasks.iter().max().copied().unwrap_or(0),
-    );
-    if min == max {
-        format!("{} × {min}", tasks.len())
-    } else {
-        format!("{} × {min}–{max}", tasks.len())
-    }
+/// What the contenders of a run do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    Handoff,
+    HotKey,
 }
 
 struct Run {
     scenario: Scenario,
-    lock: LockKind,
+    peer: Peer,
     name: String,
     contenders: usize,
     hold: Duration,
     duration: Duration,
 }
 
+/// How to start worker processes: this binary, and the Python driver when there is one.
+struct Launcher {
+    exe: PathBuf,
+    python: Result<PathBuf, String>,
+    driver: PathBuf,
+}
+
 /// Runs one scenario over worker processes; the merged reports.
-async fn run_workers(exe: &Path, url: &str, run: &Run) -> Result<(Vec<usize>, Report), String> {
+async fn run_workers(
+    launch: &Launcher,
+    url: &str,
+    run: &Run,
+) -> Result<(Vec<usize>, Report), String> {
     let tasks = spread(run.contenders);
+    let (program, prefix) = if run.peer.python() {
+        let python = launch.python.as_ref().map_err(Clone::clone)?;
+        (python.clone(), vec![launch.driver.display().to_string()])
+    } else {
+        (launch.exe.clone(), vec!["worker".to_owned()])
+    };
     let arg_lists: Vec<Vec<String>> = tasks
         .iter()
         .enumerate()
         .map(|(proc_index, t)| {
             let scenario = match run.scenario {
                 Scenario::Handoff => "handoff",
-                Scenario::Grid => "grid",
+                Scenario::HotKey => "hot-key",
             };
-            let lock = match run.lock {
-                LockKind::Plain => "plain",
-                LockKind::Fair => "fair",
-                LockKind::Poll => "poll",
-            };
-            [
+            let mut args: Vec<String> = [
                 "--url",
                 url,
                 "--scenario",
                 scenario,
-                "--lock",
-                lock,
                 "--name",
                 &run.name,
                 "--tasks",
@@ -297,8 +460,8 @@ async fn run_workers(exe: &Path, url: &str, run: &Run) -> Result<(Vec<usize>, Re
                 &run.hold.as_micros().to_string(),
                 "--duration-ms",
                 &run.duration.as_millis().to_string(),
-                "--poll-sleep-ms",
-                &POLL_SLEEP_MS.to_string(),
+                "--spread-ms",
+                &START_SPREAD_MS.to_string(),
                 "--proc-index",
                 &proc_index.to_string(),
                 "--procs",
@@ -308,10 +471,12 @@ async fn run_workers(exe: &Path, url: &str, run: &Run) -> Result<(Vec<usize>, Re
             ]
             .iter()
             .map(|s| s.to_string())
-            .collect()
+            .collect();
+            args.extend(run.peer.lock_args());
+            args
         })
         .collect();
-    let workers = Workers::start(exe, &arg_lists).await?;
+    let workers = Workers::start(&program, &prefix, &arg_lists).await?;
     let reports = workers.run(run.duration).await?;
     let mut merged = Report::default();
     for r in reports {
@@ -326,6 +491,7 @@ async fn run_workers(exe: &Path, url: &str, run: &Run) -> Result<(Vec<usize>, Re
     Ok((tasks, merged))
 }
 
+/// `(CPU model, load average 1/5/15)`.
 fn machine() -> (String, String) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -342,30 +508,97 @@ fn machine() -> (String, String) {
     (cpu, load)
 }
 
-struct HandoffRow {
-    lock: LockKind,
-    waiters: usize,
-    tasks: Vec<usize>,
-    summary: Option<Summary>,
-    report: Report,
-    error: Option<String>,
+/// One handoff row.
+pub(crate) struct HandoffRow {
+    pub(crate) peer: Peer,
+    pub(crate) waiters: usize,
+    pub(crate) tasks: Vec<usize>,
+    pub(crate) summary: Option<Summary>,
+    pub(crate) report: Report,
+    pub(crate) error: Option<String>,
 }
 
-struct GridRow {
-    lock: LockKind,
-    clients: usize,
-    hold_ms: u64,
-    tasks: Vec<usize>,
-    report: Report,
-    duration: Duration,
-    error: Option<String>,
+/// One hot-key row.
+pub(crate) struct HotKeyRow {
+    pub(crate) peer: Peer,
+    pub(crate) tasks: Vec<usize>,
+    pub(crate) report: Report,
+    pub(crate) duration: Duration,
+    pub(crate) error: Option<String>,
 }
 
-/// Runs everything; the markdown report and whether anything failed.
-async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
+impl HotKeyRow {
+    /// Whether every contender reported.
+    pub(crate) fn complete(&self) -> bool {
+        self.report.counts.len() == HOT_KEY_CONTENDERS
+    }
+
+    /// min/max acquisitions per contender (0 when incomplete or none).
+    pub(crate) fn fairness(&self) -> f64 {
+        let counts = &self.report.counts;
+        let min = counts.iter().min().copied().unwrap_or(0);
+        let max = counts.iter().max().copied().unwrap_or(0);
+        if max > 0 && self.complete() {
+            min as f64 / max as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// Acquisitions per second, all contenders.
+    pub(crate) fn per_second(&self) -> f64 {
+        self.report.counts.iter().sum::<u64>() as f64 / self.duration.as_secs_f64()
+    }
+}
+
+/// Everything one run measured, for the report and the charts.
+pub(crate) struct Results {
+    plan: &'static Plan,
+    nproc: usize,
+    cpu: String,
+    load_before: String,
+    load_after: String,
+    redis_version: String,
+    /// The Python interpreter's version, or why the Python peers were left out.
+    python: Result<String, String>,
+    ping: Summary,
+    ping_after: Option<Summary>,
+    latency: Result<latency::LatencyRun, String>,
+    /// Per Python peer: its cycles and the driver's redis-py PINGs.
+    python_latency: Vec<(Peer, Result<latency::PythonRun, String>)>,
+    python_placement: Option<String>,
+    handoff: Vec<HandoffRow>,
+    hot_key: Vec<HotKeyRow>,
+    held: Result<held::HeldRun, String>,
+    elapsed: Duration,
+}
+
+/// The peers of this run: all, less the Python ones when there is no interpreter.
+fn peers(python: bool) -> Vec<Peer> {
+    Peer::ALL
+        .into_iter()
+        .filter(|p| python || !p.python())
+        .collect()
+}
+
+/// Runs everything; the results and whether anything failed.
+async fn bench(
+    plan: &'static Plan,
+    server: &testkit::RedisServer,
+    python: Result<PathBuf, String>,
+) -> (Results, bool) {
     let started = Instant::now();
     let url = server.url();
-    let exe = std::env::current_exe().expect("path of this binary");
+    let launch = Launcher {
+        exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fencelock-bench")),
+        python,
+        driver: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/py/driver.py")),
+    };
+    let python_version = match &launch.python {
+        Ok(p) => python_version(p).await,
+        Err(e) => Err(e.clone()),
+    };
+    let with_python = python_version.is_ok();
     let mut failed = false;
     let (cpu, load_before) = machine();
     let info = server.cmd(&["INFO", "server"]);
@@ -383,62 +616,99 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("PING baseline failed: {e}");
-            return (format!("PING baseline failed: {e}\n"), true);
+            Summary {
+                n: 0,
+                p50: 1,
+                p99: 1,
+                max: 1,
+            }
         }
     };
+    failed |= ping.n == 0;
 
     // The other scenarios' servers, started after the baseline so it is taken with only
-    // the main server running, as before they existed. Still on the main thread (the
-    // current-thread runtime polls this future on the thread that called `block_on`),
-    // which testkit ties their PR_SET_PDEATHSIG to; dropped at the end of this function.
+    // the main server running. Still on the main thread (the current-thread runtime
+    // polls this future on the thread that called `block_on`), which testkit ties their
+    // PR_SET_PDEATHSIG to; dropped at the end of this function.
     let servers = Servers {
         redlock: testkit::RedisServer::start_many(REDLOCK_NODES),
         held: testkit::RedisServer::start(),
     };
 
-    // 2. Uncontended acquire + release, single node vs Redlock.
+    // 2. Uncontended acquire + release: Rust clients, single node and Redlock.
     eprintln!(
-        "latency: {} acquire + release cycles, single node and Redlock over {REDLOCK_NODES} nodes",
+        "latency: {} acquire + release cycles per client, single node and Redlock over \
+         {REDLOCK_NODES} nodes",
         plan.latency_cycles
     );
     let redlock_urls: Vec<String> = servers.redlock.iter().map(|s| s.url()).collect();
     let latency = latency::run(&url, &redlock_urls, plan.latency_cycles, || {
-        pin_for_latency(server, &servers.redlock)
+        pin_for_latency(None, server, &servers.redlock)
     })
     .await;
     if let Err(e) = &latency {
         eprintln!("latency run failed: {e}");
         failed = true;
     }
+    // ... and the Python peers (redis-py's sleep only matters under contention).
+    let mut python_latency = Vec::new();
+    let mut python_placement = None;
+    if let Ok(py) = &launch.python
+        && with_python
+    {
+        for peer in [Peer::RedisPy, Peer::PythonRedisLock] {
+            eprintln!(
+                "latency: {}, {} cycles (Python driver)",
+                peer.label(),
+                plan.latency_cycles
+            );
+            let r = latency::python(py, &launch.driver, &url, peer, plan.latency_cycles, |pid| {
+                pin_for_latency(Some(pid), server, &[])
+            })
+            .await;
+            let r = match r {
+                Ok((run, placement)) => {
+                    python_placement = Some(placement);
+                    Ok(run)
+                }
+                Err(e) => {
+                    eprintln!("{} latency failed: {e}", peer.label());
+                    failed = true;
+                    Err(e)
+                }
+            };
+            python_latency.push((peer, r));
+        }
+    }
 
     // 3. Handoff.
     let mut handoff = Vec::new();
-    for lock in [LockKind::Plain, LockKind::Fair, LockKind::Poll] {
+    for peer in peers(with_python) {
         for waiters in WAITERS {
-            let duration = if lock == LockKind::Poll {
-                plan.poll_run
+            let duration = if peer.slow() {
+                plan.slow_run
             } else {
                 plan.handoff_run
             };
             let run = Run {
                 scenario: Scenario::Handoff,
-                lock,
-                name: format!("handoff-{lock:?}-{waiters}").to_lowercase(),
+                peer,
+                name: format!("handoff-{}-{waiters}", peer.slug()),
                 contenders: waiters + 1,
                 hold: HANDOFF_HOLD,
                 duration,
             };
             eprintln!(
                 "handoff: {} with {waiters} waiters, {duration:?}",
-                lock.label()
+                peer.label()
             );
-            let (tasks, report, error) = match run_workers(&exe, &url, &run).await {
+            let (tasks, report, error) = match run_workers(&launch, &url, &run).await {
                 Ok((t, r)) => (t, r, None),
                 Err(e) => (spread(run.contenders), Report::default(), Some(e)),
             };
             failed |= error.is_some() || !report.errors.is_empty();
             handoff.push(HandoffRow {
-                lock,
+                peer,
                 waiters,
                 tasks,
                 summary: summarize(&report.samples),
@@ -448,43 +718,37 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
         }
     }
 
-    // 4. Fairness grid.
-    let mut grid = Vec::new();
-    for lock in [LockKind::Plain, LockKind::Fair] {
-        for clients in GRID_CLIENTS {
-            for hold_ms in GRID_HOLDS_MS {
-                let run = Run {
-                    scenario: Scenario::Grid,
-                    lock,
-                    name: format!("grid-{lock:?}-{clients}-{hold_ms}").to_lowercase(),
-                    contenders: clients,
-                    hold: Duration::from_millis(hold_ms),
-                    duration: plan.grid_run,
-                };
-                eprintln!(
-                    "grid: {} with {clients} clients, hold {hold_ms} ms, {:?}",
-                    lock.label(),
-                    plan.grid_run
-                );
-                let (tasks, report, error) = match run_workers(&exe, &url, &run).await {
-                    Ok((t, r)) => (t, r, None),
-                    Err(e) => (spread(clients), Report::default(), Some(e)),
-                };
-                failed |= error.is_some() || !report.errors.is_empty();
-                grid.push(GridRow {
-                    lock,
-                    clients,
-                    hold_ms,
-                    tasks,
-                    report,
-                    duration: plan.grid_run,
-                    error,
-                });
-            }
-        }
+    // 4. Hot key.
+    let mut hot_key = Vec::new();
+    for peer in peers(with_python) {
+        let run = Run {
+            scenario: Scenario::HotKey,
+            peer,
+            name: format!("hot-key-{}", peer.slug()),
+            contenders: HOT_KEY_CONTENDERS,
+            hold: Duration::ZERO,
+            duration: plan.hot_key_run,
+        };
+        eprintln!(
+            "hot key: {} with {HOT_KEY_CONTENDERS} contenders, {:?}",
+            peer.label(),
+            plan.hot_key_run
+        );
+        let (tasks, report, error) = match run_workers(&launch, &url, &run).await {
+            Ok((t, r)) => (t, r, None),
+            Err(e) => (spread(run.contenders), Report::default(), Some(e)),
+        };
+        failed |= error.is_some() || !report.errors.is_empty();
+        hot_key.push(HotKeyRow {
+            peer,
+            tasks,
+            report,
+            duration: plan.hot_key_run,
+            error,
+        });
     }
 
-    // 5. Many locks held at once, watchdog on.
+    // 5. Many locks held at once, watchdog on (fencelock only).
     eprintln!(
         "held: {} locks with a {:?} lease, watched for {:?}",
         plan.held_locks,
@@ -507,21 +771,47 @@ async fn bench(plan: &Plan, server: &testkit::RedisServer) -> (String, bool) {
     eprintln!("baseline again: {} PINGs", plan.pings);
     let ping_after = ping_baseline(&url, plan.pings).await.ok();
     let (_, load_after) = machine();
-    let md = render(&RenderInput {
+    let results = Results {
         plan,
         nproc,
-        cpu: &cpu,
-        load: (&load_before, &load_after),
-        redis_version: &redis_version,
-        ping: &ping,
-        ping_after: ping_after.as_ref(),
-        handoff: &handoff,
-        grid: &grid,
-        latency: &latency,
-        held: &held,
+        cpu,
+        load_before,
+        load_after,
+        redis_version,
+        python: python_version,
+        ping,
+        ping_after,
+        latency,
+        python_latency,
+        python_placement,
+        handoff,
+        hot_key,
+        held,
         elapsed: started.elapsed(),
-    });
-    (md, failed)
+    };
+    (results, failed)
+}
+
+/// `Python 3.11.7, redis-py 8.1.0, python-redis-lock 4.0.1`, or why the interpreter cannot be used.
+async fn python_version(python: &Path) -> Result<String, String> {
+    let out = tokio::process::Command::new(python)
+        .args([
+            "-c",
+            "import sys, redis, redis_lock; \
+             print(f'Python {sys.version.split()[0]}, redis-py {redis.__version__}, \
+             python-redis-lock {redis_lock.__version__}')",
+        ])
+        .output()
+        .await
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} cannot import redis and redis_lock: {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String> {
@@ -546,228 +836,4 @@ async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String> {
         }
     }
     summarize(&samples).ok_or_else(|| "no samples".to_owned())
-}
-
-struct RenderInput<'a> {
-    plan: &'a Plan,
-    nproc: usize,
-    cpu: &'a str,
-    load: (&'a str, &'a str),
-    redis_version: &'a str,
-    ping: &'a Summary,
-    ping_after: Option<&'a Summary>,
-    handoff: &'a [HandoffRow],
-    grid: &'a [GridRow],
-    latency: &'a Result<latency::LatencyRun, String>,
-    held: &'a Result<held::HeldRun, String>,
-    elapsed: Duration,
-}
-
-fn render(input: &RenderInput<'_>) -> String {
-    let mut s = String::new();
-    let ping = input.ping;
-    let rtts = |ns: u64| format!("{:.1}", ns as f64 / ping.p50 as f64);
-    let _ = writeln!(s, "# fencelock-bench ({} run)\n", input.plan.name);
-    let _ = writeln!(s, "## Machine\n");
-    let _ = writeln!(s, "- nproc: {}", input.nproc);
-    let _ = writeln!(s, "- CPU: {}", input.cpu);
-    let _ = writeln!(
-        s,
-        "- redis-server {} (throwaway, loopback, no persistence; started by testkit: one for the handoff, fairness and single-node latency runs, five for Redlock, one for the held-locks run)",
-        input.redis_version
-    );
-    let _ = writeln!(
-        s,
-        "- load average (1/5/15 min) before: {}, after: {}",
-        input.load.0, input.load.1
-    );
-    let _ = writeln!(s, "- run time: {:.0} s\n", input.elapsed.as_secs_f64());
-
-    let _ = writeln!(s, "## Baseline: PING round trip\n");
-    let _ = writeln!(
-        s,
-        "redis-rs multiplexed connection, one PING at a time, {} samples after warm-up, \
-         before the runs (the unit: \"RTTs\" below are multiples of its p50) and again \
-         after them (how much the machine drifted).\n",
-        ping.n
-    );
-    let _ = writeln!(s, "| when | p50 | p99 | max |\n|---|---|---|---|");
-    for (when, p) in [("before", Some(ping)), ("after", input.ping_after)] {
-        if let Some(p) = p {
-            let _ = writeln!(
-                s,
-                "| {when} | {} | {} | {} |",
-                fmt_ns(p.p50),
-                fmt_ns(p.p99),
-                fmt_ns(p.max)
-            );
-        }
-    }
-    let _ = writeln!(s);
-
-    let _ = writeln!(s, "## Handoff latency\n");
-    let _ = writeln!(
-        s,
-        "From just before the holder's release (its stamp write, then release) until a \
-         waiter in another OS process holds the lock, by CLOCK_MONOTONIC. Contenders \
-         (waiters + 1) are tokio tasks over up to {MAX_PROCS} processes; hold {:?} \
-         (1–2 ms with tokio's timer). Strict handoff: a releaser waits until another \
-         contender took the lock before it contends again, so every release has waiters. \
-         Contenders start at evenly spread offsets over one polling interval \
-         ({POLL_SLEEP_MS} ms), so the polling waiters' phases are spread (their best \
-         case). A sample counts only if the previous holder was another process and the \
-         new holder was already waiting at the release. {} per fencelock row, {} per \
-         polling row.\n",
-        HANDOFF_HOLD,
-        fmt_dur(input.plan.handoff_run),
-        fmt_dur(input.plan.poll_run)
-    );
-    let _ = writeln!(
-        s,
-        "| lock | waiters | processes × tasks | samples | p50 | p99 | max | p50 (RTTs) | p99 (RTTs) | not sampled (same process / not waiting) | errors |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
-    for row in input.handoff {
-        let (n, p50, p99, max, r50, r99) = match row.summary {
-            Some(sum) => (
-                sum.n.to_string(),
-                fmt_ns(sum.p50),
-                fmt_ns(sum.p99),
-                fmt_ns(sum.max),
-                rtts(sum.p50),
-                rtts(sum.p99),
-            ),
-            None => (
-                "0".into(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-            ),
-        };
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {n} | {p50} | {p99} | {max} | {r50} | {r99} | {} / {} | {} |",
-            row.lock.label(),
-            row.waiters,
-            fmt_spread(&row.tasks),
-            row.report.same_process,
-            row.report.late,
-            errors_cell(&row.report.errors, row.error.as_deref()),
-        );
-    }
-    let _ = writeln!(s);
-
-    let _ = writeln!(s, "## Targets: fencelock vs the polling lock\n");
-    let _ = writeln!(
-        s,
-        "Targets: p50 < {:?} and p99 < {:?} on loopback, and at least {TARGET_RATIO}x lower \
-         than the polling lock (ratio = polling / fencelock, at p50 and at p99). N polling \
-         waiters at spread phases poll, together, every {POLL_SLEEP_MS}/N ms, so the \
-         polling lock's handoff shrinks as waiters are added.\n",
-        TARGET_P50, TARGET_P99
-    );
-    let _ = writeln!(
-        s,
-        "| lock | waiters | p50 ratio | p99 ratio | p50 < 1 ms | p99 < 5 ms | ≥ 20x at p50 and p99 |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-    for lock in [LockKind::Plain, LockKind::Fair] {
-        for waiters in WAITERS {
-            let find = |l: LockKind| {
-                input
-                    .handoff
-                    .iter()
-                    .find(|r| r.lock == l && r.waiters == waiters)
-                    .and_then(|r| r.summary)
-            };
-            let (Some(f), Some(p)) = (find(lock), find(LockKind::Poll)) else {
-                let _ = writeln!(s, "| {} | {waiters} | – | – | – | – | – |", lock.label());
-                continue;
-            };
-            let r50 = p.p50 as f64 / f.p50 as f64;
-            let r99 = p.p99 as f64 / f.p99 as f64;
-            let _ = writeln!(
-                s,
-                "| {} | {waiters} | {r50:.0}x | {r99:.0}x | {} | {} | {} |",
-                lock.label(),
-                yes_no(f.p50 < TARGET_P50.as_nanos() as u64),
-                yes_no(f.p99 < TARGET_P99.as_nanos() as u64),
-                yes_no(r50 >= TARGET_RATIO && r99 >= TARGET_RATIO),
-            );
-        }
-    }
-    let _ = writeln!(s);
-
-    let _ = writeln!(s, "## Fairness grid\n");
-    let _ = writeln!(
-        s,
-        "python-redis-lock's method: every contender loops acquire (wait for ever) → hold → \
-         release for {} per cell (a releaser contends again at once); acquisitions \
-         counted per contender. Contenders are tokio tasks over up to {MAX_PROCS} \
-         processes (one fencelock Client per process), all starting at one time. Holds \
-         are tokio sleeps (1 ms ≈ 1–2 ms). Longest wait: the longest single acquire of \
-         any contender (the cell length means one never got the lock). Target: fair mode min/max ≥ {TARGET_FAIRNESS}.\n",
-        fmt_dur(input.plan.grid_run)
-    );
-    let _ = writeln!(
-        s,
-        "| mode | clients | hold | processes × tasks | min / client | max / client | min/max | total / s | longest wait | target met | errors |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
-    for row in input.grid {
-        let counts = &row.report.counts;
-        let min = counts.iter().min().copied().unwrap_or(0);
-        let max = counts.iter().max().copied().unwrap_or(0);
-        let complete = counts.len() == row.clients;
-        let ratio = if max > 0 && complete {
-            min as f64 / max as f64
-        } else {
-            0.0
-        };
-        let total: u64 = counts.iter().sum();
-        let target = if row.lock == LockKind::Fair {
-            yes_no(complete && ratio >= TARGET_FAIRNESS)
-        } else {
-            "(none)"
-        };
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} ms | {} | {min} | {max} | {ratio:.2} | {:.0} | {} | {target} | {} |",
-            if row.lock == LockKind::Fair {
-                "fair()"
-            } else {
-                "plain"
-            },
-            row.clients,
-            row.hold_ms,
-            fmt_spread(&row.tasks),
-            total as f64 / row.duration.as_secs_f64(),
-            fmt_ns(row.report.max_wait),
-            errors_cell(&row.report.errors, row.error.as_deref()),
-        );
-    }
-    let _ = writeln!(s);
-
-    latency::render(&mut s, input.latency, ping);
-    held::render(
-        &mut s,
-        input.held,
-        input.plan.held_locks,
-        input.plan.held_window,
-    );
-    s
-}
-
-fn fmt_dur(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
-}
-
-fn errors_cell(errors: &[String], fatal: Option<&str>) -> String {
-    match (fatal, errors.first()) {
-        (Some(f), _) => format!("run failed: {}", f.replace('|', "/")),
-        (None, None) => "0".to_owned(),
-        (None, Some(first)) => format!("{} (first: {})", errors.len(), first.replace('|', "/")),
-    }
 }

@@ -1,4 +1,5 @@
-//! Running worker processes: the bench binary re-executing itself as `worker`.
+//! Running worker processes: the bench binary re-executing itself as `worker`, or the
+//! Python driver of the Python peers (same protocol).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -22,8 +23,10 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// What one worker process reported.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// Handoff latencies, ns.
+    /// Handoff (or acquire + release) latencies, ns.
     pub samples: Vec<u64>,
+    /// PING round trips, ns (the Python driver's latency run).
+    pub pings: Vec<u64>,
     /// Acquisitions per contender (grid).
     pub counts: Vec<u64>,
     /// Acquisitions by all its contenders.
@@ -51,14 +54,19 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts one worker per argument list, and waits until every one is `ready`.
-    pub async fn start(exe: &Path, arg_lists: &[Vec<String>]) -> Result<Workers, String> {
+    /// Starts `program` with `prefix` then each argument list (one worker per list), and
+    /// waits until every one is `ready`.
+    pub async fn start(
+        program: &Path,
+        prefix: &[String],
+        arg_lists: &[Vec<String>],
+    ) -> Result<Workers, String> {
         let mut set = Workers {
             workers: Vec::new(),
         };
         for args in arg_lists {
-            let spawned = Command::new(exe)
-                .arg("worker")
+            let spawned = Command::new(program)
+                .args(prefix)
                 .args(args)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -132,6 +140,11 @@ impl Workers {
         Ok(reports)
     }
 
+    /// The process ids of the workers (to pin them).
+    pub fn pids(&self) -> Vec<u32> {
+        self.workers.iter().filter_map(|w| w.child.id()).collect()
+    }
+
     /// Kills every worker still running and waits for each.
     pub async fn shutdown(&mut self) {
         for w in &mut self.workers {
@@ -159,6 +172,7 @@ async fn read_report(lines: &mut Lines<BufReader<ChildStdout>>) -> Result<Report
         match kind {
             "done" => return Ok(r),
             "sample" => r.samples.push(num()?),
+            "ping" => r.pings.push(num()?),
             "count" => r.counts.push(num()?),
             "error" => r.errors.push(rest.to_owned()),
             "stat" => {

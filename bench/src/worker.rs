@@ -17,27 +17,23 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::clock::mono_ns;
+use crate::peers;
 
-/// The lock under test.
+/// The lock under test (the Rust ones; see [`crate::peers::Peer`] for their settings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LockKind {
     /// fencelock, default (plain) mode, waiting for ever.
     Plain,
     /// fencelock in fair (FIFO) mode, waiting for ever.
     Fair,
-    /// A polling lock with peer defaults: `SET NX PX`, sleep 100 ms on failure.
-    Poll,
-}
-
-impl LockKind {
-    /// The name shown in the tables.
-    pub fn label(self) -> &'static str {
-        match self {
-            LockKind::Plain => "fencelock",
-            LockKind::Fair => "fencelock fair()",
-            LockKind::Poll => "polling (SET NX, sleep 100 ms)",
-        }
-    }
+    /// rslock at its default retry settings.
+    Rslock,
+    /// rslock with a short retry pause.
+    RslockTuned,
+    /// redlock crate at its default retry settings.
+    Redlock,
+    /// redlock crate with a short retry pause.
+    RedlockTuned,
 }
 
 /// What the contenders do.
@@ -45,8 +41,8 @@ impl LockKind {
 pub enum Scenario {
     /// Strict handoff: measure release → another process holds.
     Handoff,
-    /// Fairness grid: count acquisitions per contender.
-    Grid,
+    /// Hot key: acquire, release at once, again; count acquisitions per contender.
+    HotKey,
 }
 
 /// Arguments of the hidden `worker` subcommand (set by the harness, not by people).
@@ -83,74 +79,76 @@ pub struct WorkerArgs {
     /// How many contenders the run has, over all its processes.
     #[arg(long, default_value_t = 1)]
     pub contenders: usize,
-    /// Polling lock: sleep after a failed attempt, in milliseconds.
+    /// Handoff: contenders make their first attempt at evenly spread offsets over this
+    /// many milliseconds, so polling waiters poll at spread phases.
     #[arg(long, default_value_t = 100)]
-    pub poll_sleep_ms: u64,
+    pub spread_ms: u64,
     /// Lock TTL in milliseconds (fixed lease, never reached in practice).
     #[arg(long, default_value_t = 10_000)]
     pub ttl_ms: u64,
 }
 
-/// Compare-and-delete release of the polling lock (redis-py's `Lock.release` script).
-const CAD: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
-  return redis.call("del", KEYS[1])
-else
-  return 0
-end"#;
-
 /// How a process takes and gives back the lock under test. One per process, shared by
 /// its tasks (as an application would share its client).
 enum Locker {
     Fence(fencelock::LockBuilder),
-    Poll {
-        conn: MultiplexedConnection,
+    Rslock {
+        manager: rslock::LockManager,
         key: String,
-        ttl_ms: u64,
-        sleep: Duration,
-        cad: redis::Script,
+        ttl: Duration,
+    },
+    /// Synchronous: every call runs on tokio's blocking pool, so one waiting contender
+    /// does not stall the other tasks of the process.
+    Redlock {
+        manager: Arc<redlock::RedLock>,
+        key: String,
+        ttl_ms: usize,
     },
 }
 
 enum Held {
     Fence(Box<fencelock::LockGuard>),
-    Poll(String),
+    Rslock(rslock::Lock),
+    /// The lock's value (its owner token).
+    Redlock(Vec<u8>),
 }
 
 impl Locker {
     /// Waits for the lock; `Ok(None)` when `deadline` comes first.
-    async fn acquire(&self, deadline: Instant, token: &str) -> Result<Option<Held>, String> {
+    async fn acquire(&self, deadline: Instant) -> Result<Option<Held>, String> {
         match self {
             Locker::Fence(builder) => tokio::select! {
                 r = builder.acquire() => r.map(|g| Some(Held::Fence(Box::new(g)))).map_err(|e| e.to_string()),
                 () = sleep_until(deadline) => Ok(None),
             },
-            Locker::Poll {
-                conn,
+            // The library's own waiting loop.
+            Locker::Rslock { manager, key, ttl } => tokio::select! {
+                r = manager.acquire_no_guard(key.as_bytes(), *ttl) => r.map(|l| Some(Held::Rslock(l))).map_err(|e| e.to_string()),
+                () = sleep_until(deadline) => Ok(None),
+            },
+            // As the library's `acquire` (`lock()` until it succeeds), checking the
+            // deadline between calls.
+            Locker::Redlock {
+                manager,
                 key,
                 ttl_ms,
-                sleep: pause,
-                ..
-            } => {
-                let mut conn = conn.clone();
-                loop {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(key)
-                        .arg(token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(*ttl_ms)
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if set.is_some() {
-                        return Ok(Some(Held::Poll(token.to_owned())));
-                    }
-                    tokio::select! {
-                        () = sleep(*pause) => {}
-                        () = sleep_until(deadline) => return Ok(None),
-                    }
+            } => loop {
+                if Instant::now() >= deadline {
+                    return Ok(None);
                 }
-            }
+                let (manager, key, ttl_ms) = (manager.clone(), key.clone(), *ttl_ms);
+                let got = tokio::task::spawn_blocking(move || {
+                    manager
+                        .lock(key.as_bytes(), ttl_ms)
+                        .map(|l| l.map(|l| l.val))
+                })
+                .await
+                .map_err(|e| format!("blocking task: {e}"))?
+                .map_err(|e| e.to_string())?;
+                if let Some(val) = got {
+                    return Ok(Some(Held::Redlock(val)));
+                }
+            },
         }
     }
 
@@ -159,23 +157,61 @@ impl Locker {
             (Locker::Fence(_), Held::Fence(guard)) => {
                 guard.release().await.map_err(|e| e.to_string())
             }
-            (Locker::Poll { conn, key, cad, .. }, Held::Poll(token)) => {
-                let mut conn = conn.clone();
-                let deleted: i64 = cad
-                    .key(key)
-                    .arg(token)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if deleted == 1 {
-                    Ok(())
-                } else {
-                    Err("polling lock: released a lock no longer held".to_owned())
-                }
+            // Best effort, no outcome reported (the library's API).
+            (Locker::Rslock { .. }, Held::Rslock(lock)) => {
+                lock.release().await;
+                Ok(())
             }
-            _ => unreachable!("a guard is released by the locker that made it"),
+            (Locker::Redlock { manager, key, .. }, Held::Redlock(val)) => {
+                let (manager, key) = (manager.clone(), key.clone());
+                tokio::task::spawn_blocking(move || redlock_unlock(&manager, key, val))
+                    .await
+                    .map_err(|e| format!("blocking task: {e}"))
+            }
+            _ => Err("a lock released by a locker that did not make it".to_owned()),
         }
     }
+}
+
+/// Releases a redlock-crate lock known by its key and value (the library releases a
+/// `Lock`, which borrows the manager, so it cannot cross to another thread).
+pub fn redlock_unlock(manager: &redlock::RedLock, key: String, val: Vec<u8>) {
+    manager.unlock(&redlock::Lock {
+        resource: key.into_bytes(),
+        val,
+        validity_time: 0,
+        lock_manager: manager,
+    });
+}
+
+/// An rslock manager over `urls`, with the retry pause of `lock`.
+pub fn rslock_manager(urls: &[String], tuned: bool) -> rslock::LockManager {
+    let mut manager = rslock::LockManager::new(urls.to_vec());
+    manager.set_retry(
+        peers::RUST_PEER_RETRY_COUNT,
+        if tuned {
+            peers::RUST_PEER_TUNED_DELAY
+        } else {
+            peers::RUST_PEER_DEFAULT_DELAY
+        },
+    );
+    manager
+}
+
+/// A redlock-crate manager over `urls`, with the retry pause of `lock`; an error for a
+/// URL it cannot parse (its constructor would panic).
+pub fn redlock_manager(urls: &[String], tuned: bool) -> Result<redlock::RedLock, String> {
+    for url in urls {
+        redis::Client::open(url.as_str()).map_err(|e| format!("{url}: {e}"))?;
+    }
+    let mut manager = redlock::RedLock::new(urls.to_vec());
+    let delay = if tuned {
+        peers::RUST_PEER_TUNED_DELAY
+    } else {
+        peers::RUST_PEER_DEFAULT_DELAY
+    };
+    manager.set_retry(peers::RUST_PEER_RETRY_COUNT, delay.as_millis() as u32);
+    Ok(manager)
 }
 
 #[derive(Default)]
@@ -261,13 +297,24 @@ async fn run_async(
             fence_client = Some(client);
             Locker::Fence(builder)
         }
-        LockKind::Poll => Locker::Poll {
-            conn: conn.clone(),
-            key: format!("{}:poll-lock", args.name),
-            ttl_ms: args.ttl_ms,
-            sleep: Duration::from_millis(args.poll_sleep_ms),
-            cad: redis::Script::new(CAD),
-        },
+        LockKind::Rslock | LockKind::RslockTuned => {
+            let urls = [args.url.clone()];
+            let manager = rslock_manager(&urls, args.lock == LockKind::RslockTuned);
+            Locker::Rslock {
+                manager,
+                key: format!("{}:lock", args.name),
+                ttl: Duration::from_millis(args.ttl_ms),
+            }
+        }
+        LockKind::Redlock | LockKind::RedlockTuned => {
+            let urls = [args.url.clone()];
+            let manager = redlock_manager(&urls, args.lock == LockKind::RedlockTuned)?;
+            Locker::Redlock {
+                manager: Arc::new(manager),
+                key: format!("{}:lock", args.name),
+                ttl_ms: args.ttl_ms as usize,
+            }
+        }
     };
     // Handoff: one connection per task for the blocking BLPOP that tells a releaser
     // another contender took the lock.
@@ -301,24 +348,23 @@ async fn run_async(
             Scenario::Handoff => {
                 let blpop = blpop_conns.pop().expect("one per task");
                 // Contender `g` (interleaved across processes: task `t` of process `p` is
-                // `t * procs + p`) makes its first attempt `g / contenders` of a polling
-                // interval after the start. So a FIFO queue starts out alternating
-                // between processes rather than grouped by process, and the polling
-                // lock's waiters poll at evenly spread phases (its best case) rather
-                // than all at once.
+                // `t * procs + p`) makes its first attempt `g / contenders` of the spread
+                // after the start. So a FIFO queue starts out alternating between
+                // processes rather than grouped by process, and polling waiters poll at
+                // spread phases rather than all at once.
                 let g = task * ctx.args.procs + ctx.args.proc_index;
-                let spacing = Duration::from_millis(ctx.args.poll_sleep_ms)
-                    / ctx.args.contenders.max(1) as u32;
+                let spacing =
+                    Duration::from_millis(ctx.args.spread_ms) / ctx.args.contenders.max(1) as u32;
                 let first = start + spacing * g as u32;
                 tasks.spawn(async move {
                     sleep_until(first).await;
                     handoff_task(&ctx, blpop, task, deadline).await
                 });
             }
-            Scenario::Grid => {
+            Scenario::HotKey => {
                 tasks.spawn(async move {
                     sleep_until(start).await;
-                    grid_task(&ctx, task, deadline).await
+                    hot_key_task(&ctx, deadline).await
                 });
             }
         }
@@ -327,7 +373,7 @@ async fn run_async(
     let mut totals = TaskResult::default();
     while let Some(joined) = tasks.join_next().await {
         let r = joined.map_err(|e| format!("contender task failed: {e}"))?;
-        if ctx.args.scenario == Scenario::Grid {
+        if ctx.args.scenario == Scenario::HotKey {
             out.push(format!("count {}", r.acquisitions));
         }
         totals.samples.extend(r.samples);
@@ -407,12 +453,9 @@ async fn handoff_task(
     let stamp_key = format!("{name}:stamp");
     let my_inbox = format!("{name}:taken:{me}");
     let hold = Duration::from_micros(ctx.args.hold_us);
-    let mut seq = 0u64;
     while Instant::now() < deadline {
-        seq += 1;
-        let token = format!("{me}:{seq}");
         let started = mono_ns();
-        let held = match ctx.locker.acquire(deadline, &token).await {
+        let held = match ctx.locker.acquire(deadline).await {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(e) => {
@@ -484,17 +527,14 @@ async fn handoff_task(
     r
 }
 
-/// One contender of the fairness grid: acquire (waiting for ever) → hold → release, as
+/// One contender of the hot-key run: acquire (waiting for ever) → hold → release, as
 /// fast as it can, until the deadline. Counts its acquisitions.
-async fn grid_task(ctx: &Ctx, task: usize, deadline: Instant) -> TaskResult {
+async fn hot_key_task(ctx: &Ctx, deadline: Instant) -> TaskResult {
     let mut r = TaskResult::default();
     let hold = Duration::from_micros(ctx.args.hold_us);
-    let mut seq = 0u64;
     while Instant::now() < deadline {
-        seq += 1;
-        let token = format!("{}:{task}:{seq}", ctx.pid);
         let asked = mono_ns();
-        let acquired = ctx.locker.acquire(deadline, &token).await;
+        let acquired = ctx.locker.acquire(deadline).await;
         r.max_wait = r.max_wait.max(mono_ns() - asked);
         let held = match acquired {
             Ok(Some(h)) => h,
@@ -504,6 +544,11 @@ async fn grid_task(ctx: &Ctx, task: usize, deadline: Instant) -> TaskResult {
                 break;
             }
         };
+        if Instant::now() >= deadline {
+            // Past the window (a synchronous peer's attempt ran over): not counted.
+            let _ = ctx.locker.release(held).await;
+            break;
+        }
         r.acquisitions += 1;
         if !hold.is_zero() {
             sleep(hold).await;

@@ -1,0 +1,175 @@
+//! The locks benchmarked side by side: fencelock and its peers, each at its own defaults
+//! and, where it has knobs, tuned; with the settings the report states.
+
+use std::time::Duration;
+
+/// rslock and redlock: attempts per `lock()` call (their default) and the upper bound of
+/// the random pause after a failed attempt (their default: 200 ms).
+pub const RUST_PEER_RETRY_COUNT: u32 = 3;
+pub const RUST_PEER_DEFAULT_DELAY: Duration = Duration::from_millis(200);
+/// Tuned: a random pause of 0–2 ms (1 ms on average, as redis-py's tuned sleep).
+pub const RUST_PEER_TUNED_DELAY: Duration = Duration::from_millis(2);
+/// redis-py `Lock(sleep=...)`: its default, and tuned.
+pub const REDIS_PY_DEFAULT_SLEEP: f64 = 0.1;
+pub const REDIS_PY_TUNED_SLEEP: f64 = 0.001;
+
+/// One lock under test, with its settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// fencelock, default mode.
+    Fencelock,
+    /// fencelock `fair()` (FIFO queue).
+    FencelockFair,
+    /// rslock at its defaults (retry 3 × random 0–200 ms).
+    Rslock,
+    /// rslock with a 0–2 ms retry pause.
+    RslockTuned,
+    /// redlock crate at its defaults (retry 3 × random 0–200 ms).
+    Redlock,
+    /// redlock crate with a 0–2 ms retry pause.
+    RedlockTuned,
+    /// redis-py `Lock`, `sleep=0.1` (its default).
+    RedisPy,
+    /// redis-py `Lock`, `sleep=0.001`.
+    RedisPyTuned,
+    /// python-redis-lock (BLPOP signalling; no waiting knob).
+    PythonRedisLock,
+}
+
+impl Peer {
+    /// Every lock, in the order of the tables.
+    pub const ALL: [Peer; 9] = [
+        Peer::Fencelock,
+        Peer::FencelockFair,
+        Peer::Rslock,
+        Peer::RslockTuned,
+        Peer::Redlock,
+        Peer::RedlockTuned,
+        Peer::RedisPy,
+        Peer::RedisPyTuned,
+        Peer::PythonRedisLock,
+    ];
+
+    /// The name shown in the tables and charts.
+    pub fn label(self) -> &'static str {
+        match self {
+            Peer::Fencelock => "fencelock",
+            Peer::FencelockFair => "fencelock fair()",
+            Peer::Rslock => "rslock",
+            Peer::RslockTuned => "rslock tuned",
+            Peer::Redlock => "redlock",
+            Peer::RedlockTuned => "redlock tuned",
+            Peer::RedisPy => "redis-py Lock",
+            Peer::RedisPyTuned => "redis-py Lock tuned",
+            Peer::PythonRedisLock => "python-redis-lock",
+        }
+    }
+
+    /// How it waits and with which settings, for the report.
+    pub fn settings(self) -> String {
+        let ms = |d: Duration| d.as_millis();
+        match self {
+            Peer::Fencelock => "fencelock 0.1.0 (this repo), `wait_forever()`: one script call to \
+                                acquire; a waiter is woken by pub/sub on release"
+                .to_owned(),
+            Peer::FencelockFair => "as fencelock, with `.fair()`: waiters queue in FIFO order and \
+                                    the release hands the lock to the head of the queue"
+                .to_owned(),
+            Peer::Rslock => format!(
+                "rslock 0.10.0, `LockManager` defaults: `acquire` loops `lock()`, which tries \
+                 `SET NX PX` {RUST_PEER_RETRY_COUNT} times with a random 0–{} ms pause after \
+                 each failed try (and releases on every node after each failed try)",
+                ms(RUST_PEER_DEFAULT_DELAY)
+            ),
+            Peer::RslockTuned => format!(
+                "rslock 0.10.0, `set_retry({RUST_PEER_RETRY_COUNT}, {} ms)`: random 0–{} ms pause",
+                ms(RUST_PEER_TUNED_DELAY),
+                ms(RUST_PEER_TUNED_DELAY)
+            ),
+            Peer::Redlock => format!(
+                "redlock 2.0.0 (synchronous; a new TCP connection per command), defaults: \
+                 `lock()` tries {RUST_PEER_RETRY_COUNT} times with a random 0–{} ms sleep after \
+                 each try; waiting = `lock()` in a loop (as its `acquire`), each call on tokio's \
+                 blocking pool",
+                ms(RUST_PEER_DEFAULT_DELAY)
+            ),
+            Peer::RedlockTuned => format!(
+                "redlock 2.0.0, `set_retry({RUST_PEER_RETRY_COUNT}, {})`: random 0–{} ms sleep",
+                ms(RUST_PEER_TUNED_DELAY),
+                ms(RUST_PEER_TUNED_DELAY)
+            ),
+            Peer::RedisPy => format!(
+                "redis-py `Lock(sleep={REDIS_PY_DEFAULT_SLEEP})` (its default): `SET NX PX`, \
+                 then a fixed sleep between tries"
+            ),
+            Peer::RedisPyTuned => {
+                format!("redis-py `Lock(sleep={REDIS_PY_TUNED_SLEEP})`")
+            }
+            Peer::PythonRedisLock => "python-redis-lock `Lock(expire=10)`: `SET NX EX`, \
+                                      else `BLPOP` on a signal list that the release script \
+                                      pushes one element to (it wakes one waiter, no polling); \
+                                      no knob for waiting"
+                .to_owned(),
+        }
+    }
+
+    /// Whether it waits by polling with a pause of up to 100 ms or more (its rows get the
+    /// longer run time, so they collect enough samples).
+    pub fn slow(self) -> bool {
+        matches!(self, Peer::Rslock | Peer::Redlock | Peer::RedisPy)
+    }
+
+    /// A polling peer at its defaults: the handoff target is measured against these.
+    pub fn polling_default(self) -> bool {
+        self.slow()
+    }
+
+    /// Runs in the Python driver rather than the Rust worker.
+    pub fn python(self) -> bool {
+        matches!(
+            self,
+            Peer::RedisPy | Peer::RedisPyTuned | Peer::PythonRedisLock
+        )
+    }
+
+    /// The arguments that select it: for the Rust worker (`--lock ...`) or the Python
+    /// driver (`--lock ... --sleep ...`).
+    pub fn lock_args(self) -> Vec<String> {
+        let v: &[&str] = match self {
+            Peer::Fencelock => &["--lock", "plain"],
+            Peer::FencelockFair => &["--lock", "fair"],
+            Peer::Rslock => &["--lock", "rslock"],
+            Peer::RslockTuned => &["--lock", "rslock-tuned"],
+            Peer::Redlock => &["--lock", "redlock"],
+            Peer::RedlockTuned => &["--lock", "redlock-tuned"],
+            Peer::RedisPy => return redis_py(REDIS_PY_DEFAULT_SLEEP),
+            Peer::RedisPyTuned => return redis_py(REDIS_PY_TUNED_SLEEP),
+            Peer::PythonRedisLock => &["--lock", "python-redis-lock"],
+        };
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// A name usable in Redis keys.
+    pub fn slug(self) -> &'static str {
+        match self {
+            Peer::Fencelock => "fencelock",
+            Peer::FencelockFair => "fencelock-fair",
+            Peer::Rslock => "rslock",
+            Peer::RslockTuned => "rslock-tuned",
+            Peer::Redlock => "redlock",
+            Peer::RedlockTuned => "redlock-tuned",
+            Peer::RedisPy => "redis-py",
+            Peer::RedisPyTuned => "redis-py-tuned",
+            Peer::PythonRedisLock => "python-redis-lock",
+        }
+    }
+}
+
+fn redis_py(sleep: f64) -> Vec<String> {
+    vec![
+        "--lock".to_owned(),
+        "redis-py".to_owned(),
+        "--sleep".to_owned(),
+        sleep.to_string(),
+    ]
+}

@@ -1,0 +1,661 @@
+//! The markdown report of a run.
+
+use std::fmt::Write as _;
+
+use crate::latency::{BLOCK, LatencyRun, Series, TTL};
+use crate::peers::Peer;
+use crate::{
+    Charts, HANDOFF_HOLD, HOT_KEY_CONTENDERS, HandoffRow, HotKeyRow, MAX_PROCS, Results,
+    START_SPREAD_MS, Summary, TARGET_FAIRNESS, TARGET_HANDOFF_P50, TARGET_HANDOFF_RATIO,
+    TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS, fmt_dur, fmt_ns, held, yes_no,
+};
+
+/// `3.2x`, `0.45x`, `1234x`.
+fn x(ratio: f64) -> String {
+    if !ratio.is_finite() {
+        "–".to_owned()
+    } else if ratio >= 100.0 {
+        format!("{ratio:.0}x")
+    } else if ratio >= 10.0 {
+        format!("{ratio:.1}x")
+    } else {
+        format!("{ratio:.2}x")
+    }
+}
+
+fn spread_cell(tasks: &[usize]) -> String {
+    let (min, max) = (
+        tasks.iter().min().copied().unwrap_or(0),
+        tasks.iter().max().copied().unwrap_or(0),
+    );
+    if min == max {
+        format!("{} × {min}", tasks.len())
+    } else {
+        format!("{} × {min}–{max}", tasks.len())
+    }
+}
+
+fn errors_cell(errors: &[String], fatal: Option<&str>) -> String {
+    match (fatal, errors.first()) {
+        (Some(f), _) => format!("run failed: {}", f.replace('|', "/")),
+        (None, None) => "0".to_owned(),
+        (None, Some(first)) => format!("{} (first: {})", errors.len(), first.replace('|', "/")),
+    }
+}
+
+/// The uncontended single-node series of `peer` (tuned variants share their default's:
+/// the retry settings only matter under contention).
+fn uncontended(r: &Results, peer: Peer) -> Option<&Series> {
+    let base = match peer {
+        Peer::FencelockFair | Peer::RslockTuned | Peer::RedlockTuned | Peer::RedisPyTuned => {
+            return None;
+        }
+        p => p,
+    };
+    if let Ok(lat) = &r.latency
+        && let Some((_, s)) = lat.single.iter().find(|(p, _)| *p == base)
+    {
+        return Some(s);
+    }
+    r.python_latency
+        .iter()
+        .find(|(p, _)| *p == base)
+        .and_then(|(_, s)| s.as_ref().ok())
+        .map(|run| &run.cycles)
+}
+
+fn handoff_row(r: &Results, peer: Peer, waiters: usize) -> Option<&HandoffRow> {
+    r.handoff
+        .iter()
+        .find(|h| h.peer == peer && h.waiters == waiters)
+}
+
+fn handoff_p50(r: &Results, peer: Peer, waiters: usize) -> Option<u64> {
+    handoff_row(r, peer, waiters).and_then(|h| h.summary.map(|s| s.p50))
+}
+
+fn hot_key_row(r: &Results, peer: Peer) -> Option<&HotKeyRow> {
+    r.hot_key
+        .iter()
+        .find(|h| h.peer == peer && h.error.is_none())
+}
+
+/// The PING p50 that ratios are taken against: the one interleaved with the latency
+/// cycles when there is one, else the baseline's.
+fn ping_unit(r: &Results) -> u64 {
+    match &r.latency {
+        Ok(lat) => lat.ping.summary.p50,
+        Err(_) => r.ping.p50,
+    }
+}
+
+fn peers_of(r: &Results) -> Vec<Peer> {
+    crate::peers(r.python.is_ok())
+}
+
+pub fn render(r: &Results, charts: &Charts) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# fencelock-bench ({} run)\n", r.plan.name);
+    machine(&mut s, r);
+    settings(&mut s, r);
+    side_by_side(&mut s, r);
+    targets(&mut s, r);
+    baseline(&mut s, r);
+    uncontended_section(&mut s, r, charts);
+    redlock_section(&mut s, r);
+    handoff_section(&mut s, r, charts);
+    hot_key_section(&mut s, r, charts);
+    held::render(&mut s, &r.held, r.plan.held_locks, r.plan.held_window);
+    let _ = writeln!(
+        s,
+        "The peers are not in this row: none of them renews many leases together. rslock's \
+         `using` renews each lock with its own timer and one script call per lock; \
+         python-redis-lock's `auto_renewal` starts one thread per lock; redis-py's `Lock` \
+         and the redlock crate renew only when the caller calls `extend`.\n"
+    );
+    s
+}
+
+fn machine(s: &mut String, r: &Results) {
+    let _ = writeln!(s, "## Machine\n");
+    let _ = writeln!(s, "- nproc: {}", r.nproc);
+    let _ = writeln!(s, "- CPU: {}", r.cpu);
+    let _ = writeln!(
+        s,
+        "- redis-server {} (throwaway, loopback, no persistence; started by testkit: one \
+         for the handoff, hot-key and single-node latency runs, five for Redlock, one for \
+         the held-locks run)",
+        r.redis_version
+    );
+    match &r.python {
+        Ok(v) => {
+            let _ = writeln!(s, "- {v} (pinned in `bench/py/requirements.txt`)");
+        }
+        Err(e) => {
+            let _ = writeln!(s, "- Python peers left out: {e}");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "- load average (1/5/15 min) before: {}, after: {}",
+        r.load_before, r.load_after
+    );
+    let _ = writeln!(s, "- run time: {:.0} s\n", r.elapsed.as_secs_f64());
+}
+
+fn settings(s: &mut String, r: &Results) {
+    let _ = writeln!(s, "## Locks and their settings\n");
+    let _ = writeln!(
+        s,
+        "Every lock takes a {TTL:?} lease (python-redis-lock: `expire=10`; its default is \
+         no expiry), never reached. \"tuned\" rows change only how long a waiter pauses \
+         between tries; the other knobs stay at the library's defaults.\n"
+    );
+    let _ = writeln!(s, "| lock | settings |\n|---|---|");
+    for p in peers_of(r) {
+        let _ = writeln!(s, "| {} | {} |", p.label(), p.settings());
+    }
+    let _ = writeln!(s);
+}
+
+fn side_by_side(s: &mut String, r: &Results) {
+    let unit = ping_unit(r) as f64;
+    let fence_unc = uncontended(r, Peer::Fencelock).map(|s| s.summary.p50 as f64);
+    let fence_hot = hot_key_row(r, Peer::Fencelock).map(HotKeyRow::per_second);
+    let _ = writeln!(s, "## Side by side\n");
+    let _ = writeln!(
+        s,
+        "Absolute figures, with ratios in brackets: uncontended p50 as PING round trips \
+         (p50 of the PINGs interleaved with the cycles, {}) and as a multiple of \
+         fencelock's; handoff p50 as a multiple of fencelock's at the same waiter count \
+         (above 1: slower than fencelock); hot-key acquisitions per second as a multiple \
+         of fencelock's (below 1: fewer than fencelock). Details and the conditions of \
+         each figure in the sections below. \"–\": not measured (tuned settings change \
+         nothing uncontended; the Redlock comparison covers the libraries that do \
+         Redlock).\n",
+        fmt_ns(ping_unit(r))
+    );
+    let _ = writeln!(
+        s,
+        "| lock | uncontended p50 (× PING, × fencelock) | handoff p50, 1 waiter | 8 waiters | 64 waiters | hot key acq/s | hot key min/max | Redlock {n} nodes p50 ÷ single |\n|---|---|---|---|---|---|---|---|",
+        n = crate::REDLOCK_NODES
+    );
+    for p in peers_of(r) {
+        let unc = match uncontended(r, p) {
+            Some(series) => {
+                let v = series.summary.p50 as f64;
+                format!(
+                    "{} ({}, {})",
+                    fmt_ns(series.summary.p50),
+                    x(v / unit),
+                    fence_unc.map_or("–".into(), |f| x(v / f))
+                )
+            }
+            None => "–".to_owned(),
+        };
+        let hand: Vec<String> = WAITERS
+            .iter()
+            .map(|&w| match handoff_p50(r, p, w) {
+                Some(v) => {
+                    let rel = handoff_p50(r, Peer::Fencelock, w)
+                        .map_or("–".into(), |f| x(v as f64 / f as f64));
+                    format!("{} ({rel})", fmt_ns(v))
+                }
+                None => "–".to_owned(),
+            })
+            .collect();
+        let (hot, fair) = match hot_key_row(r, p) {
+            Some(h) => (
+                format!(
+                    "{:.0} ({})",
+                    h.per_second(),
+                    fence_hot.map_or("–".into(), |f| x(h.per_second() / f))
+                ),
+                format!("{:.2}", h.fairness()),
+            ),
+            None => ("–".to_owned(), "–".to_owned()),
+        };
+        let redlock = match &r.latency {
+            Ok(lat) => match (
+                lat.single.iter().find(|(q, _)| *q == p),
+                lat.redlock.iter().find(|(q, _)| *q == p),
+            ) {
+                (Some((_, one)), Some((_, many))) => format!(
+                    "{} ({} / {})",
+                    x(many.summary.p50 as f64 / one.summary.p50 as f64),
+                    fmt_ns(many.summary.p50),
+                    fmt_ns(one.summary.p50)
+                ),
+                _ => "–".to_owned(),
+            },
+            Err(_) => "–".to_owned(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {unc} | {} | {} | {} | {hot} | {fair} | {redlock} |",
+            p.label(),
+            hand[0],
+            hand[1],
+            hand[2]
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn targets(s: &mut String, r: &Results) {
+    let _ = writeln!(s, "## Targets\n");
+    let _ = writeln!(s, "| target | figure | met |\n|---|---|---|");
+    // 1. Uncontended p50 vs two PINGs.
+    match &r.latency {
+        Ok(lat) => {
+            let f = lat.single.iter().find(|(p, _)| *p == Peer::Fencelock);
+            if let Some((_, f)) = f {
+                let vs = f.summary.p50 as f64 / (2.0 * lat.ping.summary.p50 as f64);
+                let _ = writeln!(
+                    s,
+                    "| uncontended acquire + release p50 within {TARGET_PING_RATIO}x of two \
+                     PING round trips | {} / (2 × {}) = {} | {} |",
+                    fmt_ns(f.summary.p50),
+                    fmt_ns(lat.ping.summary.p50),
+                    x(vs),
+                    yes_no(vs <= TARGET_PING_RATIO)
+                );
+            }
+        }
+        Err(e) => {
+            let _ = writeln!(s, "| uncontended p50 vs PING | run failed: {e} | **no** |");
+        }
+    }
+    // 2. Handoff.
+    let polling: Vec<Peer> = peers_of(r)
+        .into_iter()
+        .filter(|p| p.polling_default())
+        .collect();
+    for ours in [Peer::Fencelock, Peer::FencelockFair] {
+        let mut cells = Vec::new();
+        let mut ok = true;
+        for w in WAITERS {
+            let Some(f) = handoff_p50(r, ours, w) else {
+                ok = false;
+                cells.push(format!("{w} waiters: not measured"));
+                continue;
+            };
+            ok &= f < TARGET_HANDOFF_P50.as_nanos() as u64;
+            let mut worst: Option<(f64, Peer)> = None;
+            for &p in &polling {
+                match handoff_p50(r, p, w) {
+                    Some(v) => {
+                        let ratio = v as f64 / f as f64;
+                        if worst.is_none_or(|(r, _)| ratio < r) {
+                            worst = Some((ratio, p));
+                        }
+                    }
+                    None => ok = false,
+                }
+            }
+            match worst {
+                Some((ratio, p)) => {
+                    ok &= ratio >= TARGET_HANDOFF_RATIO;
+                    cells.push(format!(
+                        "{w} waiters: {}, lowest ratio {} ({})",
+                        fmt_ns(f),
+                        x(ratio),
+                        p.label()
+                    ));
+                }
+                None => cells.push(format!("{w} waiters: {}", fmt_ns(f))),
+            }
+        }
+        let _ = writeln!(
+            s,
+            "| {}: handoff p50 under {TARGET_HANDOFF_P50:?} and at least {TARGET_HANDOFF_RATIO}x \
+             lower than every polling peer at its defaults ({}) | {} | {} |",
+            ours.label(),
+            polling
+                .iter()
+                .map(|p| p.label())
+                .collect::<Vec<_>>()
+                .join(", "),
+            cells.join("; "),
+            yes_no(ok)
+        );
+    }
+    // 3. Hot key, fair mode.
+    match hot_key_row(r, Peer::FencelockFair) {
+        Some(h) => {
+            let _ = writeln!(
+                s,
+                "| hot key ({HOT_KEY_CONTENDERS} contenders): fair mode min/max acquisitions \
+                 per contender at or above {TARGET_FAIRNESS} | {:.2} | {} |",
+                h.fairness(),
+                yes_no(h.complete() && h.fairness() >= TARGET_FAIRNESS)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "| hot key, fair mode | run failed | **no** |");
+        }
+    }
+    // 4. Redlock.
+    if let Ok(lat) = &r.latency {
+        let one = lat.single.iter().find(|(p, _)| *p == Peer::Fencelock);
+        let many = lat.redlock.iter().find(|(p, _)| *p == Peer::Fencelock);
+        if let (Some((_, one)), Some((_, many))) = (one, many) {
+            let ratio = many.summary.p50 as f64 / one.summary.p50 as f64;
+            let _ = writeln!(
+                s,
+                "| Redlock ({} nodes) p50 within {TARGET_REDLOCK_RATIO}x of single node | {} / {} \
+                 = {} | {} |",
+                lat.nodes,
+                fmt_ns(many.summary.p50),
+                fmt_ns(one.summary.p50),
+                x(ratio),
+                yes_no(ratio <= TARGET_REDLOCK_RATIO)
+            );
+        }
+    }
+    // 5. Held locks.
+    match &r.held {
+        Ok(h) => {
+            let calls = h.calls_per_100_per_tick();
+            let bytes = h.bytes_per_lock();
+            let _ = writeln!(
+                s,
+                "| {} held locks: at most {} script call per 100 leases per renewal tick, \
+                 under {} bytes of client memory per lock | {calls:.2} calls, {bytes:.0} \
+                 bytes | {} |",
+                h.locks,
+                held::TARGET_CALLS_PER_100,
+                held::TARGET_BYTES_PER_LOCK,
+                yes_no(
+                    calls <= held::TARGET_CALLS_PER_100
+                        && bytes < held::TARGET_BYTES_PER_LOCK
+                        && h.all_alive()
+                )
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(s, "| held locks | run failed: {e} | **no** |");
+        }
+    }
+    let _ = writeln!(s);
+}
+
+fn baseline(s: &mut String, r: &Results) {
+    let _ = writeln!(s, "## Baseline: PING round trip\n");
+    let _ = writeln!(
+        s,
+        "redis-rs multiplexed connection, one PING at a time, {} samples after warm-up, \
+         unpinned, before the runs and again after them (how much the machine drifted). The \
+         ratios above use the PINGs interleaved with the latency cycles instead (pinned like \
+         them; next section).\n",
+        r.ping.n
+    );
+    let _ = writeln!(s, "| when | p50 | p99 | max |\n|---|---|---|---|");
+    for (when, p) in [("before", Some(&r.ping)), ("after", r.ping_after.as_ref())] {
+        if let Some(p) = p {
+            let _ = writeln!(
+                s,
+                "| {when} | {} | {} | {} |",
+                fmt_ns(p.p50),
+                fmt_ns(p.p99),
+                fmt_ns(p.max)
+            );
+        }
+    }
+    let _ = writeln!(s);
+}
+
+fn chart_link(s: &mut String, charts: &Charts, file: &Option<String>, alt: &str) {
+    match (file, &charts.error) {
+        (Some(f), _) => {
+            // A full run writes into docs/img, next to this report; show it inline.
+            if charts.dir.ends_with("docs/img") {
+                let _ = writeln!(s, "![{alt}](img/{f})\n");
+            } else {
+                let _ = writeln!(s, "Chart: `{}`\n", charts.dir.join(f).display());
+            }
+        }
+        (None, Some(e)) => {
+            let _ = writeln!(s, "(Chart not drawn: {e}.)\n");
+        }
+        (None, None) => {}
+    }
+}
+
+fn uncontended_section(s: &mut String, r: &Results, charts: &Charts) {
+    let _ = writeln!(s, "## Uncontended acquire + release, one client\n");
+    let lat = match &r.latency {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = writeln!(s, "Run failed: {e}\n");
+            return;
+        }
+    };
+    let _ = writeln!(
+        s,
+        "One client, one lock name, no contention: each cycle acquires with a {TTL:?} lease \
+         and releases, awaited in turn, timed from before the acquire to the end of the \
+         release. fencelock: `lock(name).ttl(..).try_acquire()` then `guard.release()`; \
+         rslock: `LockManager::lock` then `Lock::release`; redlock: `RedLock::lock` then \
+         `unlock` (synchronous, on the harness thread); all in the harness process, taking \
+         turns in blocks of {BLOCK} with a PING loop, so the machine's drift hits them alike. \
+         {} measured cycles per client after {} warm-up cycles. Placement: {}. The Python \
+         peers run in the Python driver (one thread), {} cycles each after warm-up, taking \
+         turns in blocks of {BLOCK} with redis-py PINGs; placement: {}.\n",
+        lat.cycles,
+        lat.warmup,
+        lat.placement,
+        lat.cycles,
+        r.python_placement.as_deref().unwrap_or("–"),
+    );
+    let _ = writeln!(
+        s,
+        "Why pinned: on a 2-CPU VM a loopback round trip costs about 10 µs when client and \
+         server share a CPU and about 70 µs when the server must be woken on the other one, \
+         and unpinned the scheduler picks either, differently from run to run. Client and \
+         servers on separate CPUs makes every request a cross-CPU wake-up, as it would be a \
+         network hop.\n"
+    );
+    let unit = lat.ping.summary.p50 as f64;
+    let fence = lat
+        .single
+        .iter()
+        .find(|(p, _)| *p == Peer::Fencelock)
+        .map(|(_, s)| s.summary.p50 as f64);
+    let _ = writeln!(
+        s,
+        "| client | samples | p50 | p99 | max | cycles/s | p50 × PING (redis-rs) | p50 × fencelock |\n|---|---|---|---|---|---|---|---|"
+    );
+    let mut rows: Vec<(String, &Series)> = lat
+        .single
+        .iter()
+        .map(|(p, s)| (p.label().to_owned(), s))
+        .collect();
+    rows.push(("PING (redis-rs, interleaved)".to_owned(), &lat.ping));
+    for (p, res) in &r.python_latency {
+        match res {
+            Ok(run) => rows.push((p.label().to_owned(), &run.cycles)),
+            Err(e) => {
+                let _ = writeln!(s, "| {} | run failed: {e} |||||||", p.label());
+            }
+        }
+    }
+    if let Some((_, Ok(run))) = r.python_latency.first() {
+        rows.push(("PING (redis-py, interleaved)".to_owned(), &run.pings));
+    }
+    for (label, series) in rows {
+        let sm = &series.summary;
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} | {:.0} | {} | {} |",
+            sm.n,
+            fmt_ns(sm.p50),
+            fmt_ns(sm.p99),
+            fmt_ns(sm.max),
+            series.per_second(),
+            x(sm.p50 as f64 / unit),
+            fence.map_or("–".into(), |f| x(sm.p50 as f64 / f)),
+        );
+    }
+    let _ = writeln!(s);
+    chart_link(
+        s,
+        charts,
+        &charts.latency,
+        "Uncontended acquire + release latency distributions",
+    );
+}
+
+fn redlock_section(s: &mut String, r: &Results) {
+    let Ok(lat) = &r.latency else { return };
+    redlock_table(s, lat);
+}
+
+fn redlock_table(s: &mut String, lat: &LatencyRun) {
+    let n = lat.nodes;
+    let _ = writeln!(s, "## Redlock over {n} nodes vs single node\n");
+    let _ = writeln!(
+        s,
+        "The same uncontended cycle (same run, same turns as above) with each library's \
+         Redlock client over {n} independent redis-server processes on this machine (a \
+         majority of {} must grant): fencelock `Client::redlock(urls).restart_protection(None)` \
+         (to each node at once), rslock `LockManager::new(urls)` (to each node at once), \
+         redlock `RedLock::new(urls)` (one node after another, a new connection per \
+         command). The Redlock nodes share the CPUs left by the client, so their work runs \
+         one after another rather than in parallel as on {n} hosts. For scale: one PING to \
+         each of the {n} nodes at once, until all answered, takes {} (p50).\n",
+        n / 2 + 1,
+        fmt_ns(lat.fan_out.summary.p50),
+    );
+    let _ = writeln!(
+        s,
+        "| lock | single p50 | single p99 | {n} nodes p50 | {n} nodes p99 | p50 ratio | p99 ratio | {n} nodes p50 × fencelock's |\n|---|---|---|---|---|---|---|---|"
+    );
+    let fence = lat
+        .redlock
+        .iter()
+        .find(|(p, _)| *p == Peer::Fencelock)
+        .map(|(_, s)| s.summary.p50 as f64);
+    for (p, many) in &lat.redlock {
+        let Some((_, one)) = lat.single.iter().find(|(q, _)| q == p) else {
+            continue;
+        };
+        let (o, m): (&Summary, &Summary) = (&one.summary, &many.summary);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.label(),
+            fmt_ns(o.p50),
+            fmt_ns(o.p99),
+            fmt_ns(m.p50),
+            fmt_ns(m.p99),
+            x(m.p50 as f64 / o.p50 as f64),
+            x(m.p99 as f64 / o.p99 as f64),
+            fence.map_or("–".into(), |f| x(m.p50 as f64 / f)),
+        );
+    }
+    let _ = writeln!(s);
+}
+
+fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
+    let _ = writeln!(s, "## Handoff latency\n");
+    let _ = writeln!(
+        s,
+        "From just before the holder's release (its stamp write, then release) until a \
+         waiter in another OS process holds the lock, by CLOCK_MONOTONIC. Contenders \
+         (waiters + 1) run over up to {MAX_PROCS} processes (tokio tasks in the Rust worker, \
+         threads in the Python driver, each process with its own client); hold {HANDOFF_HOLD:?} \
+         (1–2 ms with the timers' resolution). Strict handoff: a releaser waits until \
+         another contender took the lock before it contends again, so every release has \
+         waiters. Contenders start at offsets spread evenly over {START_SPREAD_MS} ms, so \
+         pollers poll at spread phases (their best case). A sample counts only if the \
+         previous holder was another process and the new holder was already waiting at \
+         the release. {} per row, {} for the slow pollers (rslock, redlock and redis-py at \
+         their defaults). The pollers' handoff shrinks as waiters are added (N waiters at \
+         spread phases poll, together, N times as often), while their load on Redis grows; \
+         python-redis-lock does not poll (BLPOP).\n",
+        fmt_dur(r.plan.handoff_run),
+        fmt_dur(r.plan.slow_run),
+    );
+    let unit = ping_unit(r) as f64;
+    let _ = writeln!(
+        s,
+        "| lock | waiters | processes × contenders | samples | p50 | p99 | max | p50 × PING | p50 × fencelock | not sampled (same process / not waiting) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    for row in &r.handoff {
+        let fence = handoff_p50(r, Peer::Fencelock, row.waiters);
+        let (n, p50, p99, max, rp, rf) = match row.summary {
+            Some(sum) => (
+                sum.n.to_string(),
+                fmt_ns(sum.p50),
+                fmt_ns(sum.p99),
+                fmt_ns(sum.max),
+                x(sum.p50 as f64 / unit),
+                fence.map_or("–".into(), |f| x(sum.p50 as f64 / f as f64)),
+            ),
+            None => (
+                "0".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+            ),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {n} | {p50} | {p99} | {max} | {rp} | {rf} | {} / {} | {} |",
+            row.peer.label(),
+            row.waiters,
+            spread_cell(&row.tasks),
+            row.report.same_process,
+            row.report.late,
+            errors_cell(&row.report.errors, row.error.as_deref()),
+        );
+    }
+    let _ = writeln!(s);
+    chart_link(s, charts, &charts.handoff, "Handoff p50 by waiter count");
+}
+
+fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {
+    let _ = writeln!(s, "## Hot key\n");
+    let _ = writeln!(
+        s,
+        "{HOT_KEY_CONTENDERS} contenders over {MAX_PROCS} processes loop acquire (waiting \
+         until the end of the run) → release at once (empty critical section) → acquire \
+         again, for {} per lock, all starting at one time; acquisitions counted per \
+         contender (an acquisition after the end is not counted). Longest wait: the \
+         longest single acquire of any contender (the run's length means one never got the \
+         lock). min/max is the fairness figure: 1 when every contender got the lock as \
+         often as every other.\n",
+        fmt_dur(r.plan.hot_key_run)
+    );
+    let fence = hot_key_row(r, Peer::Fencelock).map(HotKeyRow::per_second);
+    let _ = writeln!(
+        s,
+        "| lock | processes × contenders | acquisitions/s | × fencelock | min / contender | max / contender | min/max | longest wait | errors |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for row in &r.hot_key {
+        let counts = &row.report.counts;
+        let min = counts.iter().min().copied().unwrap_or(0);
+        let max = counts.iter().max().copied().unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {} | {min} | {max} | {:.2} | {} | {} |",
+            row.peer.label(),
+            spread_cell(&row.tasks),
+            row.per_second(),
+            fence.map_or("–".into(), |f| x(row.per_second() / f)),
+            row.fairness(),
+            fmt_ns(row.report.max_wait),
+            errors_cell(&row.report.errors, row.error.as_deref()),
+        );
+    }
+    let _ = writeln!(s);
+    chart_link(
+        s,
+        charts,
+        &charts.fairness,
+        "Hot key: min/max acquisitions per contender",
+    );
+}
