@@ -12,7 +12,7 @@ use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 /// The fenced resource's write: accepted only with a token not lower than every token
 /// accepted before. KEYS: max token, counter, set of written values, log list.
 /// ARGV: token, new counter value, written value. Returns 1 (accepted) or 0 (rejected).
-const FENCED_WRITE: &str = r"
+pub const FENCED_WRITE: &str = r"
 local tok = tonumber(ARGV[1])
 local high = tonumber(redis.call('GET', KEYS[1]) or '-1')
 if tok < high then return 0 end
@@ -64,7 +64,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub restart_protection_ms: Option<u64>,
     /// Connect and response timeout of the lock client, ms.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, overrides_with = "lock_timeout_ms")]
     pub lock_timeout_ms: u64,
     /// `redis://` URL of the resource server.
     #[arg(long)]
@@ -85,16 +85,20 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub ttl_ms: u64,
     /// How long an acquire waits for a held lock, ms.
-    #[arg(long)]
+    #[arg(long, overrides_with = "wait_ms")]
     pub wait_ms: u64,
     /// Extra wait between read and write in the first iteration, ms (a window for the
     /// harness to pause this process while it holds the lock).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, overrides_with = "hold_first_ms")]
     pub hold_first_ms: u64,
     /// Stop this process (SIGSTOP to itself) between the read and the write of the first
     /// iteration, holding the lock: the harness resumes it later (a process pause).
     #[arg(long)]
     pub stop_after_first_read: bool,
+    /// Take a renewed lease (`lease(ttl)`: the watchdog extends it) instead of a fixed
+    /// TTL; the write is skipped when the guard reports the lease lost.
+    #[arg(long)]
+    pub renewed: bool,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -111,6 +115,9 @@ pub fn main(args: WorkerArgs) -> Result<(), String> {
         .map_err(|e| format!("tokio runtime: {e}"))?;
     rt.block_on(run(args))
 }
+
+/// How much lease a holder wants left after its wait, for the write itself.
+const WRITE_MARGIN: Duration = Duration::from_millis(10);
 
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -153,7 +160,13 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
 
     for i in 0..args.iterations {
         record(Event::now(p, Op::Acquire, Phase::Invoke))?;
-        let guard = match client.lock(&args.lock).ttl(ttl).wait(wait).acquire().await {
+        let builder = client.lock(&args.lock).wait(wait);
+        let builder = if args.renewed {
+            builder.lease(ttl)
+        } else {
+            builder.ttl(ttl)
+        };
+        let guard = match builder.acquire().await {
             Ok(g) => g,
             Err(e) => {
                 record(Event::now(p, Op::Acquire, Phase::Fail).with_error(e.to_string()))?;
@@ -192,19 +205,38 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             }
         };
 
-        if let Some(current) = current {
-            let mut pause = Duration::from_micros(rng.random_range(0..=5_000));
-            if i == 0 {
-                pause += Duration::from_millis(args.hold_first_ms);
-                if args.stop_after_first_read {
-                    // SAFETY: raise(3) only sends a signal to this process; SIGSTOP stops
-                    // it until the harness sends SIGCONT.
-                    unsafe {
-                        libc::raise(libc::SIGSTOP);
-                    }
+        let mut pause = Duration::from_micros(rng.random_range(0..=5_000));
+        if i == 0 {
+            pause += Duration::from_millis(args.hold_first_ms);
+        }
+        // A careful holder writes only while its lease lasts: a fixed lease must outlast
+        // the wait before the write (with a margin for the write itself); a renewed one
+        // must not be reported lost (checked again right before the write).
+        let in_time = args.renewed || guard.remaining() > pause + WRITE_MARGIN;
+        if let Some(current) = current.filter(|_| in_time) {
+            if i == 0 && args.stop_after_first_read {
+                // SAFETY: raise(3) only sends a signal to this process; SIGSTOP stops it
+                // until the harness sends SIGCONT.
+                unsafe {
+                    libc::raise(libc::SIGSTOP);
                 }
             }
             tokio::time::sleep(pause).await;
+            if args.renewed && guard.loss().is_some() {
+                record(
+                    Event::now(p, Op::Release, Phase::Invoke)
+                        .with_token(token)
+                        .with_owner(owner.as_str()),
+                )?;
+                let released = guard.release().await;
+                record(
+                    Event::now(p, Op::Release, Phase::Fail)
+                        .with_token(token)
+                        .with_owner(owner.as_str())
+                        .with_error(format!("lease lost before the write: {released:?}")),
+                )?;
+                continue;
+            }
 
             let value = i64::from(p) * 1_000_000 + i64::from(i);
             let next = current + 1;

@@ -1,0 +1,853 @@
+//! The scenarios: each runs one round under a tag of its own (its lock name, resource
+//! keys and history files), judges the merged history and returns an [`Outcome`] with
+//! the expectations that failed. Every fault is really caused: a worker process stops
+//! itself (SIGSTOP) or is SIGKILLed, a redis-server is paused, killed or restarted, or a
+//! [`FaultProxy`] on the link delays, blackholes or partitions the traffic.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fencelock::{Error, LossCause, NodeOutcome};
+use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
+use testkit::{Fault, FaultProxy, RedisServer};
+
+use crate::{
+    Lab, NODE_TIMEOUT, Outcome, REDLOCK_CLIENT_TIMEOUT, RESTART_TTL, Resource, SCENARIO_TIMEOUT,
+    TOUCH_MARGIN, TTL, Workers, acquired, ns, process_stopped, release, release_phase, signal,
+    uptime_secs,
+};
+
+/// Slack on top of a TTL for "the next holder gets the lock within one TTL": the
+/// waiters' wake-up and one round trip on a loaded 2-core machine.
+const AVAILABILITY_SLACK: Duration = Duration::from_millis(300);
+
+/// A link that delivers nothing until it heals (set to [`Fault::Pass`], which delivers
+/// everything held back, in order).
+const PARTITIONED: Fault = Fault::Delay {
+    base: Duration::from_secs(3600),
+    jitter: Duration::ZERO,
+};
+
+/// Which minority fault a Redlock scenario injects on nodes n2 and n4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Minority {
+    /// Their proxies swallow every byte.
+    Blackholed,
+    /// The redis-servers are SIGSTOPped (requests queue in their sockets).
+    Paused,
+    /// The redis-servers are SIGKILLed, restarted (empty) at the end of the round.
+    Killed,
+}
+
+impl Lab {
+    /// Workers on the fenced resource, no faults: the baseline every checker must pass.
+    pub fn no_faults(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for p in 1..=3 {
+            let (args, path) = self.worker_args(tag, p, Resource::Fenced, iterations);
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        workers.wait_all(Instant::now() + self.timeout(iterations))?;
+        let (mut o, _) = self.judge(tag, &histories, "none".into())?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        if o.acquisitions == 0 {
+            o.failed.push("no acquisition".into());
+        }
+        Ok(o)
+    }
+
+    /// Worker 1 takes the lock and stops itself (SIGSTOP) between its read and its write
+    /// for 3 TTLs; worker 2 acquires and writes meanwhile; worker 1 then writes late with
+    /// its old token. `renewed`: worker 1 holds a watchdog-renewed lease, whose renewals
+    /// stop while it is stopped (and must not touch worker 2's key when it resumes).
+    pub fn paused_worker(
+        &self,
+        tag: &str,
+        resource: Resource,
+        renewed: bool,
+    ) -> Result<Outcome, String> {
+        let mut workers = Workers::default();
+        let (mut args_a, hist_a) = self.worker_args(tag, 1, resource, 3);
+        args_a.push("--stop-after-first-read".into());
+        if renewed {
+            args_a.push("--renewed".into());
+        }
+        let (args_b, hist_b) = self.worker_args(tag, 2, resource, 10);
+        let pid_a = workers.spawn(&self.exe, &args_a)?;
+        // A stops itself inside its lease: wait until the kernel shows it stopped.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !process_stopped(pid_a) {
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: worker 1 never stopped holding the lock"));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        let stopped_at = Instant::now();
+        workers.spawn(&self.exe, &args_b)?;
+        thread::sleep((3 * TTL).saturating_sub(stopped_at.elapsed()));
+        signal(pid_a, libc::SIGCONT);
+        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+
+        let faults = format!(
+            "SIGSTOP p1 for {} ms holding a {} lease",
+            (3 * TTL).as_millis(),
+            if renewed { "renewed" } else { "fixed" }
+        );
+        let (mut o, h) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        // A's late write: the completion of its write with its first token (renewed: none,
+        // if the guard reported the loss before it).
+        let first_token = h
+            .iter()
+            .find(|e| e.process == 1 && e.op == Op::Acquire && e.phase == Phase::Ok)
+            .and_then(|e| e.token);
+        let late_write = h.iter().find(|e| {
+            e.process == 1
+                && e.op == Op::Write
+                && e.phase != Phase::Invoke
+                && e.token == first_token
+        });
+        let first_acquire_b = h
+            .iter()
+            .find(|e| e.process == 2 && e.op == Op::Acquire && e.phase == Phase::Ok);
+        let b_during_pause = first_acquire_b.is_some_and(|b| {
+            h.iter()
+                .find(|e| e.process == 1 && e.op != Op::Acquire && e.op != Op::Read)
+                .is_some_and(|a_next| b.time_ns < a_next.time_ns)
+        });
+        if !b_during_pause {
+            o.failed
+                .push("p2 did not acquire while p1 was paused (no fault exercised)".into());
+        }
+        match (resource, renewed) {
+            (Resource::Fenced, false) => {
+                if late_write.map(|e| e.phase) != Some(Phase::Fail) {
+                    o.failed
+                        .push("the fenced resource did not reject p1's late write".into());
+                }
+                o.expect_clean(&[1, 2, 3, 4, 5]);
+            }
+            (Resource::Fenced, true) => {
+                // Either the guard reported the loss before the write (no write at all) or
+                // the write was rejected by the fence.
+                if late_write.is_some_and(|e| e.phase == Phase::Ok) {
+                    o.failed
+                        .push("p1's late write was accepted despite the fence".into());
+                }
+                o.expect_clean(&[1, 2, 3, 4, 5]);
+            }
+            (Resource::Unfenced, _) => {
+                if late_write.map(|e| e.phase) != Some(Phase::Ok) {
+                    o.failed
+                        .push("the unfenced resource did not take p1's late write".into());
+                }
+                // Positive controls.
+                o.expect_detected(1, "p1's late write outside its lease");
+                o.expect_detected(2, "the stale token the unfenced resource accepted");
+                if o.counter >= o.acked as i64 {
+                    o.failed.push(format!(
+                        "positive control missed: no lost update (counter {} >= {} acked writes)",
+                        o.counter, o.acked
+                    ));
+                }
+                o.expect_clean(&[3, 4, 5]);
+            }
+        }
+        Ok(o)
+    }
+
+    /// Worker 1 holds a renewed lease and is SIGKILLed while holding it; workers 2 and 3
+    /// wait for the lock. C6: the next acquire comes within one TTL (plus slack) of the
+    /// kill, not at the end of some retry schedule.
+    pub fn holder_killed(&self, tag: &str) -> Result<Outcome, String> {
+        let mut workers = Workers::default();
+        let (mut args_a, hist_a) = self.worker_args(tag, 1, Resource::Fenced, 1);
+        args_a.extend(["--renewed".into(), "--hold-first-ms=60000".into()]);
+        let pid_a = workers.spawn(&self.exe, &args_a)?;
+        self.wait_for_acquire(tag, std::slice::from_ref(&hist_a))?;
+        let mut histories = vec![hist_a];
+        for p in 2..=3 {
+            let (args, path) = self.worker_args(tag, p, Resource::Fenced, 5);
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        // Let the waiters queue up and p1's watchdog renew at least once.
+        thread::sleep(TTL / 2);
+        let killed_at = monotonic_ns();
+        workers.kill(pid_a);
+        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+
+        let (mut o, h) =
+            self.judge(tag, &histories, "SIGKILL p1 holding a renewed lease".into())?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        o.judge_availability(&h, killed_at, TTL + AVAILABILITY_SLACK);
+        Ok(o)
+    }
+
+    /// Worker 1 reaches the lock server through a proxy that delays every chunk by
+    /// 150-450 ms each way, so most of its grants come back after their 500 ms lease;
+    /// workers 2 and 3 are direct. A grant that arrives late must not become a guard.
+    pub fn delayed_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        let proxy = FaultProxy::start(&self.lock.addr());
+        proxy.set(Fault::Delay {
+            base: TTL * 3 / 10,
+            jitter: TTL * 6 / 10,
+        });
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        let (mut args, path) = self.worker_args_on(tag, 1, Resource::Fenced, 3, &[proxy.url()]);
+        args.extend(["--lock-timeout-ms=3000".into(), "--wait-ms=2000".into()]);
+        workers.spawn(&self.exe, &args)?;
+        histories.push(path);
+        for p in 2..=3 {
+            let (args, path) = self.worker_args(tag, p, Resource::Fenced, iterations);
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
+        drop(proxy);
+
+        let faults = format!(
+            "p1's link delayed {}-{} ms each way (TTL {} ms)",
+            (TTL * 3 / 10).as_millis(),
+            (TTL * 9 / 10).as_millis(),
+            TTL.as_millis()
+        );
+        let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        let late_refusals = h
+            .iter()
+            .filter(|e| {
+                e.process == 1
+                    && e.op == Op::Acquire
+                    && e.phase == Phase::Fail
+                    && e.error.as_deref().is_some_and(|m| m.contains("lease"))
+            })
+            .count();
+        let short_grants = h
+            .iter()
+            .filter(|e| e.process == 1 && e.op == Op::Acquire && e.phase == Phase::Ok)
+            .filter(|e| e.valid_until_ns.is_some_and(|v| v <= e.time_ns))
+            .count();
+        if late_refusals == 0 {
+            o.failed
+                .push("p1 never had a grant refused for arriving late (no fault exercised)".into());
+        }
+        if short_grants > 0 {
+            o.failed.push(format!(
+                "p1 got {short_grants} guard(s) whose lease was over when it arrived"
+            ));
+        }
+        o.faults
+            .push_str(&format!("; {late_refusals} late grants refused"));
+        Ok(o)
+    }
+
+    /// The lock server is SIGSTOPped for 3 TTLs while the workers acquire (their
+    /// response timeout is 200 ms, so they give up and retry while their `SET NX` sits
+    /// queued in the server's socket); on SIGCONT the queued scripts run. The lock must
+    /// come back within one TTL of the resume, and no late grant may overlap another.
+    pub fn queued_set_nx(&mut self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for p in 1..=3 {
+            let (mut args, path) = self.worker_args(tag, p, Resource::Fenced, iterations);
+            args.push("--lock-timeout-ms=200".into());
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        self.wait_for_acquire(tag, &histories)?;
+        let paused_at = monotonic_ns();
+        self.lock.pause();
+        thread::sleep(3 * TTL);
+        self.lock.resume();
+        let resumed_at = monotonic_ns();
+        workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
+
+        let faults = format!("SIGSTOP the lock server for {} ms", (3 * TTL).as_millis());
+        let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        // Exercised: an acquire sent while the server was stopped completed after it
+        // resumed.
+        let spanning = spans(&h, Op::Acquire, paused_at, resumed_at);
+        if spanning == 0 {
+            o.failed
+                .push("no acquire was in flight across the pause (no fault exercised)".into());
+        }
+        o.judge_availability(&h, resumed_at, TTL + AVAILABILITY_SLACK);
+        Ok(o)
+    }
+
+    /// Extend and release after expiry, driven by the harness through the library: A
+    /// acquires with a fixed 300 ms TTL, lets it run out; B acquires; A's extend and
+    /// release must both report the lease lost and leave B's key alone. Then A runs the
+    /// seed articles' mistake, an unchecked `DEL` script: C5 must catch it (positive
+    /// control).
+    pub fn expired_holder(&self, tag: &str) -> Result<Outcome, String> {
+        let rt = runtime()?;
+        let client = rt
+            .block_on(fencelock::Client::connect(&self.lock.url()))
+            .map_err(|e| format!("{tag}: connect: {e}"))?;
+        let lock = format!("lab:{tag}");
+        let key = format!("fencelock:{{{lock}}}");
+        let ttl = Duration::from_millis(300);
+        let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
+        let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
+        let mut wa = HistoryWriter::create(&hist_a).map_err(|e| e.to_string())?;
+        let mut wb = HistoryWriter::create(&hist_b).map_err(|e| e.to_string())?;
+        let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
+        let mut o_failed = Vec::new();
+
+        rec(&mut wa, Event::now(1, Op::Acquire, Phase::Invoke))?;
+        let guard_a = rt
+            .block_on(client.lock(&lock).ttl(ttl).try_acquire())
+            .map_err(|e| format!("{tag}: A did not acquire: {e}"))?;
+        rec(&mut wa, acquired(1, &guard_a, &client))?;
+        let (owner_a, token_a) = (guard_a.owner_token().clone(), guard_a.fencing_token().get());
+        // Wait for the server to expire A's key (an observed state, not a guess).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.lock.cmd(&["EXISTS", &key]).as_int() != Some(0) {
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: A's key never expired"));
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        // ...and let its clock move past C5's margin around that expiry, so the replay
+        // knows the key was free when B takes it.
+        let expired_at = server_time_us(&self.lock);
+        while server_time_us(&self.lock) < expired_at + 2 * ns(TOUCH_MARGIN) / 1000 {
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: the server's clock does not move"));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        rec(&mut wb, Event::now(2, Op::Acquire, Phase::Invoke))?;
+        let guard_b = rt
+            .block_on(client.lock(&lock).ttl(Duration::from_secs(5)).try_acquire())
+            .map_err(|e| format!("{tag}: B did not acquire: {e}"))?;
+        rec(&mut wb, acquired(2, &guard_b, &client))?;
+        let owner_b = guard_b.owner_token().clone();
+
+        // A extends, then releases, after its lease ran out.
+        let mut guard_a = guard_a;
+        let ev = |op, phase| {
+            Event::now(1, op, phase)
+                .with_token(token_a)
+                .with_owner(owner_a.as_str())
+        };
+        rec(&mut wa, ev(Op::Extend, Phase::Invoke))?;
+        let extended = rt.block_on(guard_a.extend(ttl));
+        rec(
+            &mut wa,
+            ev(
+                Op::Extend,
+                if extended.is_ok() {
+                    Phase::Ok
+                } else {
+                    Phase::Fail
+                },
+            ),
+        )?;
+        if !matches!(
+            extended,
+            Err(Error::LeaseLost {
+                cause: LossCause::TakenByOther,
+                ..
+            })
+        ) {
+            o_failed.push(format!(
+                "A's late extend: expected LeaseLost(TakenByOther), got {extended:?}"
+            ));
+        }
+        rec(&mut wa, release(1, Phase::Invoke, &owner_a, token_a))?;
+        let released = rt.block_on(guard_a.release());
+        rec(
+            &mut wa,
+            release(1, release_phase(&released), &owner_a, token_a),
+        )?;
+        if !matches!(
+            released,
+            Err(Error::LeaseLost {
+                cause: LossCause::TakenByOther,
+                ..
+            })
+        ) {
+            o_failed.push(format!(
+                "A's late release: expected LeaseLost(TakenByOther), got {released:?}"
+            ));
+        }
+        let b_intact = self.lock.cmd(&["GET", &key]).as_str() == Some(owner_b.as_str());
+        if !b_intact {
+            o_failed.push("B's key changed after A's late extend and release".into());
+        }
+
+        // The mistake the seeds warn about: a release that does not check the owner.
+        let unchecked = self.lock.cmd(&[
+            "EVAL",
+            "return redis.call('DEL', KEYS[1])",
+            "1",
+            &key,
+            owner_a.as_str(),
+        ]);
+        if unchecked.as_int() != Some(1) {
+            o_failed.push(format!(
+                "the unchecked DEL did not delete B's key: {unchecked}"
+            ));
+        }
+        drop(guard_b); // B's key is gone already; its drop release finds nothing.
+        rt.block_on(client.flush());
+        drop((wa, wb));
+
+        let faults = "A's 300 ms lease expires; B acquires; A extends, releases, then runs an \
+                      unchecked DEL script"
+            .to_owned();
+        let (mut o, _) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        o.failed.extend(o_failed);
+        o.expect_clean(&[1, 2, 3, 4]);
+        // Positive control: exactly the unchecked DEL, nothing else.
+        match o.violations[4] {
+            Some(1) => {}
+            other => o.failed.push(format!(
+                "positive control: C5 should flag exactly the unchecked DEL, found {other:?}"
+            )),
+        }
+        Ok(o)
+    }
+
+    /// Redlock over 5 nodes, each behind its own proxy; 3 workers on the fenced
+    /// resource; once they run, n2 and n4 fail (blackholed, paused or killed). Acquires
+    /// must keep succeeding on the majority, and every checker must hold.
+    pub fn redlock_minority(
+        &mut self,
+        tag: &str,
+        fault: Minority,
+        iterations: u32,
+    ) -> Result<Outcome, String> {
+        let proxies: Vec<FaultProxy> = self
+            .nodes
+            .iter()
+            .map(|n| FaultProxy::start(&n.addr()))
+            .collect();
+        let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for p in 1..=3 {
+            let (args, path) = self.redlock_worker(tag, p, iterations, &urls);
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        self.wait_for_acquire(tag, &histories)?;
+        let fault_at = monotonic_ns();
+        for i in [1, 3] {
+            match fault {
+                Minority::Blackholed => proxies[i].set(Fault::Blackhole),
+                Minority::Paused => self.nodes[i].pause(),
+                Minority::Killed => self.nodes[i].kill(),
+            }
+        }
+        let waited = workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT);
+        for i in [1, 3] {
+            match fault {
+                Minority::Blackholed => {}
+                Minority::Paused => self.nodes[i].resume(),
+                Minority::Killed => self.nodes[i].restart(),
+            }
+        }
+        waited?;
+        drop(proxies);
+
+        let faults = format!("{fault:?} n2, n4 of 5 after the first acquire").to_lowercase();
+        let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        let after = |phase| {
+            h.iter()
+                .filter(|e| e.op == Op::Acquire && e.phase == phase && e.time_ns > fault_at)
+                .count()
+        };
+        let (ok, failed) = (after(Phase::Ok), after(Phase::Fail));
+        // Exercised: acquires invoked after the fault wait out the node timeout of the
+        // faulty nodes (blackholed and paused nodes do not answer; killed ones refuse at
+        // once, so there the fault shows in the node reports instead).
+        if fault != Minority::Killed {
+            let fast = durations(&h, Op::Acquire)
+                .filter(|&(start, _, d)| start > fault_at && d < ns(NODE_TIMEOUT))
+                .count();
+            if fast > 0 {
+                o.failed.push(format!(
+                    "{fast} acquire(s) after the fault took less than the node timeout \
+                     (fault not exercised)"
+                ));
+            }
+        }
+        o.faults
+            .push_str(&format!("; after it {ok} acquires ok, {failed} failed"));
+        if ok == 0 || ok * 5 < (ok + failed) * 4 {
+            o.failed.push(format!(
+                "only {ok} of {} acquires after the fault succeeded (need >= 80%)",
+                ok + failed
+            ));
+        }
+        Ok(o)
+    }
+
+    /// Redlock with n1-n3 partitioned away (a majority) for 3 TTLs once the workers run. A
+    /// try-acquire by the harness during the outage must fail fast with NoQuorum (within
+    /// the node timeout plus slack); after the heal the lock comes back within one TTL.
+    pub fn redlock_majority_down(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        let proxies: Vec<FaultProxy> = self
+            .nodes
+            .iter()
+            .map(|n| FaultProxy::start(&n.addr()))
+            .collect();
+        let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for p in 1..=3 {
+            let (args, path) = self.redlock_worker(tag, p, iterations, &urls);
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        self.wait_for_acquire(tag, &histories)?;
+        // A partition as TCP sees it: nothing gets through, and what was sent arrives, in
+        // order, when the link heals (a blackhole that drops bytes for good would break
+        // the byte stream, which a real partition never does to a live connection).
+        for p in &proxies[..3] {
+            p.set(PARTITIONED);
+        }
+        // The harness probes with its own client while the majority is down.
+        let rt = runtime()?;
+        let probe = rt
+            .block_on(
+                fencelock::Client::redlock(urls.iter().map(String::as_str))
+                    .node_timeout(NODE_TIMEOUT)
+                    .restart_protection(None)
+                    .connect_timeout(REDLOCK_CLIENT_TIMEOUT)
+                    .response_timeout(REDLOCK_CLIENT_TIMEOUT)
+                    .connect(),
+            )
+            .map_err(|e| format!("{tag}: probe connect: {e}"));
+        let started = Instant::now();
+        let probed = match &probe {
+            Ok(c) => rt.block_on(c.lock(format!("lab:{tag}")).try_acquire()),
+            Err(e) => return Err(e.clone()),
+        };
+        let probe_took = started.elapsed();
+        thread::sleep((3 * TTL).saturating_sub(started.elapsed()));
+        let healed_at = monotonic_ns();
+        for p in &proxies[..3] {
+            p.set(Fault::Pass);
+        }
+        workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
+        drop(proxies);
+
+        let faults = format!(
+            "partition n1-n3 of 5 for {} ms; probe: {} in {} ms",
+            (3 * TTL).as_millis(),
+            match &probed {
+                Ok(_) => "acquired".to_owned(),
+                Err(Error::NoQuorum { granted, .. }) => format!("NoQuorum ({granted} granted)"),
+                Err(e) => format!("{e}"),
+            },
+            probe_took.as_millis()
+        );
+        let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        if !matches!(probed, Err(Error::NoQuorum { .. })) {
+            o.failed
+                .push("the probe during the outage did not fail with NoQuorum".into());
+        }
+        let fast_bound = NODE_TIMEOUT + REDLOCK_CLIENT_TIMEOUT + AVAILABILITY_SLACK;
+        if probe_took > fast_bound {
+            o.failed.push(format!(
+                "the probe took {probe_took:?} to fail (bound {fast_bound:?}): not fail-fast"
+            ));
+        }
+        o.judge_availability(&h, healed_at, TTL + AVAILABILITY_SLACK);
+        Ok(o)
+    }
+
+    /// Per-client partitions over Redlock: each worker reaches the 5 nodes through
+    /// proxies of its own; once they run, p1 sees only n1-n2 and p2 only n3-n5. p1 must
+    /// stop getting the lock (a minority), p2 must keep getting it, and nothing overlaps.
+    pub fn redlock_partitioned(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        let links: Vec<Vec<FaultProxy>> = (0..2)
+            .map(|_| {
+                self.nodes
+                    .iter()
+                    .map(|n| FaultProxy::start(&n.addr()))
+                    .collect()
+            })
+            .collect();
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for (p, proxies) in (1..).zip(&links) {
+            let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+            let (mut args, path) = self.redlock_worker(tag, p, iterations, &urls);
+            if p == 1 {
+                // p1 will fail after the partition: keep its waits short.
+                args.push("--wait-ms=300".into());
+            }
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        self.wait_for_acquire(tag, &histories)?;
+        let fault_at = monotonic_ns();
+        for proxy in &links[0][2..] {
+            proxy.set(Fault::Blackhole);
+        }
+        for proxy in &links[1][..2] {
+            proxy.set(Fault::Blackhole);
+        }
+        workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
+        drop(links);
+
+        let (mut o, h) = self.judge(
+            tag,
+            &histories,
+            "p1 sees n1-n2 only, p2 sees n3-n5 only".into(),
+        )?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        let after = |p, phase| {
+            h.iter()
+                .filter(|e| {
+                    e.process == p
+                        && e.op == Op::Acquire
+                        && e.phase == phase
+                        && e.time_ns > fault_at
+                })
+                .count()
+        };
+        // An acquire of p1 already in flight at the fault may still succeed.
+        if after(1, Phase::Ok) > 1 {
+            o.failed.push(format!(
+                "p1 (a minority) acquired {} times after the partition",
+                after(1, Phase::Ok)
+            ));
+        }
+        if after(1, Phase::Fail) == 0 {
+            o.failed
+                .push("p1 never failed after the partition (no fault exercised)".into());
+        }
+        let (ok2, failed2) = (after(2, Phase::Ok), after(2, Phase::Fail));
+        if ok2 == 0 || ok2 * 5 < (ok2 + failed2) * 4 {
+            o.failed.push(format!(
+                "p2 (a majority) succeeded only {ok2} of {} times after the partition",
+                ok2 + failed2
+            ));
+        }
+        o.faults.push_str(&format!(
+            "; after it p1 {} ok / {} failed, p2 {ok2} ok / {failed2} failed",
+            after(1, Phase::Ok),
+            after(1, Phase::Fail)
+        ));
+        Ok(o)
+    }
+
+    /// Kleppmann's crash-restart, with the harness itself acting as clients A (process 1)
+    /// and B (process 2) through the library: A acquires on all 5 nodes (TTL 3 s); its
+    /// key is deleted by hand on n4 and n5 (they "missed" the grant); n2 is SIGKILLed and
+    /// restarted without persistence; then B tries once. Unprotected: B gets n2, n4, n5,
+    /// a majority, and C1 must flag the overlap (positive control), while the fenced
+    /// resource, written by B and then late by A, keeps C2 and C3. Protected (quarantine
+    /// = TTL, every node up longer than that): n2's vote does not count, B gets NoQuorum.
+    pub fn redlock_restart(&mut self, tag: &str, protected: bool) -> Result<Outcome, String> {
+        let quarantine = protected.then_some(RESTART_TTL);
+        if protected {
+            // Uptime counts whole seconds: wait for quarantine + 1 s on every node.
+            let min_up = RESTART_TTL.as_secs() + 1;
+            let deadline = Instant::now() + RESTART_TTL + Duration::from_secs(5);
+            while self.nodes.iter().any(|n| uptime_secs(n) < min_up) {
+                if Instant::now() > deadline {
+                    return Err(format!("{tag}: nodes not up for {min_up} s"));
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let rt = runtime()?;
+        let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+        let connect = |urls: Vec<String>| {
+            fencelock::Client::redlock(urls)
+                .restart_protection(quarantine)
+                .node_timeout(NODE_TIMEOUT)
+                .connect()
+        };
+        let lock = format!("lab:{tag}");
+        let key = format!("fencelock:{{{lock}}}");
+        let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
+        let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
+        let mut wa = HistoryWriter::create(&hist_a).map_err(|e| e.to_string())?;
+        let mut wb = HistoryWriter::create(&hist_b).map_err(|e| e.to_string())?;
+        let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
+        let mut resource = self.resource_writer(tag)?;
+
+        // A acquires on every node.
+        let client_a = rt
+            .block_on(connect(urls.clone()))
+            .map_err(|e| format!("{tag}: A connect: {e}"))?;
+        rec(&mut wa, Event::now(1, Op::Acquire, Phase::Invoke))?;
+        let guard_a = rt
+            .block_on(client_a.lock(&lock).ttl(RESTART_TTL).try_acquire())
+            .map_err(|e| format!("{tag}: A did not acquire: {e}"))?;
+        rec(&mut wa, acquired(1, &guard_a, &client_a))?;
+        let owner_a = guard_a.owner_token().clone();
+        let token_a = guard_a.fencing_token().get();
+
+        // n4 and n5 lose A's grant; n2 crashes and comes back empty.
+        for n in &self.nodes[3..5] {
+            if n.cmd(&["DEL", &key]).as_int() != Some(1) {
+                return Err(format!("{tag}: A's key {key} not found on {}", n.addr()));
+            }
+        }
+        self.nodes[1].kill();
+        self.nodes[1].restart();
+
+        // B: a fresh client, one attempt.
+        let client_b = rt
+            .block_on(connect(urls))
+            .map_err(|e| format!("{tag}: B connect: {e}"))?;
+        rec(&mut wb, Event::now(2, Op::Acquire, Phase::Invoke))?;
+        let b = rt.block_on(client_b.lock(&lock).ttl(RESTART_TTL).try_acquire());
+        let mut b_outcome = "B: other error";
+        let mut b_refused_by_quarantine = false;
+        match &b {
+            Ok(g) => {
+                rec(&mut wb, acquired(2, g, &client_b))?;
+                b_outcome = "B acquired";
+            }
+            Err(e) => {
+                if let Error::NoQuorum { nodes, .. } = e {
+                    b_refused_by_quarantine = nodes
+                        .iter()
+                        .any(|r| matches!(r.outcome, NodeOutcome::Quarantined { .. }));
+                    b_outcome = "B: NoQuorum";
+                }
+                rec(
+                    &mut wb,
+                    Event::now(2, Op::Acquire, Phase::Fail).with_error(e.to_string()),
+                )?;
+            }
+        }
+        // B writes, then A (still inside its lease, by its clock) writes late.
+        let mut a_late_write = None;
+        if let Ok(g) = &b {
+            resource.write(
+                &mut wb,
+                2,
+                g.fencing_token().get(),
+                g.owner_token().as_str(),
+                2,
+            )?;
+            a_late_write = Some(resource.write(&mut wa, 1, token_a, owner_a.as_str(), 1)?);
+        }
+        // Release B, then A.
+        if let Ok(g) = b {
+            let (owner, token) = (g.owner_token().clone(), g.fencing_token().get());
+            rec(&mut wb, release(2, Phase::Invoke, &owner, token))?;
+            let r = rt.block_on(g.release());
+            rec(&mut wb, release(2, release_phase(&r), &owner, token))?;
+        }
+        rec(&mut wa, release(1, Phase::Invoke, &owner_a, token_a))?;
+        let r = rt.block_on(guard_a.release());
+        rec(&mut wa, release(1, release_phase(&r), &owner_a, token_a))?;
+        rt.block_on(async {
+            client_a.flush().await;
+            client_b.flush().await;
+        });
+        drop((wa, wb));
+
+        let faults =
+            format!("DEL A's key on n4, n5; kill -9 + restart n2 (no persistence); {b_outcome}");
+        let (mut o, _) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        if protected {
+            o.expect_clean(&[1, 2, 3, 4, 5]);
+            if !b_refused_by_quarantine {
+                o.failed
+                    .push("B was not refused with NoQuorum naming a quarantined node".into());
+            }
+        } else {
+            o.expect_clean(&[2, 3, 4, 5]);
+            if b_outcome != "B acquired" {
+                o.failed
+                    .push("B did not get a majority (no fault exercised)".into());
+            }
+            if a_late_write != Some(false) {
+                o.failed
+                    .push("the fenced resource did not reject A's write after B's".into());
+            }
+            o.expect_detected(1, "A's and B's overlapping leases");
+        }
+        Ok(o)
+    }
+
+    /// Arguments of a Redlock worker on `urls` (node timeout 50 ms, client timeouts
+    /// 150 ms, restart protection off: the nodes are young).
+    fn redlock_worker(
+        &self,
+        tag: &str,
+        p: u32,
+        iterations: u32,
+        urls: &[String],
+    ) -> (Vec<String>, std::path::PathBuf) {
+        let (mut args, path) = self.worker_args_on(tag, p, Resource::Fenced, iterations, urls);
+        args.push(format!("--node-timeout-ms={}", NODE_TIMEOUT.as_millis()));
+        args.push(format!(
+            "--lock-timeout-ms={}",
+            REDLOCK_CLIENT_TIMEOUT.as_millis()
+        ));
+        (args, path)
+    }
+}
+
+/// The server's clock (`TIME`), µs; 0 if unreadable.
+fn server_time_us(server: &RedisServer) -> u64 {
+    let reply = server.cmd(&["TIME"]);
+    let parts: Vec<u64> = reply
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.as_str().and_then(|s| s.parse().ok()))
+        .collect();
+    match parts[..] {
+        [secs, micros] => secs * 1_000_000 + micros,
+        _ => 0,
+    }
+}
+
+/// A current-thread Tokio runtime for the harness's own clients.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))
+}
+
+/// `(invoke time, completion time, duration)` of every completed `op` in `h`, per
+/// process (a process runs one operation at a time).
+fn durations(h: &[Event], op: Op) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+    let mut invoked = std::collections::HashMap::new();
+    h.iter().filter(move |e| e.op == op).filter_map(move |e| {
+        if e.phase == Phase::Invoke {
+            invoked.insert(e.process, e.time_ns);
+            None
+        } else {
+            invoked
+                .remove(&e.process)
+                .map(|start| (start, e.time_ns, e.time_ns.saturating_sub(start)))
+        }
+    })
+}
+
+/// How many `op`s were invoked before `from` and completed after `to`.
+fn spans(h: &[Event], op: Op, from: u64, to: u64) -> usize {
+    durations(h, op)
+        .filter(|&(start, end, _)| start < from && end > to)
+        .count()
+}
