@@ -63,7 +63,7 @@ struct RunArgs {
     /// Short mode (about a minute, run by CI): one round of every scenario.
     #[arg(long)]
     short: bool,
-    /// Long mode (about 20 minutes on 2 cores): many rounds with more iterations, at
+    /// Long mode (about half an hour on 2 cores): many rounds with more iterations, at
     /// least 100,000 acquisitions in all.
     #[arg(long)]
     long: bool,
@@ -102,9 +102,9 @@ const SHORT: Scale = Scale {
 
 const LONG: Scale = Scale {
     name: "long",
-    rounds: 6,
-    steady: 4_000,
-    faulty: 1_000,
+    rounds: 5,
+    steady: 7_000,
+    faulty: 150,
 };
 
 /// Fixed lease of every acquire.
