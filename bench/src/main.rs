@@ -491,6 +491,27 @@ async fn run_workers(
     Ok((tasks, merged))
 }
 
+/// Runs `run` on `server`: tasks per process, the merged reports, the commands per
+/// second Redis processed in the run's window, and why the run failed, if it did.
+async fn measured(
+    launch: &Launcher,
+    server: &testkit::RedisServer,
+    run: &Run,
+) -> (Vec<usize>, Report, Option<f64>, Option<String>) {
+    let before = commands_processed(server);
+    let result = run_workers(launch, &server.url(), run).await;
+    // Over the run's window (the workers' connecting before it sends a handful).
+    let window = run.duration.as_secs_f64();
+    let per_s = match (before, commands_processed(server)) {
+        (Some(b), Some(a)) if window > 0.0 => Some(a.saturating_sub(b) as f64 / window),
+        _ => None,
+    };
+    match result {
+        Ok((t, r)) => (t, r, per_s, None),
+        Err(e) => (spread(run.contenders), Report::default(), per_s, Some(e)),
+    }
+}
+
 /// `(CPU model, load average 1/5/15)`.
 fn machine() -> (String, String) {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -515,6 +536,8 @@ pub(crate) struct HandoffRow {
     pub(crate) tasks: Vec<usize>,
     pub(crate) summary: Option<Summary>,
     pub(crate) report: Report,
+    /// Commands Redis processed per second over the row (`INFO stats`).
+    pub(crate) commands_per_s: Option<f64>,
     pub(crate) error: Option<String>,
 }
 
@@ -524,6 +547,8 @@ pub(crate) struct HotKeyRow {
     pub(crate) tasks: Vec<usize>,
     pub(crate) report: Report,
     pub(crate) duration: Duration,
+    /// Commands Redis processed per second over the run (`INFO stats`).
+    pub(crate) commands_per_s: Option<f64>,
     pub(crate) error: Option<String>,
 }
 
@@ -702,10 +727,7 @@ async fn bench(
                 "handoff: {} with {waiters} waiters, {duration:?}",
                 peer.label()
             );
-            let (tasks, report, error) = match run_workers(&launch, &url, &run).await {
-                Ok((t, r)) => (t, r, None),
-                Err(e) => (spread(run.contenders), Report::default(), Some(e)),
-            };
+            let (tasks, report, commands_per_s, error) = measured(&launch, server, &run).await;
             failed |= error.is_some() || !report.errors.is_empty();
             handoff.push(HandoffRow {
                 peer,
@@ -713,6 +735,7 @@ async fn bench(
                 tasks,
                 summary: summarize(&report.samples),
                 report,
+                commands_per_s,
                 error,
             });
         }
@@ -734,16 +757,14 @@ async fn bench(
             peer.label(),
             plan.hot_key_run
         );
-        let (tasks, report, error) = match run_workers(&launch, &url, &run).await {
-            Ok((t, r)) => (t, r, None),
-            Err(e) => (spread(run.contenders), Report::default(), Some(e)),
-        };
+        let (tasks, report, commands_per_s, error) = measured(&launch, server, &run).await;
         failed |= error.is_some() || !report.errors.is_empty();
         hot_key.push(HotKeyRow {
             peer,
             tasks,
             report,
             duration: plan.hot_key_run,
+            commands_per_s,
             error,
         });
     }
@@ -790,6 +811,19 @@ async fn bench(
         elapsed: started.elapsed(),
     };
     (results, failed)
+}
+
+/// `total_commands_processed` of `INFO stats`: to count what a run sent to Redis.
+fn commands_processed(server: &testkit::RedisServer) -> Option<u64> {
+    let info = server
+        .try_cmd(&["INFO", "stats"], Duration::from_secs(5))
+        .ok()?;
+    info.as_str()?
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// `Python 3.11.7, redis-py 8.1.0, python-redis-lock 4.0.1`, or why the interpreter cannot be used.

@@ -23,6 +23,10 @@ fn x(ratio: f64) -> String {
     }
 }
 
+fn rate(per_s: Option<f64>) -> String {
+    per_s.map_or("–".to_owned(), |c| format!("{c:.0}"))
+}
+
 fn spread_cell(tasks: &[usize]) -> String {
     let (min, max) = (
         tasks.iter().min().copied().unwrap_or(0),
@@ -573,14 +577,18 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
          the release. {} per row, {} for the slow pollers (rslock, redlock and redis-py at \
          their defaults). The pollers' handoff shrinks as waiters are added (N waiters at \
          spread phases poll, together, N times as often), while their load on Redis grows; \
-         python-redis-lock does not poll (BLPOP).\n",
+         python-redis-lock does not poll (BLPOP). Redis commands/s: `total_commands_processed` \
+         of `INFO stats` over the row / its length (commands run inside scripts count too, so \
+         it measures the work Redis does); it includes the harness's own \
+         bookkeeping (a GET, an LPUSH, a DEL + SET and a BLPOP per handoff, the same for \
+         every lock).\n",
         fmt_dur(r.plan.handoff_run),
         fmt_dur(r.plan.slow_run),
     );
     let unit = ping_unit(r) as f64;
     let _ = writeln!(
         s,
-        "| lock | waiters | processes × contenders | samples | p50 | p99 | max | p50 × PING | p50 × fencelock | not sampled (same process / not waiting) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| lock | waiters | processes × contenders | samples | p50 | p99 | max | p50 × PING | p50 × fencelock | Redis commands/s | not sampled (same process / not waiting) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for row in &r.handoff {
         let fence = handoff_p50(r, Peer::Fencelock, row.waiters);
@@ -604,10 +612,11 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {n} | {p50} | {p99} | {max} | {rp} | {rf} | {} / {} | {} |",
+            "| {} | {} | {} | {n} | {p50} | {p99} | {max} | {rp} | {rf} | {} | {} / {} | {} |",
             row.peer.label(),
             row.waiters,
             spread_cell(&row.tasks),
+            rate(row.commands_per_s),
             row.report.same_process,
             row.report.late,
             errors_cell(&row.report.errors, row.error.as_deref()),
@@ -627,13 +636,15 @@ fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {
          contender (an acquisition after the end is not counted). Longest wait: the \
          longest single acquire of any contender (the run's length means one never got the \
          lock). min/max is the fairness figure: 1 when every contender got the lock as \
-         often as every other.\n",
+         often as every other. Redis commands/s: `total_commands_processed` of `INFO \
+         stats` over the run / its length (commands run inside scripts count too; all of \
+         it the locks' own traffic).\n",
         fmt_dur(r.plan.hot_key_run)
     );
     let fence = hot_key_row(r, Peer::Fencelock).map(HotKeyRow::per_second);
     let _ = writeln!(
         s,
-        "| lock | processes × contenders | acquisitions/s | × fencelock | min / contender | max / contender | min/max | longest wait | errors |\n|---|---|---|---|---|---|---|---|---|"
+        "| lock | processes × contenders | acquisitions/s | × fencelock | min / contender | max / contender | min/max | longest wait | Redis commands/s | commands / acquisition | errors |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for row in &r.hot_key {
         let counts = &row.report.counts;
@@ -641,13 +652,18 @@ fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {
         let max = counts.iter().max().copied().unwrap_or(0);
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {} | {min} | {max} | {:.2} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {min} | {max} | {:.2} | {} | {} | {} | {} |",
             row.peer.label(),
             spread_cell(&row.tasks),
             row.per_second(),
             fence.map_or("–".into(), |f| x(row.per_second() / f)),
             row.fairness(),
             fmt_ns(row.report.max_wait),
+            rate(row.commands_per_s),
+            match row.commands_per_s {
+                Some(c) if row.per_second() > 0.0 => format!("{:.1}", c / row.per_second()),
+                _ => "–".to_owned(),
+            },
             errors_cell(&row.report.errors, row.error.as_deref()),
         );
     }
