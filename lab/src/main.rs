@@ -37,7 +37,7 @@ use testkit::history::{
 };
 use testkit::monitor::{self, Monitor};
 
-use crate::scenarios::Minority;
+use crate::scenarios::{Minority, Restart};
 use crate::worker::{FENCED_WRITE, ResourceKeys, WorkerArgs};
 
 /// Safety lab of fencelock: fault scenarios judged by history checkers.
@@ -301,13 +301,16 @@ impl Outcome {
         }
     }
 
-    /// C6: the first acquire at or after `from_ns` comes within `bound`.
-    fn judge_availability(&mut self, h: &[Event], from_ns: u64, bound: Duration) {
+    /// C6: the first acquire at or after `from_ns` comes within `bound` (`expected`:
+    /// a violation fails the scenario).
+    fn judge_availability(&mut self, h: &[Event], from_ns: u64, bound: Duration, expected: bool) {
         let found = availability(h, from_ns, bound);
         self.details
             .extend(found.iter().map(|v| format!("{}: {v}", self.name)));
         self.violations[5] = Some(found.len());
-        self.expect_clean(&[6]);
+        if expected {
+            self.expect_clean(&[6]);
+        }
         self.recovery_ns = h
             .iter()
             .find(|e| e.time_ns >= from_ns && e.op == Op::Acquire && e.phase == Phase::Ok)
@@ -343,6 +346,9 @@ struct Lab {
     resource: RedisServer,
     /// Independent lock nodes of the Redlock scenarios.
     nodes: Vec<RedisServer>,
+    /// A node with `appendfsync always`, standing in for n2 in the persistent
+    /// crash-restart scenario.
+    persistent: RedisServer,
     /// MONITOR recorders of the lock server and every node (C5's input), replaced by
     /// fresh ones at each judgement so memory stays bounded by one scenario.
     monitors: RefCell<Vec<Monitor>>,
@@ -396,7 +402,10 @@ impl Lab {
     /// commands until a release deletes it.
     fn start_from_nothing(&self, tag: &str) {
         let key = format!("fencelock:{{lab:{tag}}}");
-        for server in std::iter::once(&self.lock).chain(&self.nodes) {
+        for server in [&self.lock, &self.persistent]
+            .into_iter()
+            .chain(&self.nodes)
+        {
             server.cmd(&["DEL", &key]);
         }
     }
@@ -617,11 +626,30 @@ fn release_phase(r: &Result<(), fencelock::Error>) -> Phase {
     if r.is_ok() { Phase::Ok } else { Phase::Fail }
 }
 
-/// One scenario of the run: its name and how to run one round of it under a tag.
-type Scenario = (
-    &'static str,
-    Box<dyn Fn(&mut Lab, &str) -> Result<Outcome, String>>,
-);
+/// One scenario of the run: its name, what it does and expects (for the report), and
+/// how to run one round of it under a tag.
+struct Scenario {
+    name: &'static str,
+    what: &'static str,
+    expected: &'static str,
+    run: RoundFn,
+}
+
+type RoundFn = Box<dyn Fn(&mut Lab, &str) -> Result<Outcome, String>>;
+
+fn scenario(
+    name: &'static str,
+    what: &'static str,
+    expected: &'static str,
+    run: impl Fn(&mut Lab, &str) -> Result<Outcome, String> + 'static,
+) -> Scenario {
+    Scenario {
+        name,
+        what,
+        expected,
+        run: Box::new(run),
+    }
+}
 
 /// Every scenario, in run order. The protected crash-restart runs before the
 /// unprotected one: it needs every node up longer than its quarantine, and the
@@ -629,64 +657,138 @@ type Scenario = (
 fn scenarios(scale: Scale) -> Vec<Scenario> {
     let (steady, faulty) = (scale.steady, scale.faulty);
     vec![
-        (
+        scenario(
             "no-faults",
-            Box::new(move |lab, tag| lab.no_faults(tag, steady)),
+            "3 workers on one Redis, fenced resource",
+            "every checker holds; the counter equals the acknowledged writes",
+            move |lab, tag| lab.no_faults(tag, steady),
         ),
-        (
+        scenario(
             "paused-worker-fenced",
-            Box::new(|lab, tag| lab.paused_worker(tag, Resource::Fenced, false)),
+            "p1 SIGSTOPs itself between read and write, for 3 TTLs; p2 works meanwhile",
+            "the fenced resource rejects p1's late write; every checker holds",
+            |lab, tag| lab.paused_worker(tag, Resource::Fenced, false),
         ),
-        (
+        scenario(
             "paused-worker-unfenced",
-            Box::new(|lab, tag| lab.paused_worker(tag, Resource::Unfenced, false)),
+            "the same on an unfenced resource",
+            "**positive control**: C1 and C2 flag the late write, the counter shows the lost update",
+            |lab, tag| lab.paused_worker(tag, Resource::Unfenced, false),
         ),
-        (
+        scenario(
             "paused-worker-renewed",
-            Box::new(|lab, tag| lab.paused_worker(tag, Resource::Fenced, true)),
+            "the same with a watchdog-renewed lease (renewals stop while p1 is stopped)",
+            "p1's guard reports the loss before the write (or the fence rejects it); its \
+             renewals never touch p2's key",
+            |lab, tag| lab.paused_worker(tag, Resource::Fenced, true),
         ),
-        ("holder-killed", Box::new(|lab, tag| lab.holder_killed(tag))),
-        (
+        scenario(
+            "holder-killed",
+            "p1 SIGKILLed while holding a renewed lease; p2, p3 waiting",
+            "C6: the next acquire within one TTL + 300 ms of the kill",
+            |lab, tag| lab.holder_killed(tag, false),
+        ),
+        scenario(
+            "holder-killed-long-lease",
+            "the same, p1's lease 2 s (four times the TTL C6 judges by)",
+            "**positive control**: C6 flags the late next holder",
+            |lab, tag| lab.holder_killed(tag, true),
+        ),
+        scenario(
+            "resource-crash",
+            "3 workers write to the fenced resource; then its server is kill -9ed and \
+             restarted without persistence",
+            "**positive control**: C3 flags every acknowledged write as lost",
+            |lab, tag| lab.resource_crash(tag),
+        ),
+        scenario(
+            "counter-rewound",
+            "A acquires and writes; the lock's fencing counter is set back to 1 by hand; \
+             B acquires and writes",
+            "**positive control**: C4 flags B's lower token; the fence rejects B's write (C2 \
+             holds)",
+            |lab, tag| lab.counter_rewound(tag),
+        ),
+        scenario(
             "delayed-replies",
-            Box::new(move |lab, tag| lab.delayed_replies(tag, faulty)),
+            "p1's link to Redis delayed 150-450 ms each way (TTL 500 ms) by the proxy",
+            "a grant arriving after its lease is refused, never a guard; every checker holds",
+            move |lab, tag| lab.delayed_replies(tag, faulty),
         ),
-        (
+        scenario(
             "queued-set-nx",
-            Box::new(move |lab, tag| lab.queued_set_nx(tag, faulty)),
+            "the Redis server SIGSTOPped for 3 TTLs while workers acquire (their SET NX \
+             queue in its socket, their clients time out and retry)",
+            "C6: the lock back within one TTL of SIGCONT; every checker holds",
+            move |lab, tag| lab.queued_set_nx(tag, faulty),
         ),
-        (
+        scenario(
             "expired-holder",
-            Box::new(|lab, tag| lab.expired_holder(tag)),
+            "A's lease expires, B acquires, A extends and releases late, then runs an \
+             unchecked `DEL` script",
+            "A's extend and release report the loss and leave B's key; **positive \
+             control**: C5 flags exactly the unchecked DEL",
+            |lab, tag| lab.expired_holder(tag),
         ),
-        (
+        scenario(
             "redlock-restart-protected",
-            Box::new(|lab, tag| lab.redlock_restart(tag, true)),
+            "Redlock, 5 nodes: A holds; n4, n5 lose A's key; n2 kill -9 + restart \
+             without persistence; B tries; restart protection on",
+            "B refused (NoQuorum naming the quarantined node); every checker holds",
+            |lab, tag| lab.redlock_restart(tag, Restart::Protected),
         ),
-        (
+        scenario(
             "redlock-restart-unprotected",
-            Box::new(|lab, tag| lab.redlock_restart(tag, false)),
+            "the same with restart protection off; B and then A write to the fenced resource",
+            "**positive control**: C1 flags A's and B's overlap, while the fence keeps C2 and C3",
+            |lab, tag| lab.redlock_restart(tag, Restart::Unprotected),
         ),
-        (
+        scenario(
+            "redlock-restart-persistent",
+            "the same, but n2 runs with `appendfsync always`; restart protection off",
+            "A's key survives the crash: B finds the lock held; every checker holds",
+            |lab, tag| lab.redlock_restart(tag, Restart::Persistent),
+        ),
+        scenario(
             "redlock-minority-blackholed",
-            Box::new(move |lab, tag| lab.redlock_minority(tag, Minority::Blackholed, faulty)),
+            "Redlock, 3 workers; n2, n4 blackholed by their proxies after the first acquire",
+            "≥ 80% of later acquires succeed; every checker holds",
+            move |lab, tag| lab.redlock_minority(tag, Minority::Blackholed, faulty),
         ),
-        (
+        scenario(
             "redlock-minority-paused",
-            Box::new(move |lab, tag| lab.redlock_minority(tag, Minority::Paused, faulty)),
+            "the same with n2, n4 SIGSTOPped",
+            "≥ 80% of later acquires succeed; every checker holds",
+            move |lab, tag| lab.redlock_minority(tag, Minority::Paused, faulty),
         ),
-        (
+        scenario(
             "redlock-minority-killed",
-            Box::new(move |lab, tag| lab.redlock_minority(tag, Minority::Killed, faulty)),
+            "the same with n2, n4 SIGKILLed (restarted empty at the end)",
+            "≥ 80% of later acquires succeed; every checker holds",
+            move |lab, tag| lab.redlock_minority(tag, Minority::Killed, faulty),
         ),
-        (
+        scenario(
             "redlock-majority-down",
-            Box::new(move |lab, tag| lab.redlock_majority_down(tag, faulty)),
+            "n1-n3 partitioned away for 3 TTLs, then healed",
+            "a try-acquire meanwhile fails fast (NoQuorum); C6: the lock back within one \
+             TTL of the heal; every checker holds",
+            move |lab, tag| lab.redlock_majority_down(tag, faulty),
         ),
-        (
+        scenario(
             "redlock-partitioned",
-            Box::new(move |lab, tag| lab.redlock_partitioned(tag, faulty)),
+            "per-client partitions: p1 sees n1-n2 only, p2 sees n3-n5 only",
+            "p1 (a minority) stops acquiring, p2 goes on; every checker holds",
+            move |lab, tag| lab.redlock_partitioned(tag, faulty),
         ),
     ]
+}
+
+/// The scenarios whose name contains one of `only` (all if empty).
+fn chosen(scale: Scale, only: &[String]) -> Vec<Scenario> {
+    scenarios(scale)
+        .into_iter()
+        .filter(|sc| only.is_empty() || only.iter().any(|o| sc.name.contains(o.as_str())))
+        .collect()
 }
 
 fn run(args: &RunArgs) -> Result<bool, String> {
@@ -709,7 +811,9 @@ fn run(args: &RunArgs) -> Result<bool, String> {
     };
     let lock = RedisServer::start();
     let nodes = RedisServer::start_many(REDLOCK_NODES);
-    let monitors = std::iter::once(&lock)
+    let persistent = RedisServer::builder().persistence(true).start();
+    let monitors = [&lock, &persistent]
+        .into_iter()
         .chain(&nodes)
         .map(|s| Monitor::start(&s.addr()).map_err(|e| format!("MONITOR of {}: {e}", s.addr())))
         .collect::<Result<_, _>>()?;
@@ -718,6 +822,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         lock,
         resource: RedisServer::start(),
         nodes,
+        persistent,
         monitors: RefCell::new(monitors),
         dir,
         seed,
@@ -725,10 +830,8 @@ fn run(args: &RunArgs) -> Result<bool, String> {
 
     let mut outcomes: Vec<Outcome> = Vec::new();
     for round in 1..=scale.rounds {
-        let chosen = scenarios(scale).into_iter().filter(|(name, _)| {
-            args.only.is_empty() || args.only.iter().any(|o| name.contains(o.as_str()))
-        });
-        for (i, (name, run_round)) in chosen.enumerate() {
+        for (i, sc) in chosen(scale, &args.only).into_iter().enumerate() {
+            let name = sc.name;
             let tag = if scale.rounds == 1 {
                 name.to_owned()
             } else {
@@ -736,7 +839,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
             };
             lab.start_from_nothing(&tag);
             let t = Instant::now();
-            let mut o = run_round(&mut lab, &tag)?;
+            let mut o = (sc.run)(&mut lab, &tag)?;
             eprintln!(
                 "  {tag}: {} acquisitions in {:.1} s{}",
                 o.acquisitions,
@@ -758,7 +861,14 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         }
     }
     let ok = outcomes.iter().all(|o| o.failed.is_empty());
-    let report = report(&outcomes, scale, seed, started.elapsed(), ok);
+    let report = report(
+        &outcomes,
+        &chosen(scale, &args.only),
+        scale,
+        seed,
+        started.elapsed(),
+        ok,
+    );
     print!("{report}");
     if let Some(path) = &args.report {
         std::fs::write(path, &report).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -774,17 +884,54 @@ fn ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "n/a".to_owned(), |n| format!("{:.1} ms", n as f64 / 1e6))
 }
 
-/// The markdown report: one row per scenario (all rounds summed).
-fn report(outcomes: &[Outcome], scale: Scale, seed: u64, took: Duration, ok: bool) -> String {
+/// The markdown report: one row per scenario (all rounds summed), then what each
+/// scenario does and expects.
+fn report(
+    outcomes: &[Outcome],
+    scenarios: &[Scenario],
+    scale: Scale,
+    seed: u64,
+    took: Duration,
+    ok: bool,
+) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let total: usize = outcomes.iter().map(|o| o.acquisitions).sum();
     let _ = writeln!(
         out,
-        "fencelock-lab run --{} --seed {seed}: {} scenarios x {} round(s), {total} acquisitions\n",
+        "# Safety lab: {} mode\n\n\
+         `./scripts/lab run --{} --seed {seed}{}`: {} scenarios × {} round(s), {total} \
+         acquisitions in {:.0} s, **{}**. Machine: {}; {}.\n",
         scale.name,
+        scale.name,
+        if scale.name == "long" {
+            " --report docs/safety.md"
+        } else {
+            ""
+        },
         outcomes.len(),
-        scale.rounds
+        scale.rounds,
+        took.as_secs_f64(),
+        if ok {
+            "every expectation held"
+        } else {
+            "EXPECTATIONS FAILED"
+        },
+        machine(),
+        redis_version()
+    );
+    let _ = writeln!(
+        out,
+        "Workers are separate OS processes running the library (acquire, read the resource, \
+         wait 0-5 ms, write with the fencing token, release; fixed 500 ms TTL unless said), \
+         each writing a JSON Lines history stamped with CLOCK_MONOTONIC. The checkers: \
+         **C1** leases of different owners never overlap and every acknowledged write lies \
+         in its writer's lease; **C2** the fenced resource never accepts a lower token after \
+         a higher one; **C3** no acknowledged write is lost; **C4** tokens of successful \
+         acquires strictly increase; **C5** no script ever deleted or extended a lock key \
+         holding another owner's token, judged from each Redis server's own `MONITOR` \
+         stream (replayed, not from the scripts' replies); **C6** after a holder is killed \
+         or a fault heals, the next acquire comes within one TTL + 300 ms.\n"
     );
     let _ = writeln!(
         out,
@@ -800,7 +947,7 @@ fn report(outcomes: &[Outcome], scale: Scale, seed: u64, took: Duration, ok: boo
             o.attempts,
             ms(Some(o.longest_acquire_ns)),
             o.recovery_ns
-                .map(|r| format!("; back after {}", ms(Some(r))))
+                .map(|r| format!("; back after {} (worst round)", ms(Some(r))))
                 .unwrap_or_default()
         );
         let _ = writeln!(
@@ -821,17 +968,36 @@ fn report(outcomes: &[Outcome], scale: Scale, seed: u64, took: Duration, ok: boo
         .fold((0, 0), |(j, s), o| (j + o.touches.0, s + o.touches.1));
     let _ = writeln!(
         out,
-        "\nC1-C6: violations found per checker, summed over the rounds (–: not judged in that \
-         scenario). C5 judged {judged} script writes to lock keys from the servers' MONITOR \
-         streams ({skipped} skipped: key state unknown). Positive controls, which must be \
-         found on every run: paused-worker-unfenced (C1, C2 and a lost update), \
-         redlock-restart-unprotected (C1), expired-holder (C5: exactly the unchecked DEL)."
+        "\nC1-C6: violations found, summed over the rounds (–: not judged in that \
+         scenario). C5 judged {judged} script writes to lock keys ({skipped} skipped: the \
+         key's state unknown, e.g. right after a node restarted). A positive control is a \
+         known anomaly its checker must find on every run, or the run fails (a checker that \
+         cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced and \
+         redlock-restart-unprotected, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         counter-rewound, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
+         are the expected non-zero counts in the table. Unavailability: acquires that ended in an error (after \
+         waiting up to 5 s), the longest single acquire, and for C6 the time from the kill \
+         or heal to the next holder."
     );
-    let details: Vec<&String> = outcomes.iter().flat_map(|o| &o.details).collect();
-    if !details.is_empty() {
-        let _ = writeln!(out, "\nViolations found (first 40):");
-        for d in details.iter().take(40) {
-            let _ = writeln!(out, "- {d}");
+    let _ = writeln!(
+        out,
+        "\n## Scenarios\n\n| scenario | what happens | expected |\n|---|---|---|"
+    );
+    for sc in scenarios {
+        let _ = writeln!(out, "| {} | {} | {} |", sc.name, sc.what, sc.expected);
+    }
+    if outcomes.iter().any(|o| !o.details.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\n## Violations found (the first two of each scenario)\n"
+        );
+        for o in outcomes.iter().filter(|o| !o.details.is_empty()) {
+            for d in o.details.iter().take(2) {
+                let _ = writeln!(out, "- {d}");
+            }
+            if o.details.len() > 2 {
+                let _ = writeln!(out, "- {}: and {} more", o.name, o.details.len() - 2);
+            }
         }
     }
     let _ = writeln!(
@@ -841,4 +1007,30 @@ fn report(outcomes: &[Outcome], scale: Scale, seed: u64, took: Duration, ok: boo
         took.as_secs_f64()
     );
     out
+}
+
+/// `N cores, MODEL` from /proc (best effort).
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown CPU", |(_, m)| m.trim());
+    let cores = thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {model}")
+}
+
+/// `redis-server X.Y.Z` (best effort).
+fn redis_version() -> String {
+    Command::new(std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            v.split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(|v| format!("redis-server {v}")))
+        })
+        .unwrap_or_else(|| "redis-server (version unknown)".into())
 }

@@ -28,6 +28,17 @@ const PARTITIONED: Fault = Fault::Delay {
     jitter: Duration::ZERO,
 };
 
+/// How the crashed node of a Redlock crash-restart scenario comes back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restart {
+    /// Empty (no persistence), restart protection off.
+    Unprotected,
+    /// Empty, restart protection on (quarantine = the TTL).
+    Protected,
+    /// With its data (`appendfsync always`), restart protection off.
+    Persistent,
+}
+
 /// Which minority fault a Redlock scenario injects on nodes n2 and n4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Minority {
@@ -161,10 +172,14 @@ impl Lab {
     /// Worker 1 holds a renewed lease and is SIGKILLed while holding it; workers 2 and 3
     /// wait for the lock. C6: the next acquire comes within one TTL (plus slack) of the
     /// kill, not at the end of some retry schedule.
-    pub fn holder_killed(&self, tag: &str) -> Result<Outcome, String> {
+    pub fn holder_killed(&self, tag: &str, control: bool) -> Result<Outcome, String> {
         let mut workers = Workers::default();
         let (mut args_a, hist_a) = self.worker_args(tag, 1, Resource::Fenced, 1);
         args_a.extend(["--renewed".into(), "--hold-first-ms=60000".into()]);
+        if control {
+            // A lease four times longer than the bound C6 judges by.
+            args_a.push(format!("--ttl-ms={}", (4 * TTL).as_millis()));
+        }
         let pid_a = workers.spawn(&self.exe, &args_a)?;
         self.wait_for_acquire(tag, std::slice::from_ref(&hist_a))?;
         let mut histories = vec![hist_a];
@@ -173,17 +188,106 @@ impl Lab {
             workers.spawn(&self.exe, &args)?;
             histories.push(path);
         }
-        // Let the waiters queue up and p1's watchdog renew at least once.
+        self.wait_for_acquire(tag, &histories)?;
+        // The kill falls after at least one renewal of p1's lease (every sixth of it).
         thread::sleep(TTL / 2);
         let killed_at = monotonic_ns();
         workers.kill(pid_a);
         workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
 
-        let (mut o, h) =
-            self.judge(tag, &histories, "SIGKILL p1 holding a renewed lease".into())?;
+        let faults = format!(
+            "SIGKILL p1 holding a renewed {} ms lease",
+            if control { 4 * TTL } else { TTL }.as_millis()
+        );
+        let (mut o, h) = self.judge(tag, &histories, faults)?;
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
-        o.judge_availability(&h, killed_at, TTL + AVAILABILITY_SLACK);
+        o.judge_availability(&h, killed_at, TTL + AVAILABILITY_SLACK, !control);
+        if control {
+            o.expect_detected(6, "the next holder coming a 2 s lease after the kill");
+        }
+        Ok(o)
+    }
+
+    /// Positive control of C3: workers write to the fenced resource, then the resource
+    /// server is SIGKILLed and restarted without persistence. C3 must report every
+    /// acknowledged write as lost.
+    pub fn resource_crash(&mut self, tag: &str) -> Result<Outcome, String> {
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for p in 1..=3 {
+            let (args, path) = self.worker_args(tag, p, Resource::Fenced, 5);
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+        self.resource.kill();
+        self.resource.restart();
+        let (mut o, _) = self.judge(
+            tag,
+            &histories,
+            "kill -9 + restart the resource server (no persistence)".into(),
+        )?;
+        o.expect_clean(&[1, 2, 4, 5]);
+        if o.violations[2] != Some(o.acked) || o.acked == 0 {
+            o.failed.push(format!(
+                "positive control: C3 should flag all {} acknowledged writes, found {:?}",
+                o.acked, o.violations[2]
+            ));
+        }
+        Ok(o)
+    }
+
+    /// Positive control of C4 (and C2 at work): A acquires and writes; the lock's fencing
+    /// counter is set back to 1 by hand (a restored backup, a counter reset); B acquires
+    /// with a lower token than A's. C4 must flag it, and the fenced resource rejects B's
+    /// write.
+    pub fn counter_rewound(&self, tag: &str) -> Result<Outcome, String> {
+        let rt = runtime()?;
+        let client = rt
+            .block_on(fencelock::Client::connect(&self.lock.url()))
+            .map_err(|e| format!("{tag}: connect: {e}"))?;
+        let lock = format!("lab:{tag}");
+        let mut resource = self.resource_writer(tag)?;
+        let mut histories = Vec::new();
+        let mut b_write = None;
+        for p in 1..=2 {
+            let path = self.dir.join(format!("{tag}-p{p}.jsonl"));
+            let mut w = HistoryWriter::create(&path).map_err(|e| e.to_string())?;
+            histories.push(path);
+            if p == 2 {
+                self.lock
+                    .cmd(&["SET", &format!("fencelock:{{{lock}}}:fence"), "1"]);
+            }
+            w.append(&Event::now(p, Op::Acquire, Phase::Invoke))
+                .map_err(|e| e.to_string())?;
+            let g = rt
+                .block_on(client.lock(&lock).ttl(TTL).try_acquire())
+                .map_err(|e| format!("{tag}: p{p} did not acquire: {e}"))?;
+            w.append(&acquired(p, &g, &client))
+                .map_err(|e| e.to_string())?;
+            let (owner, token) = (g.owner_token().clone(), g.fencing_token().get());
+            let accepted = resource.write(&mut w, p, token, owner.as_str(), i64::from(p))?;
+            if p == 2 {
+                b_write = Some(accepted);
+            }
+            w.append(&release(p, Phase::Invoke, &owner, token))
+                .map_err(|e| e.to_string())?;
+            let r = rt.block_on(g.release());
+            w.append(&release(p, release_phase(&r), &owner, token))
+                .map_err(|e| e.to_string())?;
+        }
+        let (mut o, _) = self.judge(
+            tag,
+            &histories,
+            "the fencing counter set back to 1 between two holders".into(),
+        )?;
+        o.expect_clean(&[1, 2, 3, 5]);
+        o.expect_detected(4, "B's token below A's");
+        if b_write != Some(false) {
+            o.failed
+                .push("the fenced resource did not reject B's lower token".into());
+        }
         Ok(o)
     }
 
@@ -279,7 +383,7 @@ impl Lab {
             o.failed
                 .push("no acquire was in flight across the pause (no fault exercised)".into());
         }
-        o.judge_availability(&h, resumed_at, TTL + AVAILABILITY_SLACK);
+        o.judge_availability(&h, resumed_at, TTL + AVAILABILITY_SLACK, true);
         Ok(o)
     }
 
@@ -569,7 +673,7 @@ impl Lab {
                 "the probe took {probe_took:?} to fail (bound {fast_bound:?}): not fail-fast"
             ));
         }
-        o.judge_availability(&h, healed_at, TTL + AVAILABILITY_SLACK);
+        o.judge_availability(&h, healed_at, TTL + AVAILABILITY_SLACK, true);
         Ok(o)
     }
 
@@ -658,7 +762,11 @@ impl Lab {
     /// a majority, and C1 must flag the overlap (positive control), while the fenced
     /// resource, written by B and then late by A, keeps C2 and C3. Protected (quarantine
     /// = TTL, every node up longer than that): n2's vote does not count, B gets NoQuorum.
-    pub fn redlock_restart(&mut self, tag: &str, protected: bool) -> Result<Outcome, String> {
+    /// Persistent (n2 is a server with `appendfsync always`, protection off): A's key
+    /// survives the crash, B finds the lock held.
+    pub fn redlock_restart(&mut self, tag: &str, restart: Restart) -> Result<Outcome, String> {
+        let protected = restart == Restart::Protected;
+        let persistent = restart == Restart::Persistent;
         let quarantine = protected.then_some(RESTART_TTL);
         if protected {
             // Uptime counts whole seconds: wait for quarantine + 1 s on every node.
@@ -672,7 +780,10 @@ impl Lab {
             }
         }
         let rt = runtime()?;
-        let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+        let mut urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+        if persistent {
+            urls[1] = self.persistent.url();
+        }
         let connect = |urls: Vec<String>| {
             fencelock::Client::redlock(urls)
                 .restart_protection(quarantine)
@@ -706,8 +817,13 @@ impl Lab {
                 return Err(format!("{tag}: A's key {key} not found on {}", n.addr()));
             }
         }
-        self.nodes[1].kill();
-        self.nodes[1].restart();
+        let n2 = if persistent {
+            &mut self.persistent
+        } else {
+            &mut self.nodes[1]
+        };
+        n2.kill();
+        n2.restart();
 
         // B: a fresh client, one attempt.
         let client_b = rt
@@ -727,7 +843,15 @@ impl Lab {
                     b_refused_by_quarantine = nodes
                         .iter()
                         .any(|r| matches!(r.outcome, NodeOutcome::Quarantined { .. }));
-                    b_outcome = "B: NoQuorum";
+                    let held = nodes
+                        .iter()
+                        .filter(|r| matches!(r.outcome, NodeOutcome::Held { .. }))
+                        .count();
+                    b_outcome = if held * 2 > nodes.len() {
+                        "B: NoQuorum, held on a majority"
+                    } else {
+                        "B: NoQuorum"
+                    };
                 }
                 rec(
                     &mut wb,
@@ -763,10 +887,24 @@ impl Lab {
         });
         drop((wa, wb));
 
-        let faults =
-            format!("DEL A's key on n4, n5; kill -9 + restart n2 (no persistence); {b_outcome}");
+        let faults = format!(
+            "DEL A's key on n4, n5; kill -9 + restart n2 ({}); {b_outcome}",
+            if persistent {
+                "appendfsync always"
+            } else {
+                "no persistence"
+            }
+        );
         let (mut o, _) = self.judge(tag, &[hist_a, hist_b], faults)?;
-        if protected {
+        if persistent {
+            o.expect_clean(&[1, 2, 3, 4, 5]);
+            if b_outcome != "B: NoQuorum, held on a majority" {
+                o.failed.push(
+                    "B was not refused by a majority holding A's key (lost despite persistence?)"
+                        .into(),
+                );
+            }
+        } else if protected {
             o.expect_clean(&[1, 2, 3, 4, 5]);
             if !b_refused_by_quarantine {
                 o.failed

@@ -82,7 +82,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub iterations: u32,
     /// Fixed lock TTL, ms.
-    #[arg(long)]
+    #[arg(long, overrides_with = "ttl_ms")]
     pub ttl_ms: u64,
     /// How long an acquire waits for a held lock, ms.
     #[arg(long, overrides_with = "wait_ms")]
