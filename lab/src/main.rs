@@ -477,12 +477,11 @@ impl Lab {
             lost_writes(&h, &final_values),
             tokens_increase(&h),
         ];
-        let details = results
+        let mut details: Vec<String> = results
             .iter()
             .flatten()
             .map(|v| format!("{tag}: {v}"))
             .collect();
-        let mut details: Vec<String> = details;
         // C5 from the servers' own account of the lock key.
         let key = format!("fencelock:{{lab:{tag}}}");
         let mut touched = Vec::new();
@@ -502,7 +501,7 @@ impl Lab {
         details.extend(c5.iter().map(|v| format!("{tag}: {v}")));
         let count = |op, phase| h.iter().filter(|e| e.op == op && e.phase == phase).count();
         let [c1, c2, c3, c4] = results.each_ref().map(|v| Some(v.len()));
-        let outcome = Outcome {
+        let mut outcome = Outcome {
             name: tag.to_owned(),
             rounds: 1,
             acquisitions: count(Op::Acquire, Phase::Ok),
@@ -518,7 +517,6 @@ impl Lab {
             failed: Vec::new(),
             details,
         };
-        let mut outcome = outcome;
         if outcome.acquisitions > 0 && judged == 0 {
             outcome
                 .failed

@@ -4,6 +4,7 @@
 //! itself (SIGSTOP) or is SIGKILLed, a redis-server is paused, killed or restarted, or a
 //! [`FaultProxy`] on the link delays, blackholes or partitions the traffic.
 
+use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -53,13 +54,11 @@ pub enum Minority {
 impl Lab {
     /// Workers on the fenced resource, no faults: the baseline every checker must pass.
     pub fn no_faults(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
-        let mut workers = Workers::default();
-        let mut histories = Vec::new();
-        for p in 1..=3 {
-            let (args, path) = self.worker_args(tag, p, Resource::Fenced, iterations);
-            workers.spawn(&self.exe, &args)?;
-            histories.push(path);
-        }
+        let (mut workers, histories) = self.spawn_all(
+            (1..=3)
+                .map(|p| self.worker_args(tag, p, Resource::Fenced, iterations))
+                .collect(),
+        )?;
         workers.wait_all(Instant::now() + self.timeout(iterations))?;
         let (mut o, _) = self.judge(tag, &histories, "none".into())?;
         o.expect_clean(&[1, 2, 3, 4, 5]);
@@ -532,19 +531,13 @@ impl Lab {
         fault: Minority,
         iterations: u32,
     ) -> Result<Outcome, String> {
-        let proxies: Vec<FaultProxy> = self
-            .nodes
-            .iter()
-            .map(|n| FaultProxy::start(&n.addr()))
-            .collect();
+        let proxies = self.proxied_nodes();
         let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
-        let mut workers = Workers::default();
-        let mut histories = Vec::new();
-        for p in 1..=3 {
-            let (args, path) = self.redlock_worker(tag, p, iterations, &urls);
-            workers.spawn(&self.exe, &args)?;
-            histories.push(path);
-        }
+        let (mut workers, histories) = self.spawn_all(
+            (1..=3)
+                .map(|p| self.redlock_worker(tag, p, iterations, &urls))
+                .collect(),
+        )?;
         self.wait_for_acquire(tag, &histories)?;
         let fault_at = monotonic_ns();
         for i in [1, 3] {
@@ -604,19 +597,13 @@ impl Lab {
     /// try-acquire by the harness during the outage must fail fast with NoQuorum (within
     /// the node timeout plus slack); after the heal the lock comes back within one TTL.
     pub fn redlock_majority_down(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
-        let proxies: Vec<FaultProxy> = self
-            .nodes
-            .iter()
-            .map(|n| FaultProxy::start(&n.addr()))
-            .collect();
+        let proxies = self.proxied_nodes();
         let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
-        let mut workers = Workers::default();
-        let mut histories = Vec::new();
-        for p in 1..=3 {
-            let (args, path) = self.redlock_worker(tag, p, iterations, &urls);
-            workers.spawn(&self.exe, &args)?;
-            histories.push(path);
-        }
+        let (mut workers, histories) = self.spawn_all(
+            (1..=3)
+                .map(|p| self.redlock_worker(tag, p, iterations, &urls))
+                .collect(),
+        )?;
         self.wait_for_acquire(tag, &histories)?;
         // A partition as TCP sees it: nothing gets through, and what was sent arrives, in
         // order, when the link heals (a blackhole that drops bytes for good would break
@@ -681,20 +668,17 @@ impl Lab {
     /// proxies of its own; once they run, p1 sees only n1-n2 and p2 only n3-n5. p1 must
     /// stop getting the lock (a minority), p2 must keep getting it, and nothing overlaps.
     pub fn redlock_partitioned(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
-        let links: Vec<Vec<FaultProxy>> = (0..2)
-            .map(|_| {
-                self.nodes
-                    .iter()
-                    .map(|n| FaultProxy::start(&n.addr()))
-                    .collect()
-            })
-            .collect();
+        let links: Vec<Vec<FaultProxy>> = (0..2).map(|_| self.proxied_nodes()).collect();
         let mut workers = Workers::default();
         let mut histories = Vec::new();
         for (p, proxies) in (1..).zip(&links) {
             let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
             // p1 will fail after the partition: keep its waits short, and its attempts few.
-            let iterations = if p == 1 { iterations.min(30) } else { iterations };
+            let iterations = if p == 1 {
+                iterations.min(30)
+            } else {
+                iterations
+            };
             let (mut args, path) = self.redlock_worker(tag, p, iterations, &urls);
             if p == 1 {
                 args.push("--wait-ms=300".into());
@@ -926,6 +910,28 @@ impl Lab {
         Ok(o)
     }
 
+    /// A fresh fault proxy in front of every Redlock node, in node order.
+    fn proxied_nodes(&self) -> Vec<FaultProxy> {
+        self.nodes
+            .iter()
+            .map(|n| FaultProxy::start(&n.addr()))
+            .collect()
+    }
+
+    /// Spawns one worker per `(args, history)`; the workers and their histories.
+    fn spawn_all(
+        &self,
+        specs: Vec<(Vec<String>, PathBuf)>,
+    ) -> Result<(Workers, Vec<PathBuf>), String> {
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        for (args, path) in specs {
+            workers.spawn(&self.exe, &args)?;
+            histories.push(path);
+        }
+        Ok((workers, histories))
+    }
+
     /// Arguments of a Redlock worker on `urls` (node timeout 50 ms, client timeouts
     /// 150 ms, restart protection off: the nodes are young).
     fn redlock_worker(
@@ -934,7 +940,7 @@ impl Lab {
         p: u32,
         iterations: u32,
         urls: &[String],
-    ) -> (Vec<String>, std::path::PathBuf) {
+    ) -> (Vec<String>, PathBuf) {
         let (mut args, path) = self.worker_args_on(tag, p, Resource::Fenced, iterations, urls);
         args.push(format!("--node-timeout-ms={}", NODE_TIMEOUT.as_millis()));
         args.push(format!(
