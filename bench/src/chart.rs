@@ -192,6 +192,9 @@ pub fn fairness(
     target: f64,
     rows: &[(String, f64, f64)],
 ) -> Result<(), String> {
+    if rows.is_empty() {
+        return Err("no hot-key rows to draw".to_owned());
+    }
     let n = rows.len() as i32;
     // Row `k` of `rows` is drawn in segment `n - 1 - k`, so the first is on top.
     let rows: Vec<&(String, f64, f64)> = rows.iter().rev().collect();
@@ -280,5 +283,28 @@ fn fmt_ms(v: f64) -> String {
         format!("{v:.2}")
     } else {
         format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_labels_keep_two_significant_digits_or_more() {
+        assert_eq!(fmt_ms(150.0), "150");
+        assert_eq!(fmt_ms(1.25), "1.2");
+        assert_eq!(fmt_ms(0.25), "0.25");
+        assert_eq!(fmt_ms(0.05), "0.050");
+    }
+
+    #[test]
+    fn every_lock_has_its_own_colour() {
+        let colours: Vec<_> = Peer::ALL.iter().map(|p| color(p.label(), 0)).collect();
+        for (i, a) in colours.iter().enumerate() {
+            for b in &colours[i + 1..] {
+                assert_ne!((a.0, a.1, a.2), (b.0, b.1, b.2));
+            }
+        }
     }
 }

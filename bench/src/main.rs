@@ -871,3 +871,69 @@ async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String> {
     }
     summarize(&samples).ok_or_else(|| "no samples".to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contenders_spread_evenly_over_at_most_max_procs_processes() {
+        assert_eq!(spread(2), vec![1, 1]);
+        assert_eq!(spread(9), vec![2, 1, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(spread(65).iter().sum::<usize>(), 65);
+        assert_eq!(spread(65).len(), MAX_PROCS);
+        assert_eq!(spread(0), vec![0]);
+    }
+
+    fn hot_key(counts: Vec<u64>) -> HotKeyRow {
+        HotKeyRow {
+            peer: Peer::Fencelock,
+            tasks: spread(HOT_KEY_CONTENDERS),
+            report: Report {
+                counts,
+                ..Report::default()
+            },
+            duration: Duration::from_secs(2),
+            commands_per_s: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn fairness_is_min_over_max_of_every_contender() {
+        let mut counts = vec![10; HOT_KEY_CONTENDERS];
+        counts[3] = 5;
+        let row = hot_key(counts);
+        assert!((row.fairness() - 0.5).abs() < 1e-9);
+        assert!((row.per_second() - (10.0 * 63.0 + 5.0) / 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_missing_contender_makes_fairness_zero() {
+        // A worker that did not report must not hide a starved contender.
+        assert_eq!(hot_key(vec![10; HOT_KEY_CONTENDERS - 1]).fairness(), 0.0);
+        assert_eq!(hot_key(Vec::new()).fairness(), 0.0);
+    }
+
+    #[test]
+    fn summaries_and_durations_print_in_readable_units() {
+        let s = summarize(&[100, 200, 300]).expect("samples");
+        assert_eq!((s.n, s.max), (3, 300));
+        assert!(summarize(&[]).is_none());
+        assert_eq!(fmt_ns(12_300), "12.3 µs");
+        assert_eq!(fmt_ns(4_560_000), "4.56 ms");
+    }
+
+    #[test]
+    fn python_peers_get_their_sleep_settings() {
+        assert_eq!(
+            Peer::RedisPy.lock_args(),
+            ["--lock", "redis-py", "--sleep", "0.1"]
+        );
+        assert_eq!(
+            Peer::RedisPyTuned.lock_args(),
+            ["--lock", "redis-py", "--sleep", "0.001"]
+        );
+        assert!(Peer::ALL.iter().filter(|p| p.python()).count() == 3);
+    }
+}
