@@ -22,19 +22,6 @@ fn pttl(r: &RedisServer, key: &str) -> i64 {
     r.cmd(&["PTTL", key]).as_int().unwrap()
 }
 
-/// Calls of the scripts (EVALSHA and EVAL) the server has run since the last reset.
-fn script_calls(r: &RedisServer) -> i64 {
-    let info = r.cmd(&["INFO", "commandstats"]);
-    let text = info.as_str().unwrap().to_owned();
-    text.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .map(|l| {
-            let calls = l.split("calls=").nth(1).unwrap();
-            calls.split(',').next().unwrap().parse::<i64>().unwrap()
-        })
-        .sum()
-}
-
 /// A process that holds `name` under a renewed lease of `lease_ms` and never releases.
 fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> Child {
     Command::new(std::env::current_exe().unwrap())
@@ -239,7 +226,7 @@ async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
     assert_eq!(r.cmd(&["EXISTS", "fencelock:{rel}"]).as_int(), Some(0));
     r.cmd(&["CONFIG", "RESETSTAT"]);
     tokio::time::sleep(lease * 3).await; // three lease lengths: nine renewal periods
-    assert_eq!(script_calls(&r), 0, "no renewal sent after the release");
+    assert_eq!(r.script_calls(), 0, "no renewal sent after the release");
     assert_eq!(
         r.cmd(&["EXISTS", "fencelock:{rel}"]).as_int(),
         Some(0),
@@ -305,7 +292,7 @@ async fn ten_thousand_leases_are_renewed_in_batches() {
     r.cmd(&["CONFIG", "RESETSTAT"]);
     let window = Duration::from_secs(4); // more than one whole lease
     tokio::time::sleep(window).await;
-    let calls = script_calls(&r);
+    let calls = i64::try_from(r.script_calls()).unwrap();
     // Every lease alive: lock key and fence counter each.
     assert_eq!(
         r.cmd(&["DBSIZE"]).as_int(),

@@ -294,13 +294,7 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
     // A's acquire, A's release and B's acquire all reach node 4 now.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let stats = servers[4].cmd(&["INFO", "commandstats"]);
-        let calls: u64 = stats
-            .as_str()
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap());
+        let calls = servers[4].script_calls();
         if calls >= 3 {
             break;
         }

@@ -344,6 +344,24 @@ impl RedisServer {
         if auth.is_error() { auth } else { reply }
     }
 
+    /// Script calls (`EVALSHA` and `EVAL`) the server has run since it started
+    /// or since `CONFIG RESETSTAT`, from `INFO commandstats`. Failed calls
+    /// (`NOSCRIPT`, say) count too.
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd).
+    pub fn script_calls(&self) -> u64 {
+        let info = self.cmd(&["INFO", "commandstats"]);
+        let text = info.as_str().unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                l.strip_prefix("cmdstat_evalsha:calls=")
+                    .or_else(|| l.strip_prefix("cmdstat_eval:calls="))
+            })
+            .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Non-panicking [`cmd`](Self::cmd) with a caller-chosen timeout for
     /// connect, write and read (e.g. to assert that a paused or killed server
     /// does *not* answer).
