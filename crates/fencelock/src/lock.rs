@@ -46,9 +46,13 @@ pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
 /// [`lost`](LockGuard::lost) signal fires the moment the lease is known to be lost.
 ///
 /// # How waiting works
-/// A waiting acquire subscribes to the lock's release channel *before* its first
-/// attempt, so a release that happens between a failed attempt and the wait is never
-/// missed. A release wakes waiters at once (one pub/sub message, then one round trip).
+/// A waiting acquire that finds the lock held subscribes to the lock's release channel
+/// and then tries again, so the refusal it waits on came after the subscription and a
+/// release after it is never missed. A release wakes at once one waiter of each
+/// [`Client`], the one that has waited longest (one pub/sub message, then one round
+/// trip), rather than every waiter when only one can win; a woken waiter that is
+/// cancelled or fails before Redis answered its attempt hands the wake to the next.
+/// [Fair](Self::fair) waiters are woken only when it is their turn.
 /// Pub/sub is never trusted alone: every wait is also bounded by the holder's remaining
 /// lease as Redis reported it, so a lost message, a dropped subscription or a holder
 /// that died without releasing costs at most that lease. All waiters of one [`Client`]
@@ -387,6 +391,13 @@ impl LockBuilder {
         loop {
             // Until this attempt is answered, its outcome is unknown too.
             pending.maybe_written = true;
+            // The wakes this attempt answers (see `settle` below).
+            let marks: Vec<u64> = subscriptions.iter().map(Subscription::wake_mark).collect();
+            let settle = |subscriptions: &[Subscription]| {
+                for (s, mark) in subscriptions.iter().zip(&marks) {
+                    s.settle(*mark);
+                }
+            };
             let outcome = match &inner.quorum {
                 None => {
                     single_node::try_acquire(
@@ -417,6 +428,7 @@ impl LockBuilder {
                     sent_at,
                     valid_until,
                 }) => {
+                    settle(&subscriptions);
                     let registration = self.client.inner.watchdog.watch(
                         pending.keys.lock.clone(),
                         mode.holder_id(&pending.token).to_owned(),
@@ -432,6 +444,10 @@ impl LockBuilder {
                     // A definite answer (a failed Redlock quorum was already released
                     // everywhere); only an earlier unanswered attempt is still a maybe.
                     pending.maybe_written = unanswered;
+                    // The lock is someone else's: their release will wake a waiter. An
+                    // attempt that failed on an error settles nothing, so if this wait
+                    // ends on that error the wake passes to the next waiter.
+                    settle(&subscriptions);
                     pending.queued = waits && matches!(mode, Mode::Fair { .. });
                     if std::mem::take(&mut subscribe) {
                         let token =

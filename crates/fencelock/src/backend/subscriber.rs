@@ -2,9 +2,19 @@
 //! waiter of that client.
 //!
 //! Waiters register on a channel and get an [`Arc<Notify>`] each. A message with an
-//! empty payload wakes every waiter of the channel; a message carrying an owner token
-//! wakes only the waiter with that token (the head of a fair queue). A `Notify` keeps one
-//! permit, so a message that arrives between a failed attempt and the wait is not lost.
+//! empty payload (a plain or reentrant release) wakes **one** plain waiter of this
+//! client, the one that has waited longest, and every fair waiter; a message carrying an
+//! owner token wakes only the waiter with that token (the head of a fair queue). Waking
+//! one plain waiter per client, not all of them, keeps a release from setting off one
+//! acquire per waiter when only one can win: every client still hears of the release, so
+//! the lock goes to one of them, and the next release wakes the next waiter.
+//!
+//! A woken waiter owes an answered attempt for its wake. Its caller reads a mark before
+//! each attempt and settles it once Redis answered; a waiter dropped with a wake it has
+//! not settled (cancelled, or failed on an error) passes the wake on to the next plain
+//! waiter, so a free lock is never left with only sleeping waiters of this client. A
+//! `Notify` keeps one permit, so a message that arrives between a failed attempt and the
+//! wait is not lost.
 //!
 //! Pub/sub is a hint, never the only way out of a wait: callers bound every wait by the
 //! holder's remaining lease. When the connection drops (a restart, `CLIENT KILL TYPE
@@ -53,6 +63,28 @@ struct Waiter {
     /// `Some`: woken only by messages carrying this owner token (or an empty payload).
     token: Option<Vec<u8>>,
     notify: Arc<Notify>,
+    /// Wakes delivered to this waiter so far.
+    wakes: u64,
+    /// Wakes that an answered attempt has covered (see [`Subscription::settle`]).
+    settled: u64,
+}
+
+impl Waiter {
+    fn wake(&mut self) {
+        self.wakes += 1;
+        self.notify.notify_one();
+    }
+}
+
+/// Wakes the plain (token-less) waiter that has waited longest, if there is one.
+fn wake_oldest_plain(waiters: &mut HashMap<u64, Waiter>) {
+    if let Some((_, w)) = waiters
+        .iter_mut()
+        .filter(|(_, w)| w.token.is_none())
+        .min_by_key(|(id, _)| **id)
+    {
+        w.wake();
+    }
 }
 
 /// One waiter's registration. Dropping it unregisters the waiter, and unsubscribes the
@@ -115,6 +147,8 @@ impl Subscriber {
                 Waiter {
                     token: token.map(|t| t.as_bytes().to_vec()),
                     notify: notify.clone(),
+                    wakes: 0,
+                    settled: 0,
                 },
             );
             ch
@@ -147,6 +181,21 @@ impl Subscription {
     pub async fn notified(&self) {
         self.notify.notified().await;
     }
+
+    /// The wakes delivered to this waiter so far: read it before sending an attempt.
+    pub fn wake_mark(&self) -> u64 {
+        lock(&self.channel.waiters)
+            .get(&self.id)
+            .map_or(0, |w| w.wakes)
+    }
+
+    /// Redis answered an attempt sent after [`Self::wake_mark`] returned `mark`: the wakes
+    /// up to `mark` are used, and dropping this waiter no longer passes them on.
+    pub fn settle(&self, mark: u64) {
+        if let Some(w) = lock(&self.channel.waiters).get_mut(&self.id) {
+            w.settled = w.settled.max(mark);
+        }
+    }
 }
 
 impl Drop for Subscription {
@@ -154,7 +203,12 @@ impl Drop for Subscription {
         let last = {
             let _channels = lock(&self.inner.channels);
             let mut waiters = lock(&self.channel.waiters);
-            waiters.remove(&self.id);
+            let gone = waiters.remove(&self.id);
+            // A wake this waiter never answered with an attempt: the lock may be free
+            // and nobody else of this client awake, so the next waiter takes it over.
+            if gone.is_some_and(|w| w.token.is_none() && w.wakes > w.settled) {
+                wake_oldest_plain(&mut waiters);
+            }
             waiters.is_empty()
         };
         if !last {
@@ -257,17 +311,27 @@ impl Inner {
         let Some(ch) = lock(&self.channels).get(channel).cloned() else {
             return;
         };
-        for waiter in lock(&ch.waiters).values() {
-            if payload.is_empty() || waiter.token.as_deref() == Some(payload) {
-                waiter.notify.notify_one();
+        let mut waiters = lock(&ch.waiters);
+        if payload.is_empty() {
+            // A plain release: the fair waiters sort out among themselves whose turn it
+            // is; of the plain waiters one is enough (see the module docs).
+            for waiter in waiters.values_mut().filter(|w| w.token.is_some()) {
+                waiter.wake();
+            }
+            wake_oldest_plain(&mut waiters);
+        } else {
+            for waiter in waiters.values_mut() {
+                if waiter.token.as_deref() == Some(payload) {
+                    waiter.wake();
+                }
             }
         }
     }
 
     fn wake_all(&self) {
         for ch in self.channels_snapshot() {
-            for waiter in lock(&ch.waiters).values() {
-                waiter.notify.notify_one();
+            for waiter in lock(&ch.waiters).values_mut() {
+                waiter.wake();
             }
         }
     }
@@ -340,4 +404,67 @@ fn io_timeout(what: &str) -> redis::RedisError {
 /// consistent, so a panic elsewhere does not make them unusable.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::RedisServer;
+
+    const WITHIN: Duration = Duration::from_secs(5);
+
+    fn subscriber(r: &RedisServer) -> Subscriber {
+        let timeouts = Timeouts {
+            connect: Duration::from_secs(2),
+            response: Duration::from_secs(2),
+        };
+        Subscriber::new(redis::Client::open(r.url()).unwrap(), timeouts)
+    }
+
+    async fn woken(s: &Subscription, who: &str) {
+        tokio::time::timeout(WITHIN, s.notified())
+            .await
+            .unwrap_or_else(|_| panic!("{who} was not woken within {WITHIN:?}"));
+    }
+
+    #[tokio::test]
+    async fn a_release_wakes_one_plain_waiter_and_a_dropped_unanswered_wake_moves_on() {
+        let r = RedisServer::start();
+        let sub = subscriber(&r);
+        let first = sub.subscribe("ch", None).await.unwrap();
+        let second = sub.subscribe("ch", None).await.unwrap();
+        let fair = sub.subscribe("ch", Some("t1")).await.unwrap();
+
+        r.cmd(&["PUBLISH", "ch", ""]);
+        woken(&first, "the longest-waiting plain waiter").await;
+        woken(&fair, "the fair waiter, on an empty payload").await;
+        // Messages are delivered in order: once this one arrived, the first is done.
+        r.cmd(&["PUBLISH", "ch", "t1"]);
+        woken(&fair, "the fair waiter, on its own token").await;
+        assert_eq!(first.wake_mark(), 1);
+        assert_eq!(
+            second.wake_mark(),
+            0,
+            "one plain waiter per release, not all"
+        );
+        assert_eq!(fair.wake_mark(), 2);
+
+        // `first` is cancelled before an answered attempt: its wake goes to `second`.
+        drop(first);
+        woken(&second, "the next plain waiter").await;
+        assert_eq!(second.wake_mark(), 1);
+
+        // `second` answers its wake with an attempt, then leaves: nobody else is woken.
+        let third = sub.subscribe("ch", None).await.unwrap();
+        second.settle(second.wake_mark());
+        drop(second);
+        assert_eq!(third.wake_mark(), 0, "a settled wake is not passed on");
+
+        // A token for someone else wakes no plain waiter and no other fair waiter.
+        r.cmd(&["PUBLISH", "ch", "t2"]);
+        r.cmd(&["PUBLISH", "ch", "t1"]);
+        woken(&fair, "the fair waiter").await;
+        assert_eq!(fair.wake_mark(), 3);
+        assert_eq!(third.wake_mark(), 0);
+    }
 }
