@@ -715,6 +715,16 @@ fn scenarios(scale: Scale) -> Vec<Scenario> {
             move |lab, tag| lab.delayed_replies(tag, faulty),
         ),
         scenario(
+            "dropped-replies",
+            "p1 waits for the harness's lock through a proxy that then drops its replies for \
+             3 TTLs (its requests still run) and resets its connections; p2, p3 start once \
+             someone took the lock in the fault",
+            "a grant p1 has not heard of holds the lock (exercised); p1 holds it only once a \
+             retry of the same acquire is answered, else it is withdrawn or expires; C6: the \
+             lock back within one TTL of the heal; every checker holds",
+            move |lab, tag| lab.dropped_replies(tag, faulty),
+        ),
+        scenario(
             "queued-set-nx",
             "the Redis server SIGSTOPped for 3 TTLs while workers acquire (their SET NX \
              queue in its socket, their clients time out and retry)",

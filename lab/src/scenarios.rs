@@ -386,6 +386,132 @@ impl Lab {
         Ok(o)
     }
 
+    /// The unknown outcome, for real. The harness holds the lock (fixed TTL) while
+    /// worker 1, which reaches the lock server through a proxy, waits for it. Then the
+    /// proxy forwards worker 1's requests but drops every reply: the harness's lease runs
+    /// out, worker 1's timer-driven attempt takes the lock on the server, and worker 1
+    /// never hears of it. Workers 2 and 3 (direct) start then and find the lock held by
+    /// that grant. After 3 TTLs the proxy resets worker 1's connections and passes
+    /// again. Such a grant must never become a guard unseen, must be withdrawn or
+    /// expire, and the lock must come back within one TTL of the heal.
+    pub fn dropped_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        let rt = runtime()?;
+        let client = rt
+            .block_on(fencelock::Client::connect(&self.lock.url()))
+            .map_err(|e| format!("{tag}: connect: {e}"))?;
+        let lock = format!("lab:{tag}");
+        let key = format!("fencelock:{{{lock}}}");
+        let hist_h = self.dir.join(format!("{tag}-p4.jsonl"));
+        let mut wh = HistoryWriter::create(&hist_h).map_err(|e| e.to_string())?;
+        wh.append(&Event::now(4, Op::Acquire, Phase::Invoke))
+            .map_err(|e| e.to_string())?;
+        let holder = rt
+            .block_on(client.lock(&lock).ttl(TTL).try_acquire())
+            .map_err(|e| format!("{tag}: the harness did not acquire: {e}"))?;
+        wh.append(&acquired(4, &holder, &client))
+            .map_err(|e| e.to_string())?;
+        let holder_owner = holder.owner_token().as_str().to_owned();
+
+        let proxy = FaultProxy::start(&self.lock.addr());
+        let (mut args, hist_1) =
+            self.worker_args_on(tag, 1, Resource::Fenced, iterations, &[proxy.url()]);
+        args.push("--lock-timeout-ms=200".into());
+        let (mut workers, mut histories) = self.spawn_all(vec![(args, hist_1)])?;
+        // Worker 1 waits once the server confirmed its subscription to the lock's
+        // release channel (it subscribes after its first refusal).
+        let channel = format!("{key}:released");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .lock
+            .cmd(&["PUBSUB", "NUMSUB", &channel])
+            .as_array()
+            .and_then(|a| a.get(1)?.as_int())
+            != Some(1)
+        {
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: worker 1 never waited for the lock"));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        proxy.set(Fault::DropReplies);
+        let dropped = Instant::now();
+        // Sample who holds the lock while worker 1 hears nothing; start workers 2 and 3
+        // once a holder shows up that is neither the harness nor anyone who was told.
+        let mut seen_holders = std::collections::HashSet::new();
+        let mut started_others = false;
+        while dropped.elapsed() < 3 * TTL {
+            if let Some(owner) = self.lock.cmd(&["GET", &key]).as_str() {
+                if owner != holder_owner && !started_others {
+                    for p in 2..=3 {
+                        let (args, path) = self.worker_args(tag, p, Resource::Fenced, iterations);
+                        workers.spawn(&self.exe, &args)?;
+                        histories.push(path);
+                    }
+                    started_others = true;
+                }
+                seen_holders.insert(owner.to_owned());
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
+        proxy.set(Fault::Reset);
+        proxy.set(Fault::Pass);
+        let healed_at = monotonic_ns();
+        workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
+        drop(proxy);
+        // The harness's lease ran out long ago: its release reports the loss.
+        wh.append(&release(
+            4,
+            Phase::Invoke,
+            holder.owner_token(),
+            holder.fencing_token().get(),
+        ))
+        .map_err(|e| e.to_string())?;
+        let (owner_h, token_h) = (holder.owner_token().clone(), holder.fencing_token().get());
+        let released = rt.block_on(holder.release());
+        wh.append(&release(4, release_phase(&released), &owner_h, token_h))
+            .map_err(|e| e.to_string())?;
+        histories.push(hist_h);
+
+        let (mut o, h) = self.judge(tag, &histories, String::new())?;
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        o.expect_counter_matches();
+        // A holder seen in the fault whose client learned of its grant only after the
+        // heal (a retry of the same acquire found its own token) or never.
+        let told = |owner: &str| {
+            h.iter()
+                .find(|e| {
+                    e.op == Op::Acquire && e.phase == Phase::Ok && e.owner.as_deref() == Some(owner)
+                })
+                .map(|e| e.time_ns)
+        };
+        let (mut late, mut never) = (0, 0);
+        for owner in &seen_holders {
+            match told(owner) {
+                None => never += 1,
+                Some(t) if t >= healed_at => late += 1,
+                Some(_) => {}
+            }
+        }
+        if late + never == 0 {
+            o.failed.push(
+                "no holder during the fault was a grant its client had not heard of (no fault \
+                 exercised)"
+                    .into(),
+            );
+        }
+        if !started_others {
+            o.failed
+                .push("workers 2 and 3 never started: nobody took the lock in the fault".into());
+        }
+        o.judge_availability(&h, healed_at, TTL + AVAILABILITY_SLACK, true);
+        o.faults = format!(
+            "p1's replies dropped for {} ms, then its connections reset; grants unheard of \
+             in the fault: {late} confirmed by a retry after the heal, {never} never",
+            (3 * TTL).as_millis()
+        );
+        Ok(o)
+    }
+
     /// Extend and release after expiry, driven by the harness through the library: A
     /// acquires with a fixed 300 ms TTL, lets it run out; B acquires; A's extend and
     /// release must both report the lease lost and leave B's key alone. Then A runs the
