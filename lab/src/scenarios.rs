@@ -395,12 +395,12 @@ impl Lab {
     /// again. Such a grant must never become a guard unseen, must be withdrawn or
     /// expire, and the lock must come back within one TTL of the heal.
     pub fn dropped_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
-        let rt = runtime()?;
-        let client = rt
-            .block_on(fencelock::Client::connect(&self.lock.url()))
-            .map_err(|e| format!("{tag}: connect: {e}"))?;
-        let lock = format!("lab:{tag}");
-        let key = format!("fencelock:{{{lock}}}");
+        let Harness {
+            rt,
+            client,
+            lock,
+            key,
+        } = self.harness(tag)?;
         let hist_h = self.dir.join(format!("{tag}-p4.jsonl"));
         let mut wh = HistoryWriter::create(&hist_h).map_err(|e| e.to_string())?;
         wh.append(&Event::now(4, Op::Acquire, Phase::Invoke))
@@ -518,12 +518,12 @@ impl Lab {
     /// seed articles' mistake, an unchecked `DEL` script: C5 must catch it (positive
     /// control).
     pub fn expired_holder(&self, tag: &str) -> Result<Outcome, String> {
-        let rt = runtime()?;
-        let client = rt
-            .block_on(fencelock::Client::connect(&self.lock.url()))
-            .map_err(|e| format!("{tag}: connect: {e}"))?;
-        let lock = format!("lab:{tag}");
-        let key = format!("fencelock:{{{lock}}}");
+        let Harness {
+            rt,
+            client,
+            lock,
+            key,
+        } = self.harness(tag)?;
         let ttl = Duration::from_millis(300);
         let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
         let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
@@ -1093,6 +1093,32 @@ fn server_time_us(server: &RedisServer) -> u64 {
 }
 
 /// A current-thread Tokio runtime for the harness's own clients.
+/// The harness acting as a client of the lock server itself, for one scenario's lock.
+struct Harness {
+    rt: tokio::runtime::Runtime,
+    client: fencelock::Client,
+    /// The lock's name, and its key in Redis.
+    lock: String,
+    key: String,
+}
+
+impl Lab {
+    fn harness(&self, tag: &str) -> Result<Harness, String> {
+        let rt = runtime()?;
+        let client = rt
+            .block_on(fencelock::Client::connect(&self.lock.url()))
+            .map_err(|e| format!("{tag}: connect: {e}"))?;
+        let lock = format!("lab:{tag}");
+        let key = format!("fencelock:{{{lock}}}");
+        Ok(Harness {
+            rt,
+            client,
+            lock,
+            key,
+        })
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
