@@ -2,12 +2,14 @@
 //! increment a plain, non-atomic counter (GET, then SET) under the lock, 2,000 times in
 //! all. A lost update or an out-of-order fencing token would show in the final state.
 
-use std::process::Command;
 use std::time::Duration;
 
 use fencelock::Client;
 use redis::AsyncCommands;
 use testkit::RedisServer;
+
+mod common;
+use common::spawn_helper;
 
 const PROCESSES: usize = 4;
 const TASKS_PER_PROCESS: usize = 8;
@@ -78,16 +80,8 @@ fn worker_process() {
 #[test]
 fn exclusive_increments() {
     let r = RedisServer::start();
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..PROCESSES)
-        .map(|p| {
-            Command::new(&exe)
-                .args(["worker_process", "--exact", "--ignored", "--nocapture"])
-                .env(WORKER_ENV, format!("{} {p}", r.url()))
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("spawn worker process")
-        })
+        .map(|p| spawn_helper("worker_process", WORKER_ENV, format!("{} {p}", r.url())))
         .collect();
     for mut child in children {
         assert!(child.wait().unwrap().success(), "a worker process failed");

@@ -2,11 +2,14 @@
 //! timeouts and receipts, a consumer process killed mid-item, and typed errors.
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, DelayQueue, Delivery, Error, ItemId};
 use testkit::RedisServer;
+
+mod common;
+use common::spawn_helper;
 
 const DUE: &str = "fencelock:{q}:dq:due";
 const INFLIGHT: &str = "fencelock:{q}:dq:inflight";
@@ -307,15 +310,7 @@ async fn an_item_of_a_killed_consumer_process_is_delivered_again() {
     let q = queue(&r).await;
     let id = q.push("survives a crash", Duration::ZERO).await.unwrap();
 
-    let mut consumer = Consumer(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["consumer_process", "--exact", "--ignored", "--nocapture"])
-            .env(CONSUMER_URL, r.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn the consumer process"),
-    );
+    let mut consumer = Consumer(spawn_helper("consumer_process", CONSUMER_URL, r.url()));
     let deadline = Instant::now() + SEC * 20;
     let marker = loop {
         if let Some(m) = r.cmd(&["GET", "taken"]).as_str() {

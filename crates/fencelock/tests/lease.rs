@@ -2,21 +2,16 @@
 //! lost, stops renewing the moment the guard goes, and batches renewals. Against real
 //! redis-server processes, with real faults (SIGKILL, SIGSTOP, keys changed from outside).
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error, LossCause};
 use testkit::RedisServer;
 
-const HELPER_ENV: &str = "FENCELOCK_LEASE_HELPER";
+mod common;
+use common::{eventually, spawn_helper};
 
-async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+const HELPER_ENV: &str = "FENCELOCK_LEASE_HELPER";
 
 fn pttl(r: &RedisServer, key: &str) -> i64 {
     r.cmd(&["PTTL", key]).as_int().unwrap()
@@ -24,12 +19,11 @@ fn pttl(r: &RedisServer, key: &str) -> i64 {
 
 /// A process that holds `name` under a renewed lease of `lease_ms` and never releases.
 fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["helper_process", "--exact", "--ignored", "--nocapture"])
-        .env(HELPER_ENV, format!("{} {name} {lease_ms}", r.url()))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn helper")
+    spawn_helper(
+        "helper_process",
+        HELPER_ENV,
+        format!("{} {name} {lease_ms}", r.url()),
+    )
 }
 
 #[test]

@@ -6,21 +6,15 @@ use std::time::{Duration, Instant};
 use fencelock::{Client, Error, LossCause, Retry, UnavailableReason};
 use testkit::{Fault, FaultProxy, RedisServer};
 
+mod common;
+use common::eventually;
+
 async fn client(r: &RedisServer) -> Client {
     Client::connect(&r.url()).await.expect("connect")
 }
 
 fn exists(r: &RedisServer, key: &str) -> bool {
     r.cmd(&["EXISTS", key]).as_int() == Some(1)
-}
-
-/// Polls (bounded) until `cond` holds; panics with `what` otherwise.
-async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]

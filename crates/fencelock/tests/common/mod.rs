@@ -1,0 +1,30 @@
+//! Helpers shared by the integration tests (each test file is its own crate and takes
+//! what it needs with `mod common;`).
+
+#![allow(dead_code)] // not every test crate uses every helper
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Polls (bounded) until `cond` holds; panics with `what` otherwise. For state that no
+/// event announces (a server-side count, a client's statistics).
+pub async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Starts this test binary again as another OS process that runs only the ignored test
+/// `entry`, with `spec` in the environment variable `env` (the entry reads it and
+/// returns at once when it is unset, as in a normal test run).
+pub fn spawn_helper(entry: &str, env: &str, spec: impl AsRef<str>) -> Child {
+    Command::new(std::env::current_exe().expect("current_exe"))
+        .args([entry, "--exact", "--ignored", "--nocapture"])
+        .env(env, spec.as_ref())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn helper process {entry}: {e}"))
+}
