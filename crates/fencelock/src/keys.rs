@@ -9,9 +9,10 @@
 //! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty |
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | when empty |
 //!
-//! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: an
-//! empty message wakes every waiter, a message carrying an owner token wakes that waiter
-//! (the head of a fair queue).
+//! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
+//! an empty message (a plain or reentrant release) each client wakes its longest-waiting
+//! plain waiter and all its reentrant and fair waiters; a message carrying an owner token
+//! wakes that waiter (the head of a fair queue).
 //!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain

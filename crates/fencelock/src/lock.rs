@@ -8,7 +8,7 @@ use futures_util::future::{join_all, select_all};
 use crate::algorithms::quorum::{self, Quorum, QuorumAttempt};
 use crate::algorithms::single_node::{self, Attempt, Mode};
 use crate::algorithms::watchdog::Registration;
-use crate::backend::subscriber::Subscription;
+use crate::backend::subscriber::{Subscription, Wake, next_waiter_id};
 use crate::client::Client;
 use crate::delay_queue::{DelayQueue, ItemId};
 use crate::error::{Error, LossCause, NodeOutcome, NodeReport};
@@ -48,11 +48,14 @@ pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
 /// # How waiting works
 /// A waiting acquire that finds the lock held subscribes to the lock's release channel
 /// and then tries again, so the refusal it waits on came after the subscription and a
-/// release after it is never missed. A release wakes at once one waiter of each
+/// release after it is never missed. A release wakes at once one plain waiter of each
 /// [`Client`], the one that has waited longest (one pub/sub message, then one round
 /// trip), rather than every waiter when only one can win; a woken waiter that is
 /// cancelled or fails before Redis answered its attempt hands the wake to the next.
-/// [Fair](Self::fair) waiters are woken only when it is their turn.
+/// Waiters with an [`owner`](Self::owner) are all woken (holds of one owner can be held
+/// together). A [fair](Self::fair) release wakes only the waiter at the head of the
+/// queue.
+///
 /// Pub/sub is never trusted alone: every wait is also bounded by the holder's remaining
 /// lease as Redis reported it, so a lost message, a dropped subscription or a holder
 /// that died without releasing costs at most that lease. All waiters of one [`Client`]
@@ -450,13 +453,18 @@ impl LockBuilder {
                     settle(&subscriptions);
                     pending.queued = waits && matches!(mode, Mode::Fair { .. });
                     if std::mem::take(&mut subscribe) {
-                        let token =
-                            matches!(mode, Mode::Fair { .. }).then(|| pending.token.as_str());
+                        let wake = match &mode {
+                            Mode::Plain => Wake::Plain,
+                            Mode::Reentrant { .. } => Wake::Owner,
+                            Mode::Fair { .. } => Wake::Turn(pending.token.as_str()),
+                        };
                         let channel = pending.keys.channel();
+                        // One place in line on every node.
+                        let id = next_waiter_id();
                         let subscribing = inner
                             .nodes
                             .iter()
-                            .map(|n| n.subscriber().subscribe(&channel, token));
+                            .map(|n| n.subscriber().subscribe(&channel, id, wake));
                         for result in join_all(subscribing).await {
                             match result {
                                 Ok(s) => subscriptions.push(s),

@@ -1,23 +1,17 @@
 //! Waiting for a held lock: release notifications by pub/sub, the lease bound that backs
 //! them up, cancellation, and fair (FIFO) mode, against real redis-server processes.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error};
 use testkit::RedisServer;
 
-const HELPER_ENV: &str = "FENCELOCK_WAITING_HELPER";
+mod common;
+use common::{eventually, spawn_helper};
 
-/// Polls (bounded) until `cond` holds.
-async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
+const HELPER_ENV: &str = "FENCELOCK_WAITING_HELPER";
 
 fn llen(r: &RedisServer, key: &str) -> i64 {
     r.cmd(&["LLEN", key]).as_int().unwrap()
@@ -31,12 +25,11 @@ fn numsub(r: &RedisServer, channel: &str) -> i64 {
 /// Another OS process running the library: `hold TTL_MS` takes the lock and never
 /// releases it; `fair-wait TIMEOUT_MS` joins the fair queue and waits for ever.
 fn helper(r: &RedisServer, name: &str, mode: &str, arg: u64) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["helper_process", "--exact", "--ignored", "--nocapture"])
-        .env(HELPER_ENV, format!("{} {name} {mode} {arg}", r.url()))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn helper process")
+    spawn_helper(
+        "helper_process",
+        HELPER_ENV,
+        format!("{} {name} {mode} {arg}", r.url()),
+    )
 }
 
 #[test]
@@ -109,6 +102,7 @@ async fn a_release_sets_off_one_attempt_not_one_per_waiter() {
     let ttl = Duration::from_secs(60);
     let holder = c.lock("herd").ttl(ttl).try_acquire().await.unwrap();
     let n: u64 = 20;
+    let before_waiters = r.script_calls();
     let mut waiters = Vec::new();
     for _ in 0..n {
         let lock = c.lock("herd").ttl(ttl).wait(Duration::from_secs(30));
@@ -116,24 +110,70 @@ async fn a_release_sets_off_one_attempt_not_one_per_waiter() {
             lock.acquire().await.unwrap().release().await.unwrap();
         }));
     }
-    eventually("20 waiters subscribed", Duration::from_secs(5), || {
-        c.stats().waiters == 20
+    // Every waiter made its two refused attempts (before and after subscribing) and
+    // waits: the server counted them.
+    eventually("20 waiters waiting", Duration::from_secs(5), || {
+        c.stats().waiters == 20 && r.script_calls() >= before_waiters + 2 * n
     })
     .await;
+    let before = r.script_calls();
     holder.release().await.unwrap();
     for w in waiters {
         w.await.unwrap();
     }
-    // On this fresh server: the holder's acquire and release; each waiter's refused
-    // attempts before and after subscribing, one woken attempt that wins, its release.
-    // Waking every waiter on each release would cost about n^2 / 2 attempts more (190
-    // here). The slack covers a first `NOSCRIPT` per script.
-    let calls = r.script_calls();
-    let one_each = 2 + 4 * n;
+    // The holder's release; each waiter's one woken attempt, which wins, and its
+    // release. Waking every waiter on each release would cost about n^2 / 2 attempts
+    // more (190 here). The slack covers a first `NOSCRIPT` of the release script.
+    let calls = r.script_calls() - before;
+    let one_each = 1 + 2 * n;
     assert!(
-        calls <= one_each + 4,
+        calls <= one_each + 2,
         "{calls} script calls for {n} handoffs; one woken attempt per release needs {one_each}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_one_owner_all_get_the_lock_at_the_release() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // Another owner holds it for a minute: only the release message ends these waits
+    // quickly, and one message wakes one waiter per owner.
+    let holder = c
+        .lock("shared")
+        .owner("other-job")
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let lock = c
+            .lock("shared")
+            .owner("job-7")
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(30));
+        // Each keeps its hold: all three are held together once the other job left.
+        waiters.push(tokio::spawn(async move { lock.acquire().await.unwrap() }));
+    }
+    eventually("3 waiters subscribed", Duration::from_secs(5), || {
+        c.stats().waiters == 3
+    })
+    .await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let mut guards = Vec::new();
+    for w in waiters {
+        guards.push(w.await.unwrap());
+    }
+    let elapsed = released.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "every hold of job-7 came with the release, not the 60 s lease: {elapsed:?}"
+    );
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    assert_eq!(r.cmd(&["EXISTS", "fencelock:{shared}"]).as_int(), Some(0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,18 +1,23 @@
 //! Release notifications: one pub/sub connection per client and node, shared by every
 //! waiter of that client.
 //!
-//! Waiters register on a channel and get an [`Arc<Notify>`] each. A message with an
-//! empty payload (a plain or reentrant release) wakes **one** plain waiter of this
-//! client, the one that has waited longest, and every fair waiter; a message carrying an
-//! owner token wakes only the waiter with that token (the head of a fair queue). Waking
-//! one plain waiter per client, not all of them, keeps a release from setting off one
-//! acquire per waiter when only one can win: every client still hears of the release, so
-//! the lock goes to one of them, and the next release wakes the next waiter.
+//! Waiters register on a channel and get an [`Arc<Notify>`] each, as one of three kinds
+//! ([`Wake`]). A message with an empty payload (a plain or reentrant release) wakes
+//! **one** plain waiter of this client, every reentrant waiter (any number of holds of
+//! one owner can be held together, so no one of them can stand for the others) and
+//! every fair waiter. A message carrying an owner token wakes only the fair waiter with
+//! that token (the head of the queue). Waking one plain waiter, not all of them, keeps a
+//! release from setting off one acquire per waiter when only one can win: every client
+//! still hears of the release, so the lock goes to one of them, and the next release
+//! wakes the next waiter. The one woken is the longest-waiting plain waiter that is not
+//! still busy with an earlier wake (a waiter whose future is not being polled must not
+//! swallow every wake), else the longest-waiting.
 //!
-//! A woken waiter owes an answered attempt for its wake. Its caller reads a mark before
-//! each attempt and settles it once Redis answered; a waiter dropped with a wake it has
-//! not settled (cancelled, or failed on an error) passes the wake on to the next plain
-//! waiter, so a free lock is never left with only sleeping waiters of this client. A
+//! A woken plain waiter owes an answered attempt for its wake. Its caller reads a mark
+//! before each attempt and settles it once Redis answered; a plain waiter dropped with a
+//! wake it has not settled (cancelled, or failed on an error) passes the wake on to the
+//! next plain waiter, so a free lock is never left with only sleeping waiters of this
+//! client. (A fair waiter that leaves has its successor told by the queue script.) A
 //! `Notify` keeps one permit, so a message that arrives between a failed attempt and the
 //! wait is not lost.
 //!
@@ -21,7 +26,7 @@
 //! pubsub`), the dispatcher reconnects, subscribes again to every channel that still has
 //! waiters, and then wakes them all, since messages may have been missed in between.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -48,7 +53,27 @@ struct Inner {
     /// Held only while connecting, so one caller connects and the others reuse it.
     connecting: tokio::sync::Mutex<()>,
     epoch: AtomicU64,
-    next_waiter: AtomicU64,
+}
+
+/// Waiter ids, increasing in arrival order across every client and node of the process,
+/// so one acquire has the same place in line on every node of a Redlock client.
+static NEXT_WAITER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh waiter id: take one per waiting acquire, for all its subscriptions.
+pub(crate) fn next_waiter_id() -> u64 {
+    NEXT_WAITER.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Which release messages wake a waiter.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wake<'a> {
+    /// A plain waiter: each release wakes one plain waiter per client.
+    Plain,
+    /// A reentrant waiter: every release wakes every one of them.
+    Owner,
+    /// A fair waiter with this owner token: woken when a message names it (its turn),
+    /// or by an empty payload.
+    Turn(&'a str),
 }
 
 struct Channel {
@@ -56,12 +81,23 @@ struct Channel {
     /// The connection epoch on which the server confirmed SUBSCRIBE; the async mutex
     /// orders SUBSCRIBE and UNSUBSCRIBE of this channel (and of no other).
     subscribed: tokio::sync::Mutex<Option<u64>>,
-    waiters: Mutex<HashMap<u64, Waiter>>,
+    /// By waiter id, so in arrival order.
+    waiters: Mutex<BTreeMap<u64, Waiter>>,
+}
+
+/// How a waiter is woken, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    /// One plain waiter per empty payload.
+    Plain,
+    /// Every reentrant waiter on each empty payload.
+    Owner,
+    /// A fair waiter's owner token.
+    Turn(Vec<u8>),
 }
 
 struct Waiter {
-    /// `Some`: woken only by messages carrying this owner token (or an empty payload).
-    token: Option<Vec<u8>>,
+    kind: Kind,
     notify: Arc<Notify>,
     /// Wakes delivered to this waiter so far.
     wakes: u64,
@@ -76,14 +112,19 @@ impl Waiter {
     }
 }
 
-/// Wakes the plain (token-less) waiter that has waited longest, if there is one.
-fn wake_oldest_plain(waiters: &mut HashMap<u64, Waiter>) {
-    if let Some((_, w)) = waiters
-        .iter_mut()
-        .filter(|(_, w)| w.token.is_none())
-        .min_by_key(|(id, _)| **id)
-    {
-        w.wake();
+/// Wakes one plain waiter: the longest-waiting one that has settled every earlier wake,
+/// or else the longest-waiting one. Nothing if there is no plain waiter.
+fn wake_one_plain(waiters: &mut BTreeMap<u64, Waiter>) {
+    let mut members = waiters.values_mut().filter(|w| w.kind == Kind::Plain);
+    let Some(oldest) = members.next() else {
+        return;
+    };
+    if oldest.wakes == oldest.settled {
+        oldest.wake();
+    } else if let Some(idle) = members.find(|w| w.wakes == w.settled) {
+        idle.wake();
+    } else {
+        oldest.wake();
     }
 }
 
@@ -113,7 +154,6 @@ impl Subscriber {
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 epoch: AtomicU64::new(0),
-                next_waiter: AtomicU64::new(0),
             }),
         }
     }
@@ -125,10 +165,15 @@ impl Subscriber {
     pub async fn subscribe(
         &self,
         channel: &str,
-        token: Option<&str>,
+        id: u64,
+        wake: Wake<'_>,
     ) -> Result<Subscription, redis::RedisError> {
         let inner = &self.inner;
-        let id = inner.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let kind = match wake {
+            Wake::Plain => Kind::Plain,
+            Wake::Owner => Kind::Owner,
+            Wake::Turn(token) => Kind::Turn(token.as_bytes().to_vec()),
+        };
         let notify = Arc::new(Notify::new());
         let ch = {
             let mut channels = lock(&inner.channels);
@@ -138,14 +183,14 @@ impl Subscriber {
                     Arc::new(Channel {
                         name: channel.to_owned(),
                         subscribed: tokio::sync::Mutex::new(None),
-                        waiters: Mutex::new(HashMap::new()),
+                        waiters: Mutex::new(BTreeMap::new()),
                     })
                 })
                 .clone();
             lock(&ch.waiters).insert(
                 id,
                 Waiter {
-                    token: token.map(|t| t.as_bytes().to_vec()),
+                    kind,
                     notify: notify.clone(),
                     wakes: 0,
                     settled: 0,
@@ -204,10 +249,10 @@ impl Drop for Subscription {
             let _channels = lock(&self.inner.channels);
             let mut waiters = lock(&self.channel.waiters);
             let gone = waiters.remove(&self.id);
-            // A wake this waiter never answered with an attempt: the lock may be free
-            // and nobody else of this client awake, so the next waiter takes it over.
-            if gone.is_some_and(|w| w.token.is_none() && w.wakes > w.settled) {
-                wake_oldest_plain(&mut waiters);
+            // A wake this plain waiter never answered with an attempt: the lock may be
+            // free and no other plain waiter awake, so the next one takes it over.
+            if gone.is_some_and(|w| w.kind == Kind::Plain && w.wakes > w.settled) {
+                wake_one_plain(&mut waiters);
             }
             waiters.is_empty()
         };
@@ -315,13 +360,13 @@ impl Inner {
         if payload.is_empty() {
             // A plain release: the fair waiters sort out among themselves whose turn it
             // is; of the plain waiters one is enough (see the module docs).
-            for waiter in waiters.values_mut().filter(|w| w.token.is_some()) {
+            for waiter in waiters.values_mut().filter(|w| w.kind != Kind::Plain) {
                 waiter.wake();
             }
-            wake_oldest_plain(&mut waiters);
+            wake_one_plain(&mut waiters);
         } else {
             for waiter in waiters.values_mut() {
-                if waiter.token.as_deref() == Some(payload) {
+                if matches!(&waiter.kind, Kind::Turn(t) if t.as_slice() == payload) {
                     waiter.wake();
                 }
             }
@@ -431,9 +476,18 @@ mod tests {
     async fn a_release_wakes_one_plain_waiter_and_a_dropped_unanswered_wake_moves_on() {
         let r = RedisServer::start();
         let sub = subscriber(&r);
-        let first = sub.subscribe("ch", None).await.unwrap();
-        let second = sub.subscribe("ch", None).await.unwrap();
-        let fair = sub.subscribe("ch", Some("t1")).await.unwrap();
+        let first = sub
+            .subscribe("ch", next_waiter_id(), Wake::Plain)
+            .await
+            .unwrap();
+        let second = sub
+            .subscribe("ch", next_waiter_id(), Wake::Plain)
+            .await
+            .unwrap();
+        let fair = sub
+            .subscribe("ch", next_waiter_id(), Wake::Turn("t1"))
+            .await
+            .unwrap();
 
         r.cmd(&["PUBLISH", "ch", ""]);
         woken(&first, "the longest-waiting plain waiter").await;
@@ -455,7 +509,10 @@ mod tests {
         assert_eq!(second.wake_mark(), 1);
 
         // `second` answers its wake with an attempt, then leaves: nobody else is woken.
-        let third = sub.subscribe("ch", None).await.unwrap();
+        let third = sub
+            .subscribe("ch", next_waiter_id(), Wake::Plain)
+            .await
+            .unwrap();
         second.settle(second.wake_mark());
         drop(second);
         assert_eq!(third.wake_mark(), 0, "a settled wake is not passed on");
@@ -466,5 +523,50 @@ mod tests {
         woken(&fair, "the fair waiter").await;
         assert_eq!(fair.wake_mark(), 3);
         assert_eq!(third.wake_mark(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_release_wakes_every_reentrant_waiter_and_skips_a_plain_waiter_still_busy() {
+        let r = RedisServer::start();
+        let sub = subscriber(&r);
+        let join = |wake| sub.subscribe("ch", next_waiter_id(), wake);
+        let plain_1 = join(Wake::Plain).await.unwrap();
+        let plain_2 = join(Wake::Plain).await.unwrap();
+        let owner_1 = join(Wake::Owner).await.unwrap();
+        let owner_2 = join(Wake::Owner).await.unwrap();
+        let fair = join(Wake::Turn("t")).await.unwrap();
+        // A message for the fair waiter after each release: once it is delivered, the
+        // release before it has been dispatched in full.
+        let release = || async {
+            r.cmd(&["PUBLISH", "ch", ""]);
+            r.cmd(&["PUBLISH", "ch", "t"]);
+            woken(&fair, "the fair waiter").await;
+            woken(&fair, "the fair waiter, on its token").await;
+        };
+        let marks = || [&plain_1, &plain_2, &owner_1, &owner_2].map(Subscription::wake_mark);
+
+        release().await;
+        assert_eq!(
+            marks(),
+            [1, 0, 1, 1],
+            "one plain waiter, every reentrant one"
+        );
+
+        // plain_1 has not answered its wake yet (its future is not polled): the next
+        // release goes to plain_2 instead.
+        release().await;
+        assert_eq!(marks(), [1, 1, 2, 2]);
+
+        // Both busy: the longest-waiting gets it.
+        release().await;
+        assert_eq!(marks(), [2, 1, 3, 3]);
+
+        // A reentrant waiter leaving passes nothing on: its peers were woken too.
+        plain_1.settle(plain_1.wake_mark());
+        drop(owner_1);
+        assert_eq!(
+            [&plain_1, &plain_2, &owner_2].map(Subscription::wake_mark),
+            [2, 1, 3]
+        );
     }
 }

@@ -5,7 +5,7 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  fence counter
 -- ARGV[1]  owner token
--- ARGV[2]  release channel: an empty message there wakes every waiter
+-- ARGV[2]  release channel: an empty message there announces the release
 -- ARGV[3]  the grant's fencing token (decimal), or "0" when there was no grant
 --
 -- Reply, an integer:

@@ -4,7 +4,7 @@
 -- KEYS[1]  lock key (a hash, see reentrant_acquire.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  acquisition token of the hold
--- ARGV[3]  release channel: an empty message there wakes every waiter
+-- ARGV[3]  release channel: an empty message there announces the release
 --
 -- Reply, an integer:
 --    1   released this hold (and the lock, if it was the last)

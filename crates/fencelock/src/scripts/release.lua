@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  lock key
 -- ARGV[1]  owner token
--- ARGV[2]  release channel: an empty message there wakes every waiter
+-- ARGV[2]  release channel: an empty message there announces the release
 --
 -- Reply, an integer:
 --    1   released (the key held this token and is gone now)
