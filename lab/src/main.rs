@@ -716,9 +716,9 @@ fn scenarios(scale: Scale) -> Vec<Scenario> {
         ),
         scenario(
             "dropped-replies",
-            "p1 waits for the harness's lock through a proxy that then drops its replies for \
-             3 TTLs (its requests still run) and resets its connections; p2, p3 start once \
-             someone took the lock in the fault",
+            "p1 waits for the harness's lock (2 s lease) through a proxy that then drops its \
+             replies (its requests still run) until 3 TTLs after that lease ended, and resets \
+             its connections; p2, p3 start once someone took the lock in the fault",
             "a grant p1 has not heard of holds the lock (exercised); p1 holds it only once a \
              retry of the same acquire is answered, else it is withdrawn or expires; C6: the \
              lock back within one TTL of the heal; every checker holds",

@@ -391,8 +391,8 @@ impl Lab {
     /// proxy forwards worker 1's requests but drops every reply: the harness's lease runs
     /// out, worker 1's timer-driven attempt takes the lock on the server, and worker 1
     /// never hears of it. Workers 2 and 3 (direct) start then and find the lock held by
-    /// that grant. After 3 TTLs the proxy resets worker 1's connections and passes
-    /// again. Such a grant must never become a guard unseen, must be withdrawn or
+    /// that grant. 3 TTLs after the harness's lease ended the proxy resets worker 1's
+    /// connections and passes again. Such a grant must never become a guard unseen, must be withdrawn or
     /// expire, and the lock must come back within one TTL of the heal.
     pub fn dropped_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let Harness {
@@ -405,12 +405,14 @@ impl Lab {
         let mut wh = HistoryWriter::create(&hist_h).map_err(|e| e.to_string())?;
         wh.append(&Event::now(4, Op::Acquire, Phase::Invoke))
             .map_err(|e| e.to_string())?;
+        // Long enough for worker 1 to start and queue up behind it on a loaded machine.
         let holder = rt
-            .block_on(client.lock(&lock).ttl(TTL).try_acquire())
+            .block_on(client.lock(&lock).ttl(4 * TTL).try_acquire())
             .map_err(|e| format!("{tag}: the harness did not acquire: {e}"))?;
         wh.append(&acquired(4, &holder, &client))
             .map_err(|e| e.to_string())?;
         let holder_owner = holder.owner_token().as_str().to_owned();
+        let holder_until = holder.valid_until();
 
         let proxy = FaultProxy::start(&self.lock.addr());
         let (mut args, hist_1) =
@@ -420,7 +422,6 @@ impl Lab {
         // Worker 1 waits once the server confirmed its subscription to the lock's
         // release channel (it subscribes after its first refusal).
         let channel = format!("{key}:released");
-        let deadline = Instant::now() + Duration::from_secs(10);
         while self
             .lock
             .cmd(&["PUBSUB", "NUMSUB", &channel])
@@ -428,18 +429,24 @@ impl Lab {
             .and_then(|a| a.get(1)?.as_int())
             != Some(1)
         {
-            if Instant::now() > deadline {
-                return Err(format!("{tag}: worker 1 never waited for the lock"));
+            if Instant::now() > holder_until {
+                return Err(format!(
+                    "{tag}: worker 1 did not queue up within the harness's {} ms lease",
+                    (4 * TTL).as_millis()
+                ));
             }
             thread::sleep(Duration::from_millis(1));
         }
         proxy.set(Fault::DropReplies);
         let dropped = Instant::now();
+        // Until 3 TTLs after the harness's lease ends: worker 1's lease-bound timer fires
+        // then, and its attempt takes the free lock on the server.
+        let heal_at = holder_until + 3 * TTL;
         // Sample who holds the lock while worker 1 hears nothing; start workers 2 and 3
         // once a holder shows up that is neither the harness nor anyone who was told.
         let mut seen_holders = std::collections::HashSet::new();
         let mut started_others = false;
-        while dropped.elapsed() < 3 * TTL {
+        while Instant::now() < heal_at {
             if let Some(owner) = self.lock.cmd(&["GET", &key]).as_str() {
                 if owner != holder_owner && !started_others {
                     for p in 2..=3 {
@@ -456,6 +463,7 @@ impl Lab {
         proxy.set(Fault::Reset);
         proxy.set(Fault::Pass);
         let healed_at = monotonic_ns();
+        let fault = dropped.elapsed();
         workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
         drop(proxy);
         // The harness's lease ran out long ago: its release reports the loss.
@@ -507,7 +515,7 @@ impl Lab {
         o.faults = format!(
             "p1's replies dropped for {} ms, then its connections reset; grants unheard of \
              in the fault: {late} confirmed by a retry after the heal, {never} never",
-            (3 * TTL).as_millis()
+            fault.as_millis()
         );
         Ok(o)
     }
