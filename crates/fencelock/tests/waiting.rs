@@ -132,6 +132,70 @@ async fn a_release_sets_off_one_attempt_not_one_per_waiter() {
     );
 }
 
+#[tokio::test]
+async fn a_woken_waiter_dropped_before_its_attempt_hands_the_wake_on() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let other = Client::connect(&r.url()).await.unwrap();
+    // Long leases: a waiter left asleep would wait out 30 s, not the 5 s allowed below.
+    let ttl = Duration::from_secs(60);
+    // Load the scripts first, so that the counts below are of script runs only.
+    let warm_up = other.lock("warm-up").try_acquire().await.unwrap();
+    warm_up.release().await.unwrap();
+    let holder = other.lock("baton").ttl(ttl).try_acquire().await.unwrap();
+    let _probe_holder = other.lock("probe").ttl(ttl).try_acquire().await.unwrap();
+    let waiting = |name: &str| c.lock(name).ttl(ttl).wait(Duration::from_secs(30));
+
+    // The first waiter's future is polled only until it waits, then never again: it
+    // stands for a task that is woken but cancelled before it runs.
+    let first_lock = waiting("baton");
+    let mut first = Box::pin(first_lock.acquire());
+    let calls = r.script_calls();
+    tokio::select! {
+        result = &mut first => panic!("acquired a held lock: {result:?}"),
+        () = eventually("the first waiter waits", Duration::from_secs(5), || {
+            c.stats().waiters == 1 && r.script_calls() == calls + 2
+        }) => {}
+    }
+    let second_lock = waiting("baton");
+    let second = tokio::spawn(async move { second_lock.acquire().await.unwrap() });
+    // A waiter on another lock of the same client: its wake comes on the same pub/sub
+    // connection, after the release's, so its attempt shows the release was dispatched.
+    let probe_lock = waiting("probe");
+    let probe = tokio::spawn(async move { probe_lock.acquire().await });
+    eventually("all three wait", Duration::from_secs(5), || {
+        c.stats().waiters == 3 && r.script_calls() == calls + 6
+    })
+    .await;
+
+    holder.release().await.unwrap();
+    r.cmd(&["PUBLISH", "fencelock:{probe}:released", ""]);
+    eventually("the probe's attempt", Duration::from_secs(5), || {
+        r.script_calls() >= calls + 8
+    })
+    .await;
+    assert_eq!(
+        r.script_calls(),
+        calls + 8,
+        "the release and the probe's attempt only: the second waiter was not woken"
+    );
+    assert_eq!(
+        r.cmd(&["EXISTS", "fencelock:{baton}"]).as_int(),
+        Some(0),
+        "the release woke only the first waiter, which did not run: the lock is free"
+    );
+
+    let dropped = Instant::now();
+    drop(first);
+    let guard = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second waiter got the wake the first one left")
+        .unwrap();
+    assert!(dropped.elapsed() < Duration::from_secs(5));
+    guard.release().await.unwrap();
+    probe.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_of_one_owner_all_get_the_lock_at_the_release() {
     let r = RedisServer::start();
