@@ -443,7 +443,8 @@ impl Lab {
         // then, and its attempt takes the free lock on the server.
         let heal_at = holder_until + 3 * TTL;
         // Sample who holds the lock while worker 1 hears nothing; start workers 2 and 3
-        // once a holder shows up that is neither the harness nor anyone who was told.
+        // once a holder other than the harness shows up (worker 1's grant: nobody else
+        // runs yet).
         let mut seen_holders = std::collections::HashSet::new();
         let mut started_others = false;
         while Instant::now() < heal_at {
