@@ -15,8 +15,9 @@
 //! ([`LockGuard::lost`]), fencelock stops the command's whole process group: SIGTERM
 //! (and SIGCONT, so a stopped member can act on it), up to `--kill-grace` for the
 //! command to exit, SIGKILL; once the command has exited, SIGKILL once more for anything
-//! of its group that outlived it. Then it exits 76 without releasing (the lock is no
-//! longer its own).
+//! of its group that outlived it. Then it releases the lock if the key still holds its
+//! token (at the maximum hold, or with a renewal unconfirmed, it may, for a moment) and
+//! exits 76.
 //!
 //! # Exit status
 //!
@@ -87,7 +88,8 @@ lease is lost (its key expired or was deleted,
 another owner holds the lock, Redis did not confirm a renewal in time, or
 --max-hold was reached), fencelock prints one line on stderr, sends SIGTERM and
 SIGCONT to COMMAND's process group, waits up to --kill-grace for COMMAND to
-exit, sends SIGKILL to the group, and exits 76 without releasing the lock.
+exit, sends SIGKILL to the group, deletes the lock key if it still holds
+fencelock's token (at --max-hold it does, for a moment), and exits 76.
 Anything of the group still running once COMMAND has exited gets SIGKILL too.
 
 Process group: COMMAND runs in a process group of its own, so that its children
@@ -335,8 +337,13 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
     let mut signals = Signals::install()?;
     let held = acquire(&args, &mut signals).await?;
     match run_command(&args, &held, &mut signals).await {
-        // The lock is no longer ours: nothing to release.
-        Ok(Ended::Stopped) => Ok(EX_LEASE_LOST),
+        Ok(Ended::Stopped) => {
+            // Owner-checked: deletes the key only if it is still ours (at the maximum
+            // hold, or with a renewal unconfirmed, it is, for a moment), so that the
+            // next holder need not wait for it to expire. Nothing to report otherwise.
+            let _ = held.guard.release().await;
+            Ok(EX_LEASE_LOST)
+        }
         Ok(Ended::Exited(status)) => release_after(held, status).await,
         Err(failure) => {
             release(held.guard).await;

@@ -820,6 +820,60 @@ fn max_hold_stops_the_command_and_exits_76() {
     );
 }
 
+/// `expired_keys` of the server's `INFO stats`: keys removed because their TTL ran out.
+fn expired_keys(server: &RedisServer) -> i64 {
+    let info = server.cmd(&["INFO", "stats"]);
+    info.as_str()
+        .expect("INFO reply")
+        .lines()
+        .find_map(|l| l.strip_prefix("expired_keys:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("expired_keys in INFO")
+}
+
+#[test]
+fn a_command_that_ends_before_max_hold_exits_with_its_status() {
+    let server = RedisServer::start();
+    // With the default 30 s lease, the hold is one 1 s lease: the loss is due just
+    // before it ends, not at once.
+    let run = fencelock(&[
+        "run",
+        "--redis",
+        &server.url(),
+        "--max-hold",
+        "1s",
+        "short",
+        "--",
+        "sleep",
+        "0.5",
+    ]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stderr, "", "{run:#?}");
+    assert!(!exists(&server, &lock_key("short")));
+}
+
+#[test]
+fn at_max_hold_the_command_is_stopped_and_the_lock_released_before_it_expires() {
+    let server = RedisServer::start();
+    let run = fencelock(&[
+        "run",
+        "--redis",
+        &server.url(),
+        "--max-hold",
+        "2s",
+        "capped",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    let line = run.fails_with(76);
+    assert!(line.contains("--max-hold"), "{line}");
+    assert!(run.elapsed >= Duration::from_millis(1600), "{run:#?}");
+    // Released by fencelock after COMMAND stopped, not left to expire.
+    assert!(!exists(&server, &lock_key("capped")));
+    assert_eq!(expired_keys(&server), 0, "the lock key expired instead");
+}
+
 #[test]
 fn forwarded_signals_reach_the_commands_children() {
     let server = RedisServer::start();

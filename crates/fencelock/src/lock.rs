@@ -7,7 +7,7 @@ use futures_util::future::{join_all, select_all};
 
 use crate::algorithms::quorum::{self, Quorum, QuorumAttempt};
 use crate::algorithms::single_node::{self, Attempt, Mode};
-use crate::algorithms::watchdog::Registration;
+use crate::algorithms::watchdog::{Grant, Registration};
 use crate::backend::subscriber::{Subscription, Wake, next_waiter_id};
 use crate::client::Client;
 use crate::delay_queue::{DelayQueue, ItemId};
@@ -361,9 +361,12 @@ impl LockBuilder {
         }
         self.retry.validate()?;
         // The first lease may not outlast the maximum hold either.
-        let acquire_ttl = match self.max_hold {
-            Some(h) => ttl.min(Duration::from_millis(h.as_millis() as u64).max(MIN_TTL)),
-            None => ttl,
+        let (acquire_ttl, capped) = match self.max_hold {
+            Some(h) => {
+                let cap = Duration::from_millis(h.as_millis() as u64).max(MIN_TTL);
+                (ttl.min(cap), cap <= ttl)
+            }
+            None => (ttl, false),
         };
         let mode = self.mode()?;
         let keys = LockKeys::new(&self.client.inner.prefix, &self.name)?;
@@ -438,8 +441,12 @@ impl LockBuilder {
                         ttl,
                         self.renew,
                         self.max_hold.map(|h| sent_at + h),
-                        sent_at,
-                        valid_until,
+                        Grant {
+                            sent_at,
+                            ttl: acquire_ttl,
+                            capped,
+                            valid_until,
+                        },
                     );
                     return Ok(pending.into_guard(self.name.clone(), fence, registration));
                 }
@@ -782,7 +789,8 @@ impl LockGuard {
     /// Completes when the lease is lost, with the reason: a renewal found the key gone
     /// or someone else's, or no renewal was confirmed and the lease is about to run out
     /// by the local clock (at [`valid_until`](Self::valid_until) minus a tenth of the
-    /// lease, at most 1 s), or a fixed lease reached that point. Never completes for a
+    /// TTL last granted, at most 1 s), or a fixed lease or the
+    /// [maximum hold](LockBuilder::max_hold) reached that point. Never completes for a
     /// lease that is kept, or after the guard was released.
     ///
     /// Race your work against it (`tokio::select!`), or let
@@ -829,6 +837,20 @@ impl LockGuard {
     /// and [`valid_until`](Self::valid_until) keeps its earlier value.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let ttl = checked_ttl(ttl)?;
+        // Not past the maximum hold either.
+        let (ttl, capped) = match self.lease() {
+            Some(r) => match r.lease().capped_ttl(ttl, Instant::now()) {
+                Some(capped) => capped,
+                None => {
+                    r.lease().lose(LossCause::MaxHold);
+                    return Err(Error::LeaseLost {
+                        name: self.name.clone(),
+                        cause: LossCause::MaxHold,
+                    });
+                }
+            },
+            None => (ttl, false),
+        };
         let inner = &self.client.inner;
         let holder = self.mode.holder_id(&self.token);
         let extended = match &inner.quorum {
@@ -838,9 +860,14 @@ impl LockGuard {
             }
         };
         match extended {
-            Ok((sent_at, until)) => {
+            Ok((sent_at, valid_until)) => {
                 if let Some(r) = self.lease() {
-                    r.lease().extended(sent_at, until);
+                    r.extended(Grant {
+                        sent_at,
+                        ttl,
+                        capped,
+                        valid_until,
+                    });
                 }
                 Ok(())
             }

@@ -311,3 +311,97 @@ async fn ten_thousand_leases_are_renewed_in_batches() {
     eprintln!("{calls} renewal calls for {n} leases over {window:?}");
     drop(guards);
 }
+
+/// Puts the client's watchdog on a long tick: a lock with the default 30 s lease (renewed
+/// every 10 s, tick 5 s), and a yield so that the watchdog task (on this current-thread
+/// runtime) runs once and goes to sleep before the caller registers the next lease.
+async fn watchdog_asleep_on_a_long_tick(c: &Client) -> fencelock::LockGuard {
+    let long = c.lock("long-lease").try_acquire().await.unwrap();
+    tokio::task::yield_now().await;
+    long
+}
+
+#[tokio::test]
+async fn a_capped_lease_is_reported_lost_before_it_ends_even_while_the_watchdog_sleeps() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let _long = watchdog_asleep_on_a_long_tick(&c).await;
+    let started = Instant::now();
+    let guard = c
+        .lock("capped")
+        .max_hold(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .unwrap();
+    let valid_until = guard.valid_until();
+    let cause = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the loss signal fires");
+    let heard = Instant::now();
+    assert_eq!(cause, LossCause::MaxHold);
+    assert!(
+        heard < valid_until,
+        "the loss was heard {:?} after valid_until",
+        heard - valid_until
+    );
+    assert!(
+        heard - started >= Duration::from_millis(1200),
+        "the loss was reported after {:?} of a 1.5 s hold",
+        heard - started
+    );
+}
+
+#[tokio::test]
+async fn max_hold_reports_the_loss_just_before_the_capped_lease_ends() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // With the default 30 s lease, the first grant is the cap itself.
+    for cap_ms in [500, 3000] {
+        let cap = Duration::from_millis(cap_ms);
+        let name = format!("cap-{cap_ms}");
+        let started = Instant::now();
+        let guard = c.lock(&name).max_hold(cap).try_acquire().await.unwrap();
+        let valid_until = guard.valid_until();
+        let cause = tokio::time::timeout(cap * 3, guard.lost()).await.unwrap();
+        let heard = Instant::now();
+        assert_eq!(cause, LossCause::MaxHold);
+        assert!(heard < valid_until, "{cap:?}: heard after valid_until");
+        // The margin is a tenth of the capped lease, not of the 30 s one.
+        assert!(
+            heard - started >= cap * 8 / 10,
+            "{cap:?}: the loss was reported after only {:?}",
+            heard - started
+        );
+        // And the key is gone soon after: nobody holds it for long with nobody working.
+        eventually(
+            "the capped key expired",
+            cap / 5 + Duration::from_millis(200),
+            || {
+                r.cmd(&["EXISTS", &format!("fencelock:{{{name}}}")])
+                    .as_int()
+                    == Some(0)
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn an_extend_to_a_shorter_ttl_is_renewed_before_it_runs_out() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let _long = watchdog_asleep_on_a_long_tick(&c).await;
+    let mut guard = c.lock("shortened").try_acquire().await.unwrap();
+    guard.extend(Duration::from_secs(1)).await.unwrap();
+    assert!(pttl(&r, "fencelock:{shortened}") <= 1000);
+    // The watchdog renews a renewed lease to its own length (30 s) again, before the
+    // second that the extend asked for runs out.
+    eventually(
+        "the watchdog renewed the lease",
+        Duration::from_millis(900),
+        || pttl(&r, "fencelock:{shortened}") > 1000,
+    )
+    .await;
+    assert_eq!(guard.loss(), None);
+    guard.release().await.unwrap();
+}

@@ -6,13 +6,18 @@
 //! next tick: one `renew.lua` call per node carries up to [`BATCH`] leases, so 100,000
 //! held locks cost about 100 calls per renewal round. A lease is renewed once a third of
 //! its length has passed since the last renewal was sent (up to one tick earlier); a
-//! failed renewal is retried on the next tick. A guard that is released or dropped unregisters its
-//! lease synchronously: no renewal is sent for it afterwards.
+//! failed renewal is retried on the next tick. A guard that is released or dropped
+//! unregisters its lease synchronously: no renewal is sent for it afterwards.
 //!
 //! The loss signal fires when a renewal finds the key gone or someone else's, or when no
 //! renewal was confirmed and the lease is about to run out by the local monotonic clock
-//! (at `valid_until` minus a tenth of the lease, at most 1 s), whether or not Redis ever
-//! answers. `valid_until` only moves forward when Redis confirmed a renewal.
+//! (at `valid_until` minus a tenth of the TTL last granted, at most 1 s), whether or not
+//! Redis ever answers. `valid_until` only moves forward when Redis confirmed a renewal.
+//!
+//! The task sleeps until the earliest of its next tick, every lease's loss deadline and
+//! every lease's next renewal. Anything that brings one of those before the wake it
+//! chose (a new lease, such as one capped by a short maximum hold, or an extend to a
+//! shorter TTL) wakes it at once, so no deadline waits for a tick.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use futures_util::future::join_all;
 
 use crate::algorithms::quorum::Quorum;
-use crate::algorithms::single_node::{drift, lease_end};
+use crate::algorithms::single_node::lease_end;
 use crate::backend::Node;
 use crate::error::LossCause;
 use crate::scripts;
@@ -44,16 +49,17 @@ struct Inner {
     nodes: Vec<Node>,
     quorum: Option<Quorum>,
     leases: Mutex<Leases>,
-    /// Wakes the task: a lease was added that needs a shorter tick.
+    /// Wakes the task: a lease needs attention before the task's next wake.
     changed: Notify,
-    /// The task's current tick, in ms.
-    tick_ms: AtomicU64,
     next_id: AtomicU64,
 }
 
 #[derive(Default)]
 struct Leases {
     by_id: HashMap<u64, Arc<Lease>>,
+    /// When the task wakes next (`None` before it first went to sleep). A lease whose
+    /// renewal or loss deadline comes earlier must wake it.
+    next_wake: Option<Instant>,
     /// The task, while it runs. A runtime that shut down takes its tasks with it, so a
     /// finished handle means the next lease starts a new task.
     task: Option<tokio::task::JoinHandle<()>>,
@@ -75,9 +81,35 @@ pub(crate) struct Lease {
 
 struct State {
     valid_until: Instant,
+    /// The TTL of the grant that set `valid_until` (the acquire, a renewal, an extend):
+    /// the loss margin is a tenth of it, since that is the lease the key really has.
+    granted: Duration,
+    /// Whether that grant was shortened to end at the maximum hold.
+    capped: bool,
     /// When the next renewal is due.
     next_renewal: Instant,
     in_flight: bool,
+}
+
+impl State {
+    /// When to give up on the lease if no renewal is confirmed first: a little before
+    /// `valid_until`, so the holder can stop before the lease really ends.
+    fn loss_deadline(&self) -> Instant {
+        let margin = (self.granted / 10).min(Duration::from_secs(1));
+        self.valid_until
+            .checked_sub(margin)
+            .unwrap_or(self.valid_until)
+    }
+
+    /// The earliest moment the watchdog must look at this lease.
+    fn first_event(&self, renew: bool) -> Instant {
+        let loss = self.loss_deadline();
+        if renew {
+            loss.min(self.next_renewal)
+        } else {
+            loss
+        }
+    }
 }
 
 /// Keeps a lease watched; dropping it stops the watch at once.
@@ -95,14 +127,14 @@ impl Watchdog {
                 quorum,
                 leases: Mutex::new(Leases::default()),
                 changed: Notify::new(),
-                tick_ms: AtomicU64::new(u64::MAX),
                 next_id: AtomicU64::new(0),
             }),
         }
     }
 
-    /// Starts watching a lease granted until `valid_until`, whose request was sent at
-    /// `sent_at`.
+    /// Starts watching a lease of `ttl` (renewed to that length if `renew`), whose
+    /// grant of `granted` (the TTL actually asked for, shortened to the maximum hold if
+    /// `capped`) was requested at `sent_at` and holds until `valid_until`.
     #[allow(clippy::too_many_arguments)]
     pub fn watch(
         &self,
@@ -111,8 +143,7 @@ impl Watchdog {
         ttl: Duration,
         renew: bool,
         hold_until: Option<Instant>,
-        sent_at: Instant,
-        valid_until: Instant,
+        grant: Grant,
     ) -> Registration {
         let lease = Arc::new(Lease {
             key,
@@ -121,14 +152,17 @@ impl Watchdog {
             renew,
             hold_until,
             state: Mutex::new(State {
-                valid_until,
-                next_renewal: sent_at + ttl / 3,
+                valid_until: grant.valid_until,
+                granted: grant.ttl,
+                capped: grant.capped,
+                next_renewal: grant.sent_at + ttl.min(grant.ttl) / 3,
                 in_flight: false,
             }),
             lost: CancellationToken::new(),
             cause: OnceLock::new(),
         });
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let first_event = lock(&lease.state).first_event(renew);
         let mut leases = lock(&self.inner.leases);
         leases.by_id.insert(id, lease.clone());
         if leases.task.as_ref().is_none_or(|t| t.is_finished()) {
@@ -137,12 +171,8 @@ impl Watchdog {
                 Err(_) => tracing::warn!("no Tokio runtime: the lease is not renewed"),
             }
         }
+        self.inner.wake_before(&leases, first_event);
         drop(leases);
-        // A lease whose renewal or loss falls before the next tick needs an earlier one.
-        let tick = Duration::from_millis(self.inner.tick_ms.load(Ordering::Relaxed));
-        if !renew || ttl / 6 < tick {
-            self.inner.changed.notify_one();
-        }
         Registration {
             inner: Arc::downgrade(&self.inner),
             id,
@@ -156,9 +186,50 @@ impl Watchdog {
     }
 }
 
+impl Inner {
+    /// Wakes the task unless it wakes by `when` anyway. Called with the leases locked,
+    /// which the task also holds while it picks its next wake, so no wake is missed.
+    fn wake_before(&self, leases: &Leases, when: Instant) {
+        if leases.next_wake.is_none_or(|wake| when < wake) {
+            self.changed.notify_one();
+        }
+    }
+}
+
+/// A grant that Redis confirmed: the acquire, or a manual extend.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grant {
+    /// When the request was sent.
+    pub sent_at: Instant,
+    /// The TTL it asked for.
+    pub ttl: Duration,
+    /// Whether that TTL was shortened to end at the maximum hold.
+    pub capped: bool,
+    /// The end of the lease it gave, less the drift allowance.
+    pub valid_until: Instant,
+}
+
 impl Registration {
     pub fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// Records an extend that Redis confirmed (a manual one). A renewed lease is renewed
+    /// again to its own length within a third of the extend's TTL, and the loss margin
+    /// follows the extend's TTL: the watchdog is woken if that comes before its next
+    /// wake.
+    pub fn extended(&self, grant: Grant) {
+        let first_event = {
+            let mut st = lock(&self.lease.state);
+            st.valid_until = grant.valid_until;
+            st.granted = grant.ttl;
+            st.capped = grant.capped;
+            st.next_renewal = grant.sent_at + self.lease.ttl.min(grant.ttl) / 3;
+            st.first_event(self.lease.renew)
+        };
+        if let Some(inner) = self.inner.upgrade() {
+            inner.wake_before(&lock(&inner.leases), first_event);
+        }
     }
 
     pub fn lease_arc(&self) -> Arc<Lease> {
@@ -191,13 +262,6 @@ impl Lease {
         lock(&self.state).valid_until
     }
 
-    /// Records an extend that Redis confirmed (a manual one).
-    pub fn extended(&self, sent_at: Instant, valid_until: Instant) {
-        let mut st = lock(&self.state);
-        st.valid_until = valid_until;
-        st.next_renewal = sent_at + self.ttl / 3;
-    }
-
     pub fn lose(&self, cause: LossCause) {
         if self.cause.set(cause).is_ok() {
             tracing::warn!(key = %self.key, %cause, "lease lost");
@@ -213,22 +277,24 @@ impl Lease {
         self.lost.clone()
     }
 
-    /// When to give up on a lease whose renewal Redis has not confirmed: a little before
-    /// `valid_until`, so the holder can stop before the lease really ends.
-    fn loss_deadline(&self, valid_until: Instant) -> Instant {
-        let margin = (self.ttl / 10).min(Duration::from_secs(1));
-        valid_until.checked_sub(margin).unwrap_or(valid_until)
+    /// The TTL the next renewal asks for, and whether it was shortened to end at the
+    /// maximum hold; `None` if the lease must not be renewed any more.
+    fn renewal_ttl(&self, now: Instant) -> Option<(Duration, bool)> {
+        self.capped_ttl(self.ttl, now)
     }
 
-    /// The TTL the next renewal asks for (shortened to end at the maximum hold), or
-    /// `None` if the lease must not be renewed any more.
-    fn renewal_ttl(&self, now: Instant) -> Option<Duration> {
-        let ttl = match self.hold_until {
-            Some(end) => self.ttl.min(end.saturating_duration_since(now)),
-            None => self.ttl,
+    /// `ttl`, shortened to end at the maximum hold (then `true`), in whole milliseconds;
+    /// `None` once the maximum hold is reached.
+    pub fn capped_ttl(&self, ttl: Duration, now: Instant) -> Option<(Duration, bool)> {
+        let (ttl, capped) = match self.hold_until {
+            Some(end) => {
+                let left = end.saturating_duration_since(now);
+                (ttl.min(left), left <= ttl)
+            }
+            None => (ttl, false),
         };
         let ttl = Duration::from_millis(ttl.as_millis() as u64);
-        (ttl >= Duration::from_millis(1)).then_some(ttl)
+        (ttl >= Duration::from_millis(1)).then_some((ttl, capped))
     }
 }
 
@@ -244,7 +310,7 @@ async fn run(weak: Weak<Inner>) {
         tokio::pin!(changed);
         changed.as_mut().enable();
         let now = Instant::now();
-        let mut due: Vec<(Arc<Lease>, Duration)> = Vec::new();
+        let mut due: Vec<(Arc<Lease>, Duration, bool)> = Vec::new();
         let mut tick = Duration::from_secs(10);
         let mut wake;
         {
@@ -259,25 +325,19 @@ async fn run(weak: Weak<Inner>) {
                 }
             }
             tick = tick.max(Duration::from_millis(5));
-            inner
-                .tick_ms
-                .store(tick.as_millis() as u64, Ordering::Relaxed);
             wake = now + tick;
             for lease in leases.by_id.values() {
                 if lease.lost.is_cancelled() {
                     continue;
                 }
                 let mut st = lock(&lease.state);
-                let give_up = lease.loss_deadline(st.valid_until);
+                let give_up = st.loss_deadline();
                 if now >= give_up {
-                    let cause = if !lease.renew {
-                        LossCause::Expired
-                    } else if lease
-                        .hold_until
-                        .is_some_and(|end| st.valid_until + drift(lease.ttl) >= end)
-                    {
-                        // Renewed right up to the maximum hold: it ran out as asked.
+                    let cause = if st.capped {
+                        // Granted right up to the maximum hold: it ran out as asked.
                         LossCause::MaxHold
+                    } else if !lease.renew {
+                        LossCause::Expired
                     } else {
                         LossCause::Unconfirmed
                     };
@@ -286,14 +346,19 @@ async fn run(weak: Weak<Inner>) {
                     continue;
                 }
                 wake = wake.min(give_up);
-                if !lease.renew || st.in_flight || st.next_renewal > now + tick {
+                if !lease.renew || st.in_flight {
                     continue;
                 }
-                if let Some(ttl) = lease.renewal_ttl(now) {
+                if st.next_renewal > now + tick {
+                    wake = wake.min(st.next_renewal);
+                    continue;
+                }
+                if let Some((ttl, capped)) = lease.renewal_ttl(now) {
                     st.in_flight = true;
-                    due.push((lease.clone(), ttl));
+                    due.push((lease.clone(), ttl, capped));
                 }
             }
+            leases.next_wake = Some(wake);
         }
         while !due.is_empty() {
             let batch: Vec<_> = due.drain(..due.len().min(BATCH)).collect();
@@ -310,14 +375,18 @@ async fn run(weak: Weak<Inner>) {
 /// Sends one batch (to every node, for Redlock) and applies the answers. A lease is
 /// renewed when a majority confirmed it; lost when so many nodes said it is gone that no
 /// majority can confirm it; otherwise retried on the next tick.
-async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration)>) {
+async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
     let sent_at = Instant::now();
     let invocation = scripts::renew(
         batch
             .iter()
-            .map(|(l, ttl)| (l.key.as_str(), l.token.as_str(), *ttl)),
+            .map(|(l, ttl, _)| (l.key.as_str(), l.token.as_str(), *ttl)),
     );
-    let shortest = batch.iter().map(|(_, ttl)| *ttl).min().unwrap_or_default();
+    let shortest = batch
+        .iter()
+        .map(|(_, ttl, _)| *ttl)
+        .min()
+        .unwrap_or_default();
     let size = batch.len();
     let answers: Vec<Option<Vec<i64>>> = join_all(inner.nodes.iter().map(|node| {
         let invocation = &invocation;
@@ -344,7 +413,7 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration)>) {
     let n = inner.nodes.len();
     let majority = n / 2 + 1;
     let now = Instant::now();
-    for (i, (lease, ttl)) in batch.iter().enumerate() {
+    for (i, (lease, ttl, capped)) in batch.iter().enumerate() {
         let codes = answers.iter().flatten().map(|codes| codes[i]);
         let (mut renewed, mut gone, mut taken) = (0, 0, 0);
         for code in codes {
@@ -358,7 +427,11 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration)>) {
         st.in_flight = false;
         let valid_until = lease_end(sent_at, *ttl);
         if renewed >= majority && valid_until > now {
-            st.valid_until = st.valid_until.max(valid_until);
+            if valid_until > st.valid_until {
+                st.valid_until = valid_until;
+                st.granted = *ttl;
+                st.capped = *capped;
+            }
             st.next_renewal = sent_at + lease.ttl / 3;
         } else if gone + taken > n - majority {
             drop(st);
