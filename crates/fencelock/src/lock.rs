@@ -824,12 +824,16 @@ impl LockGuard {
     }
 
     /// Resets the lease to `ttl` from now, if this guard still holds the lock. Never
-    /// re-creates an expired lock. The watchdog, if it renews this lease, goes on
-    /// renewing it to its own lease length afterwards.
+    /// re-creates an expired lock, and never goes past the
+    /// [maximum hold](LockBuilder::max_hold) (the TTL is shortened to end there). The
+    /// watchdog, if it renews this lease, goes on renewing it to its own lease length
+    /// afterwards, starting within a third of `ttl`.
     ///
     /// # Errors
     /// [`Error::LeaseLost`] when the key expired or belongs to another owner now (the
-    /// guard then owes no release); [`Error::InvalidArgument`] for a TTL out of range;
+    /// guard then owes no release), the maximum hold was reached, or the loss signal
+    /// ([`lost`](Self::lost)) has fired already;
+    /// [`Error::InvalidArgument`] for a TTL out of range;
     /// [`Error::Unavailable`], [`Error::Rejected`], [`Error::WrongType`].
     ///
     /// # Cancel safety
@@ -837,6 +841,14 @@ impl LockGuard {
     /// and [`valid_until`](Self::valid_until) keeps its earlier value.
     pub async fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let ttl = checked_ttl(ttl)?;
+        // Once the holder has been told of a loss, the lease stays lost: work raced
+        // against `lost()` has stopped, and a later extend must not pretend otherwise.
+        if let Some(cause) = self.loss() {
+            return Err(Error::LeaseLost {
+                name: self.name.clone(),
+                cause,
+            });
+        }
         // Not past the maximum hold either.
         let (ttl, capped) = match self.lease() {
             Some(r) => match r.lease().capped_ttl(ttl, Instant::now()) {

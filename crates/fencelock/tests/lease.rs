@@ -405,3 +405,33 @@ async fn an_extend_to_a_shorter_ttl_is_renewed_before_it_runs_out() {
     assert_eq!(guard.loss(), None);
     guard.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_extend_never_goes_past_the_maximum_hold() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let mut guard = c
+        .lock("capped-extend")
+        .max_hold(Duration::from_millis(1500))
+        .try_acquire()
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    let left = pttl(&r, "fencelock:{capped-extend}");
+    assert!((1..=1500).contains(&left), "extended to {left} ms");
+    let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .unwrap();
+    assert_eq!(cause, LossCause::MaxHold);
+    let err = guard.extend(Duration::from_secs(60)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                cause: LossCause::MaxHold | LossCause::Expired,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
