@@ -602,3 +602,48 @@ async fn a_busy_lock_defers_the_work_to_the_delay_queue() {
         fencelock::Acquisition::Deferred(_) => panic!("a free lock was deferred"),
     }
 }
+
+/// The connections the server has open (`CLIENT LIST`), by their last command
+/// (`cmd=...`), without the one asking.
+fn connections_by_last_command(r: &RedisServer) -> Vec<String> {
+    let list = r.cmd(&["CLIENT", "LIST"]);
+    list.as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("cmd=")))
+        .filter(|cmd| *cmd != "client|list")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn dropped_clients_that_waited_close_their_pubsub_connections() {
+    let r = RedisServer::start();
+    let holder = Client::connect(&r.url()).await.unwrap();
+    let _held = holder.lock("busy").try_acquire().await.unwrap();
+    let before = connections_by_last_command(&r);
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        let c = Client::connect(&r.url()).await.unwrap();
+        let err = c
+            .lock("busy")
+            .wait(Duration::from_millis(50))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::WaitTimedOut { .. }), "{err:?}");
+        clients.push(c);
+    }
+    eventually("each waiter unsubscribed", Duration::from_secs(5), || {
+        let now = connections_by_last_command(&r);
+        now.iter().filter(|c| *c == "unsubscribe").count() == 5
+    })
+    .await;
+    drop(clients);
+    eventually(
+        "every dropped client closed its connections",
+        Duration::from_secs(5),
+        || connections_by_last_command(&r) == before,
+    )
+    .await;
+}

@@ -34,6 +34,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use super::Timeouts;
 
@@ -53,6 +54,16 @@ struct Inner {
     /// Held only while connecting, so one caller connects and the others reuse it.
     connecting: tokio::sync::Mutex<()>,
     epoch: AtomicU64,
+    /// Cancelled when the last handle goes (the client was dropped): the dispatcher,
+    /// which holds only a weak reference, then drops the connection at once instead of
+    /// waiting for a message that will never come.
+    closed: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
 }
 
 /// Waiter ids, increasing in arrival order across every client and node of the process,
@@ -154,6 +165,7 @@ impl Subscriber {
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 epoch: AtomicU64::new(0),
+                closed: CancellationToken::new(),
             }),
         }
     }
@@ -279,7 +291,8 @@ impl Inner {
         }
         let (conn, stream) = self.connect().await?;
         if let Some(stream) = stream {
-            tokio::spawn(dispatch(Arc::downgrade(self), stream, conn.1));
+            let closed = self.closed.clone();
+            tokio::spawn(dispatch(Arc::downgrade(self), closed, stream, conn.1));
         }
         Ok(conn)
     }
@@ -384,10 +397,21 @@ impl Inner {
 
 /// Reads messages; when the connection drops, reconnects, resubscribes every channel
 /// that still has waiters, wakes them all (messages may have been missed), and goes on
-/// reading the new connection. Ends when nobody waits any more or the client is gone.
-async fn dispatch(inner: Weak<Inner>, mut stream: PubSubStream, mut epoch: u64) {
+/// reading the new connection. Ends, closing the connection, when nobody waits any more
+/// after a disconnection, or at once when the client is gone (`closed`).
+async fn dispatch(
+    inner: Weak<Inner>,
+    closed: CancellationToken,
+    mut stream: PubSubStream,
+    mut epoch: u64,
+) {
     loop {
-        while let Some(msg) = stream.next().await {
+        loop {
+            let msg = tokio::select! {
+                msg = stream.next() => msg,
+                () = closed.cancelled() => return,
+            };
+            let Some(msg) = msg else { break };
             let Some(inner) = inner.upgrade() else { return };
             inner.deliver(msg.get_channel_name(), msg.get_payload_bytes());
         }
@@ -435,7 +459,10 @@ async fn dispatch(inner: Weak<Inner>, mut stream: PubSubStream, mut epoch: u64) 
                 Err(e) => tracing::debug!(error = %e, "pub/sub reconnect failed"),
             }
             drop(strong);
-            tokio::time::sleep(delay).await;
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = closed.cancelled() => return,
+            }
             delay = (delay * 2).min(Duration::from_secs(1));
         }
     }
