@@ -35,14 +35,27 @@ pub(crate) struct Node {
     health: Arc<Mutex<Health>>,
 }
 
-/// What a Redlock client remembers of a node, to keep a node that restarted (and may
-/// have lost the locks it held) from voting too soon.
+/// What a Redlock client remembers of a node: who it is (two nodes that are one server
+/// must not vote twice), and whether it restarted recently (and may have lost the locks
+/// it held, so it must not vote too soon).
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     /// The server's run id when last seen; a change means it restarted.
     pub run_id: Option<String>,
     /// Its vote does not count before this.
     pub quarantined_until: Option<std::time::Instant>,
+}
+
+impl Health {
+    /// Records the run id the node just reported; true if it replaced another one (the
+    /// server restarted since it was last seen).
+    pub fn observe(&mut self, run_id: &str) -> bool {
+        let restarted = self.run_id.as_deref().is_some_and(|known| known != run_id);
+        if self.run_id.as_deref() != Some(run_id) {
+            self.run_id = Some(run_id.to_owned());
+        }
+        restarted
+    }
 }
 
 impl Node {
@@ -122,6 +135,27 @@ impl Node {
             Ok(result) => result,
             Err(_) => Err(timed_out(&self.addr, within)),
         }
+    }
+
+    /// Asks the server who it is: its run id, random for every start of a server
+    /// process. Two nodes with one run id are one server.
+    pub async fn run_id(&self, within: Duration) -> Result<String, Error> {
+        let mut conn = self.conn.clone();
+        let info = redis::cmd("INFO").arg("server").to_owned();
+        let text: String = match tokio::time::timeout(within, info.query_async(&mut conn)).await {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) => return Err(map_error(&self.addr, &e)),
+            Err(_) => return Err(timed_out(&self.addr, within)),
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| Error::Rejected {
+                node: self.addr.clone(),
+                code: "ERR".to_owned(),
+                message: "INFO server has no run_id: is this a Redis server?".to_owned(),
+            })
     }
 
     /// The node's release notifications.

@@ -70,6 +70,12 @@ impl Client {
     /// when a majority granted it; see the [crate docs](crate#redlock) for what that
     /// buys and what it does not. With one URL this is [`Client::builder`].
     ///
+    /// Nodes are told apart by what each server says it is (its run id), not by the URL
+    /// text: URLs that name one server twice (`localhost` and `127.0.0.1`, a `/0` added)
+    /// are refused at connect with [`Error::InvalidArgument`]; a node that could not be
+    /// asked then is identified by its first answer, and a second name of a server gets
+    /// no vote.
+    ///
     /// Redlock locks support waiting, leases and fencing tokens; fair mode, reentrancy
     /// and delay queues need a single node, and say so with
     /// [`Error::InvalidArgument`].
@@ -158,6 +164,48 @@ impl Client {
         tracker.wait().await;
         tracker.reopen();
     }
+}
+
+/// Asks every Redlock node who it is (its run id), each within `within`, and refuses
+/// URLs that name one server several times (`localhost` and `127.0.0.1`, a `/0` added):
+/// such a server would vote more than once. A node that does not answer now is
+/// identified by its first answer to an acquire, and refused a second vote then.
+async fn refuse_one_server_twice(
+    urls: &[String],
+    nodes: &[Node],
+    within: Duration,
+) -> Result<(), Error> {
+    let ids = futures_util::future::join_all(nodes.iter().map(|n| n.run_id(within))).await;
+    let mut servers: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, (node, id)) in nodes.iter().zip(ids).enumerate() {
+        match id {
+            Ok(id) => {
+                node.health().observe(&id);
+                match servers.iter_mut().find(|(known, _)| *known == id) {
+                    Some((_, same)) => same.push(i),
+                    None => servers.push((id, vec![i])),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(node = node.addr(), error = %e, "not identified at connect");
+            }
+        }
+    }
+    let Some((_, same)) = servers.iter().find(|(_, same)| same.len() > 1) else {
+        return Ok(());
+    };
+    let names: Vec<String> = same
+        .iter()
+        .map(|&i| crate::backend::redact(&urls[i]))
+        .collect();
+    Err(Error::invalid(
+        "Redis URLs",
+        format!(
+            "{} are one Redis server (one run id); Redlock needs independent servers, \
+             each named once",
+            names.join(", ")
+        ),
+    ))
 }
 
 /// A snapshot of what a [`Client`] holds open; see [`Client::stats`].
@@ -252,11 +300,13 @@ impl ClientBuilder {
         self
     }
 
-    /// Validates the settings and connects.
+    /// Validates the settings and connects. A Redlock client asks every node who it is
+    /// (within the connect timeout) but does not need them all to answer: a minority may
+    /// be down.
     ///
     /// # Errors
-    /// As [`Client::connect`], and [`Error::InvalidArgument`] for a bad prefix or a zero
-    /// timeout.
+    /// As [`Client::connect`], and [`Error::InvalidArgument`] for a bad prefix, a zero
+    /// timeout, or Redlock URLs that name one server more than once.
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -292,6 +342,7 @@ impl ClientBuilder {
                 for url in &self.urls {
                     nodes.push(Node::connect_lazy(url, timeouts).await?);
                 }
+                refuse_one_server_twice(&self.urls, &nodes, self.connect_timeout).await?;
                 let quorum = Quorum {
                     node_timeout: self.node_timeout,
                     quarantine: self.restart_protection,

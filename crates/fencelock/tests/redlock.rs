@@ -152,7 +152,6 @@ async fn crash_restart_scenario(
         }
     }
     let a = redlock(&servers, protection).await;
-    let b = redlock(&servers, protection).await;
     // A lease no longer than the quarantine: restart protection waits out the longest
     // lease in use, so the quarantine is max(configured, TTL).
     let ttl = Duration::from_secs(2);
@@ -161,6 +160,9 @@ async fn crash_restart_scenario(
     servers[4].cmd(&["DEL", KEY]);
     servers[2].kill();
     servers[2].restart(); // no persistence: the key is gone
+    // B first meets node 2 after its restart (a client connected before would see one
+    // broken connection there first).
+    let b = redlock(&servers, protection).await;
     let b_result = b.lock("rl").ttl(ttl).try_acquire().await;
     (b_result, held_by_a, servers)
 }
@@ -405,4 +407,61 @@ async fn redlock_settings_are_checked() {
         c.delay_queue("q"),
         Err(Error::InvalidArgument { .. })
     ));
+}
+
+#[tokio::test]
+async fn one_server_named_three_ways_is_refused_naming_the_urls() {
+    let servers = RedisServer::start_many(1);
+    let port = servers[0].port();
+    let urls = [
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://localhost:{port}"),
+        format!("redis://127.0.0.1:{port}/0"),
+    ];
+    let err = Client::redlock(urls.clone())
+        .restart_protection(None)
+        .connect()
+        .await
+        .unwrap_err();
+    let Error::InvalidArgument { what, reason } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(*what, "Redis URLs");
+    for url in &urls {
+        assert!(reason.contains(url.as_str()), "{url} not named: {reason}");
+    }
+    // Two names of one server among three nodes are refused too.
+    let other = RedisServer::start();
+    let two = [urls[0].clone(), other.url(), urls[1].clone()];
+    let err = Client::redlock(two).connect().await.unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_second_name_of_one_server_unreachable_at_connect_gets_no_vote_later() {
+    use testkit::{Fault, FaultProxy};
+    let server = RedisServer::start();
+    // Node 2 reaches the same server through a proxy that refuses connections while the
+    // client connects, so it cannot be identified then. Node 3 is down.
+    let proxy = FaultProxy::start(&server.addr());
+    proxy.set(Fault::Reset);
+    let down = format!("redis://127.0.0.1:{}", testkit::free_port());
+    let c = Client::redlock([server.url(), proxy.url(), down])
+        .restart_protection(None)
+        .node_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect: the second name is not known yet");
+    proxy.set(Fault::Pass);
+    // One real server of three: no majority, whatever the second name answers.
+    let err = c.lock("rl").try_acquire().await.unwrap_err();
+    let Error::NoQuorum { granted, nodes, .. } = &err else {
+        panic!("a fake majority: {err:?}")
+    };
+    assert_eq!(*granted, 1, "{err}");
+    assert!(
+        matches!(&nodes[1].outcome, NodeOutcome::Refused(why) if why.contains("same Redis server")),
+        "{err}"
+    );
+    assert!(!holds(&server, "x") && server.cmd(&["EXISTS", KEY]).as_int() == Some(0));
 }

@@ -72,21 +72,46 @@ pub(crate) async fn try_acquire(
 ) -> Result<QuorumAttempt, Error> {
     let within = config.node_timeout(ttl);
     let sent_at = Instant::now();
-    let invocation = scripts::quorum_acquire(keys, token, ttl, config.quarantine.is_some());
-    let answers: Vec<Result<QuorumReply, Error>> =
-        join_all(nodes.iter().map(|n| n.run_within(within, &invocation))).await;
+    // A node reports who it is when restart protection needs it, and always until its
+    // identity is known (it was down when the client connected): two nodes that are one
+    // server must not vote twice.
+    let identified = scripts::quorum_acquire(keys, token, ttl, true);
+    let anonymous = scripts::quorum_acquire(keys, token, ttl, false);
+    let answers: Vec<Result<QuorumReply, Error>> = join_all(nodes.iter().map(|n| {
+        let identify = config.quarantine.is_some() || n.health().run_id.is_none();
+        n.run_within(within, if identify { &identified } else { &anonymous })
+    }))
+    .await;
     let now = Instant::now();
     let mut granted = 0;
     let mut fence = 0u64;
     let mut held: Option<Option<Duration>> = None;
     let mut report = Vec::with_capacity(nodes.len());
-    for (node, answer) in nodes.iter().zip(answers) {
+    for (i, (node, answer)) in nodes.iter().zip(answers).enumerate() {
         let outcome = match answer {
             Ok(QuorumReply { reply, identity }) => {
-                let quarantined = identity.and_then(|(run_id, up)| {
-                    quarantine_left(node, config, ttl, &run_id, Duration::from_secs(up), now)
-                });
+                let mut quarantined = None;
+                if let Some((run_id, up)) = &identity {
+                    let restarted = node.health().observe(run_id);
+                    let up = Duration::from_secs(*up);
+                    quarantined = quarantine_left(node, config, ttl, restarted, up, now);
+                }
+                // Nodes answer in index order here, so an earlier name of the same
+                // server has already recorded what it just said.
+                let known = node.health().run_id.clone();
+                let same_as = known.and_then(|id| same_server(nodes, i, &id));
                 match (reply, quarantined) {
+                    (AcquireReply::Acquired { .. }, _) if same_as.is_some() => {
+                        let other = same_as.map_or("", |j| nodes[j].addr());
+                        tracing::error!(
+                            node = node.addr(),
+                            other,
+                            "two Redlock nodes are one Redis server; its second vote is refused"
+                        );
+                        NodeOutcome::Refused(format!(
+                            "the same Redis server as {other} (one run id): it votes once"
+                        ))
+                    }
                     (AcquireReply::Acquired { .. }, Some(left)) => {
                         NodeOutcome::Quarantined { remaining: left }
                     }
@@ -136,23 +161,34 @@ pub(crate) async fn try_acquire(
     Ok(QuorumAttempt::Failed { held, report })
 }
 
-/// How long `node` stays quarantined, given what it just said about itself.
+/// The first node other than `nodes[i]` known to be the server with `run_id`, if any
+/// comes before it (so the first of several names of one server keeps its vote).
+pub(crate) fn same_server(nodes: &[Node], i: usize, run_id: &str) -> Option<usize> {
+    nodes[..i]
+        .iter()
+        .position(|n| n.health().run_id.as_deref() == Some(run_id))
+}
+
+/// Whether `nodes[i]` votes: false for a second name of a server that an earlier node
+/// already is (found out after the client connected).
+pub(crate) fn votes(nodes: &[Node], i: usize) -> bool {
+    let known = nodes[i].health().run_id.clone();
+    known.is_none_or(|id| same_server(nodes, i, &id).is_none())
+}
+
+/// How long `node` stays quarantined, given what it just said about itself (`restarted`:
+/// its run id changed since it was last seen).
 fn quarantine_left(
     node: &Node,
     config: &Quorum,
     ttl: Duration,
-    run_id: &str,
+    restarted: bool,
     uptime: Duration,
     now: Instant,
 ) -> Option<Duration> {
     let floor = config.quarantine?;
     let quarantine = floor.max(ttl);
     let mut health = node.health();
-    let restarted = health
-        .run_id
-        .as_deref()
-        .is_some_and(|known| known != run_id);
-    health.run_id = Some(run_id.to_owned());
     // Uptime counts whole seconds: round the restart moment down, to be safe.
     let up_since = now.checked_sub(uptime).unwrap_or(now);
     if uptime < quarantine || restarted {
@@ -238,6 +274,13 @@ fn summarize(
     answers: Vec<Result<OwnedReply, Error>>,
     ok: impl Fn(usize) -> bool,
 ) -> Result<(), Error> {
+    // A second name of one server has no say.
+    let answers: Vec<_> = answers
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| votes(nodes, *i))
+        .map(|(_, a)| a)
+        .collect();
     let done = answers
         .iter()
         .filter(|a| matches!(a, Ok(OwnedReply::Done)))

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use futures_util::future::join_all;
 
-use crate::algorithms::quorum::Quorum;
+use crate::algorithms::quorum::{self, Quorum};
 use crate::algorithms::single_node::lease_end;
 use crate::backend::Node;
 use crate::error::LossCause;
@@ -413,8 +413,15 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
     let n = inner.nodes.len();
     let majority = n / 2 + 1;
     let now = Instant::now();
+    // A second name of one server has no say.
+    let voters: Vec<bool> = (0..n).map(|j| quorum::votes(&inner.nodes, j)).collect();
     for (i, (lease, ttl, capped)) in batch.iter().enumerate() {
-        let codes = answers.iter().flatten().map(|codes| codes[i]);
+        let codes = answers
+            .iter()
+            .zip(&voters)
+            .filter(|(_, votes)| **votes)
+            .filter_map(|(codes, _)| codes.as_ref())
+            .map(|codes| codes[i]);
         let (mut renewed, mut gone, mut taken) = (0, 0, 0);
         for code in codes {
             match code {
