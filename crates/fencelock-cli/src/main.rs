@@ -372,10 +372,19 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
-    let connecting = Client::redlock(args.redis.iter().map(String::as_str))
+    let builder = Client::redlock(args.redis.iter().map(String::as_str))
         .prefix(args.prefix.as_str())
-        .restart_protection(protection)
-        .connect();
+        .restart_protection(protection);
+    // One node: lazily, so that a node down now (a restart, a failover) is retried for
+    // the whole --wait by the acquire, which then says it was unreachable. Redlock
+    // connects tolerate a minority down anyway, and ask every node who it is, to refuse
+    // one server named twice.
+    let connecting = async {
+        match args.redis.len() {
+            1 => builder.connect_lazy().await,
+            _ => builder.connect().await,
+        }
+    };
     let client = tokio::select! {
         result = connecting => result.map_err(Failure::Lock)?,
         signal = signals.recv() => return Err(Failure::Interrupted(signal)),

@@ -256,6 +256,33 @@ fn nothing_listening_exits_69_naming_the_address() {
 }
 
 #[test]
+fn a_wait_rides_out_a_server_that_is_down_and_says_so_when_it_ends() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let url = server.url();
+    // Down for the whole wait: 69, naming the node, after the wait, not at once.
+    let run = fencelock(&["run", "--redis", &url, "--wait", "1s", "job", "--", "true"]);
+    let line = run.fails_with(69);
+    assert!(
+        line.contains(&server.addr()) && line.contains("unavailable"),
+        "{line}"
+    );
+    assert!(run.elapsed >= Duration::from_secs(1), "{run:#?}");
+
+    // Back within the wait (a restart): COMMAND runs under the lock.
+    let started = Instant::now();
+    let child = command(&["run", "--redis", &url, "--wait", "10s", "job", "--", "true"])
+        .spawn()
+        .expect("spawn fencelock");
+    thread::sleep(Duration::from_millis(500)); // the outage fencelock rides out
+    server.restart();
+    let run = finish(child, started);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stderr, "", "{run:#?}");
+    assert!(!exists(&server, &lock_key("job")));
+}
+
+#[test]
 fn a_refused_password_exits_69_with_noauth() {
     let server = RedisServer::builder()
         .arg("--requirepass")

@@ -311,6 +311,27 @@ impl ClientBuilder {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn connect(self) -> Result<Client, Error> {
+        self.open(true).await
+    }
+
+    /// Validates the settings and sets the client up without waiting for its node to
+    /// answer: the first acquire connects. For a program that may start while Redis is
+    /// down or restarting: with a [wait](crate::LockBuilder::wait), an acquire rides out
+    /// an unreachable node until the wait ends (then [`Error::Unavailable`]). A Redlock
+    /// client is made this way whatever the method (a minority may be down), except
+    /// that [`connect`](Self::connect) asks every node that answers who it is.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad URL or setting; connection problems come
+    /// with the first acquire.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn connect_lazy(self) -> Result<Client, Error> {
+        self.open(false).await
+    }
+
+    async fn open(self, eager: bool) -> Result<Client, Error> {
         keys::validate_prefix(&self.prefix)?;
         for (what, t) in [
             ("connect timeout", self.connect_timeout),
@@ -328,7 +349,11 @@ impl ClientBuilder {
             response: self.response_timeout,
         };
         let (nodes, quorum) = match self.urls.len() {
-            1 => (vec![Node::connect(&self.urls[0], timeouts).await?], None),
+            1 if eager => (vec![Node::connect(&self.urls[0], timeouts).await?], None),
+            1 => (
+                vec![Node::connect_lazy(&self.urls[0], timeouts).await?],
+                None,
+            ),
             n if n >= 3 && n % 2 == 1 => {
                 for (i, url) in self.urls.iter().enumerate() {
                     if self.urls[..i].contains(url) {
@@ -342,7 +367,9 @@ impl ClientBuilder {
                 for url in &self.urls {
                     nodes.push(Node::connect_lazy(url, timeouts).await?);
                 }
-                refuse_one_server_twice(&self.urls, &nodes, self.connect_timeout).await?;
+                if eager {
+                    refuse_one_server_twice(&self.urls, &nodes, self.connect_timeout).await?;
+                }
                 let quorum = Quorum {
                     node_timeout: self.node_timeout,
                     quarantine: self.restart_protection,

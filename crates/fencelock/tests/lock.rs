@@ -717,3 +717,48 @@ async fn a_key_of_the_wrong_type_is_reported_and_left_alone() {
         "no lock left behind"
     );
 }
+
+#[tokio::test]
+async fn a_wait_covers_a_server_that_is_down_and_comes_back() {
+    let mut r = RedisServer::start();
+    let c = Client::builder(r.url()).connect_lazy().await.unwrap();
+    r.kill();
+    // Down for the whole wait: the error says the node was unreachable, after the wait.
+    let started = Instant::now();
+    let err = c
+        .lock("back")
+        .wait(Duration::from_millis(400))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Back within the wait (a restart): the waiter gets the lock.
+    let waiting = tokio::spawn(c.lock("back").wait(Duration::from_secs(10)).acquire());
+    tokio::time::sleep(Duration::from_millis(300)).await; // the outage the waiter rides out
+    r.restart();
+    let guard = waiting
+        .await
+        .unwrap()
+        .expect("acquired once the server is back");
+    assert!(exists(&r, "fencelock:{back}"));
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lazy_client_needs_no_server_to_be_made_and_reports_it_at_the_acquire() {
+    let nowhere = format!("redis://127.0.0.1:{}", testkit::free_port());
+    let c = Client::builder(&nowhere).connect_lazy().await.unwrap();
+    let err = c.lock("x").try_acquire().await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    // An eager connect fails at once.
+    assert!(matches!(
+        Client::connect(&nowhere).await,
+        Err(Error::Unavailable { .. })
+    ));
+}
