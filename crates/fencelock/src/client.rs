@@ -166,6 +166,10 @@ impl Client {
     }
 }
 
+/// How long a Redlock connect waits for each node to say who it is, unless a node
+/// timeout is set.
+const IDENTIFY_TIMEOUT: Duration = Duration::from_millis(250);
+
 /// Asks every Redlock node who it is (its run id), each within `within`, and refuses
 /// URLs that name one server several times (`localhost` and `127.0.0.1`, a `/0` added):
 /// such a server would vote more than once. A node that does not answer now is
@@ -301,8 +305,8 @@ impl ClientBuilder {
     }
 
     /// Validates the settings and connects. A Redlock client asks every node who it is
-    /// (within the connect timeout) but does not need them all to answer: a minority may
-    /// be down.
+    /// (each within the node timeout if set, else 250 ms) but does not need them all to
+    /// answer: a minority may be down.
     ///
     /// # Errors
     /// As [`Client::connect`], and [`Error::InvalidArgument`] for a bad prefix, a zero
@@ -368,7 +372,13 @@ impl ClientBuilder {
                     nodes.push(Node::connect_lazy(url, timeouts).await?);
                 }
                 if eager {
-                    refuse_one_server_twice(&self.urls, &nodes, self.connect_timeout).await?;
+                    // Briefly: a node that is slow now (paused, far away) is identified by
+                    // its first answer to an acquire instead.
+                    let within = self
+                        .node_timeout
+                        .unwrap_or(IDENTIFY_TIMEOUT)
+                        .min(self.connect_timeout);
+                    refuse_one_server_twice(&self.urls, &nodes, within).await?;
                 }
                 let quorum = Quorum {
                     node_timeout: self.node_timeout,

@@ -378,6 +378,7 @@ impl LockBuilder {
             keys,
             token: OwnerToken::generate(),
             mode: mode.clone(),
+            ttl: acquire_ttl,
             maybe_written: false,
             queued: false,
         };
@@ -629,6 +630,8 @@ struct PendingAcquire {
     keys: LockKeys,
     token: OwnerToken,
     mode: Mode,
+    /// The TTL asked for (Redlock nodes get a share of it to answer a withdrawal).
+    ttl: Duration,
     maybe_written: bool,
     queued: bool,
 }
@@ -643,6 +646,7 @@ impl PendingAcquire {
             keys: self.keys.clone(),
             token: self.token.clone(),
             mode: self.mode.clone(),
+            ttl: self.ttl,
             fence,
             lease: Some(lease),
             held: true,
@@ -659,9 +663,16 @@ impl PendingAcquire {
         if !self.owes_cleanup() {
             return;
         }
-        if abandon(&self.client, &self.keys, &self.token, &self.mode, 0)
-            .await
-            .is_ok()
+        if abandon(
+            &self.client,
+            &self.keys,
+            &self.token,
+            &self.mode,
+            self.ttl,
+            0,
+        )
+        .await
+        .is_ok()
         {
             self.maybe_written = false;
             self.queued = false;
@@ -672,7 +683,14 @@ impl PendingAcquire {
 impl Drop for PendingAcquire {
     fn drop(&mut self) {
         if self.owes_cleanup() {
-            abandon_in_background(&self.client, &self.keys, &self.token, &self.mode, 0);
+            abandon_in_background(
+                &self.client,
+                &self.keys,
+                &self.token,
+                &self.mode,
+                self.ttl,
+                0,
+            );
         }
     }
 }
@@ -684,11 +702,12 @@ async fn abandon(
     keys: &LockKeys,
     token: &OwnerToken,
     mode: &Mode,
+    ttl: Duration,
     fence: u64,
 ) -> Result<(), Error> {
     let inner = &client.inner;
-    if inner.quorum.is_some() {
-        let answers = quorum::release_everywhere(&inner.nodes, keys, token, fence).await;
+    if let Some(q) = &inner.quorum {
+        let answers = quorum::release_everywhere(&inner.nodes, q, ttl, keys, token, fence).await;
         return match answers.iter().any(Result::is_ok) {
             true => Ok(()),
             false => answers
@@ -708,6 +727,7 @@ fn abandon_in_background(
     keys: &LockKeys,
     token: &OwnerToken,
     mode: &Mode,
+    ttl: Duration,
     fence: u64,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -720,7 +740,7 @@ fn abandon_in_background(
     let mode = mode.clone();
     client.inner.background.spawn_on(
         async move {
-            if let Err(e) = abandon(&owner, &keys, &token, &mode, fence).await {
+            if let Err(e) = abandon(&owner, &keys, &token, &mode, ttl, fence).await {
                 tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its TTL");
             }
         },
@@ -746,6 +766,8 @@ pub struct LockGuard {
     keys: LockKeys,
     token: OwnerToken,
     mode: Mode,
+    /// The TTL of the grant (Redlock nodes get a share of it to answer a release).
+    ttl: Duration,
     fence: FencingToken,
     /// The watched lease; `None` once released (which stops its renewal).
     lease: Option<Registration>,
@@ -910,14 +932,16 @@ impl LockGuard {
         // No renewal is sent for this lease from here on.
         self.lease = None;
         let inner = &self.client.inner;
-        let result = match inner.quorum {
+        let result = match &inner.quorum {
             None => {
                 single_node::release(&inner.node, &self.name, &self.keys, &self.token, &self.mode)
                     .await
             }
-            Some(_) => {
+            Some(q) => {
                 quorum::release(
                     &inner.nodes,
+                    q,
+                    self.ttl,
                     &self.name,
                     &self.keys,
                     &self.token,
@@ -942,6 +966,7 @@ impl Drop for LockGuard {
                 &self.keys,
                 &self.token,
                 &self.mode,
+                self.ttl,
                 self.fence.get(),
             );
         }

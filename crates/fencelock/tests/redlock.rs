@@ -465,3 +465,34 @@ async fn a_second_name_of_one_server_unreachable_at_connect_gets_no_vote_later()
     );
     assert!(!holds(&server, "x") && server.cmd(&["EXISTS", KEY]).as_int() == Some(0));
 }
+
+#[tokio::test]
+async fn a_release_with_a_stopped_minority_takes_no_longer_than_the_node_timeout() {
+    let mut servers = RedisServer::start_many(3);
+    // The default node timeout: a twentieth of the lease, 100 ms for 2 s.
+    let c = Client::redlock(servers.iter().map(RedisServer::url))
+        .restart_protection(None)
+        .connect()
+        .await
+        .unwrap();
+    let guard = c
+        .lock("rl")
+        .ttl(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .unwrap();
+    servers[2].pause();
+    let started = Instant::now();
+    guard.release().await.unwrap();
+    let took = started.elapsed();
+    servers[2].resume();
+    assert!(
+        took < Duration::from_millis(500),
+        "the release took {took:?}"
+    );
+    assert!(
+        servers[..2]
+            .iter()
+            .all(|s| s.cmd(&["EXISTS", KEY]).as_int() == Some(0))
+    );
+}

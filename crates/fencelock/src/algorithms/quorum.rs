@@ -202,26 +202,33 @@ fn quarantine_left(
 }
 
 /// Releases `token` on every node, raising each counter to `fence`; returns what each
-/// node said.
+/// node said. Each node gets the node timeout of a `ttl` lease, as an acquire does: a
+/// node that does not answer in time keeps the key at most until it expires, so
+/// nothing needs to wait for it (the request stays queued on its connection).
 pub(crate) async fn release_everywhere(
     nodes: &[Node],
+    config: &Quorum,
+    ttl: Duration,
     keys: &LockKeys,
     token: &OwnerToken,
     fence: u64,
 ) -> Vec<Result<OwnedReply, Error>> {
+    let within = config.node_timeout(ttl);
     let invocation = scripts::quorum_release(keys, token, fence);
-    join_all(nodes.iter().map(|n| n.run(&invocation))).await
+    join_all(nodes.iter().map(|n| n.run_within(within, &invocation))).await
 }
 
 /// Releases a held grant: Ok if any node still held it; `LeaseLost` if none did.
 pub(crate) async fn release(
     nodes: &[Node],
+    config: &Quorum,
+    ttl: Duration,
     name: &str,
     keys: &LockKeys,
     token: &OwnerToken,
     fence: FencingToken,
 ) -> Result<(), Error> {
-    let answers = release_everywhere(nodes, keys, token, fence.get()).await;
+    let answers = release_everywhere(nodes, config, ttl, keys, token, fence.get()).await;
     summarize(nodes, name, answers, |released| released > 0)
 }
 
