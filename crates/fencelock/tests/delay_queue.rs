@@ -2,7 +2,6 @@
 //! timeouts and receipts, a consumer process killed mid-item, and typed errors.
 
 use std::collections::HashSet;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, DelayQueue, Delivery, Error, ItemId};
@@ -294,29 +293,19 @@ async fn concurrent_consumers_never_share_an_item() {
     assert_eq!(unique.len(), 60);
 }
 
-/// Kills the consumer process if the test ends early.
-struct Consumer(Child);
-
-impl Drop for Consumer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn an_item_of_a_killed_consumer_process_is_delivered_again() {
     let r = RedisServer::start();
     let q = queue(&r).await;
     let id = q.push("survives a crash", Duration::ZERO).await.unwrap();
 
-    let mut consumer = Consumer(spawn_helper("consumer_process", CONSUMER_URL, r.url()));
+    let mut consumer = spawn_helper("consumer_process", CONSUMER_URL, r.url());
     let deadline = Instant::now() + SEC * 20;
     let marker = loop {
         if let Some(m) = r.cmd(&["GET", "taken"]).as_str() {
             break m.to_owned();
         }
-        if let Some(status) = consumer.0.try_wait().unwrap() {
+        if let Some(status) = consumer.try_wait().unwrap() {
             panic!("the consumer exited early: {status}");
         }
         assert!(
@@ -331,8 +320,8 @@ async fn an_item_of_a_killed_consumer_process_is_delivered_again() {
         "in flight with the consumer"
     );
 
-    consumer.0.kill().unwrap(); // SIGKILL: no cleanup, no ack
-    consumer.0.wait().unwrap();
+    consumer.kill().unwrap(); // SIGKILL: no cleanup, no ack
+    consumer.wait().unwrap();
 
     let d = take_within(&q, SEC * 30, SEC * 5, "the dead consumer's item").await;
     assert_eq!(d.id(), id);

@@ -2,7 +2,6 @@
 //! lost, stops renewing the moment the guard goes, and batches renewals. Against real
 //! redis-server processes, with real faults (SIGKILL, SIGSTOP, keys changed from outside).
 
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error, LossCause};
@@ -18,7 +17,7 @@ fn pttl(r: &RedisServer, key: &str) -> i64 {
 }
 
 /// A process that holds `name` under a renewed lease of `lease_ms` and never releases.
-fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> Child {
+fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> common::Helper {
     spawn_helper(
         "helper_process",
         HELPER_ENV,

@@ -1,7 +1,6 @@
 //! Waiting for a held lock: release notifications by pub/sub, the lease bound that backs
 //! them up, cancellation, and fair (FIFO) mode, against real redis-server processes.
 
-use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ fn numsub(r: &RedisServer, channel: &str) -> i64 {
 
 /// Another OS process running the library: `hold TTL_MS` takes the lock and never
 /// releases it; `fair-wait TIMEOUT_MS` joins the fair queue and waits for ever.
-fn helper(r: &RedisServer, name: &str, mode: &str, arg: u64) -> Child {
+fn helper(r: &RedisServer, name: &str, mode: &str, arg: u64) -> common::Helper {
     spawn_helper(
         "helper_process",
         HELPER_ENV,
@@ -645,5 +644,39 @@ async fn dropped_clients_that_waited_close_their_pubsub_connections() {
         Duration::from_secs(5),
         || connections_by_last_command(&r) == before,
     )
+    .await;
+}
+
+#[tokio::test]
+async fn the_queue_keys_of_crashed_waiters_expire_by_themselves() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let timeout = Duration::from_millis(300);
+    let _holder = c
+        .lock("q")
+        .fair()
+        .ttl(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let mut waiter = helper(&r, "q", "fair-wait", timeout.as_millis() as u64);
+    eventually("the other process queued", Duration::from_secs(10), || {
+        llen(&r, "fencelock:{q}:queue") == 1
+    })
+    .await;
+    let ttl = r.cmd(&["PTTL", "fencelock:{q}:queue"]).as_int().unwrap();
+    assert!(
+        (1..=2 * 300).contains(&ttl),
+        "the queue expires with its waiters' heartbeats: PTTL {ttl}"
+    );
+    waiter.kill().unwrap();
+    waiter.wait().unwrap();
+    // Nobody calls the fair scripts on this name again: the keys go by themselves,
+    // within two waiter timeouts of the last heartbeat.
+    eventually("the queue keys expired", Duration::from_secs(2), || {
+        r.cmd(&["EXISTS", "fencelock:{q}:queue", "fencelock:{q}:waiters"])
+            .as_int()
+            == Some(0)
+    })
     .await;
 }

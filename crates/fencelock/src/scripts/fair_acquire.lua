@@ -5,6 +5,8 @@
 -- KEYS[3]  queue           LIST of waiting owner tokens, in arrival order
 -- KEYS[4]  waiters         ZSET owner token -> deadline (server ms) by which the waiter
 --                          must call again, or be purged as crashed
+--                          (both expire 2 x the waiter timeout after the last call of a
+--                          waiter, unless a later call of another waiter extends them)
 -- ARGV[1]  owner token
 -- ARGV[2]  ttl, ms
 -- ARGV[3]  waiter timeout, ms: how long a queued waiter may stay silent
@@ -66,7 +68,15 @@ if ARGV[5] == '1' then
   if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[3]), ARGV[1])
+  local timeout = tonumber(ARGV[3])
+  redis.call('ZADD', KEYS[4], now + timeout, ARGV[1])
+  -- The queue outlives every live waiter's deadline, and goes by itself once the last
+  -- waiter stopped calling (crashed) even if nobody calls a fair script again.
+  for _, key in ipairs({KEYS[3], KEYS[4]}) do
+    if redis.call('PTTL', key) < 2 * timeout then
+      redis.call('PEXPIRE', key, 2 * timeout)
+    end
+  end
 end
 
 if not holder then

@@ -19,12 +19,37 @@ pub async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> 
 /// Starts this test binary again as another OS process that runs only the ignored test
 /// `entry`, with `spec` in the environment variable `env` (the entry reads it and
 /// returns at once when it is unset, as in a normal test run).
-pub fn spawn_helper(entry: &str, env: &str, spec: impl AsRef<str>) -> Child {
-    Command::new(std::env::current_exe().expect("current_exe"))
+pub fn spawn_helper(entry: &str, env: &str, spec: impl AsRef<str>) -> Helper {
+    let child = Command::new(std::env::current_exe().expect("current_exe"))
         .args([entry, "--exact", "--ignored", "--nocapture"])
         .env(env, spec.as_ref())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn helper process {entry}: {e}"))
+        .unwrap_or_else(|e| panic!("spawn helper process {entry}: {e}"));
+    Helper(child)
+}
+
+/// A helper process, killed and reaped when dropped: a test that fails half-way leaves
+/// none behind (one would hold the test runner's output pipe open).
+pub struct Helper(pub Child);
+
+impl std::ops::Deref for Helper {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Helper {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
