@@ -754,7 +754,7 @@ mod tests {
         let lock = |e| exit_code(&Failure::Lock(e));
         let held = Error::Held {
             name: "x".into(),
-            remaining: None,
+            blocked_by: fencelock::Blocker::NoExpiry,
         };
         assert_eq!(lock(held), EX_TEMPFAIL);
         let invalid = Error::InvalidArgument {

@@ -231,7 +231,7 @@ fn a_held_lock_exits_75_and_is_left_untouched() {
 
     let run = fencelock(&["run", "--redis", &url, "busy", "--", "true"]);
     let line = run.fails_with(75);
-    assert!(line.contains("held"), "{line}");
+    assert!(line.contains("another owner holds it"), "{line}");
     assert!(line.contains("busy"), "{line}");
     assert!(run.elapsed < Duration::from_secs(3), "{run:#?}");
 
@@ -239,7 +239,10 @@ fn a_held_lock_exits_75_and_is_left_untouched() {
         "run", "--redis", &url, "--wait", "300ms", "busy", "--", "true",
     ]);
     let line = run.fails_with(75);
-    assert!(line.contains("held"), "{line}");
+    assert!(
+        line.contains("after waiting 30") && line.contains("another owner holds it"),
+        "{line}"
+    );
     assert!(run.elapsed >= Duration::from_millis(300), "{run:#?}");
 
     assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));

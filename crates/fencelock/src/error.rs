@@ -15,29 +15,28 @@ pub enum Error {
     /// Another owner holds the lock, and the caller asked not to wait (`try_acquire`, or
     /// a zero wait).
     #[error(
-        "lock {name:?} is held by another owner ({}); try again later, wait for it, or defer the work",
-        Remaining(*.remaining)
+        "lock {name:?} is not free: {blocked_by}; try again later, wait for it, or defer the work"
     )]
     Held {
         /// The lock name.
         name: String,
-        /// How long the current lease still runs, as Redis reported it; `None` when the
-        /// key has no expiry (written by something other than a lock library).
-        remaining: Option<Duration>,
+        /// What stands in the way: another owner's lease (and how long it still runs),
+        /// or, in fair mode, other waiters first in line.
+        blocked_by: Blocker,
     },
 
     /// The lock stayed held by another owner for the whole wait.
     #[error(
-        "gave up on lock {name:?} after waiting {waited:?}: still held by another owner ({}); wait longer or defer the work",
-        Remaining(*.remaining)
+        "gave up on lock {name:?} after waiting {}: {blocked_by}; wait longer or defer the work",
+        Human(*.waited)
     )]
     WaitTimedOut {
         /// The lock name.
         name: String,
         /// How long the caller waited.
         waited: Duration,
-        /// The remaining lease of the holder at the last attempt, if known.
-        remaining: Option<Duration>,
+        /// What stood in the way at the last attempt.
+        blocked_by: Blocker,
     },
 
     /// A Redis node could not be reached, or did not answer in time. For a timed-out
@@ -146,6 +145,55 @@ impl Error {
     }
 }
 
+/// What keeps a lock from being taken, as Redis reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Blocker {
+    /// Another owner holds the lock; its lease runs about this much longer (zero: it is
+    /// ending now).
+    Lease(Duration),
+    /// Another owner's key has no expiry (written by something other than a lock
+    /// library): it will not free itself.
+    NoExpiry,
+    /// Fair mode: the lock is free, but other waiters are first in line.
+    Queue,
+}
+
+impl Blocker {
+    /// How long the holder's lease still runs, if it is a lease.
+    pub fn remaining(self) -> Option<Duration> {
+        match self {
+            Self::Lease(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The one that frees up sooner (a shorter lease before a longer one, a lease
+    /// before a key without expiry).
+    pub(crate) fn sooner(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::Lease(a), Self::Lease(b)) => Self::Lease(a.min(b)),
+            (Self::Lease(_) | Self::Queue, _) => self,
+            (Self::NoExpiry, _) => other,
+        }
+    }
+}
+
+impl fmt::Display for Blocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Lease(d) if d.is_zero() => {
+                f.write_str("another owner holds it; its lease is ending now")
+            }
+            Self::Lease(d) => write!(f, "another owner holds it for about {} more", Human(*d)),
+            Self::NoExpiry => {
+                f.write_str("another owner's key has no expiry, so it will not free itself")
+            }
+            Self::Queue => f.write_str("it is free, but other waiters are first in line"),
+        }
+    }
+}
+
 /// Why a node counts as unavailable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -214,8 +262,8 @@ pub enum NodeOutcome {
     Granted,
     /// Another owner holds the lock there.
     Held {
-        /// That owner's remaining lease there, if the key has an expiry.
-        remaining: Option<Duration>,
+        /// That owner's lease there.
+        blocked_by: Blocker,
     },
     /// It could not be reached, or did not answer in time.
     Unavailable(UnavailableReason),
@@ -233,15 +281,22 @@ impl fmt::Display for NodeOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Granted => f.write_str("granted"),
-            Self::Held { remaining } => {
-                write!(f, "held by another owner ({})", Remaining(*remaining))
-            }
+            Self::Held { blocked_by } => match blocked_by {
+                Blocker::Lease(d) if d.is_zero() => {
+                    f.write_str("held by another owner, its lease ending now")
+                }
+                Blocker::Lease(d) => {
+                    write!(f, "held by another owner for about {} more", Human(*d))
+                }
+                Blocker::NoExpiry => f.write_str("held by another owner, with no expiry"),
+                Blocker::Queue => f.write_str("free, but other waiters are first in line"),
+            },
             Self::Unavailable(reason) => write!(f, "unavailable ({reason})"),
             Self::Quarantined { remaining } => {
                 write!(
                     f,
-                    "quarantined after a restart for {}ms more",
-                    remaining.as_millis()
+                    "quarantined after a restart for {} more",
+                    Human(*remaining)
                 )
             }
             Self::Refused(message) => write!(f, "refused: {message}"),
@@ -273,17 +328,72 @@ impl fmt::Display for NodeList<'_> {
     }
 }
 
-/// Formats a remaining lease for messages.
-struct Remaining(Option<Duration>);
+/// A duration for people: `502ms`, `29.7s`, `4m10s`, `2h5m`.
+pub(crate) struct Human(pub Duration);
 
-impl fmt::Display for Remaining {
+impl fmt::Display for Human {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(d) if d.is_zero() => {
-                f.write_str("it is free, but other waiters are first in line")
+        let ms = self.0.as_millis();
+        let s = self.0.as_secs();
+        if ms < 1000 {
+            write!(f, "{ms}ms")
+        } else if s < 60 {
+            let tenths = (ms + 50) / 100;
+            if tenths.is_multiple_of(10) {
+                write!(f, "{}s", tenths / 10)
+            } else {
+                write!(f, "{}.{}s", tenths / 10, tenths % 10)
             }
-            Some(d) => write!(f, "its lease runs about {}ms more", d.as_millis()),
-            None => f.write_str("its key has no expiry, so it will not free itself"),
+        } else if s < 3600 {
+            match s % 60 {
+                0 => write!(f, "{}m", s / 60),
+                r => write!(f, "{}m{r}s", s / 60),
+            }
+        } else {
+            match (s % 3600) / 60 {
+                0 => write!(f, "{}h", s / 3600),
+                m => write!(f, "{}h{m}m", s / 3600),
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let cases = [
+            (0, "0ms"),
+            (502, "502ms"),
+            (999, "999ms"),
+            (1000, "1s"),
+            (29_700, "29.7s"),
+            (29_990, "30s"),
+            (60_000, "1m"),
+            (250_000, "4m10s"),
+            (3_600_000, "1h"),
+            (7_500_000, "2h5m"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(Human(Duration::from_millis(ms)).to_string(), text);
+        }
+    }
+
+    #[test]
+    fn a_lease_ending_now_is_not_reported_as_a_queue() {
+        let plain = Error::Held {
+            name: "stock".into(),
+            blocked_by: Blocker::Lease(Duration::ZERO),
+        };
+        let message = plain.to_string();
+        assert!(message.contains("ending now"), "{message}");
+        assert!(!message.contains("waiters"), "{message}");
+        let fair = Error::Held {
+            name: "stock".into(),
+            blocked_by: Blocker::Queue,
+        };
+        assert!(fair.to_string().contains("first in line"));
     }
 }

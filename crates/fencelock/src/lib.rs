@@ -78,7 +78,7 @@ mod token;
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
-pub use error::{Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
+pub use error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
 pub use lock::{
     Acquisition, DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, LockBuilder, LockGuard, MAX_TTL, MIN_TTL,
 };

@@ -11,7 +11,7 @@ use crate::algorithms::watchdog::{Grant, Registration};
 use crate::backend::subscriber::{Subscription, Wake, next_waiter_id};
 use crate::client::Client;
 use crate::delay_queue::{DelayQueue, ItemId};
-use crate::error::{Error, LossCause, NodeOutcome, NodeReport};
+use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport};
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -451,7 +451,7 @@ impl LockBuilder {
                     );
                     return Ok(pending.into_guard(self.name.clone(), fence, registration));
                 }
-                Ok(Attempt::Held { remaining }) => {
+                Ok(Attempt::Held { blocked_by }) => {
                     // A definite answer (a failed Redlock quorum was already released
                     // everywhere); only an earlier unanswered attempt is still a maybe.
                     pending.maybe_written = unanswered;
@@ -503,18 +503,18 @@ impl LockBuilder {
                             Error::WaitTimedOut {
                                 name: self.name.clone(),
                                 waited: now - started,
-                                remaining,
+                                blocked_by,
                             }
                         } else {
                             Error::Held {
                                 name: self.name.clone(),
-                                remaining,
+                                blocked_by,
                             }
                         });
                     }
                     // The key is gone once the holder's lease runs out, message or not.
-                    let mut bound = match remaining {
-                        Some(r) if !r.is_zero() => r + Duration::from_millis(1),
+                    let mut bound = match blocked_by {
+                        Blocker::Lease(r) if !r.is_zero() => r + Duration::from_millis(1),
                         _ => self.retry.delay(attempt),
                     };
                     if let Mode::Fair { waiter_timeout } = &mode {
@@ -582,7 +582,7 @@ impl LockBuilder {
                 if held_nodes >= needed {
                     *last_report = Some(report);
                     Ok(Attempt::Held {
-                        remaining: held.flatten(),
+                        blocked_by: held.unwrap_or(Blocker::NoExpiry),
                     })
                 } else {
                     Err(Error::NoQuorum {

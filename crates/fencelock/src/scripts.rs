@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use redis::{FromRedisValue, ParsingError, Value};
 
+use crate::error::Blocker;
 use crate::keys::LockKeys;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -54,9 +55,9 @@ static FAIR_LEAVE: LazyLock<redis::Script> =
 pub(crate) enum AcquireReply {
     /// The lock is ours; `fresh` is false when it already held our token (a retry).
     Acquired { fence: FencingToken, fresh: bool },
-    /// Another owner holds it (`None`: the key has no expiry), or in fair mode it is free
-    /// but another waiter is first in line (`Some(ZERO)`).
-    Held { remaining: Option<Duration> },
+    /// Another owner holds it, or in fair mode it is free but another waiter is first in
+    /// line.
+    Held { blocked_by: Blocker },
     /// `key` holds a `found` fencelock did not write.
     WrongType { key: String, found: String },
 }
@@ -194,11 +195,16 @@ impl FromRedisValue for AcquireReply {
                 })
             }
             0 => {
-                let remaining = match int(1)? {
-                    -2 => Some(Duration::ZERO),
-                    pttl => u64::try_from(pttl).ok().map(Duration::from_millis),
+                // The PTTL of the holder's key; -1: no expiry; -2 (only fair_acquire.lua
+                // says it): free, with another waiter first in line.
+                let blocked_by = match int(1)? {
+                    -2 => Blocker::Queue,
+                    -1 => Blocker::NoExpiry,
+                    pttl => Blocker::Lease(Duration::from_millis(
+                        u64::try_from(pttl).map_err(|_| bad())?,
+                    )),
                 };
-                Ok(Self::Held { remaining })
+                Ok(Self::Held { blocked_by })
             }
             -1 => Ok(Self::WrongType {
                 key: text(1)?,

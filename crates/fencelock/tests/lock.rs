@@ -75,9 +75,11 @@ async fn held_lock_fails_fast_with_the_remaining_ttl() {
         .unwrap();
     let err = c.lock("h").try_acquire().await.unwrap_err();
     match &err {
-        Error::Held { name, remaining } => {
+        Error::Held { name, blocked_by } => {
             assert_eq!(name, "h");
-            let rem = remaining.expect("the holder's key has an expiry");
+            let rem = blocked_by
+                .remaining()
+                .expect("the holder's key has an expiry");
             assert!(
                 rem > Duration::from_secs(18) && rem <= Duration::from_secs(20),
                 "{rem:?}"
@@ -85,7 +87,7 @@ async fn held_lock_fails_fast_with_the_remaining_ttl() {
         }
         other => panic!("expected Held, got {other:?}"),
     }
-    assert!(err.to_string().contains("held by another owner"), "{err}");
+    assert!(err.to_string().contains("another owner holds it"), "{err}");
     // A zero wait through acquire() is the same single attempt.
     assert!(matches!(
         c.lock("h").acquire().await,
@@ -159,10 +161,10 @@ async fn a_wait_that_runs_out_reports_how_long_it_waited() {
     let elapsed = started.elapsed();
     match err {
         Error::WaitTimedOut {
-            waited, remaining, ..
+            waited, blocked_by, ..
         } => {
             assert!(waited >= Duration::from_millis(300), "{waited:?}");
-            assert!(remaining.is_some());
+            assert!(blocked_by.remaining().is_some());
         }
         other => panic!("expected WaitTimedOut, got {other:?}"),
     }

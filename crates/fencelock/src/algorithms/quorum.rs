@@ -24,7 +24,7 @@ use futures_util::future::join_all;
 
 use crate::algorithms::single_node::{Attempt, lease_end};
 use crate::backend::Node;
-use crate::error::{Error, LossCause, NodeOutcome, NodeReport};
+use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport};
 use crate::keys::LockKeys;
 use crate::scripts::{self, AcquireReply, OwnedReply, QuorumReply};
 use crate::token::{FencingToken, OwnerToken};
@@ -54,10 +54,10 @@ impl Quorum {
 /// The outcome of one quorum attempt.
 pub(crate) enum QuorumAttempt {
     Granted(Attempt),
-    /// No quorum; everything written was released again. `held`: the shortest lease of
-    /// another owner seen, if any node said held.
+    /// No quorum; everything written was released again. `held`: what frees up soonest
+    /// of what the nodes that said held reported, if any did.
     Failed {
-        held: Option<Option<Duration>>,
+        held: Option<Blocker>,
         report: Vec<NodeReport>,
     },
 }
@@ -85,7 +85,7 @@ pub(crate) async fn try_acquire(
     let now = Instant::now();
     let mut granted = 0;
     let mut fence = 0u64;
-    let mut held: Option<Option<Duration>> = None;
+    let mut held: Option<Blocker> = None;
     let mut report = Vec::with_capacity(nodes.len());
     for (i, (node, answer)) in nodes.iter().zip(answers).enumerate() {
         let outcome = match answer {
@@ -120,12 +120,9 @@ pub(crate) async fn try_acquire(
                         fence = fence.max(f.get());
                         NodeOutcome::Granted
                     }
-                    (AcquireReply::Held { remaining }, _) => {
-                        held = Some(match held {
-                            Some(Some(prev)) => remaining.map(|r| r.min(prev)).or(Some(prev)),
-                            _ => remaining,
-                        });
-                        NodeOutcome::Held { remaining }
+                    (AcquireReply::Held { blocked_by }, _) => {
+                        held = Some(held.map_or(blocked_by, |h| h.sooner(blocked_by)));
+                        NodeOutcome::Held { blocked_by }
                     }
                     (AcquireReply::WrongType { key, found }, _) => {
                         return Err(Error::WrongType {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::Node;
-use crate::error::{Error, LossCause, UnavailableReason};
+use crate::error::{Blocker, Error, LossCause, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::scripts::{self, AcquireReply, OwnedReply};
 use crate::token::{FencingToken, OwnerToken};
@@ -44,7 +44,7 @@ pub(crate) enum Attempt {
         valid_until: Instant,
     },
     Held {
-        remaining: Option<Duration>,
+        blocked_by: Blocker,
     },
 }
 
@@ -107,7 +107,7 @@ pub(crate) async fn try_acquire(
                 valid_until,
             })
         }
-        AcquireReply::Held { remaining } => Ok(Attempt::Held { remaining }),
+        AcquireReply::Held { blocked_by } => Ok(Attempt::Held { blocked_by }),
         AcquireReply::WrongType { key, found } => Err(Error::WrongType {
             node: node.addr().to_owned(),
             key,
