@@ -146,7 +146,11 @@ pub async fn run(url: &str, locks: usize, window: Duration) -> Result<HeldRun, S
     let rss_end = vm_rss()?;
     let calls = |cmd: &str| command_stat(&stats, cmd, "calls");
     let dbsize: u64 = query(&mut admin, &["DBSIZE"]).await?;
-    let lost = held.iter().flatten().filter(|g| g.loss().is_some()).count();
+    let lost = held
+        .iter()
+        .flatten()
+        .filter(|g| g.loss_cause().is_some())
+        .count();
     let watched = client.stats().watched_leases;
 
     let released = Instant::now();

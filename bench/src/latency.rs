@@ -147,11 +147,11 @@ pub async fn run<P>(
     let mut clients: Vec<(Option<(Peer, bool)>, Cycler)> = vec![
         (
             Some((Peer::Fencelock, false)),
-            Cycler::Fence(fence_single.lock(NAME).ttl(TTL)),
+            Cycler::Fence(fence_single.lock(NAME).lease(TTL).renew(false)),
         ),
         (
             Some((Peer::Fencelock, true)),
-            Cycler::Fence(fence_redlock.lock(NAME).ttl(TTL)),
+            Cycler::Fence(fence_redlock.lock(NAME).lease(TTL).renew(false)),
         ),
         (
             Some((Peer::Rslock, false)),

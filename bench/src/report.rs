@@ -439,7 +439,7 @@ fn uncontended_section(s: &mut String, r: &Results, charts: &Charts) {
         s,
         "One client, one lock name, no contention: each cycle acquires with a {TTL:?} lease \
          and releases, awaited in turn, timed from before the acquire to the end of the \
-         release. fencelock: `lock(name).ttl(..).try_acquire()` then `guard.release()`; \
+         release. fencelock: `lock(name).lease(..).renew(false).try_acquire()` then `guard.release()`; \
          rslock: `LockManager::lock` then `Lock::release`; redlock: `RedLock::lock` then \
          `unlock` (synchronous, on the harness thread); all in the harness process, taking \
          turns in blocks of {BLOCK} with a PING loop, so the machine's drift hits them alike. \

@@ -289,7 +289,8 @@ async fn run_async(
                 .map_err(|e| e.to_string())?;
             let mut builder = client
                 .lock(args.name.as_str())
-                .ttl(Duration::from_millis(args.ttl_ms))
+                .lease(Duration::from_millis(args.ttl_ms))
+                .renew(false)
                 .wait_forever();
             if args.lock == LockKind::Fair {
                 builder = builder.fair();

@@ -26,7 +26,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use fencelock::OwnerToken;
+use fencelock::HolderToken;
 use testkit::RedisServer;
 use testkit::checkers::{
     Violation, availability, fenced_order, foreign_touch, leases_overlap, lost_writes,
@@ -610,12 +610,12 @@ fn acquired(p: u32, guard: &fencelock::LockGuard, client: &fencelock::Client) ->
         .saturating_duration_since(Instant::now());
     Event::new(p, now_ns, Op::Acquire, Phase::Ok)
         .with_token(guard.fencing_token().get())
-        .with_owner(guard.owner_token().as_str())
+        .with_owner(guard.holder_token().as_str())
         .with_valid_until(now_ns + u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
         .with_nodes(client.nodes())
 }
 
-fn release(p: u32, phase: Phase, owner: &OwnerToken, token: u64) -> Event {
+fn release(p: u32, phase: Phase, owner: &HolderToken, token: u64) -> Event {
     Event::now(p, Op::Release, phase)
         .with_token(token)
         .with_owner(owner.as_str())
@@ -735,8 +735,9 @@ fn scenarios(scale: Scale) -> Vec<Scenario> {
             "expired-holder",
             "A's lease expires, B acquires, A extends and releases late, then runs an \
              unchecked `DEL` script",
-            "A's extend and release report the loss and leave B's key; **positive \
-             control**: C5 flags exactly the unchecked DEL",
+            "A's extend and release report the loss (the extend without asking Redis: A's \
+             guard had heard of it) and leave B's key; **positive control**: C5 flags \
+             exactly the unchecked DEL",
             |lab, tag| lab.expired_holder(tag),
         ),
         scenario(

@@ -164,7 +164,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         let builder = if args.renewed {
             builder.lease(ttl)
         } else {
-            builder.ttl(ttl)
+            builder.lease(ttl).renew(false)
         };
         let guard = match builder.acquire().await {
             Ok(g) => g,
@@ -179,7 +179,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                 .valid_until()
                 .saturating_duration_since(Instant::now()));
         let token = guard.fencing_token().get();
-        let owner = guard.owner_token().as_str().to_owned();
+        let owner = guard.holder_token().as_str().to_owned();
         record(
             Event::new(p, now_ns, Op::Acquire, Phase::Ok)
                 .with_token(token)
@@ -222,7 +222,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                 }
             }
             tokio::time::sleep(pause).await;
-            if args.renewed && guard.loss().is_some() {
+            if args.renewed && guard.loss_cause().is_some() {
                 record(
                     Event::now(p, Op::Release, Phase::Invoke)
                         .with_token(token)

@@ -25,9 +25,9 @@
 //! |---|---|
 //! | the command's | the command ran and exited under the lock: its exit code, or 128+N if signal N killed it |
 //! | 64 | bad usage or input: the command line does not parse (bad option, DURATION, missing COMMAND); [`Error::InvalidArgument`] (lock name, TTL, key prefix, Redis URL); COMMAND not found or not executable (the lock is released first) |
-//! | 69 | Redis unavailable or refusing: [`Error::Unavailable`], [`Error::Rejected`] (`NOAUTH`, `READONLY`, ...), [`Error::WrongType`] (a lock key holds data fencelock did not write), [`Error::NoQuorum`] when no node was held by another owner (Redlock: too few nodes reachable or out of quarantine) |
+//! | 69 | Redis unavailable or refusing: [`Error::Unavailable`], [`Error::Rejected`] (`NOAUTH`, `READONLY`, ...), [`Error::WrongType`] (a lock key holds data fencelock did not write), [`Error::NoQuorum`] (Redlock: too few nodes reachable or out of quarantine) |
 //! | 70 | internal error: the runtime or signal handlers could not be set up, or a library error this version does not know |
-//! | 75 | lock not acquired within `--wait`: [`Error::Held`], [`Error::WaitTimedOut`], [`Error::NoQuorum`] when other owners hold nodes |
+//! | 75 | lock not acquired within `--wait`: [`Error::Held`] (with Redlock: held on enough nodes to block a majority) |
 //! | 76 | the lease was lost while the command ran: its process group was stopped (SIGTERM, then SIGKILL after `--kill-grace`); also when the release finds the lease already lost ([`Error::LeaseLost`]) as the command exits: its work may have overlapped another holder's |
 //! | 128+N | fencelock got signal N (SIGINT, SIGTERM, SIGHUP) before the command started |
 //!
@@ -43,7 +43,8 @@ use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelock::{Client, Error, LockGuard, LossCause, MAX_TTL, MIN_TTL};
+use fencelock::limits::{MAX_HOLD, MAX_LEASE, MIN_LEASE};
+use fencelock::{Client, Error, LockGuard, LossCause};
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -57,8 +58,6 @@ const EX_SOFTWARE: u8 = 70;
 const EX_TEMPFAIL: u8 = 75;
 /// The lease was lost while COMMAND ran (or by the time it exited).
 const EX_LEASE_LOST: u8 = 76;
-/// The longest `--max-hold` the library accepts.
-const MAX_HOLD_LIMIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 const AFTER_HELP: &str = "\
 Exit status:
@@ -242,15 +241,7 @@ fn exit_code(failure: &Failure) -> u8 {
         Failure::Lock(Error::Rejected { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::WrongType { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::Held { .. }) => EX_TEMPFAIL,
-        Failure::Lock(Error::WaitTimedOut { .. }) => EX_TEMPFAIL,
-        // Redlock: contention unless unreachable nodes alone block the majority.
-        Failure::Lock(e @ Error::NoQuorum { .. }) => {
-            if e.is_contention() {
-                EX_TEMPFAIL
-            } else {
-                EX_UNAVAILABLE
-            }
-        }
+        Failure::Lock(Error::NoQuorum { .. }) => EX_UNAVAILABLE,
         Failure::Interrupted(signal) => signal_exit_code(*signal),
         Failure::LostByExit { .. } => EX_LEASE_LOST,
         Failure::Lock(_) => EX_SOFTWARE,
@@ -302,7 +293,7 @@ fn one_line(error: &clap::Error) -> String {
 /// `--ttl`: a DURATION within the library's range.
 fn parse_ttl(text: &str) -> Result<Duration, String> {
     let ttl = duration::parse(text)?;
-    if (MIN_TTL..=MAX_TTL).contains(&ttl) {
+    if (MIN_LEASE..=MAX_LEASE).contains(&ttl) {
         Ok(ttl)
     } else {
         Err(format!(
@@ -314,7 +305,7 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
 /// `--max-hold`: a DURATION within the library's range.
 fn parse_max_hold(text: &str) -> Result<Duration, String> {
     let max_hold = duration::parse(text)?;
-    if (MIN_TTL..=MAX_HOLD_LIMIT).contains(&max_hold) {
+    if (MIN_LEASE..=MAX_HOLD).contains(&max_hold) {
         Ok(max_hold)
     } else {
         Err(format!(
@@ -493,7 +484,7 @@ async fn stop(child: &mut Child, group: Group, grace: Duration, signals: &mut Si
 async fn release_after(held: Held, status: u8) -> Result<u8, Failure> {
     let name = held.guard.name().to_owned();
     // What the watchdog knew before the release stops it.
-    let known_loss = held.guard.loss().map(|cause| held.loss_reason(cause));
+    let known_loss = held.guard.loss_cause().map(|cause| held.loss_reason(cause));
     let lost = |reason: String| {
         Err(Failure::LostByExit {
             name: name.clone(),
@@ -725,7 +716,7 @@ mod tests {
             );
         }
         let args = parse(&["--max-hold", "8760h", "job", "--", "true"]).unwrap();
-        assert_eq!(args.max_hold, Some(MAX_HOLD_LIMIT));
+        assert_eq!(args.max_hold, Some(MAX_HOLD));
         let args = parse(&[
             "--max-hold",
             "10ms",
@@ -755,6 +746,8 @@ mod tests {
         let held = Error::Held {
             name: "x".into(),
             blocked_by: fencelock::Blocker::NoExpiry,
+            waited: Duration::ZERO,
+            nodes: Vec::new(),
         };
         assert_eq!(lock(held), EX_TEMPFAIL);
         let invalid = Error::InvalidArgument {

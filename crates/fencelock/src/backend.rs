@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
 
-use crate::error::{Error, UnavailableReason};
+use crate::error::{DriverError, Error, Human, UnavailableReason};
 use subscriber::Subscriber;
 
 /// Timeouts for one node's connection.
@@ -181,7 +181,8 @@ fn timed_out(addr: &str, after: Duration) -> Error {
     Error::Unavailable {
         node: addr.to_owned(),
         reason: UnavailableReason::TimedOut,
-        detail: format!("no answer within {after:?}"),
+        detail: format!("no answer within {}", Human(after)),
+        source: None,
     }
 }
 
@@ -200,7 +201,8 @@ fn map_error(addr: &str, e: &RedisError) -> Error {
     let unavailable = |reason| Error::Unavailable {
         node: addr.to_owned(),
         reason,
-        detail: e.to_string(),
+        detail: String::new(),
+        source: Some(DriverError::new(e.clone())),
     };
     if e.is_timeout() {
         return unavailable(UnavailableReason::TimedOut);

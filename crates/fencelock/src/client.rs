@@ -7,7 +7,11 @@ use crate::algorithms::quorum::Quorum;
 use crate::algorithms::watchdog::Watchdog;
 use crate::backend::{Node, Timeouts};
 use crate::error::Error;
-use crate::keys::{self, DEFAULT_PREFIX};
+use crate::keys;
+use crate::limits::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_PROTECTION,
+    MAX_TIMEOUT,
+};
 use crate::lock::LockBuilder;
 use tokio_util::task::TaskTracker;
 
@@ -87,10 +91,10 @@ impl Client {
         ClientBuilder {
             urls: urls.into_iter().map(Into::into).collect(),
             node_timeout: None,
-            restart_protection: Some(crate::lock::DEFAULT_LEASE),
+            restart_protection: Some(DEFAULT_RESTART_PROTECTION),
             prefix: DEFAULT_PREFIX.to_owned(),
-            connect_timeout: ClientBuilder::DEFAULT_CONNECT_TIMEOUT,
-            response_timeout: ClientBuilder::DEFAULT_RESPONSE_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
         }
     }
 
@@ -259,11 +263,6 @@ impl std::fmt::Debug for ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Default for [`ClientBuilder::connect_timeout`]: 1 s.
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-    /// Default for [`ClientBuilder::response_timeout`]: 1 s.
-    pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
-
     /// The prefix of every key (default `"fencelock"`; may be empty). It may not contain
     /// `{` or `}`. See the [key layout](crate::keys).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
@@ -341,12 +340,7 @@ impl ClientBuilder {
             ("connect timeout", self.connect_timeout),
             ("response timeout", self.response_timeout),
         ] {
-            if t.is_zero() || t > Duration::from_secs(3600) {
-                return Err(Error::invalid(
-                    what,
-                    format!("{t:?} is out of range; give a value between 1ms and 1h"),
-                ));
-            }
+            Error::check_range(what, t, Duration::from_millis(1), MAX_TIMEOUT)?;
         }
         let timeouts = Timeouts {
             connect: self.connect_timeout,

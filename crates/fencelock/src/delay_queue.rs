@@ -12,6 +12,7 @@ use crate::algorithms::single_node::lease_end;
 use crate::client::Client;
 use crate::error::Error;
 use crate::keys;
+use crate::limits::{MAX_DELAY, MAX_PAYLOAD, MAX_VISIBILITY, MIN_VISIBILITY};
 use crate::scripts::{self, Counts, QueueOutcome, QueueReply, Taken};
 
 /// A named delay queue on the client's Redis node: push work to be done later, take it
@@ -147,18 +148,6 @@ impl QueueKeys {
 }
 
 impl DelayQueue {
-    /// The largest payload accepted: 16 MiB. Redis allows up to 512 MiB, but a queue item
-    /// that large blocks the server while a script copies it; store big data elsewhere and
-    /// queue a reference to it.
-    pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
-    /// The longest delay accepted: 30 days.
-    pub const MAX_DELAY: Duration = Duration::from_secs(30 * 24 * 3600);
-    /// The shortest visibility timeout accepted: 1 ms.
-    pub const MIN_VISIBILITY: Duration = Duration::from_millis(1);
-    /// The longest visibility timeout accepted: 24 hours. Hold longer work under a
-    /// shorter timeout that you [extend](Delivery::extend).
-    pub const MAX_VISIBILITY: Duration = Duration::from_secs(24 * 3600);
-
     /// Validates the name; nothing is sent to Redis.
     pub(crate) fn new(client: Client, name: String) -> Result<Self, Error> {
         let keys = QueueKeys::new(&client.inner.prefix, &name)?;
@@ -174,8 +163,8 @@ impl DelayQueue {
     /// Whole milliseconds of `delay` count; the rest is dropped.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a payload over [`MAX_PAYLOAD`](Self::MAX_PAYLOAD)
-    /// bytes or a delay over [`MAX_DELAY`](Self::MAX_DELAY) (nothing is sent);
+    /// [`Error::InvalidArgument`] for a payload over [`MAX_PAYLOAD`](crate::limits::MAX_PAYLOAD)
+    /// bytes or a delay over [`MAX_DELAY`](crate::limits::MAX_DELAY) (nothing is sent);
     /// [`Error::WrongType`] when a queue key holds data fencelock did not write;
     /// [`Error::Unavailable`] (the item may or may not have been added),
     /// [`Error::Rejected`].
@@ -187,22 +176,17 @@ impl DelayQueue {
     /// Nothing is left half-written.
     pub async fn push(&self, payload: impl AsRef<[u8]>, delay: Duration) -> Result<ItemId, Error> {
         let payload = payload.as_ref();
-        if payload.len() > Self::MAX_PAYLOAD {
+        if payload.len() > MAX_PAYLOAD {
             return Err(Error::invalid(
                 "payload",
                 format!(
                     "it is {} bytes long; the limit is {} (16 MiB): store large data elsewhere and queue a reference",
                     payload.len(),
-                    Self::MAX_PAYLOAD
+                    MAX_PAYLOAD
                 ),
             ));
         }
-        if delay > Self::MAX_DELAY {
-            return Err(Error::invalid(
-                "delay",
-                format!("{delay:?} is too long; give at most 30 days"),
-            ));
-        }
+        Error::check_range("delay", delay, Duration::ZERO, MAX_DELAY)?;
         self.run(&scripts::queue_push(&self.keys, payload, delay))
             .await
     }
@@ -217,7 +201,7 @@ impl DelayQueue {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a visibility outside
-    /// [`MIN_VISIBILITY`](Self::MIN_VISIBILITY)..=[`MAX_VISIBILITY`](Self::MAX_VISIBILITY);
+    /// [`MIN_VISIBILITY`](crate::limits::MIN_VISIBILITY)..=[`MAX_VISIBILITY`](crate::limits::MAX_VISIBILITY);
     /// [`Error::WrongType`], [`Error::Unavailable`], [`Error::Rejected`].
     ///
     /// # Cancel safety
@@ -276,12 +260,12 @@ impl DelayQueue {
 
 /// Checks a visibility timeout and drops its sub-millisecond part.
 fn check_visibility(visibility: Duration) -> Result<Duration, Error> {
-    if visibility < DelayQueue::MIN_VISIBILITY || visibility > DelayQueue::MAX_VISIBILITY {
-        return Err(Error::invalid(
-            "visibility timeout",
-            format!("{visibility:?} is out of range; give between 1ms and 24h"),
-        ));
-    }
+    Error::check_range(
+        "visibility timeout",
+        visibility,
+        MIN_VISIBILITY,
+        MAX_VISIBILITY,
+    )?;
     Ok(Duration::from_millis(visibility.as_millis() as u64))
 }
 
@@ -428,7 +412,7 @@ impl Delivery {
     /// this delivery (as for [`ack`](Self::ack)).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a delay over [`DelayQueue::MAX_DELAY`] (nothing is
+    /// [`Error::InvalidArgument`] for a delay over [`MAX_DELAY`](crate::limits::MAX_DELAY) (nothing is
     /// sent; the item is delivered again after its visibility timeout);
     /// [`Error::WrongType`], [`Error::Rejected`], and [`Error::Unavailable`]: the item
     /// is then either due after `delay` or delivered again after its visibility timeout.
@@ -437,7 +421,7 @@ impl Delivery {
     /// Cancel safe, in that nothing is lost: if the future is dropped the item is due
     /// either after `delay` or after its visibility timeout.
     pub async fn retry_after(self, delay: Duration) -> Result<bool, Error> {
-        if delay > DelayQueue::MAX_DELAY {
+        if delay > MAX_DELAY {
             return Err(Error::invalid(
                 "delay",
                 format!("{delay:?} is too long; give at most 30 days"),
@@ -463,7 +447,7 @@ impl Delivery {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a visibility outside
-    /// [`DelayQueue::MIN_VISIBILITY`]..=[`DelayQueue::MAX_VISIBILITY`];
+    /// [`MIN_VISIBILITY`](crate::limits::MIN_VISIBILITY)..=[`MAX_VISIBILITY`](crate::limits::MAX_VISIBILITY);
     /// [`Error::WrongType`], [`Error::Unavailable`], [`Error::Rejected`].
     ///
     /// # Cancel safety
@@ -537,7 +521,7 @@ mod tests {
     fn visibility_is_checked_and_truncated_to_milliseconds() {
         assert!(check_visibility(Duration::ZERO).is_err());
         assert!(check_visibility(Duration::from_micros(999)).is_err());
-        assert!(check_visibility(DelayQueue::MAX_VISIBILITY + Duration::from_millis(1)).is_err());
+        assert!(check_visibility(MAX_VISIBILITY + Duration::from_millis(1)).is_err());
         assert_eq!(
             check_visibility(Duration::from_micros(1500)).unwrap(),
             Duration::from_millis(1)

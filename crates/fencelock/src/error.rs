@@ -8,53 +8,49 @@ use std::time::Duration;
 /// [`DelayQueue`](crate::DelayQueue).
 ///
 /// Each variant is a different situation with a different remedy; the message of each
-/// says what to do. Match on the variant, not on the message.
+/// says what to do, on one line. Match on the variant, not on the message. An error that
+/// came from the Redis driver keeps it as its [`source`](std::error::Error::source).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Another owner holds the lock, and the caller asked not to wait (`try_acquire`, or
-    /// a zero wait).
-    #[error(
-        "lock {name:?} is not free: {blocked_by}; try again later, wait for it, or defer the work"
-    )]
+    /// Another owner holds the lock (or, in fair mode, other waiters are first in line),
+    /// and the caller did not wait, or waited as long as it was willing to. The same
+    /// for one node and for Redlock.
+    #[error("{}", held_message(name, *blocked_by, *waited, nodes))]
     Held {
         /// The lock name.
         name: String,
-        /// What stands in the way: another owner's lease (and how long it still runs),
-        /// or, in fair mode, other waiters first in line.
+        /// What stood in the way at the last attempt: another owner's lease (and how
+        /// long it still runs), or other waiters first in line.
         blocked_by: Blocker,
-    },
-
-    /// The lock stayed held by another owner for the whole wait.
-    #[error(
-        "gave up on lock {name:?} after waiting {}: {blocked_by}; wait longer or defer the work",
-        Human(*.waited)
-    )]
-    WaitTimedOut {
-        /// The lock name.
-        name: String,
-        /// How long the caller waited.
+        /// How long the caller waited (zero for a single attempt).
         waited: Duration,
-        /// What stood in the way at the last attempt.
-        blocked_by: Blocker,
+        /// Redlock: what each node answered at the last attempt, in the order the nodes
+        /// were given; empty for a single node.
+        nodes: Vec<NodeReport>,
     },
 
     /// A Redis node could not be reached, or did not answer in time. For a timed-out
     /// acquire the outcome is unknown; fencelock then releases its token in the background
-    /// so nothing is left behind for longer than the TTL. A single-node grant whose reply
+    /// so nothing is left behind for longer than the lease. A single-node grant whose reply
     /// came back after the lease had already run out is reported this way too (reason
     /// [`TimedOut`](UnavailableReason::TimedOut)), after fencelock took it back: another
     /// client may have held the lock by then.
     #[error(
-        "Redis node {node} is unavailable ({reason}): {detail}; check that it is running and reachable, and the URL"
+        "Redis node {node} is unavailable ({reason}{}{detail}); check that it is running and reachable, and the URL",
+        if detail.is_empty() { "" } else { ": " }
     )]
     Unavailable {
         /// The node, as `host:port` (never with credentials).
         node: String,
         /// Why it is considered unavailable.
         reason: UnavailableReason,
-        /// What the driver reported.
+        /// What fencelock knows beyond the reason, such as how long it waited (may be
+        /// empty).
         detail: String,
+        /// What the driver reported, if the driver reported it.
+        #[source]
+        source: Option<DriverError>,
     },
 
     /// A Redis node answered with an error: authentication (`NOAUTH`, `WRONGPASS`),
@@ -72,8 +68,8 @@ pub enum Error {
         message: String,
     },
 
-    /// A lock key, its fencing counter, or a queue key holds data fencelock did not write (a hash, a
-    /// list, a non-numeric counter, ...). fencelock never overwrites it.
+    /// A lock key, its fencing counter, or a queue key holds data fencelock did not write
+    /// (a hash, a list, a non-numeric counter, ...). fencelock never overwrites it.
     #[error(
         "key {key:?} on {node} holds a Redis {found} that fencelock did not write; it was left untouched: use another lock name or key prefix, or remove the key"
     )]
@@ -95,11 +91,14 @@ pub enum Error {
         reason: String,
     },
 
-    /// Redlock: too few nodes granted the lock. Says, per node, what happened. A Redlock
-    /// client reports every failed quorum this way, contention included (where a single
-    /// node would say [`Error::Held`] or [`Error::WaitTimedOut`]);
-    /// [`is_contention`](Error::is_contention) tells the two apart.
-    #[error("lock {name:?} needs {needed} of {} Redis nodes and got {granted}: {}; {}", nodes.len(), NodeList(nodes), if outage(nodes, *needed) { "check that a majority of the nodes is up and reachable" } else { "another owner holds it on some nodes: try again later or wait for it" })]
+    /// Redlock: too few nodes could grant the lock, other than because another owner
+    /// holds it (that is [`Error::Held`]): nodes unreachable, too slow, refusing, or
+    /// quarantined after a restart. Says, per node, what happened.
+    #[error(
+        "lock {name:?} needs {needed} of {} Redis nodes and got {granted}: {}; check that a majority of the nodes is up and reachable",
+        nodes.len(),
+        NodeList(nodes)
+    )]
     NoQuorum {
         /// The lock name.
         name: String,
@@ -114,7 +113,7 @@ pub enum Error {
     /// The caller's lease ended before the caller released or extended it: the work done
     /// under it may have overlapped with another holder's.
     #[error(
-        "the lease on lock {name:?} was lost ({cause}); work done under it may have overlapped another holder's: check the fencing token at the resource, and use a longer TTL or extend sooner"
+        "the lease on lock {name:?} was lost ({cause}); work done under it may have overlapped another holder's: check the fencing token at the resource, and use a longer lease or extend sooner"
     )]
     LeaseLost {
         /// The lock name.
@@ -124,17 +123,73 @@ pub enum Error {
     },
 }
 
+/// An error of the Redis driver, kept as the [`source`](std::error::Error::source) of a
+/// fencelock [`Error`]: its message, and its own source if it has one.
+#[derive(Debug, Clone)]
+pub struct DriverError(redis::RedisError);
+
+impl DriverError {
+    pub(crate) fn new(e: redis::RedisError) -> Self {
+        Self(e)
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+fn held_message(name: &str, blocked_by: Blocker, waited: Duration, nodes: &[NodeReport]) -> String {
+    let nodes = if nodes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", NodeList(nodes))
+    };
+    if waited.is_zero() {
+        format!(
+            "lock {name:?} is not free: {blocked_by}{nodes}; try again later, wait for it, or defer the work"
+        )
+    } else {
+        format!(
+            "gave up on lock {name:?} after waiting {}: {blocked_by}{nodes}; wait longer or defer the work",
+            Human(waited)
+        )
+    }
+}
+
 impl Error {
-    /// Whether this is contention (another owner holds the lock: retry later, wait, or
-    /// defer) rather than an outage or a mistake. For [`Error::NoQuorum`]: true unless
-    /// the nodes that failed for other reasons (unreachable, quarantined, refusing) are
-    /// enough on their own to block a majority.
+    /// Whether this is contention ([`Error::Held`]: another owner holds the lock; retry
+    /// later, wait, or defer) rather than an outage or a mistake.
     pub fn is_contention(&self) -> bool {
-        match self {
-            Self::Held { .. } | Self::WaitTimedOut { .. } => true,
-            Self::NoQuorum { nodes, needed, .. } => !outage(nodes, *needed),
-            _ => false,
+        matches!(self, Self::Held { .. })
+    }
+
+    /// `value` of `what` outside `min..=max`, if it is; durations written for people.
+    pub(crate) fn check_range(
+        what: &'static str,
+        value: Duration,
+        min: Duration,
+        max: Duration,
+    ) -> Result<(), Self> {
+        if (min..=max).contains(&value) {
+            return Ok(());
         }
+        Err(Self::invalid(
+            what,
+            format!(
+                "{} is out of range; give between {} and {}",
+                Human(value),
+                Human(min),
+                Human(max)
+            ),
+        ))
     }
 
     pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
@@ -304,16 +359,6 @@ impl fmt::Display for NodeOutcome {
     }
 }
 
-/// Whether the nodes that failed for reasons other than another owner block a majority
-/// by themselves.
-fn outage(nodes: &[NodeReport], needed: usize) -> bool {
-    let down = nodes
-        .iter()
-        .filter(|n| !matches!(n.outcome, NodeOutcome::Granted | NodeOutcome::Held { .. }))
-        .count();
-    down > nodes.len() - needed
-}
-
 struct NodeList<'a>(&'a [NodeReport]);
 
 impl fmt::Display for NodeList<'_> {
@@ -386,6 +431,8 @@ mod tests {
         let plain = Error::Held {
             name: "stock".into(),
             blocked_by: Blocker::Lease(Duration::ZERO),
+            waited: Duration::ZERO,
+            nodes: Vec::new(),
         };
         let message = plain.to_string();
         assert!(message.contains("ending now"), "{message}");
@@ -393,6 +440,8 @@ mod tests {
         let fair = Error::Held {
             name: "stock".into(),
             blocked_by: Blocker::Queue,
+            waited: Duration::ZERO,
+            nodes: Vec::new(),
         };
         assert!(fair.to_string().contains("first in line"));
     }

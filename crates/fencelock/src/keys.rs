@@ -4,7 +4,7 @@
 //!
 //! | key | type | holds | expires |
 //! |---|---|---|---|
-//! | `fencelock:{orders:42}` | string | the holder's [`OwnerToken`](crate::OwnerToken) | after the TTL |
+//! | `fencelock:{orders:42}` | string | the holder's [`HolderToken`](crate::HolderToken) | after the TTL |
 //! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | never |
 //! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty, or 2 × the waiter timeout after the last waiter's last call |
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | likewise |
@@ -20,11 +20,7 @@
 
 use crate::error::Error;
 
-/// The longest lock name accepted, in bytes.
-pub const MAX_NAME_LEN: usize = 1024;
-
-/// The default key prefix.
-pub const DEFAULT_PREFIX: &str = "fencelock";
+use crate::limits::MAX_NAME_LEN;
 
 /// The Redis keys of one lock name. Only the lock key is stored (a guard keeps this for
 /// as long as it lives); the others are derived when a script needs them.

@@ -22,7 +22,7 @@
 //! A lock is taken with one script: `SET key token NX PX ttl`, and in the same script an
 //! increment of a per-lock counter that becomes the [`FencingToken`]. Release and extend
 //! are owner-checked scripts: they act only while the key holds this holder's random
-//! [`OwnerToken`].
+//! [`HolderToken`].
 //!
 //! | | |
 //! |---|---|
@@ -71,6 +71,7 @@ mod client;
 mod delay_queue;
 mod error;
 pub mod keys;
+pub mod limits;
 mod lock;
 mod scripts;
 mod token;
@@ -78,11 +79,11 @@ mod token;
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
-pub use error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
-pub use lock::{
-    Acquisition, DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, LockBuilder, LockGuard, MAX_TTL, MIN_TTL,
+pub use error::{
+    Blocker, DriverError, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason,
 };
-pub use token::{FencingToken, OwnerToken};
+pub use lock::{Acquisition, LockBuilder, LockGuard};
+pub use token::{FencingToken, HolderToken};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

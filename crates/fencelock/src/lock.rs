@@ -13,21 +13,11 @@ use crate::client::Client;
 use crate::delay_queue::{DelayQueue, ItemId};
 use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport};
 use crate::keys::LockKeys;
-use crate::token::{FencingToken, OwnerToken};
-
-/// The shortest TTL accepted: 10 ms. A lease must outlast the clock-drift allowance
-/// (1% of the TTL plus 2 ms) and a round trip, or no grant would ever be valid when it
-/// arrives.
-pub const MIN_TTL: Duration = Duration::from_millis(10);
-/// The longest TTL accepted: 24 hours. A lease longer than that is a deadlock in waiting
-/// if its holder dies; hold long work under a shorter lease that you extend.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
-/// The lease used when no TTL is given: 30 s, renewed by the watchdog every 10 s while
-/// the guard lives.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Fair mode: how long a queued waiter may go without calling Redis before it is purged
-/// from the queue, unless set with [`LockBuilder::waiter_timeout`]: 3 s.
-pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
+use crate::limits::{
+    DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, MAX_HOLD, MAX_LEASE, MAX_WAITER_TIMEOUT, MIN_LEASE,
+    MIN_WAITER_TIMEOUT,
+};
+use crate::token::{FencingToken, HolderToken};
 
 /// How to take one named lock: its TTL, how long to wait, in which order waiters are
 /// served, and how to pace retries.
@@ -38,11 +28,11 @@ pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
 /// owner token.
 ///
 /// # Leases
-/// With [`ttl`](Self::ttl) the lease is fixed: it ends after the TTL unless you
-/// [`extend`](LockGuard::extend) it. Otherwise the client's watchdog renews it (to the
-/// [`lease`](Self::lease) length, every third of it) for as long as the guard lives, so
-/// a crashed holder blocks others for at most one lease while a slow one keeps its lock.
-/// [`max_hold`](Self::max_hold) caps the renewals. Either way the guard's
+/// The client's watchdog renews the lease (to the [`lease`](Self::lease) length, every
+/// third of it) for as long as the guard lives, so a crashed holder blocks others for at
+/// most one lease while a slow one keeps its lock. [`max_hold`](Self::max_hold) caps the
+/// renewals; with [`renew(false)`](Self::renew) the lease is fixed: it ends after one
+/// lease unless you [`extend`](LockGuard::extend) it. Either way the guard's
 /// [`lost`](LockGuard::lost) signal fires the moment the lease is known to be lost.
 ///
 /// # How waiting works
@@ -52,7 +42,7 @@ pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
 /// [`Client`], the one that has waited longest (one pub/sub message, then one round
 /// trip), rather than every waiter when only one can win; a woken waiter that is
 /// cancelled or fails before Redis answered its attempt hands the wake to the next.
-/// Waiters with an [`owner`](Self::owner) are all woken (holds of one owner can be held
+/// Waiters with an [`reentrant`](Self::reentrant) owner are all woken (holds of one owner can be held
 /// together). A [fair](Self::fair) release wakes only the waiter at the head of the
 /// queue.
 ///
@@ -74,7 +64,7 @@ pub const DEFAULT_WAITER_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct LockBuilder {
     client: Client,
     name: String,
-    ttl: Duration,
+    lease: Duration,
     /// Whether the watchdog renews the lease.
     renew: bool,
     max_hold: Option<Duration>,
@@ -92,7 +82,7 @@ impl LockBuilder {
         Self {
             client,
             name,
-            ttl: DEFAULT_LEASE,
+            lease: DEFAULT_LEASE,
             renew: true,
             max_hold: None,
             wait: Some(Duration::ZERO),
@@ -102,22 +92,21 @@ impl LockBuilder {
         }
     }
 
-    /// A fixed lease: the lock is held for `ttl` unless extended or released, with no
-    /// renewal (default: a renewed 30 s lease, see [`lease`](Self::lease)). Checked on
-    /// acquire: between [`MIN_TTL`] and [`MAX_TTL`]; whole milliseconds count, the rest
-    /// is dropped.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self.renew = false;
+    /// How long one lease lasts (default 30 s, [`DEFAULT_LEASE`]; between [`MIN_LEASE`]
+    /// and [`MAX_LEASE`], checked on acquire; whole milliseconds count). A holder that
+    /// crashes blocks others for at most this long. Unless [`renew`](Self::renew) is
+    /// turned off, the watchdog renews it to this length every third of it while the
+    /// guard lives, so a slow holder keeps its lock.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
         self
     }
 
-    /// A lease renewed by the watchdog while the guard lives: each renewal resets it to
-    /// `lease` (default 30 s, [`DEFAULT_LEASE`]), every third of `lease`. A holder that
-    /// crashes blocks others for at most `lease`. Same range as [`ttl`](Self::ttl).
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.ttl = lease;
-        self.renew = true;
+    /// Whether the watchdog renews the lease while the guard lives (default `true`).
+    /// With `false` the lease is fixed: the lock is held for one [lease](Self::lease)
+    /// unless you [`extend`](LockGuard::extend) or release it.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
         self
     }
 
@@ -130,7 +119,7 @@ impl LockBuilder {
     }
 
     /// How long [`acquire`](Self::acquire) waits for a held lock before giving up with
-    /// [`Error::WaitTimedOut`] (default zero: one attempt, then [`Error::Held`]).
+    /// [`Error::Held`] (default zero: one attempt).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
@@ -181,7 +170,7 @@ impl LockBuilder {
     /// of the plain string of the other modes; plain callers see it as held. Not
     /// combinable with [`fair`](Self::fair). The owner id: 1 to 256 bytes, no control
     /// characters.
-    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+    pub fn reentrant(mut self, owner: impl Into<String>) -> Self {
         self.owner = Some(owner.into());
         self
     }
@@ -201,13 +190,12 @@ impl LockBuilder {
                 "a lock cannot be both fair and reentrant; choose one",
             )),
             (Some(waiter_timeout), None) => {
-                if !(Duration::from_millis(30)..=Duration::from_secs(3600)).contains(waiter_timeout)
-                {
-                    return Err(Error::invalid(
-                        "waiter timeout",
-                        format!("{waiter_timeout:?} is out of range; give between 30ms and 1h"),
-                    ));
-                }
+                Error::check_range(
+                    "waiter timeout",
+                    *waiter_timeout,
+                    MIN_WAITER_TIMEOUT,
+                    MAX_WAITER_TIMEOUT,
+                )?;
                 Ok(Mode::Fair {
                     waiter_timeout: *waiter_timeout,
                 })
@@ -267,8 +255,8 @@ impl LockBuilder {
     /// until the deadline; its error is returned if the deadline passes.
     ///
     /// # Errors
-    /// [`Error::Held`] with a zero wait, [`Error::WaitTimedOut`] when the wait runs out,
-    /// and the errors of [`try_acquire`](Self::try_acquire).
+    /// [`Error::Held`] when the wait runs out (at once with a zero wait), and the
+    /// errors of [`try_acquire`](Self::try_acquire).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`try_acquire`](Self::try_acquire): a dropped wait leaves no key
@@ -346,24 +334,15 @@ impl LockBuilder {
     }
 
     async fn run_acquire(&self, wait: Option<Duration>) -> Result<LockGuard, Error> {
-        let ttl = checked_ttl(self.ttl)?;
-        if self
-            .max_hold
-            .is_some_and(|h| h < MIN_TTL || h > Duration::from_secs(365 * 24 * 3600))
-        {
-            return Err(Error::invalid(
-                "maximum hold",
-                format!(
-                    "{:?} is out of range; give between 10ms and 365 days",
-                    self.max_hold
-                ),
-            ));
+        let ttl = checked_ttl(self.lease)?;
+        if let Some(max_hold) = self.max_hold {
+            Error::check_range("maximum hold", max_hold, MIN_LEASE, MAX_HOLD)?;
         }
         self.retry.validate()?;
         // The first lease may not outlast the maximum hold either.
         let (acquire_ttl, capped) = match self.max_hold {
             Some(h) => {
-                let cap = Duration::from_millis(h.as_millis() as u64).max(MIN_TTL);
+                let cap = Duration::from_millis(h.as_millis() as u64).max(MIN_LEASE);
                 (ttl.min(cap), cap <= ttl)
             }
             None => (ttl, false),
@@ -376,7 +355,7 @@ impl LockBuilder {
         let mut pending = PendingAcquire {
             client: self.client.clone(),
             keys,
-            token: OwnerToken::generate(),
+            token: HolderToken::generate(),
             mode: mode.clone(),
             ttl: acquire_ttl,
             maybe_written: false,
@@ -487,29 +466,11 @@ impl LockBuilder {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         pending.withdraw().await;
-                        if let Some(nodes) = last_report {
-                            let granted = nodes
-                                .iter()
-                                .filter(|n| n.outcome == NodeOutcome::Granted)
-                                .count();
-                            return Err(Error::NoQuorum {
-                                name: self.name.clone(),
-                                needed: Quorum::majority(inner.nodes.len()),
-                                granted,
-                                nodes,
-                            });
-                        }
-                        return Err(if waits {
-                            Error::WaitTimedOut {
-                                name: self.name.clone(),
-                                waited: now - started,
-                                blocked_by,
-                            }
-                        } else {
-                            Error::Held {
-                                name: self.name.clone(),
-                                blocked_by,
-                            }
+                        return Err(Error::Held {
+                            name: self.name.clone(),
+                            blocked_by,
+                            waited: if waits { now - started } else { Duration::ZERO },
+                            nodes: last_report.take().unwrap_or_default(),
                         });
                     }
                     // The key is gone once the holder's lease runs out, message or not.
@@ -601,12 +562,7 @@ impl LockBuilder {
 }
 
 fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
-    if ttl < MIN_TTL || ttl > MAX_TTL {
-        return Err(Error::invalid(
-            "TTL",
-            format!("{ttl:?} is out of range; give between 10ms and 24h"),
-        ));
-    }
+    Error::check_range("lease", ttl, MIN_LEASE, MAX_LEASE)?;
     Ok(Duration::from_millis(ttl.as_millis() as u64))
 }
 
@@ -628,7 +584,7 @@ pub enum Acquisition {
 struct PendingAcquire {
     client: Client,
     keys: LockKeys,
-    token: OwnerToken,
+    token: HolderToken,
     mode: Mode,
     /// The TTL asked for (Redlock nodes get a share of it to answer a withdrawal).
     ttl: Duration,
@@ -700,7 +656,7 @@ impl Drop for PendingAcquire {
 async fn abandon(
     client: &Client,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     mode: &Mode,
     ttl: Duration,
     fence: u64,
@@ -725,7 +681,7 @@ async fn abandon(
 fn abandon_in_background(
     client: &Client,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     mode: &Mode,
     ttl: Duration,
     fence: u64,
@@ -764,7 +720,7 @@ pub struct LockGuard {
     client: Client,
     name: String,
     keys: LockKeys,
-    token: OwnerToken,
+    token: HolderToken,
     mode: Mode,
     /// The TTL of the grant (Redlock nodes get a share of it to answer a release).
     ttl: Duration,
@@ -789,7 +745,7 @@ impl LockGuard {
     }
 
     /// The random token stored in the lock key while this guard holds it.
-    pub fn owner_token(&self) -> &OwnerToken {
+    pub fn holder_token(&self) -> &HolderToken {
         &self.token
     }
 
@@ -837,7 +793,7 @@ impl LockGuard {
     }
 
     /// Whether the loss signal has fired, and why.
-    pub fn loss(&self) -> Option<LossCause> {
+    pub fn loss_cause(&self) -> Option<LossCause> {
         self.lease().and_then(|r| r.lease().cause())
     }
 
@@ -865,7 +821,7 @@ impl LockGuard {
         let ttl = checked_ttl(ttl)?;
         // Once the holder has been told of a loss, the lease stays lost: work raced
         // against `lost()` has stopped, and a later extend must not pretend otherwise.
-        if let Some(cause) = self.loss() {
+        if let Some(cause) = self.loss_cause() {
             return Err(Error::LeaseLost {
                 name: self.name.clone(),
                 cause,

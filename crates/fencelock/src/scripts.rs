@@ -11,7 +11,7 @@ use redis::{FromRedisValue, ParsingError, Value};
 
 use crate::error::Blocker;
 use crate::keys::LockKeys;
-use crate::token::{FencingToken, OwnerToken};
+use crate::token::{FencingToken, HolderToken};
 
 /// An acquire script with `_counter.lua` (the fencing counter's functions) in front.
 macro_rules! with_counter {
@@ -77,7 +77,7 @@ pub(crate) enum OwnedReply {
 
 pub(crate) fn acquire(
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = ACQUIRE.prepare_invoke();
@@ -88,7 +88,7 @@ pub(crate) fn acquire(
     inv
 }
 
-pub(crate) fn release(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvocation<'static> {
+pub(crate) fn release(keys: &LockKeys, token: &HolderToken) -> redis::ScriptInvocation<'static> {
     let mut inv = RELEASE.prepare_invoke();
     inv.key(&keys.lock).arg(token.as_str()).arg(keys.channel());
     inv
@@ -97,7 +97,7 @@ pub(crate) fn release(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvoc
 /// `join`: enter the queue when it is not our turn (a waiting acquire), or only try.
 pub(crate) fn fair_acquire(
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
     waiter_timeout: Duration,
     join: bool,
@@ -117,7 +117,7 @@ pub(crate) fn fair_acquire(
 
 pub(crate) fn fair_release(
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = FAIR_RELEASE.prepare_invoke();
     inv.key(&keys.lock)
@@ -128,7 +128,7 @@ pub(crate) fn fair_release(
     inv
 }
 
-pub(crate) fn fair_leave(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptInvocation<'static> {
+pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> redis::ScriptInvocation<'static> {
     let mut inv = FAIR_LEAVE.prepare_invoke();
     inv.key(&keys.lock)
         .key(keys.queue())
@@ -141,7 +141,7 @@ pub(crate) fn fair_leave(keys: &LockKeys, token: &OwnerToken) -> redis::ScriptIn
 pub(crate) fn reentrant_acquire(
     keys: &LockKeys,
     owner: &str,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = REENTRANT_ACQUIRE.prepare_invoke();
@@ -156,7 +156,7 @@ pub(crate) fn reentrant_acquire(
 pub(crate) fn reentrant_release(
     keys: &LockKeys,
     owner: &str,
-    token: &OwnerToken,
+    token: &HolderToken,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = REENTRANT_RELEASE.prepare_invoke();
     inv.key(&keys.lock)
@@ -245,7 +245,7 @@ static QUORUM_RELEASE: LazyLock<redis::Script> =
 /// `identify`: have each node report its run id and uptime (restart protection).
 pub(crate) fn quorum_acquire(
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
     identify: bool,
 ) -> redis::ScriptInvocation<'static> {
@@ -261,7 +261,7 @@ pub(crate) fn quorum_acquire(
 /// `fence`: the grant's token, raised into every node's counter (0: none).
 pub(crate) fn quorum_release(
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     fence: u64,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = QUORUM_RELEASE.prepare_invoke();

@@ -1,4 +1,4 @@
-//! The two tokens of a grant: who holds the lock ([`OwnerToken`]) and in which order the
+//! The two tokens of a grant: who holds the lock ([`HolderToken`]) and in which order the
 //! grants happened ([`FencingToken`]).
 
 use std::fmt;
@@ -13,9 +13,9 @@ use std::fmt;
 /// `Lock`, redsync and node-redlock use too, so those libraries and fencelock exclude each
 /// other on the same key.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct OwnerToken(String);
+pub struct HolderToken(String);
 
-impl OwnerToken {
+impl HolderToken {
     /// Draws a fresh token.
     pub(crate) fn generate() -> Self {
         let bits: u128 = rand::random();
@@ -28,15 +28,15 @@ impl OwnerToken {
     }
 }
 
-impl fmt::Display for OwnerToken {
+impl fmt::Display for HolderToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl fmt::Debug for OwnerToken {
+impl fmt::Debug for HolderToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "OwnerToken({})", self.0)
+        write!(f, "HolderToken({})", self.0)
     }
 }
 
@@ -79,8 +79,8 @@ mod tests {
 
     #[test]
     fn owner_tokens_are_32_hex_digits_and_distinct() {
-        let a = OwnerToken::generate();
-        let b = OwnerToken::generate();
+        let a = HolderToken::generate();
+        let b = HolderToken::generate();
         assert_eq!(a.as_str().len(), 32);
         assert!(
             a.as_str()

@@ -62,7 +62,8 @@ fn worker_process() {
             tasks.push(tokio::spawn(async move {
                 let lock = client
                     .lock("counter")
-                    .ttl(Duration::from_secs(10))
+                    .lease(Duration::from_secs(10))
+                    .renew(false)
                     .wait(Duration::from_secs(120));
                 for _ in 0..n {
                     let guard = lock.acquire().await.unwrap();

@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use fencelock::limits::{MAX_VISIBILITY, MIN_VISIBILITY};
 use fencelock::{Client, DelayQueue, Delivery, Error, ItemId};
 use testkit::RedisServer;
 
@@ -370,20 +371,20 @@ async fn bad_arguments_are_invalid_and_send_nothing() {
         Err(Error::InvalidArgument { .. }) => {}
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
     };
-    let huge = vec![0u8; DelayQueue::MAX_PAYLOAD + 1];
+    let huge = vec![0u8; fencelock::limits::MAX_PAYLOAD + 1];
     invalid(
         q.push(&huge, Duration::ZERO).await.map(drop),
         "huge payload",
     );
     invalid(
-        q.push("x", DelayQueue::MAX_DELAY + Duration::from_millis(1))
+        q.push("x", fencelock::limits::MAX_DELAY + Duration::from_millis(1))
             .await
             .map(drop),
         "long delay",
     );
     invalid(q.take(Duration::ZERO).await.map(drop), "zero visibility");
     invalid(
-        q.take(DelayQueue::MAX_VISIBILITY + SEC).await.map(drop),
+        q.take(MAX_VISIBILITY + SEC).await.map(drop),
         "long visibility",
     );
     let client = Client::connect(&r.url()).await.unwrap();
@@ -393,14 +394,16 @@ async fn bad_arguments_are_invalid_and_send_nothing() {
     assert_eq!(int(&r, &["DBSIZE"]), 0, "nothing was written");
 
     // The limits themselves are accepted.
-    let max = vec![7u8; DelayQueue::MAX_PAYLOAD];
-    q.push(&max, DelayQueue::MAX_DELAY).await.unwrap();
+    let max = vec![7u8; fencelock::limits::MAX_PAYLOAD];
+    q.push(&max, fencelock::limits::MAX_DELAY).await.unwrap();
     q.push("x", Duration::ZERO).await.unwrap();
-    let mut d = q.take(DelayQueue::MAX_VISIBILITY).await.unwrap().unwrap();
+    let mut d = q.take(MAX_VISIBILITY).await.unwrap().unwrap();
     invalid(d.extend(Duration::ZERO).await.map(drop), "zero extend");
-    assert!(d.extend(DelayQueue::MIN_VISIBILITY).await.unwrap());
+    assert!(d.extend(MIN_VISIBILITY).await.unwrap());
     invalid(
-        d.retry_after(DelayQueue::MAX_DELAY + SEC).await.map(drop),
+        d.retry_after(fencelock::limits::MAX_DELAY + SEC)
+            .await
+            .map(drop),
         "long retry delay",
     );
 }

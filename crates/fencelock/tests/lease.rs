@@ -58,14 +58,14 @@ async fn a_renewed_lease_outlives_its_length_while_the_guard_lives() {
     while started.elapsed() < Duration::from_secs(10) {
         assert_eq!(
             r.cmd(&["GET", "fencelock:{long}"]).as_str(),
-            Some(guard.owner_token().as_str()),
+            Some(guard.holder_token().as_str()),
             "still ours after {:?}",
             started.elapsed()
         );
         assert!(pttl(&r, "fencelock:{long}") > 0);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    assert!(guard.loss().is_none());
+    assert!(guard.loss_cause().is_none());
     assert!(
         guard.valid_until() > first_valid_until + Duration::from_secs(7),
         "renewals moved valid_until"
@@ -125,7 +125,7 @@ async fn deleting_or_overwriting_the_key_fires_the_loss_signal_within_one_renewa
             "{how}: {:?}",
             changed.elapsed()
         );
-        assert_eq!(guard.loss(), Some(expected));
+        assert_eq!(guard.loss_cause(), Some(expected));
         assert!(matches!(
             guard.release().await,
             Err(Error::LeaseLost { .. })
@@ -292,7 +292,7 @@ async fn ten_thousand_leases_are_renewed_in_batches() {
         Some(2 * n as i64),
         "a lease ran out"
     );
-    assert!(guards.iter().all(|g| g.loss().is_none()));
+    assert!(guards.iter().all(|g| g.loss_cause().is_none()));
     // The watchdog ticks every sixth of the lease; each tick costs one call per batch
     // of up to 1,000 due leases. The promise is at most one call per 100 leases a tick.
     let ticks = (window.as_secs_f64() / (lease.as_secs_f64() / 6.0)).ceil() as i64 + 1;
@@ -401,7 +401,7 @@ async fn an_extend_to_a_shorter_ttl_is_renewed_before_it_runs_out() {
         || pttl(&r, "fencelock:{shortened}") > 1000,
     )
     .await;
-    assert_eq!(guard.loss(), None);
+    assert_eq!(guard.loss_cause(), None);
     guard.release().await.unwrap();
 }
 

@@ -25,7 +25,7 @@ async fn acquire_and_release_round_trip() {
     assert_eq!(guard.name(), "stock:42");
     assert_eq!(
         r.cmd(&["GET", "fencelock:{stock:42}"]).as_str(),
-        Some(guard.owner_token().as_str()),
+        Some(guard.holder_token().as_str()),
         "the key holds this guard's owner token"
     );
     assert_eq!(
@@ -41,7 +41,7 @@ async fn acquire_and_release_round_trip() {
         guard.fencing_token() > first,
         "tokens increase across holders"
     );
-    assert_ne!(guard.owner_token().as_str(), "", "owner token present");
+    assert_ne!(guard.holder_token().as_str(), "", "owner token present");
     guard.release().await.unwrap();
 }
 
@@ -69,13 +69,16 @@ async fn held_lock_fails_fast_with_the_remaining_ttl() {
     let c = client(&r).await;
     let holder = c
         .lock("h")
-        .ttl(Duration::from_secs(20))
+        .lease(Duration::from_secs(20))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
     let err = c.lock("h").try_acquire().await.unwrap_err();
     match &err {
-        Error::Held { name, blocked_by } => {
+        Error::Held {
+            name, blocked_by, ..
+        } => {
             assert_eq!(name, "h");
             let rem = blocked_by
                 .remaining()
@@ -160,18 +163,18 @@ async fn a_wait_that_runs_out_reports_how_long_it_waited() {
         .unwrap_err();
     let elapsed = started.elapsed();
     match err {
-        Error::WaitTimedOut {
+        Error::Held {
             waited, blocked_by, ..
         } => {
             assert!(waited >= Duration::from_millis(300), "{waited:?}");
             assert!(blocked_by.remaining().is_some());
         }
-        other => panic!("expected WaitTimedOut, got {other:?}"),
+        other => panic!("expected Held after the wait, got {other:?}"),
     }
     assert!(elapsed >= Duration::from_millis(300));
     assert_eq!(
         r.cmd(&["GET", "fencelock:{t}"]).as_str(),
-        Some(holder.owner_token().as_str()),
+        Some(holder.holder_token().as_str()),
         "the holder's key is untouched"
     );
     holder.release().await.unwrap();
@@ -183,7 +186,13 @@ async fn valid_until_is_measured_from_before_the_acquire_was_sent() {
     let c = client(&r).await;
     let ttl = Duration::from_secs(10);
     let before = Instant::now();
-    let guard = c.lock("v").ttl(ttl).try_acquire().await.unwrap();
+    let guard = c
+        .lock("v")
+        .lease(ttl)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
     let after = Instant::now();
     let drift = ttl / 100 + Duration::from_millis(2);
     assert!(guard.valid_until() >= before + ttl - drift);
@@ -198,7 +207,8 @@ async fn extend_prolongs_only_a_lease_still_held() {
     let c = client(&r).await;
     let mut g = c
         .lock("e")
-        .ttl(Duration::from_secs(2))
+        .lease(Duration::from_secs(2))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -209,7 +219,7 @@ async fn extend_prolongs_only_a_lease_still_held() {
     assert!(pttl > 29_000, "PTTL {pttl}");
     assert!(matches!(
         g.extend(Duration::ZERO).await,
-        Err(Error::InvalidArgument { what: "TTL", .. })
+        Err(Error::InvalidArgument { what: "lease", .. })
     ));
 
     // Deleted from outside: the lease is lost and extend does not re-create the key.
@@ -253,7 +263,8 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
     let c = client(&r).await;
     let g = c
         .lock("x")
-        .ttl(Duration::from_millis(50))
+        .lease(Duration::from_millis(50))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -272,7 +283,8 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
 
     let g = c
         .lock("x")
-        .ttl(Duration::from_millis(50))
+        .lease(Duration::from_millis(50))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -298,7 +310,7 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
     );
     assert_eq!(
         r.cmd(&["GET", key]).as_str(),
-        Some(next.owner_token().as_str()),
+        Some(next.holder_token().as_str()),
         "the next holder's lock survives the late release"
     );
     next.release().await.unwrap();
@@ -310,7 +322,8 @@ async fn dropping_a_guard_releases_in_the_background() {
     let c = client(&r).await;
     let g = c
         .lock("d")
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -330,7 +343,8 @@ fn dropping_a_guard_outside_a_runtime_does_not_panic() {
     let g = rt.block_on(async {
         let c = Client::connect(&r.url()).await.unwrap();
         c.lock("n")
-            .ttl(Duration::from_millis(200))
+            .lease(Duration::from_millis(200))
+            .renew(false)
             .try_acquire()
             .await
             .unwrap()
@@ -363,7 +377,7 @@ async fn a_cancelled_wait_leaves_nothing_behind() {
     );
     assert_eq!(
         r.cmd(&["GET", "fencelock:{c}"]).as_str(),
-        Some(holder.owner_token().as_str())
+        Some(holder.holder_token().as_str())
     );
     holder.release().await.unwrap();
 }
@@ -383,7 +397,11 @@ async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
         .await
         .unwrap(); // scripts loaded
     r.pause();
-    let attempt = c.lock("f").ttl(Duration::from_secs(60)).try_acquire();
+    let attempt = c
+        .lock("f")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire();
     let cancelled = tokio::time::timeout(Duration::from_millis(100), attempt).await;
     assert!(cancelled.is_err(), "no reply while Redis is paused");
     r.resume();
@@ -422,7 +440,8 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
     let started = Instant::now();
     let err = c
         .lock("p")
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap_err();
@@ -466,7 +485,8 @@ async fn a_grant_that_arrives_after_its_lease_is_refused() {
     });
     let err = c
         .lock("slow")
-        .ttl(Duration::from_millis(200))
+        .lease(Duration::from_millis(200))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap_err();
@@ -480,7 +500,8 @@ async fn a_grant_that_arrives_after_its_lease_is_refused() {
     // A lease longer than the round trip is granted through the same slow link.
     let g = c
         .lock("slow")
-        .ttl(Duration::from_secs(2))
+        .lease(Duration::from_secs(2))
+        .renew(false)
         .wait(Duration::from_secs(2))
         .acquire()
         .await
@@ -529,7 +550,7 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
     );
     assert_eq!(
         r.cmd(&["GET", "fencelock:{i}"]).as_str(),
-        Some(guard.owner_token().as_str())
+        Some(guard.holder_token().as_str())
     );
     guard.release().await.unwrap();
 }
@@ -544,17 +565,22 @@ async fn bad_lock_arguments_are_invalid_and_send_nothing() {
         ("empty name", c.lock(""), "lock name"),
         ("open brace", c.lock("a{b"), "lock name"),
         ("close brace", c.lock("a}b"), "lock name"),
-        ("zero TTL", c.lock("ok").ttl(Duration::ZERO), "TTL"),
+        (
+            "zero TTL",
+            c.lock("ok").lease(Duration::ZERO).renew(false),
+            "lease",
+        ),
         (
             "sub-ms TTL",
-            c.lock("ok").ttl(Duration::from_micros(500)),
-            "TTL",
+            c.lock("ok").lease(Duration::from_micros(500)).renew(false),
+            "lease",
         ),
         (
             "TTL above max",
             c.lock("ok")
-                .ttl(fencelock::MAX_TTL + Duration::from_millis(1)),
-            "TTL",
+                .lease(fencelock::limits::MAX_LEASE + Duration::from_millis(1))
+                .renew(false),
+            "lease",
         ),
         (
             "bad backoff",
@@ -573,9 +599,10 @@ async fn bad_lock_arguments_are_invalid_and_send_nothing() {
     }
     assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(0), "nothing was written");
     // The edges are accepted.
-    for ttl in [fencelock::MIN_TTL, fencelock::MAX_TTL] {
+    for ttl in [fencelock::limits::MIN_LEASE, fencelock::limits::MAX_LEASE] {
         c.lock("ok")
-            .ttl(ttl)
+            .lease(ttl)
+            .renew(false)
             .try_acquire()
             .await
             .unwrap()

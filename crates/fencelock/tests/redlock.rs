@@ -31,13 +31,14 @@ async fn acquires_with_two_of_five_nodes_killed_or_paused() {
     servers[1].kill();
     let g = c
         .lock("rl")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .expect("3 of 5 suffice");
     let held = servers[2..]
         .iter()
-        .filter(|r| holds(r, g.owner_token().as_str()))
+        .filter(|r| holds(r, g.holder_token().as_str()))
         .count();
     assert_eq!(held, 3);
     g.release().await.unwrap();
@@ -55,7 +56,8 @@ async fn acquires_with_two_of_five_nodes_killed_or_paused() {
     let started = Instant::now();
     let g = c
         .lock("rl")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .expect("3 of 5 suffice");
@@ -78,7 +80,8 @@ async fn fails_with_three_of_five_down_naming_each_node() {
     let started = Instant::now();
     let err = c
         .lock("rl")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap_err();
@@ -155,7 +158,13 @@ async fn crash_restart_scenario(
     // A lease no longer than the quarantine: restart protection waits out the longest
     // lease in use, so the quarantine is max(configured, TTL).
     let ttl = Duration::from_secs(2);
-    let held_by_a = a.lock("rl").ttl(ttl).try_acquire().await.unwrap();
+    let held_by_a = a
+        .lock("rl")
+        .lease(ttl)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
     servers[3].cmd(&["DEL", KEY]);
     servers[4].cmd(&["DEL", KEY]);
     servers[2].kill();
@@ -163,7 +172,7 @@ async fn crash_restart_scenario(
     // B first meets node 2 after its restart (a client connected before would see one
     // broken connection there first).
     let b = redlock(&servers, protection).await;
-    let b_result = b.lock("rl").ttl(ttl).try_acquire().await;
+    let b_result = b.lock("rl").lease(ttl).renew(false).try_acquire().await;
     (b_result, held_by_a, servers)
 }
 
@@ -176,8 +185,8 @@ async fn without_restart_protection_a_crash_restart_gives_two_holders() {
         "both leases run at once"
     );
     assert_ne!(
-        a.owner_token(),
-        b.owner_token(),
+        a.holder_token(),
+        b.holder_token(),
         "two holders of one lock at once"
     );
 }
@@ -210,7 +219,8 @@ async fn fencing_tokens_increase_across_a_thousand_handoffs_with_wipes() {
         }
         let g = c
             .lock("rl")
-            .ttl(Duration::from_secs(5))
+            .lease(Duration::from_secs(5))
+            .renew(false)
             .try_acquire()
             .await
             .unwrap();
@@ -227,11 +237,12 @@ async fn an_extend_that_misses_quorum_once_releases_nothing() {
     let c = redlock(&servers, None).await;
     let mut g = c
         .lock("rl")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
-    let token = g.owner_token().as_str().to_owned();
+    let token = g.holder_token().as_str().to_owned();
     for s in &mut servers[..3] {
         s.pause();
     }
@@ -243,7 +254,7 @@ async fn an_extend_that_misses_quorum_once_releases_nothing() {
         matches!(missed, Err(Error::Unavailable { .. })),
         "{missed:?}"
     );
-    assert!(g.loss().is_none(), "not counted as lost");
+    assert!(g.loss_cause().is_none(), "not counted as lost");
     assert!(
         servers.iter().all(|s| holds(s, &token)),
         "still held on every node"
@@ -280,15 +291,17 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
     servers[4].pause();
     let ga = a
         .lock("rl")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
-    let a_token = ga.owner_token().as_str().to_owned();
+    let a_token = ga.holder_token().as_str().to_owned();
     ga.release().await.unwrap();
     let gb = b
         .lock("rl")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -309,13 +322,13 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
     let late = servers[4].cmd(&["GET", KEY]);
     assert_ne!(late.as_str(), Some(a_token.as_str()), "never A's token");
     assert!(
-        late.is_nil() || late.as_str() == Some(gb.owner_token().as_str()),
+        late.is_nil() || late.as_str() == Some(gb.holder_token().as_str()),
         "{late:?}"
     );
     assert!(
         servers[..4]
             .iter()
-            .all(|s| holds(s, gb.owner_token().as_str())),
+            .all(|s| holds(s, gb.holder_token().as_str())),
         "B's majority intact"
     );
     gb.release().await.unwrap();
@@ -332,13 +345,15 @@ async fn a_redlock_waiter_is_woken_by_the_release() {
     let c = redlock(&servers, None).await;
     let holder = c
         .lock("rl")
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
     let waiter = tokio::spawn(
         c.lock("rl")
-            .ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(60))
+            .renew(false)
             .wait(Duration::from_secs(30))
             .acquire(),
     );
@@ -371,8 +386,8 @@ async fn a_renewed_redlock_lease_outlives_its_length() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(g.loss().is_none());
-    assert!(servers.iter().all(|s| holds(s, g.owner_token().as_str())));
+    assert!(g.loss_cause().is_none());
+    assert!(servers.iter().all(|s| holds(s, g.holder_token().as_str())));
     g.release().await.unwrap();
 }
 
@@ -400,7 +415,7 @@ async fn redlock_settings_are_checked() {
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
-        c.lock("x").owner("me").try_acquire().await,
+        c.lock("x").reentrant("me").try_acquire().await,
         Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
@@ -477,7 +492,8 @@ async fn a_release_with_a_stopped_minority_takes_no_longer_than_the_node_timeout
         .unwrap();
     let guard = c
         .lock("rl")
-        .ttl(Duration::from_secs(2))
+        .lease(Duration::from_secs(2))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();

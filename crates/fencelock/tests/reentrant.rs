@@ -20,13 +20,13 @@ async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_i
 
     let first = service_a
         .lock("order:7")
-        .owner("job-42")
+        .reentrant("job-42")
         .try_acquire()
         .await
         .unwrap();
     let second = service_b
         .lock("order:7")
-        .owner("job-42")
+        .reentrant("job-42")
         .try_acquire()
         .await
         .unwrap();
@@ -42,7 +42,11 @@ async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_i
 
     // Another owner, and a plain caller, find it held.
     assert!(matches!(
-        other.lock("order:7").owner("job-43").try_acquire().await,
+        other
+            .lock("order:7")
+            .reentrant("job-43")
+            .try_acquire()
+            .await,
         Err(Error::Held { .. })
     ));
     assert!(matches!(
@@ -53,7 +57,7 @@ async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_i
     let waiter = tokio::spawn(
         other
             .lock("order:7")
-            .owner("job-43")
+            .reentrant("job-43")
             .wait(Duration::from_secs(10))
             .acquire(),
     );
@@ -77,8 +81,8 @@ async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_i
 async fn a_dropped_hold_gives_its_hold_back() {
     let r = RedisServer::start();
     let c = Client::connect(&r.url()).await.unwrap();
-    let outer = c.lock("d").owner("me").try_acquire().await.unwrap();
-    let inner = c.lock("d").owner("me").try_acquire().await.unwrap();
+    let outer = c.lock("d").reentrant("me").try_acquire().await.unwrap();
+    let inner = c.lock("d").reentrant("me").try_acquire().await.unwrap();
     drop(inner);
     c.flush().await;
     assert_eq!(
@@ -97,14 +101,14 @@ async fn the_watchdog_renews_a_reentrant_lease() {
     let c = Client::connect(&r.url()).await.unwrap();
     let g = c
         .lock("w")
-        .owner("me")
+        .reentrant("me")
         .lease(Duration::from_millis(600))
         .try_acquire()
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await; // 2.5 leases
     assert!(exists(&r, "fencelock:{w}"), "renewed by owner id");
-    assert!(g.loss().is_none());
+    assert!(g.loss_cause().is_none());
     g.release().await.unwrap();
     assert!(!exists(&r, "fencelock:{w}"));
 }
@@ -114,10 +118,10 @@ async fn bad_reentrant_arguments_are_invalid() {
     let r = RedisServer::start();
     let c = Client::connect(&r.url()).await.unwrap();
     for (case, lock) in [
-        ("fair and reentrant", c.lock("x").owner("me").fair()),
-        ("empty owner", c.lock("x").owner("")),
-        ("control character", c.lock("x").owner("a\nb")),
-        ("too long", c.lock("x").owner("o".repeat(257))),
+        ("fair and reentrant", c.lock("x").reentrant("me").fair()),
+        ("empty owner", c.lock("x").reentrant("")),
+        ("control character", c.lock("x").reentrant("a\nb")),
+        ("too long", c.lock("x").reentrant("o".repeat(257))),
     ] {
         assert!(
             matches!(lock.try_acquire().await, Err(Error::InvalidArgument { .. })),

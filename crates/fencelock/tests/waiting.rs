@@ -49,7 +49,13 @@ fn helper_process() {
     rt.block_on(async {
         let c = Client::connect(url).await.unwrap();
         let guard = match mode {
-            "hold" => c.lock(name).ttl(arg).try_acquire().await.unwrap(),
+            "hold" => c
+                .lock(name)
+                .lease(arg)
+                .renew(false)
+                .try_acquire()
+                .await
+                .unwrap(),
             "fair-wait" => c
                 .lock(name)
                 .waiter_timeout(arg)
@@ -71,7 +77,8 @@ async fn a_release_wakes_the_waiter_at_once() {
     // A long lease: only the release message can end this wait quickly.
     let holder = c
         .lock("n")
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -99,12 +106,22 @@ async fn a_release_sets_off_one_attempt_not_one_per_waiter() {
     // Long fixed leases: no waiter's lease-bound timer runs out during the test, and no
     // watchdog sends renewals, so every script call is an attempt or a release.
     let ttl = Duration::from_secs(60);
-    let holder = c.lock("herd").ttl(ttl).try_acquire().await.unwrap();
+    let holder = c
+        .lock("herd")
+        .lease(ttl)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
     let n: u64 = 20;
     let before_waiters = r.script_calls();
     let mut waiters = Vec::new();
     for _ in 0..n {
-        let lock = c.lock("herd").ttl(ttl).wait(Duration::from_secs(30));
+        let lock = c
+            .lock("herd")
+            .lease(ttl)
+            .renew(false)
+            .wait(Duration::from_secs(30));
         waiters.push(tokio::spawn(async move {
             lock.acquire().await.unwrap().release().await.unwrap();
         }));
@@ -141,9 +158,26 @@ async fn a_woken_waiter_dropped_before_its_attempt_hands_the_wake_on() {
     // Load the scripts first, so that the counts below are of script runs only.
     let warm_up = other.lock("warm-up").try_acquire().await.unwrap();
     warm_up.release().await.unwrap();
-    let holder = other.lock("baton").ttl(ttl).try_acquire().await.unwrap();
-    let _probe_holder = other.lock("probe").ttl(ttl).try_acquire().await.unwrap();
-    let waiting = |name: &str| c.lock(name).ttl(ttl).wait(Duration::from_secs(30));
+    let holder = other
+        .lock("baton")
+        .lease(ttl)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let _probe_holder = other
+        .lock("probe")
+        .lease(ttl)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiting = |name: &str| {
+        c.lock(name)
+            .lease(ttl)
+            .renew(false)
+            .wait(Duration::from_secs(30))
+    };
 
     // The first waiter's future is polled only until it waits, then never again: it
     // stands for a task that is woken but cancelled before it runs.
@@ -203,8 +237,9 @@ async fn waiters_of_one_owner_all_get_the_lock_at_the_release() {
     // quickly, and one message wakes one waiter per owner.
     let holder = c
         .lock("shared")
-        .owner("other-job")
-        .ttl(Duration::from_secs(60))
+        .reentrant("other-job")
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -212,8 +247,9 @@ async fn waiters_of_one_owner_all_get_the_lock_at_the_release() {
     for _ in 0..3 {
         let lock = c
             .lock("shared")
-            .owner("job-7")
-            .ttl(Duration::from_secs(60))
+            .reentrant("job-7")
+            .lease(Duration::from_secs(60))
+            .renew(false)
             .wait(Duration::from_secs(30));
         // Each keeps its hold: all three are held together once the other job left.
         waiters.push(tokio::spawn(async move { lock.acquire().await.unwrap() }));
@@ -244,11 +280,21 @@ async fn waiters_survive_their_subscription_being_killed() {
     let r = RedisServer::start();
     let c = Client::connect(&r.url()).await.unwrap();
     let ttl = Duration::from_secs(2);
-    let holder = c.lock("k").ttl(ttl).try_acquire().await.unwrap();
+    let holder = c
+        .lock("k")
+        .lease(ttl)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
     let acquired = Arc::new(Mutex::new(0usize));
     let mut waiters = Vec::new();
     for _ in 0..20 {
-        let lock = c.lock("k").ttl(ttl).wait(Duration::from_secs(30));
+        let lock = c
+            .lock("k")
+            .lease(ttl)
+            .renew(false)
+            .wait(Duration::from_secs(30));
         let acquired = acquired.clone();
         waiters.push(tokio::spawn(async move {
             let g = lock.acquire().await.unwrap();
@@ -367,7 +413,7 @@ async fn a_wait_that_times_out_in_fair_mode_leaves_the_queue() {
         .acquire()
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::WaitTimedOut { .. }), "{err:?}");
+    assert!(matches!(err, Error::Held { .. }), "{err:?}");
     assert_eq!(
         llen(&r, "fencelock:{ft}:queue"),
         0,
@@ -387,7 +433,8 @@ async fn fair_mode_serves_fifty_waiters_in_arrival_order() {
     let holder = clients[0]
         .lock("q")
         .fair()
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -397,7 +444,8 @@ async fn fair_mode_serves_fifty_waiters_in_arrival_order() {
         let lock = clients[i % 3]
             .lock("q")
             .fair()
-            .ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(60))
+            .renew(false)
             .wait(Duration::from_secs(60));
         let order = order.clone();
         waiters.push(tokio::spawn(async move {
@@ -452,7 +500,8 @@ async fn a_crashed_head_waiter_delays_the_queue_by_at_most_its_timeout() {
     let holder = c
         .lock("h")
         .fair()
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -498,7 +547,8 @@ async fn deleting_a_fair_lock_by_hand_does_not_stall_the_queue() {
     let holder = c
         .lock("del")
         .fair()
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -531,7 +581,8 @@ async fn a_killed_subscription_is_restored_and_wakes_waiters_again() {
     // A long lease: if notifications were not restored, waiters would sit out 10 s.
     let holder = c
         .lock("re")
-        .ttl(Duration::from_secs(10))
+        .lease(Duration::from_secs(10))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();
@@ -631,7 +682,7 @@ async fn dropped_clients_that_waited_close_their_pubsub_connections() {
             .acquire()
             .await
             .unwrap_err();
-        assert!(matches!(err, Error::WaitTimedOut { .. }), "{err:?}");
+        assert!(matches!(err, Error::Held { .. }), "{err:?}");
         clients.push(c);
     }
     eventually("each waiter unsubscribed", Duration::from_secs(5), || {
@@ -656,7 +707,8 @@ async fn the_queue_keys_of_crashed_waiters_expire_by_themselves() {
     let _holder = c
         .lock("q")
         .fair()
-        .ttl(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
         .try_acquire()
         .await
         .unwrap();

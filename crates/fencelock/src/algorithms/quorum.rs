@@ -27,7 +27,7 @@ use crate::backend::Node;
 use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport};
 use crate::keys::LockKeys;
 use crate::scripts::{self, AcquireReply, OwnedReply, QuorumReply};
-use crate::token::{FencingToken, OwnerToken};
+use crate::token::{FencingToken, HolderToken};
 
 /// Redlock settings of a client.
 #[derive(Clone, Debug)]
@@ -67,7 +67,7 @@ pub(crate) async fn try_acquire(
     nodes: &[Node],
     config: &Quorum,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
 ) -> Result<QuorumAttempt, Error> {
     let within = config.node_timeout(ttl);
@@ -207,7 +207,7 @@ pub(crate) async fn release_everywhere(
     config: &Quorum,
     ttl: Duration,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     fence: u64,
 ) -> Vec<Result<OwnedReply, Error>> {
     let within = config.node_timeout(ttl);
@@ -222,7 +222,7 @@ pub(crate) async fn release(
     ttl: Duration,
     name: &str,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     fence: FencingToken,
 ) -> Result<(), Error> {
     let answers = release_everywhere(nodes, config, ttl, keys, token, fence.get()).await;
@@ -236,7 +236,7 @@ pub(crate) async fn extend(
     config: &Quorum,
     name: &str,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
 ) -> Result<(Instant, Instant), Error> {
     let within = config.node_timeout(ttl);

@@ -5,6 +5,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::error::Error;
+use crate::limits::{DEFAULT_RETRY_MAX, DEFAULT_RETRY_MIN, MAX_RETRY_DELAY};
 
 /// The pause between attempts of a waiting acquire: exponential backoff with full
 /// jitter, so waiters that collided once spread out instead of colliding again.
@@ -19,25 +20,20 @@ pub struct Retry {
 }
 
 impl Retry {
-    /// The longest pause accepted.
-    pub const MAX_DELAY: Duration = Duration::from_secs(60);
-
     /// A backoff between `min` and `max`. Checked when the lock is acquired: `min` must
-    /// be at least 1 ms and at most `max`, and `max` at most [`Retry::MAX_DELAY`].
+    /// be at least 1 ms and at most `max`, and `max` at most [`MAX_RETRY_DELAY`].
     pub const fn backoff(min: Duration, max: Duration) -> Self {
         Self { min, max }
     }
 
     pub(crate) fn validate(&self) -> Result<(), Error> {
-        if self.min < Duration::from_millis(1) || self.min > self.max || self.max > Self::MAX_DELAY
+        if self.min < Duration::from_millis(1) || self.min > self.max || self.max > MAX_RETRY_DELAY
         {
             return Err(Error::invalid(
                 "retry backoff",
                 format!(
                     "min {:?} and max {:?} must satisfy 1ms <= min <= max <= {:?}",
-                    self.min,
-                    self.max,
-                    Self::MAX_DELAY
+                    self.min, self.max, MAX_RETRY_DELAY
                 ),
             ));
         }
@@ -56,7 +52,7 @@ impl Retry {
 
 impl Default for Retry {
     fn default() -> Self {
-        Self::backoff(Duration::from_millis(5), Duration::from_millis(100))
+        Self::backoff(DEFAULT_RETRY_MIN, DEFAULT_RETRY_MAX)
     }
 }
 

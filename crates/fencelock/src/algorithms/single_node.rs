@@ -7,7 +7,7 @@ use crate::backend::Node;
 use crate::error::{Blocker, Error, LossCause, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::scripts::{self, AcquireReply, OwnedReply};
-use crate::token::{FencingToken, OwnerToken};
+use crate::token::{FencingToken, HolderToken};
 
 /// Plain locks let any caller take a free lock; fair locks serve waiters in arrival
 /// order.
@@ -26,7 +26,7 @@ pub(crate) enum Mode {
 
 impl Mode {
     /// What the key holds while this mode holds the lock: renewals compare against it.
-    pub fn holder_id<'a>(&'a self, token: &'a OwnerToken) -> &'a str {
+    pub fn holder_id<'a>(&'a self, token: &'a HolderToken) -> &'a str {
         match self {
             Mode::Reentrant { owner } => owner,
             _ => token.as_str(),
@@ -64,7 +64,7 @@ pub(crate) fn lease_end(sent_at: Instant, ttl: Duration) -> Instant {
 pub(crate) async fn try_acquire(
     node: &Node,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     ttl: Duration,
     mode: &Mode,
     join: bool,
@@ -99,6 +99,7 @@ pub(crate) async fn try_acquire(
                         (now - sent_at).as_millis(),
                         ttl.as_millis()
                     ),
+                    source: None,
                 });
             }
             Ok(Attempt::Acquired {
@@ -151,7 +152,7 @@ pub(crate) async fn release(
     node: &Node,
     name: &str,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     mode: &Mode,
 ) -> Result<(), Error> {
     let invocation = match mode {
@@ -168,7 +169,7 @@ pub(crate) async fn release(
 pub(crate) async fn abandon(
     node: &Node,
     keys: &LockKeys,
-    token: &OwnerToken,
+    token: &HolderToken,
     mode: &Mode,
 ) -> Result<(), Error> {
     match mode {

@@ -3,7 +3,7 @@
 //!
 //! One task per client serves every lease. It wakes on a fixed tick (a sixth of the
 //! shortest renewed lease) and renews, in batches, every lease that falls due before the
-//! next tick: one `renew.lua` call per node carries up to [`BATCH`] leases, so 100,000
+//! next tick: one `renew.lua` call per node carries up to [`RENEWAL_BATCH`] leases, so 100,000
 //! held locks cost about 100 calls per renewal round. A lease is renewed once a third of
 //! its length has passed since the last renewal was sent (up to one tick earlier); a
 //! failed renewal is retried on the next tick. A guard that is released or dropped
@@ -33,10 +33,8 @@ use crate::algorithms::quorum::{self, Quorum};
 use crate::algorithms::single_node::lease_end;
 use crate::backend::Node;
 use crate::error::LossCause;
+use crate::limits::RENEWAL_BATCH;
 use crate::scripts;
-
-/// Leases per `renew.lua` call.
-pub(crate) const BATCH: usize = 1000;
 
 /// The watchdog of one client.
 #[derive(Clone)]
@@ -361,7 +359,7 @@ async fn run(weak: Weak<Inner>) {
             leases.next_wake = Some(wake);
         }
         while !due.is_empty() {
-            let batch: Vec<_> = due.drain(..due.len().min(BATCH)).collect();
+            let batch: Vec<_> = due.drain(..due.len().min(RENEWAL_BATCH)).collect();
             tokio::spawn(renew(inner.clone(), batch));
         }
         // Holding `inner` while asleep is fine: the task ends once no lease is left.
