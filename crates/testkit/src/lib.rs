@@ -18,6 +18,14 @@
 //! assert!(server.cmd(&["GET", "k"]).is_nil());
 //! ```
 //!
+//! Shortcuts read state for assertions ([`RedisServer::exists`],
+//! [`pttl`](RedisServer::pttl), [`get`](RedisServer::get),
+//! [`server_time`](RedisServer::server_time),
+//! [`info_field`](RedisServer::info_field),
+//! [`connected_clients`](RedisServer::connected_clients)), and [`eventually`]
+//! polls, bounded, for state that no event announces (a server-side count, a
+//! client's statistics).
+//!
 //! [`FaultProxy`] sits between a client and a server and injects network
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
 //! (client, node) link composes into partitions, see [`proxy`].
@@ -47,7 +55,9 @@ pub mod monitor;
 pub mod proxy;
 mod resp;
 mod server;
+mod wait;
 
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
 pub use server::{RedisServer, ServerBuilder, free_port};
+pub use wait::eventually;

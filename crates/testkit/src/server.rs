@@ -344,6 +344,114 @@ impl RedisServer {
         if auth.is_error() { auth } else { reply }
     }
 
+    /// Whether `key` exists (`EXISTS key`).
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd), and if the reply is not `0` or `1` (for
+    /// example `NOAUTH` on a server with a password).
+    pub fn exists(&self, key: &str) -> bool {
+        match self.cmd(&["EXISTS", key]) {
+            Reply::Int(0) => false,
+            Reply::Int(1) => true,
+            other => self.reply_panic(&["EXISTS", key], &other),
+        }
+    }
+
+    /// The raw `PTTL key` reply: the remaining time to live in milliseconds,
+    /// `-2` if the key does not exist, `-1` if it exists without an expiry.
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd), and if the reply is not an integer.
+    pub fn pttl(&self, key: &str) -> i64 {
+        match self.cmd(&["PTTL", key]) {
+            Reply::Int(ms) => ms,
+            other => self.reply_panic(&["PTTL", key], &other),
+        }
+    }
+
+    /// The string value of `key` (`GET key`); `None` if the key does not
+    /// exist.
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd), on an error reply (e.g. `WRONGTYPE` for a key
+    /// that holds no string), and on a value that is not UTF-8 (read those
+    /// with `cmd(&["GET", key])` and [`Reply::as_bytes`]).
+    pub fn get(&self, key: &str) -> Option<String> {
+        match self.cmd(&["GET", key]) {
+            Reply::Bulk(None) => None,
+            Reply::Bulk(Some(value)) => match String::from_utf8(value) {
+                Ok(value) => Some(value),
+                Err(e) => self.reply_panic(&["GET", key], &Reply::Bulk(Some(e.into_bytes()))),
+            },
+            other => self.reply_panic(&["GET", key], &other),
+        }
+    }
+
+    /// The server's clock from `TIME`: the time since the Unix epoch, with
+    /// microsecond precision. It is the clock of the server's expiries and of
+    /// its `MONITOR` lines (see [`monitor`](crate::monitor)); on this machine it
+    /// is the local wall clock.
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd), and if the reply is not two non-negative
+    /// integers (seconds, microseconds).
+    pub fn server_time(&self) -> Duration {
+        let reply = self.cmd(&["TIME"]);
+        let parts = reply.as_array().map(|p| {
+            p.iter()
+                .map(|r| r.as_int().and_then(|n| u64::try_from(n).ok()))
+                .collect::<Vec<_>>()
+        });
+        match parts.as_deref() {
+            Some(&[Some(secs), Some(micros)]) if micros < 1_000_000 => {
+                Duration::from_secs(secs) + Duration::from_micros(micros)
+            }
+            _ => self.reply_panic(&["TIME"], &reply),
+        }
+    }
+
+    /// One field of `INFO <section>`, e.g. `info_field("stats",
+    /// "expired_keys")` or `info_field("clients", "connected_clients")`: the
+    /// text after `field:` on its line, `None` if the section has no such
+    /// field (or there is no such section: the server then answers with an
+    /// empty text).
+    ///
+    /// For state that no event announces (a server-side count, a client's
+    /// statistics), poll it with [`eventually`](crate::eventually).
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd), and if the reply is not the text of an `INFO`
+    /// section (an error reply such as `NOAUTH`): an unreadable reply must
+    /// not pass for a missing field.
+    pub fn info_field(&self, section: &str, field: &str) -> Option<String> {
+        info_value(&self.info(section), field).map(str::to_owned)
+    }
+
+    /// The number of clients connected to the server, from `INFO clients`
+    /// (`connected_clients`). It counts the connection this call opens
+    /// itself, so an otherwise idle server reports 1; a connection closed just
+    /// before (an earlier [`cmd`](Self::cmd)) may still be counted for a
+    /// moment, until the server has seen it close.
+    ///
+    /// For state that no event announces (a server-side count, a client's
+    /// statistics), poll it with [`eventually`](crate::eventually).
+    ///
+    /// # Panics
+    /// As [`info_field`](Self::info_field), and if the field is missing or
+    /// not a number.
+    pub fn connected_clients(&self) -> usize {
+        let value = self.info_field("clients", "connected_clients");
+        value
+            .as_deref()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "testkit: INFO clients on port {}: connected_clients is {value:?}",
+                    self.port
+                )
+            })
+    }
+
     /// Script calls (`EVALSHA` and `EVAL`) the server has run since it started
     /// or since `CONFIG RESETSTAT`, from `INFO commandstats` (`calls`; whether
     /// a rejected call such as `NOSCRIPT` counts depends on the server version,
@@ -352,16 +460,13 @@ impl RedisServer {
     /// # Panics
     /// As [`cmd`](Self::cmd), and if the reply cannot be read as command stats.
     pub fn script_calls(&self) -> u64 {
-        let info = self.cmd(&["INFO", "commandstats"]);
-        // An unreadable reply must not pass for "no calls".
-        let text = info
-            .as_str()
-            .unwrap_or_else(|| panic!("INFO commandstats on port {}: {info:?}", self.port));
-        text.lines()
-            .filter_map(|l| {
-                l.strip_prefix("cmdstat_evalsha:calls=")
-                    .or_else(|| l.strip_prefix("cmdstat_eval:calls="))
-            })
+        // One INFO reply for both counts (a consistent snapshot), read as
+        // `info_field` reads it; an unreadable reply panics in `info`
+        // rather than passing for "no calls".
+        let info = self.info("commandstats");
+        ["cmdstat_evalsha", "cmdstat_eval"]
+            .into_iter()
+            .filter_map(|field| info_value(&info, field)?.strip_prefix("calls="))
             .map(|rest| {
                 let calls = rest.split(',').next().unwrap_or(rest);
                 calls
@@ -404,6 +509,28 @@ impl RedisServer {
         };
         panic!(
             "testkit: command `{}` to redis-server on 127.0.0.1:{} failed: {why}",
+            args.join(" "),
+            self.port
+        )
+    }
+
+    /// The text of `INFO section`.
+    ///
+    /// # Panics
+    /// As [`cmd`](Self::cmd), and if the reply is not text.
+    fn info(&self, section: &str) -> String {
+        let info = self.cmd(&["INFO", section]);
+        // `as_str` is `None` for error replies too.
+        match info.as_str() {
+            Some(text) => text.to_owned(),
+            None => panic!("INFO {section} on port {}: {info:?}", self.port),
+        }
+    }
+
+    /// Panics because `args` got a reply of an unexpected kind.
+    fn reply_panic(&self, args: &[&str], reply: &Reply) -> ! {
+        panic!(
+            "testkit: command `{}` to redis-server on 127.0.0.1:{} answered {reply}",
             args.join(" "),
             self.port
         )
@@ -711,6 +838,15 @@ fn process_state(pid: u32) -> Option<char> {
     // The command name is in parentheses and may contain spaces.
     let after = &stat[stat.rfind(')')? + 1..];
     after.trim_start().chars().next()
+}
+
+/// The value of `field` in the text of an `INFO` reply: what follows
+/// `field:` on its line (`# Section` headers and blank lines never match).
+fn info_value<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        line.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+    })
 }
 
 fn kill_and_reap(child: &mut Child) {

@@ -259,3 +259,183 @@ fn start_failure_panics_with_the_servers_complaint() {
     assert!(msg.contains("did not start"), "{msg}");
     assert!(msg.contains("no-such-option"), "{msg}");
 }
+
+/// The message of a caught panic.
+fn panic_message(err: &(dyn std::any::Any + Send)) -> &str {
+    err.downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| err.downcast_ref::<&str>().copied())
+        .expect("a panic message")
+}
+
+#[test]
+fn exists_pttl_and_get_read_one_key() {
+    let server = RedisServer::start();
+    assert!(!server.exists("k"));
+    assert_eq!(server.pttl("k"), -2);
+    assert_eq!(server.get("k"), None);
+
+    server.cmd(&["SET", "k", "hello world"]);
+    assert!(server.exists("k"));
+    assert_eq!(server.pttl("k"), -1);
+    assert_eq!(server.get("k").as_deref(), Some("hello world"));
+
+    server.cmd(&["PEXPIRE", "k", "60000"]);
+    let pttl = server.pttl("k");
+    assert!((1..=60_000).contains(&pttl), "{pttl}");
+
+    server.cmd(&["SET", "empty", ""]);
+    assert_eq!(server.get("empty").as_deref(), Some(""));
+}
+
+#[test]
+fn get_panics_on_a_key_that_holds_no_text() {
+    let server = RedisServer::start();
+    server.cmd(&["HSET", "h", "f", "v"]);
+    let err = catch_unwind(AssertUnwindSafe(|| server.get("h"))).unwrap_err();
+    let msg = panic_message(&*err);
+    assert!(msg.contains("GET h") && msg.contains("WRONGTYPE"), "{msg}");
+
+    server.cmd(&[
+        "EVAL",
+        "return redis.call('SET', KEYS[1], '\\255')",
+        "1",
+        "bin",
+    ]);
+    assert!(server.exists("bin"));
+    let err = catch_unwind(AssertUnwindSafe(|| server.get("bin"))).unwrap_err();
+    let msg = panic_message(&*err);
+    assert!(msg.contains("GET bin") && msg.contains("\\xff"), "{msg}");
+}
+
+#[test]
+fn key_helpers_panic_on_an_error_reply() {
+    let server = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("pw")
+        .start();
+    for (what, f) in [
+        (
+            "EXISTS k",
+            Box::new(|| _ = server.exists("k")) as Box<dyn Fn()>,
+        ),
+        ("PTTL k", Box::new(|| _ = server.pttl("k"))),
+        ("GET k", Box::new(|| _ = server.get("k"))),
+        ("TIME", Box::new(|| _ = server.server_time())),
+    ] {
+        let err = catch_unwind(AssertUnwindSafe(f)).unwrap_err();
+        let msg = panic_message(&*err);
+        assert!(msg.contains(what) && msg.contains("NOAUTH"), "{msg}");
+        assert!(msg.contains(&server.port().to_string()), "{msg}");
+    }
+}
+
+#[test]
+fn server_time_is_the_local_wall_clock_in_microseconds() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let server = RedisServer::start();
+    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let time = server.server_time();
+    let after = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    // Same machine, same clock; TIME truncates to microseconds.
+    assert!(
+        before.saturating_sub(Duration::from_micros(1)) <= time && time <= after,
+        "{before:?} <= {time:?} <= {after:?}"
+    );
+    assert_eq!(time.subsec_nanos() % 1_000, 0, "{time:?}");
+}
+
+#[test]
+fn info_field_reads_one_field_of_a_section() {
+    let server = RedisServer::start();
+    let port = server.port().to_string();
+    assert_eq!(server.info_field("server", "tcp_port"), Some(port));
+    assert_eq!(
+        server.info_field("stats", "expired_keys").as_deref(),
+        Some("0")
+    );
+    // A prefix of a field's name is not that field.
+    assert_eq!(server.info_field("server", "tcp_po"), None);
+    assert_eq!(server.info_field("stats", "tcp_port"), None);
+    assert_eq!(server.info_field("no-such-section", "tcp_port"), None);
+
+    server.cmd(&["SET", "k", "v", "PX", "1"]);
+    testkit::eventually("the key expired", Duration::from_secs(5), || {
+        server.info_field("stats", "expired_keys").as_deref() == Some("1")
+    });
+    assert!(!server.exists("k"));
+}
+
+#[test]
+fn info_field_panics_on_an_unreadable_reply() {
+    let server = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("pw")
+        .start();
+    let err = catch_unwind(AssertUnwindSafe(|| {
+        server.info_field("stats", "expired_keys")
+    }))
+    .unwrap_err();
+    let msg = panic_message(&*err);
+    assert!(
+        msg.contains("INFO stats") && msg.contains("NOAUTH"),
+        "{msg}"
+    );
+    let err = catch_unwind(AssertUnwindSafe(|| server.connected_clients())).unwrap_err();
+    assert!(panic_message(&*err).contains("NOAUTH"));
+    let err = catch_unwind(AssertUnwindSafe(|| server.script_calls())).unwrap_err();
+    let msg = panic_message(&*err);
+    assert!(
+        msg.contains("INFO commandstats") && msg.contains("NOAUTH"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn connected_clients_counts_open_connections_and_its_own() {
+    // A connection closed just before (the start-up probe, an earlier
+    // query) may still be counted for a moment.
+    let within = Duration::from_secs(5);
+    let server = RedisServer::start();
+    testkit::eventually("only this query's client", within, || {
+        server.connected_clients() == 1
+    });
+
+    let mut other = TcpStream::connect(server.addr()).unwrap();
+    other.write_all(b"PING\r\n").unwrap();
+    let mut pong = [0; 7];
+    other.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+    assert!(server.connected_clients() >= 2);
+    testkit::eventually("the other client and this query's", within, || {
+        server.connected_clients() == 2
+    });
+
+    drop(other);
+    testkit::eventually("the other client is gone", within, || {
+        server.connected_clients() == 1
+    });
+}
+
+#[test]
+fn script_calls_counts_eval_and_evalsha() {
+    let server = RedisServer::start();
+    assert_eq!(server.script_calls(), 0);
+    let sha = server.cmd(&["SCRIPT", "LOAD", "return 1"]);
+    let sha = sha.as_str().unwrap();
+    assert_eq!(server.script_calls(), 0);
+
+    server.cmd(&["EVAL", "return 1", "0"]);
+    server.cmd(&["EVAL", "return 2", "0"]);
+    assert_eq!(server.script_calls(), 2);
+    assert_eq!(server.cmd(&["EVALSHA", sha, "0"]), Reply::Int(1));
+    assert_eq!(server.script_calls(), 3);
+    // Other commands, and the read-only variants, are not counted.
+    server.cmd(&["EVAL_RO", "return 1", "0"]);
+    server.cmd(&["GET", "k"]);
+    assert_eq!(server.script_calls(), 3);
+
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    assert_eq!(server.script_calls(), 0);
+}
