@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithms::quorum::Quorum;
+use tokio_util::task::TaskTracker;
+
 use crate::algorithms::watchdog::Watchdog;
-use crate::backend::{Node, Timeouts};
+use crate::backend::{Backend, Timeouts, redact};
+use crate::delay_queue::DelayQueue;
 use crate::error::Error;
 use crate::keys;
 use crate::limits::{
@@ -13,7 +15,7 @@ use crate::limits::{
     MAX_TIMEOUT,
 };
 use crate::lock::LockBuilder;
-use tokio_util::task::TaskTracker;
+use crate::shared::Shared;
 
 /// A connection to one Redis node, shared by every lock taken through it.
 ///
@@ -23,29 +25,12 @@ use tokio_util::task::TaskTracker;
 /// create one client per runtime.
 #[derive(Clone)]
 pub struct Client {
-    pub(crate) inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    /// The first node: the only one, unless this is a Redlock client.
-    pub node: Node,
-    /// Every node, in the order given.
-    pub nodes: Vec<Node>,
-    /// Redlock settings; `None` for a single node.
-    pub quorum: Option<Quorum>,
-    pub prefix: String,
-    /// Releases sent in the background by dropped guards and abandoned acquires.
-    pub background: TaskTracker,
-    /// Renews the leases of held locks.
-    pub watchdog: Watchdog,
+    inner: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("node", &self.inner.node.addr())
-            .field("prefix", &self.inner.prefix)
-            .finish()
+        self.inner.fmt(f)
     }
 }
 
@@ -101,7 +86,7 @@ impl Client {
     /// Starts configuring the lock called `name`. Nothing is sent until
     /// [`LockBuilder::acquire`] or [`LockBuilder::try_acquire`].
     pub fn lock(&self, name: impl Into<String>) -> LockBuilder {
-        LockBuilder::new(self.clone(), name.into())
+        LockBuilder::new(self.inner.clone(), name.into())
     }
 
     /// The delay queue called `name` on this client's node, under its key prefix. Nothing
@@ -111,27 +96,29 @@ impl Client {
     /// [`Error::InvalidArgument`] for a name lock names would not accept either (see
     /// [`keys::validate_name`]), or on a Redlock client: a queue lives on one Redis, so
     /// use a single-node client for it.
-    pub fn delay_queue(
-        &self,
-        name: impl Into<String>,
-    ) -> Result<crate::delay_queue::DelayQueue, Error> {
-        if self.inner.quorum.is_some() {
+    pub fn delay_queue(&self, name: impl Into<String>) -> Result<DelayQueue, Error> {
+        if self.inner.backend.is_redlock() {
             return Err(Error::invalid(
                 "delay queue",
                 "a delay queue lives on one Redis node; make it with a single-node client",
             ));
         }
-        crate::delay_queue::DelayQueue::new(self.clone(), name.into())
+        DelayQueue::new(self.inner.clone(), name.into())
     }
 
     /// The node this client talks to, as `host:port` (the first one, for Redlock).
     pub fn node(&self) -> &str {
-        self.inner.node.addr()
+        self.inner.backend.nodes()[0].addr()
     }
 
     /// Every node, as `host:port`, in the order given.
     pub fn nodes(&self) -> Vec<&str> {
-        self.inner.nodes.iter().map(Node::addr).collect()
+        self.inner
+            .backend
+            .nodes()
+            .iter()
+            .map(|n| n.addr())
+            .collect()
     }
 
     /// What this client holds open right now: channels it is subscribed to, waiters
@@ -139,7 +126,7 @@ impl Client {
     /// for tests that check a cancelled wait left nothing behind.
     pub fn stats(&self) -> ClientStats {
         let (mut channels, mut waiters) = (0, 0);
-        for node in &self.inner.nodes {
+        for node in self.inner.backend.nodes() {
             let sub = node.subscriber().stats();
             channels += sub.channels;
             waiters += sub.waiters;
@@ -168,52 +155,6 @@ impl Client {
         tracker.wait().await;
         tracker.reopen();
     }
-}
-
-/// How long a Redlock connect waits for each node to say who it is, unless a node
-/// timeout is set.
-const IDENTIFY_TIMEOUT: Duration = Duration::from_millis(250);
-
-/// Asks every Redlock node who it is (its run id), each within `within`, and refuses
-/// URLs that name one server several times (`localhost` and `127.0.0.1`, a `/0` added):
-/// such a server would vote more than once. A node that does not answer now is
-/// identified by its first answer to an acquire, and refused a second vote then.
-async fn refuse_one_server_twice(
-    urls: &[String],
-    nodes: &[Node],
-    within: Duration,
-) -> Result<(), Error> {
-    let ids = futures_util::future::join_all(nodes.iter().map(|n| n.run_id(within))).await;
-    let mut servers: Vec<(String, Vec<usize>)> = Vec::new();
-    for (i, (node, id)) in nodes.iter().zip(ids).enumerate() {
-        match id {
-            Ok(id) => {
-                node.health().observe(&id);
-                match servers.iter_mut().find(|(known, _)| *known == id) {
-                    Some((_, same)) => same.push(i),
-                    None => servers.push((id, vec![i])),
-                }
-            }
-            Err(e) => {
-                tracing::debug!(node = node.addr(), error = %e, "not identified at connect");
-            }
-        }
-    }
-    let Some((_, same)) = servers.iter().find(|(_, same)| same.len() > 1) else {
-        return Ok(());
-    };
-    let names: Vec<String> = same
-        .iter()
-        .map(|&i| crate::backend::redact(&urls[i]))
-        .collect();
-    Err(Error::invalid(
-        "Redis URLs",
-        format!(
-            "{} are one Redis server (one run id); Redlock needs independent servers, \
-             each named once",
-            names.join(", ")
-        ),
-    ))
 }
 
 /// A snapshot of what a [`Client`] holds open; see [`Client::stats`].
@@ -249,11 +190,7 @@ impl std::fmt::Debug for ClientBuilder {
         f.debug_struct("ClientBuilder")
             .field(
                 "urls",
-                &self
-                    .urls
-                    .iter()
-                    .map(|u| crate::backend::redact(u))
-                    .collect::<Vec<_>>(),
+                &self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>(),
             )
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
@@ -346,40 +283,25 @@ impl ClientBuilder {
             connect: self.connect_timeout,
             response: self.response_timeout,
         };
-        let (nodes, quorum) = match self.urls.len() {
-            1 if eager => (vec![Node::connect(&self.urls[0], timeouts).await?], None),
-            1 => (
-                vec![Node::connect_lazy(&self.urls[0], timeouts).await?],
-                None,
-            ),
+        let backend = match self.urls.len() {
+            1 => Backend::single(&self.urls[0], timeouts, eager).await?,
             n if n >= 3 && n % 2 == 1 => {
                 for (i, url) in self.urls.iter().enumerate() {
                     if self.urls[..i].contains(url) {
                         return Err(Error::invalid(
                             "Redis URLs",
-                            format!("{} is given twice", crate::backend::redact(url)),
+                            format!("{} is given twice", redact(url)),
                         ));
                     }
                 }
-                let mut nodes = Vec::with_capacity(n);
-                for url in &self.urls {
-                    nodes.push(Node::connect_lazy(url, timeouts).await?);
-                }
-                if eager {
-                    // Briefly: a node that is slow now (paused, far away) is identified by
-                    // its first answer to an acquire instead.
-                    let within = self
-                        .node_timeout
-                        .unwrap_or(IDENTIFY_TIMEOUT)
-                        .min(self.connect_timeout);
-                    refuse_one_server_twice(&self.urls, &nodes, within).await?;
-                }
-                let quorum = Quorum {
-                    node_timeout: self.node_timeout,
-                    quarantine: self.restart_protection,
-                    response_timeout: self.response_timeout,
-                };
-                (nodes, Some(quorum))
+                Backend::redlock(
+                    &self.urls,
+                    timeouts,
+                    self.node_timeout,
+                    self.restart_protection,
+                    eager,
+                )
+                .await?
             }
             n => {
                 return Err(Error::invalid(
@@ -389,11 +311,9 @@ impl ClientBuilder {
             }
         };
         Ok(Client {
-            inner: Arc::new(Inner {
-                watchdog: Watchdog::new(nodes.clone(), quorum.clone()),
-                node: nodes[0].clone(),
-                nodes,
-                quorum,
+            inner: Arc::new(Shared {
+                watchdog: Watchdog::new(backend.clone()),
+                backend,
                 prefix: self.prefix,
                 background: TaskTracker::new(),
             }),

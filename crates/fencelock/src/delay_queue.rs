@@ -2,23 +2,28 @@
 //! out ([`Delivery`]) and their ids ([`ItemId`]).
 //!
 //! The guarantees, the key layout and the receipt rules are documented on [`DelayQueue`],
-//! since this module is private. Every operation is one Lua script (`queue_*.lua`, headers
+//! since this module is private. Every operation is one Lua script (`scripts/queue/*.lua`, headers
 //! there) that reads the time from Redis's own clock (`TIME`), never from a client's.
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::algorithms::single_node::lease_end;
-use crate::client::Client;
+use std::sync::Arc;
+
+use crate::backend::quorum::lease_end;
 use crate::error::Error;
-use crate::keys;
+use crate::keys::QueueKeys;
 use crate::limits::{MAX_DELAY, MAX_PAYLOAD, MAX_VISIBILITY, MIN_VISIBILITY};
-use crate::scripts::{self, Counts, QueueOutcome, QueueReply, Taken};
+use crate::scripts::{
+    self,
+    replies::{Counts, Pushed, Queue, QueueOutcome, Taken},
+};
+use crate::shared::Shared;
 
 /// A named delay queue on the client's Redis node: push work to be done later, take it
 /// when it is due, acknowledge it when done.
 ///
-/// Made by [`Client::delay_queue`]. Cheap to clone (clones share the client's
+/// Made by [`Client::delay_queue`](crate::Client::delay_queue). Cheap to clone (clones share the client's
 /// connection); holds no state of its own, so any number of producers and consumers, in
 /// any number of processes, can use the same queue name.
 ///
@@ -108,50 +113,16 @@ use crate::scripts::{self, Counts, QueueOutcome, QueueReply, Taken};
 /// it fail with [`Error::WrongType`], leaving it untouched.
 #[derive(Clone, Debug)]
 pub struct DelayQueue {
-    client: Client,
+    shared: Arc<Shared>,
     name: String,
     keys: QueueKeys,
 }
 
-/// The Redis keys of one delay queue; see the layout on [`DelayQueue`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct QueueKeys {
-    pub due: String,
-    pub in_flight: String,
-    pub items: String,
-    pub attempts: String,
-    pub receipts: String,
-    pub seq: String,
-}
-
-impl QueueKeys {
-    /// Validates `name` and lays out its keys under `prefix` (already validated).
-    pub fn new(prefix: &str, name: &str) -> Result<Self, Error> {
-        keys::validate_name(name).map_err(|e| match e {
-            Error::InvalidArgument { reason, .. } => Error::invalid("queue name", reason),
-            other => other,
-        })?;
-        let base = if prefix.is_empty() {
-            format!("{{{name}}}:dq")
-        } else {
-            format!("{prefix}:{{{name}}}:dq")
-        };
-        Ok(Self {
-            due: format!("{base}:due"),
-            in_flight: format!("{base}:inflight"),
-            items: format!("{base}:items"),
-            attempts: format!("{base}:attempts"),
-            receipts: format!("{base}:receipts"),
-            seq: format!("{base}:seq"),
-        })
-    }
-}
-
 impl DelayQueue {
     /// Validates the name; nothing is sent to Redis.
-    pub(crate) fn new(client: Client, name: String) -> Result<Self, Error> {
-        let keys = QueueKeys::new(&client.inner.prefix, &name)?;
-        Ok(Self { client, name, keys })
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Result<Self, Error> {
+        let keys = QueueKeys::new(&shared.prefix, &name)?;
+        Ok(Self { shared, name, keys })
     }
 
     /// The queue name.
@@ -187,8 +158,10 @@ impl DelayQueue {
             ));
         }
         Error::check_range("delay", delay, Duration::ZERO, MAX_DELAY)?;
-        self.run(&scripts::queue_push(&self.keys, payload, delay))
-            .await
+        let Pushed(id) = self
+            .run(&scripts::queue_push(&self.keys, payload, delay))
+            .await?;
+        Ok(ItemId(id))
     }
 
     /// Takes the first due item, if any, and keeps it invisible to other takes for
@@ -217,7 +190,7 @@ impl DelayQueue {
             .await?;
         Ok(taken.map(|t| Delivery {
             queue: self.clone(),
-            id: t.id,
+            id: ItemId(t.id),
             payload: t.payload,
             attempt: t.attempt,
             receipt,
@@ -241,20 +214,16 @@ impl DelayQueue {
         })
     }
 
-    /// Runs one queue script and turns its wrong-type marker into [`Error::WrongType`].
+    /// Runs one queue script on the client's node.
     async fn run<T: QueueOutcome>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, Error> {
-        let node = &self.client.inner.node;
-        match node.run::<QueueReply<T>>(invocation).await? {
-            QueueReply::Done(outcome) => Ok(outcome),
-            QueueReply::WrongType { key, found } => Err(Error::WrongType {
-                node: node.addr().to_owned(),
-                key,
-                found,
-            }),
-        }
+        let node = self.shared.backend.only_node().ok_or_else(|| {
+            Error::invalid("delay queue", "a delay queue lives on one Redis node")
+        })?;
+        let Queue(outcome) = node.run(invocation, None).await?;
+        Ok(outcome)
     }
 }
 
@@ -299,18 +268,9 @@ impl QueueCounts {
 pub struct ItemId(u64);
 
 impl ItemId {
-    pub(crate) const fn new(value: u64) -> Self {
-        Self(value)
-    }
-
     /// The id as a number.
     pub const fn get(self) -> u64 {
         self.0
-    }
-
-    /// The id as stored in Redis: 20 zero-padded decimal digits.
-    pub(crate) fn member(self) -> String {
-        format!("{:020}", self.0)
     }
 }
 
@@ -400,7 +360,7 @@ impl Delivery {
     /// removed or is delivered again after its visibility timeout.
     pub async fn ack(self) -> Result<bool, Error> {
         let q = &self.queue;
-        q.run(&scripts::queue_ack(&q.keys, self.id, &self.receipt))
+        q.run(&scripts::queue_ack(&q.keys, self.id.0, &self.receipt))
             .await
     }
 
@@ -430,7 +390,7 @@ impl Delivery {
         let q = &self.queue;
         q.run(&scripts::queue_retry(
             &q.keys,
-            self.id,
+            self.id.0,
             &self.receipt,
             delay,
         ))
@@ -460,7 +420,7 @@ impl Delivery {
         let extended = q
             .run(&scripts::queue_extend(
                 &q.keys,
-                self.id,
+                self.id.0,
                 &self.receipt,
                 visibility,
             ))
@@ -475,47 +435,6 @@ impl Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_share_the_hash_tag_and_stay_apart_from_lock_keys() {
-        let k = QueueKeys::new("fencelock", "orders").unwrap();
-        assert_eq!(k.due, "fencelock:{orders}:dq:due");
-        assert_eq!(k.in_flight, "fencelock:{orders}:dq:inflight");
-        assert_eq!(k.items, "fencelock:{orders}:dq:items");
-        assert_eq!(k.attempts, "fencelock:{orders}:dq:attempts");
-        assert_eq!(k.receipts, "fencelock:{orders}:dq:receipts");
-        assert_eq!(k.seq, "fencelock:{orders}:dq:seq");
-        assert_eq!(QueueKeys::new("", "q").unwrap().due, "{q}:dq:due");
-        let lock = crate::keys::LockKeys::new("fencelock", "orders").unwrap();
-        for key in [
-            &k.due,
-            &k.in_flight,
-            &k.items,
-            &k.attempts,
-            &k.receipts,
-            &k.seq,
-        ] {
-            assert_ne!(key, &lock.lock);
-            assert_ne!(key, &lock.fence());
-        }
-    }
-
-    #[test]
-    fn bad_names_are_invalid_queue_names() {
-        for bad in ["", "a{b", "b}", "line\nbreak"] {
-            match QueueKeys::new("p", bad) {
-                Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, "queue name"),
-                other => panic!("{bad:?}: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn members_sort_like_ids() {
-        assert_eq!(ItemId::new(42).member(), "00000000000000000042");
-        assert!(ItemId::new(9).member() < ItemId::new(10).member());
-        assert_eq!(ItemId::new(u64::MAX).member().len(), 20);
-    }
 
     #[test]
     fn visibility_is_checked_and_truncated_to_milliseconds() {

@@ -64,6 +64,41 @@ impl LockKeys {
     }
 }
 
+/// The Redis keys of one delay queue; see the layout on
+/// [`DelayQueue`](crate::DelayQueue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QueueKeys {
+    pub due: String,
+    pub in_flight: String,
+    pub items: String,
+    pub attempts: String,
+    pub receipts: String,
+    pub seq: String,
+}
+
+impl QueueKeys {
+    /// Validates `name` and lays out its keys under `prefix` (already validated).
+    pub fn new(prefix: &str, name: &str) -> Result<Self, Error> {
+        validate_name(name).map_err(|e| match e {
+            Error::InvalidArgument { reason, .. } => Error::invalid("queue name", reason),
+            other => other,
+        })?;
+        let base = if prefix.is_empty() {
+            format!("{{{name}}}:dq")
+        } else {
+            format!("{prefix}:{{{name}}}:dq")
+        };
+        Ok(Self {
+            due: format!("{base}:due"),
+            in_flight: format!("{base}:inflight"),
+            items: format!("{base}:items"),
+            attempts: format!("{base}:attempts"),
+            receipts: format!("{base}:receipts"),
+            seq: format!("{base}:seq"),
+        })
+    }
+}
+
 /// Checks a lock name without talking to Redis: non-empty, at most [`MAX_NAME_LEN`]
 /// bytes, no `{`, `}` or control characters. Acquire runs the same check.
 ///
@@ -149,5 +184,39 @@ mod tests {
             validate_prefix("a{"),
             Err(Error::InvalidArgument { .. })
         ));
+    }
+
+    #[test]
+    fn keys_share_the_hash_tag_and_stay_apart_from_lock_keys() {
+        let k = QueueKeys::new("fencelock", "orders").unwrap();
+        assert_eq!(k.due, "fencelock:{orders}:dq:due");
+        assert_eq!(k.in_flight, "fencelock:{orders}:dq:inflight");
+        assert_eq!(k.items, "fencelock:{orders}:dq:items");
+        assert_eq!(k.attempts, "fencelock:{orders}:dq:attempts");
+        assert_eq!(k.receipts, "fencelock:{orders}:dq:receipts");
+        assert_eq!(k.seq, "fencelock:{orders}:dq:seq");
+        assert_eq!(QueueKeys::new("", "q").unwrap().due, "{q}:dq:due");
+        let lock = LockKeys::new("fencelock", "orders").unwrap();
+        for key in [
+            &k.due,
+            &k.in_flight,
+            &k.items,
+            &k.attempts,
+            &k.receipts,
+            &k.seq,
+        ] {
+            assert_ne!(key, &lock.lock);
+            assert_ne!(key, &lock.fence());
+        }
+    }
+
+    #[test]
+    fn bad_names_are_invalid_queue_names() {
+        for bad in ["", "a{b", "b}", "line\nbreak"] {
+            match QueueKeys::new("p", bad) {
+                Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, "queue name"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
     }
 }

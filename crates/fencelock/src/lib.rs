@@ -74,6 +74,7 @@ pub mod keys;
 pub mod limits;
 mod lock;
 mod scripts;
+mod shared;
 mod token;
 
 pub use algorithms::retry::Retry;
@@ -83,6 +84,7 @@ pub use error::{
     Blocker, DriverError, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason,
 };
 pub use lock::{Acquisition, LockBuilder, LockGuard};
+pub use scripts::lua_scripts;
 pub use token::{FencingToken, HolderToken};
 
 /// The README's examples, compiled as doc tests.

@@ -1,28 +1,26 @@
 //! Taking a lock ([`LockBuilder`]) and holding it ([`LockGuard`]).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::algorithms::acquire::{self, Request};
 use crate::algorithms::retry::Retry;
-use futures_util::future::{join_all, select_all};
-
-use crate::algorithms::quorum::{self, Quorum, QuorumAttempt};
-use crate::algorithms::single_node::{self, Attempt, Mode};
 use crate::algorithms::watchdog::{Grant, Registration};
-use crate::backend::subscriber::{Subscription, Wake, next_waiter_id};
-use crate::client::Client;
+use crate::backend::Mode;
 use crate::delay_queue::{DelayQueue, ItemId};
-use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport};
+use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::limits::{
     DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, MAX_HOLD, MAX_LEASE, MAX_WAITER_TIMEOUT, MIN_LEASE,
     MIN_WAITER_TIMEOUT,
 };
+use crate::shared::Shared;
 use crate::token::{FencingToken, HolderToken};
 
 /// How to take one named lock: its TTL, how long to wait, in which order waiters are
 /// served, and how to pace retries.
 ///
-/// Made by [`Client::lock`]. Defaults: a 30 s lease renewed while the guard lives
+/// Made by [`Client::lock`](crate::Client::lock). Defaults: a 30 s lease renewed while the guard lives
 /// ([`DEFAULT_LEASE`]), no maximum hold, no waiting (one attempt), not fair,
 /// [`Retry::default`]. The builder can be kept and used again; each acquire draws a fresh
 /// owner token.
@@ -39,7 +37,7 @@ use crate::token::{FencingToken, HolderToken};
 /// A waiting acquire that finds the lock held subscribes to the lock's release channel
 /// and then tries again, so the refusal it waits on came after the subscription and a
 /// release after it is never missed. A release wakes at once one plain waiter of each
-/// [`Client`], the one that has waited longest (one pub/sub message, then one round
+/// [`Client`](crate::Client), the one that has waited longest (one pub/sub message, then one round
 /// trip), rather than every waiter when only one can win; a woken waiter that is
 /// cancelled or fails before Redis answered its attempt hands the wake to the next.
 /// Waiters with an [`reentrant`](Self::reentrant) owner are all woken (holds of one owner can be held
@@ -48,7 +46,7 @@ use crate::token::{FencingToken, HolderToken};
 ///
 /// Pub/sub is never trusted alone: every wait is also bounded by the holder's remaining
 /// lease as Redis reported it, so a lost message, a dropped subscription or a holder
-/// that died without releasing costs at most that lease. All waiters of one [`Client`]
+/// that died without releasing costs at most that lease. All waiters of one [`Client`](crate::Client)
 /// share one subscription connection.
 ///
 /// # Which strategy fits on contention
@@ -62,7 +60,7 @@ use crate::token::{FencingToken, HolderToken};
 ///   later.
 #[derive(Clone, Debug)]
 pub struct LockBuilder {
-    client: Client,
+    shared: Arc<Shared>,
     name: String,
     lease: Duration,
     /// Whether the watchdog renews the lease.
@@ -78,9 +76,9 @@ pub struct LockBuilder {
 }
 
 impl LockBuilder {
-    pub(crate) fn new(client: Client, name: String) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, name: String) -> Self {
         Self {
-            client,
+            shared,
             name,
             lease: DEFAULT_LEASE,
             renew: true,
@@ -176,7 +174,7 @@ impl LockBuilder {
     }
 
     fn mode(&self) -> Result<Mode, Error> {
-        if self.client.inner.quorum.is_some() && (self.fair.is_some() || self.owner.is_some()) {
+        if self.shared.backend.is_redlock() && (self.fair.is_some() || self.owner.is_some()) {
             return Err(Error::invalid(
                 "lock mode",
                 "fair and reentrant locks need a single Redis node: a fair queue needs one \
@@ -347,217 +345,41 @@ impl LockBuilder {
             }
             None => (ttl, false),
         };
-        let mode = self.mode()?;
-        let keys = LockKeys::new(&self.client.inner.prefix, &self.name)?;
-        let started = Instant::now();
-        let deadline = wait.map(|w| started + w);
-        let waits = wait != Some(Duration::ZERO);
-        let mut pending = PendingAcquire {
-            client: self.client.clone(),
-            keys,
-            token: HolderToken::generate(),
-            mode: mode.clone(),
+        let request = Request {
+            name: &self.name,
+            keys: LockKeys::new(&self.shared.prefix, &self.name)?,
+            mode: self.mode()?,
             ttl: acquire_ttl,
-            maybe_written: false,
-            queued: false,
+            wait,
+            retry: self.retry,
         };
-        let inner = &self.client.inner;
-        // The first attempt goes out at once: an uncontended acquire costs one round
-        // trip. A waiter subscribes after its first refusal and then tries again, so the
-        // attempt whose failure it trusts comes after the subscription: no release
-        // after it can go unnoticed.
-        let mut subscriptions: Vec<Subscription> = Vec::new();
-        // Redlock: what each node said last, for the error if it comes to that.
-        let mut last_report = None;
-        let mut subscribe = waits;
-        let mut attempt: u32 = 0;
-        // Whether an attempt that went out got no definite answer (a timeout, a dropped
-        // connection): its write may still land, so it must be withdrawn at the end.
-        let mut unanswered = false;
-        loop {
-            // Until this attempt is answered, its outcome is unknown too.
-            pending.maybe_written = true;
-            // The wakes this attempt answers (see `settle` below).
-            let marks: Vec<u64> = subscriptions.iter().map(Subscription::wake_mark).collect();
-            let settle = |subscriptions: &[Subscription]| {
-                for (s, mark) in subscriptions.iter().zip(&marks) {
-                    s.settle(*mark);
-                }
-            };
-            let outcome = match &inner.quorum {
-                None => {
-                    single_node::try_acquire(
-                        &inner.node,
-                        &pending.keys,
-                        &pending.token,
-                        acquire_ttl,
-                        &mode,
-                        waits,
-                    )
-                    .await
-                }
-                Some(q) => {
-                    let attempt = quorum::try_acquire(
-                        &inner.nodes,
-                        q,
-                        &pending.keys,
-                        &pending.token,
-                        acquire_ttl,
-                    )
-                    .await;
-                    self.quorum_outcome(attempt, &mut last_report)
-                }
-            };
-            let bound = match outcome {
-                Ok(Attempt::Acquired {
-                    fence,
-                    sent_at,
-                    valid_until,
-                }) => {
-                    settle(&subscriptions);
-                    let registration = self.client.inner.watchdog.watch(
-                        pending.keys.lock.clone(),
-                        mode.holder_id(&pending.token).to_owned(),
-                        ttl,
-                        self.renew,
-                        self.max_hold.map(|h| sent_at + h),
-                        Grant {
-                            sent_at,
-                            ttl: acquire_ttl,
-                            capped,
-                            valid_until,
-                        },
-                    );
-                    return Ok(pending.into_guard(self.name.clone(), fence, registration));
-                }
-                Ok(Attempt::Held { blocked_by }) => {
-                    // A definite answer (a failed Redlock quorum was already released
-                    // everywhere); only an earlier unanswered attempt is still a maybe.
-                    pending.maybe_written = unanswered;
-                    // The lock is someone else's: their release will wake a waiter. An
-                    // attempt that failed on an error settles nothing, so if this wait
-                    // ends on that error the wake passes to the next waiter.
-                    settle(&subscriptions);
-                    pending.queued = waits && matches!(mode, Mode::Fair { .. });
-                    if std::mem::take(&mut subscribe) {
-                        let wake = match &mode {
-                            Mode::Plain => Wake::Plain,
-                            Mode::Reentrant { .. } => Wake::Owner,
-                            Mode::Fair { .. } => Wake::Turn(pending.token.as_str()),
-                        };
-                        let channel = pending.keys.channel();
-                        // One place in line on every node.
-                        let id = next_waiter_id();
-                        let subscribing = inner
-                            .nodes
-                            .iter()
-                            .map(|n| n.subscriber().subscribe(&channel, id, wake));
-                        for result in join_all(subscribing).await {
-                            match result {
-                                Ok(s) => subscriptions.push(s),
-                                Err(e) => {
-                                    tracing::debug!(error = %e, "no release notifications from a node; its lease bound applies");
-                                }
-                            }
-                        }
-                        attempt = attempt.saturating_add(1);
-                        continue;
-                    }
-                    let now = Instant::now();
-                    if deadline.is_some_and(|d| now >= d) {
-                        pending.withdraw().await;
-                        return Err(Error::Held {
-                            name: self.name.clone(),
-                            blocked_by,
-                            waited: if waits { now - started } else { Duration::ZERO },
-                            nodes: last_report.take().unwrap_or_default(),
-                        });
-                    }
-                    // The key is gone once the holder's lease runs out, message or not.
-                    let mut bound = match blocked_by {
-                        Blocker::Lease(r) if !r.is_zero() => r + Duration::from_millis(1),
-                        _ => self.retry.delay(attempt),
-                    };
-                    if let Mode::Fair { waiter_timeout } = &mode {
-                        let waiter_timeout = *waiter_timeout;
-                        // Stay in line: call again well before the queue drops us.
-                        bound = bound.min(waiter_timeout / 3);
-                    }
-                    if subscriptions.len() < inner.nodes.len() {
-                        bound = bound.min(self.retry.delay(attempt));
-                    }
-                    bound
-                }
-                Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
-                    // A single node's Unavailable leaves the outcome unknown; a failed
-                    // quorum was released everywhere already.
-                    unanswered |= matches!(e, Error::Unavailable { .. });
-                    pending.maybe_written = unanswered;
-                    if deadline.is_none_or(|d| Instant::now() < d) && waits {
-                        tracing::debug!(error = %e, "acquire attempt failed; retrying");
-                        self.retry.delay(attempt)
-                    } else {
-                        return Err(e);
-                    }
-                }
-                Err(e) => {
-                    pending.withdraw().await;
-                    return Err(e);
-                }
-            };
-            let bound = match deadline {
-                Some(d) => bound.min(d.saturating_duration_since(Instant::now())),
-                None => bound,
-            };
-            if subscriptions.is_empty() {
-                tokio::time::sleep(bound).await;
-            } else {
-                let any_release = select_all(subscriptions.iter().map(|s| Box::pin(s.notified())));
-                tokio::select! {
-                    _ = any_release => {}
-                    () = tokio::time::sleep(bound) => {}
-                }
-            }
-            attempt = attempt.saturating_add(1);
-        }
-    }
-}
-
-impl LockBuilder {
-    /// Redlock: a failed quorum is contention (an `Attempt::Held`, so waiting and the
-    /// usual errors apply) when a majority is held by another owner; otherwise an outage
-    /// that names every node.
-    fn quorum_outcome(
-        &self,
-        attempt: Result<QuorumAttempt, Error>,
-        last_report: &mut Option<Vec<NodeReport>>,
-    ) -> Result<Attempt, Error> {
-        match attempt? {
-            QuorumAttempt::Granted(granted) => Ok(granted),
-            QuorumAttempt::Failed { held, report } => {
-                let held_nodes = report
-                    .iter()
-                    .filter(|r| matches!(r.outcome, NodeOutcome::Held { .. }))
-                    .count();
-                let needed = Quorum::majority(report.len());
-                if held_nodes >= needed {
-                    *last_report = Some(report);
-                    Ok(Attempt::Held {
-                        blocked_by: held.unwrap_or(Blocker::NoExpiry),
-                    })
-                } else {
-                    Err(Error::NoQuorum {
-                        name: self.name.clone(),
-                        needed,
-                        granted: report
-                            .iter()
-                            .filter(|r| matches!(r.outcome, NodeOutcome::Granted))
-                            .count(),
-                        nodes: report,
-                    })
-                }
-            }
-        }
+        let granted = acquire::acquire(&self.shared, request).await?;
+        // No await from here on: the grant becomes a guard in this poll, so a dropped
+        // future cannot lose it in between.
+        let registration = self.shared.watchdog.watch(
+            granted.keys.lock.clone(),
+            granted.mode.holder_id(&granted.token).to_owned(),
+            ttl,
+            self.renew,
+            self.max_hold.map(|h| granted.sent_at + h),
+            Grant {
+                sent_at: granted.sent_at,
+                ttl: acquire_ttl,
+                capped,
+                valid_until: granted.valid_until,
+            },
+        );
+        Ok(LockGuard {
+            shared: self.shared.clone(),
+            name: self.name.clone(),
+            keys: granted.keys,
+            token: granted.token,
+            mode: granted.mode,
+            ttl: acquire_ttl,
+            fence: granted.fence,
+            lease: Some(registration),
+            held: true,
+        })
     }
 }
 
@@ -578,132 +400,6 @@ pub enum Acquisition {
     Deferred(ItemId),
 }
 
-/// An acquire in progress. If it ends without a guard, it may have left something in
-/// Redis: a grant whose reply was lost (timeout, cancellation), or a place in a fair
-/// queue. Withdraw both.
-struct PendingAcquire {
-    client: Client,
-    keys: LockKeys,
-    token: HolderToken,
-    mode: Mode,
-    /// The TTL asked for (Redlock nodes get a share of it to answer a withdrawal).
-    ttl: Duration,
-    maybe_written: bool,
-    queued: bool,
-}
-
-impl PendingAcquire {
-    fn into_guard(mut self, name: String, fence: FencingToken, lease: Registration) -> LockGuard {
-        self.maybe_written = false;
-        self.queued = false;
-        LockGuard {
-            client: self.client.clone(),
-            name,
-            keys: self.keys.clone(),
-            token: self.token.clone(),
-            mode: self.mode.clone(),
-            ttl: self.ttl,
-            fence,
-            lease: Some(lease),
-            held: true,
-        }
-    }
-
-    fn owes_cleanup(&self) -> bool {
-        self.maybe_written || self.queued
-    }
-
-    /// Withdraws now, so the caller's error comes after the cleanup; on failure (or if
-    /// this future is dropped) the drop retries in the background.
-    async fn withdraw(&mut self) {
-        if !self.owes_cleanup() {
-            return;
-        }
-        if abandon(
-            &self.client,
-            &self.keys,
-            &self.token,
-            &self.mode,
-            self.ttl,
-            0,
-        )
-        .await
-        .is_ok()
-        {
-            self.maybe_written = false;
-            self.queued = false;
-        }
-    }
-}
-
-impl Drop for PendingAcquire {
-    fn drop(&mut self) {
-        if self.owes_cleanup() {
-            abandon_in_background(
-                &self.client,
-                &self.keys,
-                &self.token,
-                &self.mode,
-                self.ttl,
-                0,
-            );
-        }
-    }
-}
-
-/// Withdraws everything `token` may hold: its grant (on every node, for Redlock, where
-/// `fence` is raised into the counters), or its fair-queue place.
-async fn abandon(
-    client: &Client,
-    keys: &LockKeys,
-    token: &HolderToken,
-    mode: &Mode,
-    ttl: Duration,
-    fence: u64,
-) -> Result<(), Error> {
-    let inner = &client.inner;
-    if let Some(q) = &inner.quorum {
-        let answers = quorum::release_everywhere(&inner.nodes, q, ttl, keys, token, fence).await;
-        return match answers.iter().any(Result::is_ok) {
-            true => Ok(()),
-            false => answers
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(()), Err),
-        };
-    }
-    single_node::abandon(&inner.node, keys, token, mode).await
-}
-
-/// Withdraws a token (its grant, its queue place) without waiting. Never blocks or
-/// panics; without a Tokio runtime it does nothing, and the key expires after its TTL
-/// (a queue place after the waiter timeout).
-fn abandon_in_background(
-    client: &Client,
-    keys: &LockKeys,
-    token: &HolderToken,
-    mode: &Mode,
-    ttl: Duration,
-    fence: u64,
-) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(key = %keys.lock, "no Tokio runtime to release the lock in; it expires after its TTL");
-        return;
-    };
-    let owner = client.clone();
-    let keys = keys.clone();
-    let token = token.clone();
-    let mode = mode.clone();
-    client.inner.background.spawn_on(
-        async move {
-            if let Err(e) = abandon(&owner, &keys, &token, &mode, ttl, fence).await {
-                tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its TTL");
-            }
-        },
-        &runtime,
-    );
-}
-
 /// A held lock. Release it with [`release`](Self::release); a guard dropped unreleased
 /// releases in the background.
 ///
@@ -717,7 +413,7 @@ fn abandon_in_background(
 #[derive(Debug)]
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct LockGuard {
-    client: Client,
+    shared: Arc<Shared>,
     name: String,
     keys: LockKeys,
     token: HolderToken,
@@ -841,14 +537,12 @@ impl LockGuard {
             },
             None => (ttl, false),
         };
-        let inner = &self.client.inner;
         let holder = self.mode.holder_id(&self.token);
-        let extended = match &inner.quorum {
-            None => single_node::extend(&inner.node, &self.name, &self.keys, holder, ttl).await,
-            Some(q) => {
-                quorum::extend(&inner.nodes, q, &self.name, &self.keys, &self.token, ttl).await
-            }
-        };
+        let extended = self
+            .shared
+            .backend
+            .extend(&self.name, &self.keys, holder, ttl)
+            .await;
         match extended {
             Ok((sent_at, valid_until)) => {
                 if let Some(r) = self.lease() {
@@ -887,25 +581,18 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         // No renewal is sent for this lease from here on.
         self.lease = None;
-        let inner = &self.client.inner;
-        let result = match &inner.quorum {
-            None => {
-                single_node::release(&inner.node, &self.name, &self.keys, &self.token, &self.mode)
-                    .await
-            }
-            Some(q) => {
-                quorum::release(
-                    &inner.nodes,
-                    q,
-                    self.ttl,
-                    &self.name,
-                    &self.keys,
-                    &self.token,
-                    self.fence,
-                )
-                .await
-            }
-        };
+        let result = self
+            .shared
+            .backend
+            .release(
+                &self.name,
+                &self.keys,
+                &self.token,
+                &self.mode,
+                self.ttl,
+                self.fence.get(),
+            )
+            .await;
         if !matches!(result, Err(Error::Unavailable { .. })) {
             self.held = false;
         }
@@ -917,8 +604,7 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.lease = None; // stop renewing before anything else
         if self.held {
-            abandon_in_background(
-                &self.client,
+            self.shared.abandon_in_background(
                 &self.keys,
                 &self.token,
                 &self.mode,

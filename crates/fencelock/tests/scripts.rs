@@ -2,33 +2,39 @@
 //! token, holding another token, of a wrong type, expired. Scripts run with EVAL on a real
 //! redis-server, exactly as the library sends them.
 
+use std::sync::LazyLock;
+
 use testkit::{RedisServer, Reply};
 
-const ACQUIRE: &str = concat!(
-    include_str!("../src/scripts/_counter.lua"),
-    include_str!("../src/scripts/acquire.lua")
-);
-const RELEASE: &str = concat!(
-    include_str!("../src/scripts/_holder.lua"),
-    include_str!("../src/scripts/release.lua")
-);
-const RENEW: &str = include_str!("../src/scripts/renew.lua");
-const REENTRANT_ACQUIRE: &str = concat!(
-    include_str!("../src/scripts/_counter.lua"),
-    include_str!("../src/scripts/reentrant_acquire.lua")
-);
-const REENTRANT_RELEASE: &str = include_str!("../src/scripts/reentrant_release.lua");
-const FAIR_ACQUIRE: &str = concat!(
-    include_str!("../src/scripts/_queue.lua"),
-    include_str!("../src/scripts/_counter.lua"),
-    include_str!("../src/scripts/fair_acquire.lua")
-);
-const FAIR_RELEASE: &str = concat!(
-    include_str!("../src/scripts/_queue.lua"),
-    include_str!("../src/scripts/_holder.lua"),
-    include_str!("../src/scripts/fair_release.lua")
-);
-const FAIR_LEAVE: &str = include_str!("../src/scripts/fair_leave.lua");
+/// A script as the library sends it (its fragments in front), by file name.
+fn source(name: &str) -> &'static str {
+    static SCRIPTS: LazyLock<Vec<(&'static str, String)>> =
+        LazyLock::new(|| fencelock::lua_scripts().collect());
+    SCRIPTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| s.as_str())
+        .unwrap_or_else(|| panic!("no script {name}"))
+}
+
+static ACQUIRE: LazyLock<&str> = LazyLock::new(|| source("lock/acquire.lua"));
+static RELEASE: LazyLock<&str> = LazyLock::new(|| source("lock/release.lua"));
+static RENEW: LazyLock<&str> = LazyLock::new(|| source("lock/renew.lua"));
+static REENTRANT_ACQUIRE: LazyLock<&str> = LazyLock::new(|| source("lock/reentrant_acquire.lua"));
+static REENTRANT_RELEASE: LazyLock<&str> = LazyLock::new(|| source("lock/reentrant_release.lua"));
+static FAIR_ACQUIRE: LazyLock<&str> = LazyLock::new(|| source("lock/fair_acquire.lua"));
+static FAIR_RELEASE: LazyLock<&str> = LazyLock::new(|| source("lock/fair_release.lua"));
+static FAIR_LEAVE: LazyLock<&str> = LazyLock::new(|| source("lock/fair_leave.lua"));
+
+/// Asserts that `reply` is the wrong-type error every script returns, naming `key` and
+/// the type found.
+fn assert_wrong_type(reply: &Reply, key: &str, found: &str) {
+    assert_eq!(
+        reply.as_error(),
+        Some(format!("FENCELOCK-WRONGTYPE {found} {key}").as_str()),
+        "{reply:?}"
+    );
+}
 
 const LOCK: &str = "fencelock:{s}";
 const FENCE: &str = "fencelock:{s}:fence";
@@ -38,23 +44,30 @@ const CHANNEL: &str = "fencelock:{s}:released";
 const MINE: &str = "0123456789abcdef0123456789abcdef";
 const THEIRS: &str = "ffffffffffffffffffffffffffffffff";
 
+/// acquire.lua as one node uses it: counter + 1, no identity.
+fn acquire_raw(r: &RedisServer, token: &str, ttl_ms: &str) -> Reply {
+    r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, token, ttl_ms, "0", "0"])
+}
+
 fn acquire(r: &RedisServer, token: &str, ttl_ms: &str) -> Vec<Reply> {
-    let reply = r.cmd(&["EVAL", ACQUIRE, "2", LOCK, FENCE, token, ttl_ms]);
+    let reply = acquire_raw(r, token, ttl_ms);
     reply
         .as_array()
         .unwrap_or_else(|| panic!("acquire replied {reply:?}"))
         .to_vec()
 }
 
+fn release_raw(r: &RedisServer, token: &str) -> Reply {
+    r.cmd(&["EVAL", &RELEASE, "2", LOCK, FENCE, token, CHANNEL, "0"])
+}
+
 fn release(r: &RedisServer, token: &str) -> i64 {
-    r.cmd(&["EVAL", RELEASE, "1", LOCK, token, CHANNEL])
-        .as_int()
-        .expect("integer reply")
+    release_raw(r, token).as_int().expect("integer reply")
 }
 
 fn extend(r: &RedisServer, token: &str, ttl_ms: &str) -> i64 {
     // An extend is a renewal batch of one.
-    let reply = r.cmd(&["EVAL", RENEW, "1", LOCK, token, ttl_ms]);
+    let reply = r.cmd(&["EVAL", &RENEW, "1", LOCK, token, ttl_ms]);
     reply.as_array().expect("array reply")[0]
         .clone()
         .as_int()
@@ -71,13 +84,11 @@ fn pttl(r: &RedisServer, key: &str) -> i64 {
 
 /// Waits (bounded) until `key` is gone, i.e. its expiry really happened.
 fn wait_until_absent(r: &RedisServer, key: &str) {
-    for _ in 0..500 {
-        if r.cmd(&["EXISTS", key]).as_int() == Some(0) {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
-    panic!("{key} did not expire");
+    testkit::eventually(
+        &format!("{key} expired"),
+        std::time::Duration::from_secs(1),
+        || r.cmd(&["EXISTS", key]).as_int() == Some(0),
+    );
 }
 
 fn ints(reply: &[Reply]) -> Vec<i64> {
@@ -168,10 +179,7 @@ fn acquire_after_expiry_takes_the_lock_with_a_higher_fence() {
 fn acquire_never_overwrites_keys_of_a_wrong_type() {
     let r = RedisServer::start();
     r.cmd(&["HSET", LOCK, "f", "v"]);
-    let reply = acquire(&r, MINE, "10000");
-    assert_eq!(reply[0].as_int(), Some(-1));
-    assert_eq!(reply[1].as_str(), Some(LOCK));
-    assert_eq!(reply[2].as_str(), Some("hash"));
+    assert_wrong_type(&acquire_raw(&r, MINE, "10000"), LOCK, "hash");
     assert_eq!(
         r.cmd(&["HGET", LOCK, "f"]).as_str(),
         Some("v"),
@@ -187,18 +195,13 @@ fn acquire_never_overwrites_keys_of_a_wrong_type() {
     // error can never leave a lock behind that nobody was granted.
     let r = RedisServer::start();
     r.cmd(&["RPUSH", FENCE, "x"]);
-    let reply = acquire(&r, MINE, "10000");
-    assert_eq!(reply[0].as_int(), Some(-1));
-    assert_eq!(reply[1].as_str(), Some(FENCE));
-    assert_eq!(reply[2].as_str(), Some("list"));
+    assert_wrong_type(&acquire_raw(&r, MINE, "10000"), FENCE, "list");
     assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0), "lock not taken");
 
     for bad in ["abc", "-5", "1.5", "9999999999999999999"] {
         r.cmd(&["DEL", FENCE]);
         r.cmd(&["SET", FENCE, bad]);
-        let reply = acquire(&r, MINE, "10000");
-        assert_eq!(reply[0].as_int(), Some(-1), "counter {bad:?}");
-        assert_eq!(reply[2].as_str(), Some("string"));
+        assert_wrong_type(&acquire_raw(&r, MINE, "10000"), FENCE, "string");
         assert_eq!(get(&r, FENCE).as_deref(), Some(bad), "counter untouched");
         assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0), "lock not taken");
     }
@@ -224,7 +227,7 @@ fn release_in_every_key_state() {
 
     r.cmd(&["DEL", LOCK]);
     r.cmd(&["HSET", LOCK, "f", "v"]);
-    assert_eq!(release(&r, MINE), -2, "wrong type");
+    assert_wrong_type(&release_raw(&r, MINE), LOCK, "hash");
     assert_eq!(r.cmd(&["HGET", LOCK, "f"]).as_str(), Some("v"));
 
     r.cmd(&["DEL", LOCK]);
@@ -254,7 +257,7 @@ fn extend_in_every_key_state_and_never_recreates() {
 
     r.cmd(&["DEL", LOCK]);
     r.cmd(&["LPUSH", LOCK, "x"]);
-    assert_eq!(extend(&r, MINE, "20000"), -2, "wrong type");
+    assert_eq!(extend(&r, MINE, "20000"), -1, "not ours: a wrong type");
     assert_eq!(pttl(&r, LOCK), -1, "list untouched");
 
     r.cmd(&["DEL", LOCK]);
@@ -272,7 +275,7 @@ fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
     let join = if join { "1" } else { "0" };
     let reply = r.cmd(&[
         "EVAL",
-        FAIR_ACQUIRE,
+        &FAIR_ACQUIRE,
         "4",
         LOCK,
         FENCE,
@@ -379,14 +382,37 @@ fn fair_acquire_purges_waiters_that_stopped_calling() {
 fn fair_scripts_never_touch_keys_of_a_wrong_type() {
     let r = RedisServer::start();
     r.cmd(&["SET", QUEUE, "not-a-list"]);
-    let reply = fair_acquire(&r, MINE, true);
-    assert_eq!(reply[0].as_int(), Some(-1));
-    assert_eq!(reply[1].as_str(), Some(QUEUE));
+    let fair = |join| {
+        r.cmd(&[
+            "EVAL",
+            &FAIR_ACQUIRE,
+            "4",
+            LOCK,
+            FENCE,
+            QUEUE,
+            WAITERS,
+            MINE,
+            "10000",
+            "3000",
+            CHANNEL,
+            join,
+        ])
+    };
+    assert_wrong_type(&fair("1"), QUEUE, "string");
     assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0));
-    assert_eq!(
-        r.cmd(&["EVAL", FAIR_LEAVE, "3", LOCK, QUEUE, WAITERS, MINE, CHANNEL])
-            .as_int(),
-        Some(-2)
+    assert_wrong_type(
+        &r.cmd(&[
+            "EVAL",
+            &FAIR_LEAVE,
+            "3",
+            LOCK,
+            QUEUE,
+            WAITERS,
+            MINE,
+            CHANNEL,
+        ]),
+        QUEUE,
+        "string",
     );
     assert_eq!(r.cmd(&["GET", QUEUE]).as_str(), Some("not-a-list"));
 }
@@ -395,12 +421,12 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
 fn fair_release_and_leave_in_every_key_state() {
     let r = RedisServer::start();
     let release = |t: &str| {
-        r.cmd(&["EVAL", FAIR_RELEASE, "3", LOCK, QUEUE, WAITERS, t, CHANNEL])
+        r.cmd(&["EVAL", &FAIR_RELEASE, "3", LOCK, QUEUE, WAITERS, t, CHANNEL])
             .as_int()
             .unwrap()
     };
     let leave = |t: &str| {
-        r.cmd(&["EVAL", FAIR_LEAVE, "3", LOCK, QUEUE, WAITERS, t, CHANNEL])
+        r.cmd(&["EVAL", &FAIR_LEAVE, "3", LOCK, QUEUE, WAITERS, t, CHANNEL])
             .as_int()
             .unwrap()
     };
@@ -422,27 +448,20 @@ fn fair_release_and_leave_in_every_key_state() {
     assert_eq!(leave(MINE), 1);
     assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0));
     r.cmd(&["HSET", LOCK, "f", "v"]);
-    assert_eq!(release(MINE), -2, "wrong type");
-}
-
-#[test]
-fn scripts_declare_keys_argv_and_reply_in_their_header() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/scripts");
-    let mut seen = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let text = std::fs::read_to_string(&path).unwrap();
-        let header: String = text.lines().take_while(|l| l.starts_with("--")).collect();
-        for needle in ["KEYS[", "ARGV[", "Reply"] {
-            assert!(
-                header.contains(needle),
-                "{} header lacks {needle}",
-                path.display()
-            );
-        }
-        seen += 1;
-    }
-    assert!(seen >= 10, "found only {seen} scripts in {}", dir.display());
+    assert_wrong_type(
+        &r.cmd(&[
+            "EVAL",
+            &FAIR_RELEASE,
+            "3",
+            LOCK,
+            QUEUE,
+            WAITERS,
+            MINE,
+            CHANNEL,
+        ]),
+        LOCK,
+        "hash",
+    );
 }
 
 #[test]
@@ -458,9 +477,9 @@ fn renew_handles_a_batch_of_leases_in_mixed_states() {
     r.cmd(&["SET", b, THEIRS, "PX", "1000"]);
     r.cmd(&["LPUSH", d, "x"]);
     let reply = r.cmd(&[
-        "EVAL", RENEW, "4", a, b, c, d, MINE, "20000", MINE, "20000", MINE, "20000", MINE, "20000",
+        "EVAL", &RENEW, "4", a, b, c, d, MINE, "20000", MINE, "20000", MINE, "20000", MINE, "20000",
     ]);
-    assert_eq!(ints(reply.as_array().unwrap()), vec![1, -1, 0, -2]);
+    assert_eq!(ints(reply.as_array().unwrap()), vec![1, -1, 0, -1]);
     assert!(pttl(&r, a) > 19_000, "ours renewed");
     assert!(pttl(&r, b) <= 1_000, "theirs untouched");
     assert_eq!(
@@ -474,7 +493,7 @@ fn renew_handles_a_batch_of_leases_in_mixed_states() {
 fn reentrant_acquire(r: &RedisServer, owner: &str, token: &str) -> Vec<i64> {
     let reply = r.cmd(&[
         "EVAL",
-        REENTRANT_ACQUIRE,
+        &REENTRANT_ACQUIRE,
         "2",
         LOCK,
         FENCE,
@@ -490,7 +509,7 @@ fn reentrant_acquire(r: &RedisServer, owner: &str, token: &str) -> Vec<i64> {
 }
 
 fn reentrant_release(r: &RedisServer, owner: &str, token: &str) -> i64 {
-    r.cmd(&["EVAL", REENTRANT_RELEASE, "1", LOCK, owner, token, CHANNEL])
+    r.cmd(&["EVAL", &REENTRANT_RELEASE, "1", LOCK, owner, token, CHANNEL])
         .as_int()
         .unwrap()
 }
@@ -543,7 +562,7 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
 
     // A renewal compares the owner id.
     reentrant_acquire(&r, "job-7", MINE);
-    let reply = r.cmd(&["EVAL", RENEW, "1", LOCK, "job-7", "30000"]);
+    let reply = r.cmd(&["EVAL", &RENEW, "1", LOCK, "job-7", "30000"]);
     assert_eq!(ints(reply.as_array().unwrap()), vec![1]);
     assert!(pttl(&r, LOCK) > 29_000);
 
@@ -555,7 +574,7 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
     r.cmd(&["HSET", LOCK, "f", "v"]);
     let reply = r.cmd(&[
         "EVAL",
-        REENTRANT_ACQUIRE,
+        &REENTRANT_ACQUIRE,
         "2",
         LOCK,
         FENCE,
@@ -563,10 +582,47 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
         MINE,
         "10000",
     ]);
-    assert_eq!(reply.as_array().unwrap()[0].as_int(), Some(-1));
+    assert_wrong_type(&reply, LOCK, "hash");
     assert_eq!(
         r.cmd(&["HGETALL", LOCK]).as_array().unwrap().len(),
         2,
         "untouched"
     );
+}
+
+#[test]
+fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_counter() {
+    let r = RedisServer::start();
+    r.cmd(&["SET", FENCE, "5"]);
+    let reply = r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, MINE, "10000", "1", "1"]);
+    let items = reply.as_array().unwrap();
+    assert_eq!(items.len(), 4, "{reply:?}");
+    assert_eq!(items[0].as_int(), Some(1));
+    let now_us = r.server_time().as_micros() as i64;
+    let fence = items[1].as_int().unwrap();
+    assert!(
+        fence > now_us - 60_000_000 && fence <= now_us,
+        "the token is at least the clock: {fence} vs {now_us}"
+    );
+    let info = r.cmd(&["INFO", "server"]);
+    let run_id = info
+        .as_str()
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_eq!(items[2].as_str(), Some(run_id.as_str()));
+    assert!(items[3].as_int().unwrap() >= 0);
+
+    // Released by a Redlock holder whose grant carried a higher token (from another
+    // node): the counter is raised to it, whoever holds the key.
+    let higher = (fence + 1_000_000).to_string();
+    let released = r.cmd(&["EVAL", &RELEASE, "2", LOCK, FENCE, MINE, CHANNEL, &higher]);
+    assert_eq!(released.as_int(), Some(1));
+    assert_eq!(get(&r, FENCE), Some(higher.clone()));
+    let lower = r.cmd(&["EVAL", &RELEASE, "2", LOCK, FENCE, MINE, CHANNEL, "7"]);
+    assert_eq!(lower.as_int(), Some(0), "absent now");
+    assert_eq!(get(&r, FENCE), Some(higher), "never lowered");
 }

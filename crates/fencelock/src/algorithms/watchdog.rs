@@ -27,14 +27,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use futures_util::future::join_all;
-
-use crate::algorithms::quorum::{self, Quorum};
-use crate::algorithms::single_node::lease_end;
-use crate::backend::Node;
+use crate::backend::{Backend, Renewal};
 use crate::error::LossCause;
 use crate::limits::RENEWAL_BATCH;
-use crate::scripts;
 
 /// The watchdog of one client.
 #[derive(Clone)]
@@ -43,9 +38,8 @@ pub(crate) struct Watchdog {
 }
 
 struct Inner {
-    /// One node, or the Redlock nodes.
-    nodes: Vec<Node>,
-    quorum: Option<Quorum>,
+    /// Where the leases live.
+    backend: Backend,
     leases: Mutex<Leases>,
     /// Wakes the task: a lease needs attention before the task's next wake.
     changed: Notify,
@@ -118,11 +112,10 @@ pub(crate) struct Registration {
 }
 
 impl Watchdog {
-    pub fn new(nodes: Vec<Node>, quorum: Option<Quorum>) -> Self {
+    pub fn new(backend: Backend) -> Self {
         Self {
             inner: Arc::new(Inner {
-                nodes,
-                quorum,
+                backend,
                 leases: Mutex::new(Leases::default()),
                 changed: Notify::new(),
                 next_id: AtomicU64::new(0),
@@ -370,81 +363,33 @@ async fn run(weak: Weak<Inner>) {
     }
 }
 
-/// Sends one batch (to every node, for Redlock) and applies the answers. A lease is
-/// renewed when a majority confirmed it; lost when so many nodes said it is gone that no
-/// majority can confirm it; otherwise retried on the next tick.
+/// Sends one batch (to every node, for Redlock) and applies the answers: a lease is
+/// renewed when a majority confirmed it in time, lost when so many nodes said it is gone
+/// that no majority can confirm it, and otherwise retried on the next tick.
 async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
     let sent_at = Instant::now();
-    let invocation = scripts::renew(
-        batch
-            .iter()
-            .map(|(l, ttl, _)| (l.key.as_str(), l.token.as_str(), *ttl)),
-    );
-    let shortest = batch
+    let leases: Vec<(&str, &str, Duration)> = batch
         .iter()
-        .map(|(_, ttl, _)| *ttl)
-        .min()
-        .unwrap_or_default();
-    let size = batch.len();
-    let answers: Vec<Option<Vec<i64>>> = join_all(inner.nodes.iter().map(|node| {
-        let invocation = &invocation;
-        let within = inner
-            .quorum
-            .as_ref()
-            .map(|q| q.node_timeout(shortest));
-        async move {
-            let answer: Result<Vec<i64>, _> = match within {
-                Some(within) => node.run_within(within, invocation).await,
-                None => node.run(invocation).await,
-            };
-            match answer {
-                Ok(codes) if codes.len() == size => Some(codes),
-                Ok(_) => None,
-                Err(e) => {
-                    tracing::debug!(node = node.addr(), error = %e, leases = size, "renewal failed; retrying");
-                    None
-                }
-            }
-        }
-    }))
-    .await;
-    let n = inner.nodes.len();
-    let majority = n / 2 + 1;
-    let now = Instant::now();
-    // A second name of one server has no say.
-    let voters: Vec<bool> = (0..n).map(|j| quorum::votes(&inner.nodes, j)).collect();
-    for (i, (lease, ttl, capped)) in batch.iter().enumerate() {
-        let codes = answers
-            .iter()
-            .zip(&voters)
-            .filter(|(_, votes)| **votes)
-            .filter_map(|(codes, _)| codes.as_ref())
-            .map(|codes| codes[i]);
-        let (mut renewed, mut gone, mut taken) = (0, 0, 0);
-        for code in codes {
-            match code {
-                1 => renewed += 1,
-                0 => gone += 1,
-                _ => taken += 1,
-            }
-        }
+        .map(|(l, ttl, _)| (l.key.as_str(), l.token.as_str(), *ttl))
+        .collect();
+    let renewals = inner.backend.renew(&leases).await;
+    for ((lease, ttl, capped), renewal) in batch.iter().zip(renewals) {
         let mut st = lock(&lease.state);
         st.in_flight = false;
-        let valid_until = lease_end(sent_at, *ttl);
-        if renewed >= majority && valid_until > now {
-            if valid_until > st.valid_until {
-                st.valid_until = valid_until;
-                st.granted = *ttl;
-                st.capped = *capped;
+        match renewal {
+            Renewal::Renewed { valid_until } => {
+                if valid_until > st.valid_until {
+                    st.valid_until = valid_until;
+                    st.granted = *ttl;
+                    st.capped = *capped;
+                }
+                st.next_renewal = sent_at + lease.ttl / 3;
             }
-            st.next_renewal = sent_at + lease.ttl / 3;
-        } else if gone + taken > n - majority {
-            drop(st);
-            lease.lose(if taken > 0 {
-                LossCause::TakenByOther
-            } else {
-                LossCause::Expired
-            });
+            Renewal::Lost(cause) => {
+                drop(st);
+                lease.lose(cause);
+            }
+            Renewal::Unknown => {}
         }
     }
 }

@@ -1,4 +1,4 @@
--- queue_retry.lua: give a delivered item back, due `delay` ms after now by the server's
+-- retry.lua: give a delivered item back, due `delay` ms after now by the server's
 -- clock, only if it is still in flight under the caller's delivery (its receipt).
 --
 -- KEYS[1]  due set       ZSET  item id -> due time (server ms since the epoch)
@@ -13,19 +13,17 @@
 -- Reply, an array whose first element says which case happened:
 --   {1}               back in the due set
 --   {0}               not in flight under this receipt; nothing was written
---   {-1, key, type}   a key holds something fencelock did not write; nothing was written
+-- A key that holds data fencelock did not write: wrong_type() (types.lua); nothing
+-- written.
 
-for i, want in ipairs({'zset', 'zset', 'hash'}) do
-  local found = redis.call('TYPE', KEYS[i]).ok
-  if found ~= 'none' and found ~= want then
-    return {-1, KEYS[i], found}
-  end
+local bad = check_types({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash'})
+if bad then
+  return bad
 end
 if redis.call('HGET', KEYS[3], ARGV[1]) ~= ARGV[2] then
   return {0}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[3])), ARGV[1])

@@ -9,19 +9,19 @@
 -- Reply, an integer:
 --    1   released this hold (and the lock, if it was the last)
 --    0   not held: the key is absent (the lease expired)
---   -1   not held: another owner holds the key, or this hold is gone (the lease expired
---        and the owner took the lock again)
---   -2   the key holds a type fencelock did not write; left untouched
+--   -1   not held: another owner or a plain lock holds the key, or this hold is gone
+--        (the lease expired and the owner took the lock again)
+-- A key that holds data fencelock did not write: wrong_type(); nothing written.
 
-local kind = redis.call('TYPE', KEYS[1]).ok
+local kind, holder = lock_holder(KEYS[1])
 if kind == 'none' then
   return 0
-elseif kind == 'string' then
-  return -1 -- a plain lock holds it now
-elseif kind ~= 'hash' then
-  return -2
+elseif kind == 'plain' then
+  return -1
+elseif kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
 end
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+if holder ~= ARGV[1] then
   return -1
 end
 if redis.call('HDEL', KEYS[1], 'hold:' .. ARGV[2]) == 0 then

@@ -2,26 +2,29 @@
 -- the first live waiter in line, and only that one.
 --
 -- KEYS[1]  lock key
--- KEYS[2]  queue     LIST of waiting owner tokens, in arrival order
--- KEYS[3]  waiters   ZSET owner token -> deadline (server ms)
--- ARGV[1]  owner token
+-- KEYS[2]  queue     LIST of waiting holder tokens, in arrival order
+-- KEYS[3]  waiters   ZSET holder token -> deadline (server ms)
+-- ARGV[1]  holder token
 -- ARGV[2]  release channel
 --
 -- Reply, an integer:
 --    1   released
 --    0   not held: the key is absent (the lease expired)
---   -1   not held: the key holds another owner's token
---   -2   the lock key holds a non-string type fencelock did not write; left untouched
+--   -1   not held: another holder has the key
+-- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
+-- queue key of another type is left alone (nobody is woken through it).
 
--- holder_of comes from _holder.lua, loaded in front of this file.
-local holder = holder_of(KEYS[1], ARGV[1])
-if holder ~= 1 then
-  return holder
+local kind, holder = lock_holder(KEYS[1])
+if kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
+elseif kind == 'none' then
+  return 0
+elseif kind ~= 'plain' or holder ~= ARGV[1] then
+  return -1
 end
 redis.call('DEL', KEYS[1])
 
 if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'zset' then
-  -- purge_waiters and server_ms come from _queue.lua, loaded in front of this file.
   purge_waiters(KEYS[2], KEYS[3], server_ms())
   local head = redis.call('LINDEX', KEYS[2], 0)
   if head then

@@ -1,13 +1,13 @@
 -- fair_acquire.lua: take the lock in arrival order, or join (and stay in) the queue.
 --
--- KEYS[1]  lock key        plain string holding the owner token, with a PX expiry
+-- KEYS[1]  lock key        plain string holding the holder token, with a PX expiry
 -- KEYS[2]  fence counter   plain integer string, never expires
--- KEYS[3]  queue           LIST of waiting owner tokens, in arrival order
--- KEYS[4]  waiters         ZSET owner token -> deadline (server ms) by which the waiter
+-- KEYS[3]  queue           LIST of waiting holder tokens, in arrival order
+-- KEYS[4]  waiters         ZSET holder token -> deadline (server ms) by which the waiter
 --                          must call again, or be purged as crashed
 --                          (both expire 2 x the waiter timeout after the last call of a
 --                          waiter, unless a later call of another waiter extends them)
--- ARGV[1]  owner token
+-- ARGV[1]  holder token
 -- ARGV[2]  ttl, ms
 -- ARGV[3]  waiter timeout, ms: how long a queued waiter may stay silent
 -- ARGV[4]  release channel: a message carrying a token wakes that waiter
@@ -15,30 +15,29 @@
 --
 -- Reply:
 --   {1, fence}        acquired now
---   {2, fence}        the key already held this owner token (a retried acquire)
---   {0, pttl}         not acquired: held by another owner (pttl ms left, -1 for no
+--   {2, fence}        the key already held this token (a retried acquire)
+--   {0, pttl}         not acquired: held by another holder (pttl ms left, -1 for no
 --                     expiry), or free but another waiter is first in line (pttl -2)
---   {-1, key, type}   a key holds something fencelock did not write; nothing written
+-- A key that holds data fencelock did not write: wrong_type(); nothing written.
 --
 -- Deadlines come from the server's clock (TIME), never from the clients'. Every check
 -- happens before the first write: scripts do not roll back.
 
-local wanted = {{KEYS[1], 'string'}, {KEYS[3], 'list'}, {KEYS[4], 'zset'}}
-for _, kw in ipairs(wanted) do
-  local found = redis.call('TYPE', kw[1]).ok
-  if found == 'hash' and kw[1] == KEYS[1] and redis.call('HEXISTS', KEYS[1], 'owner') == 1 then
-    return {0, redis.call('PTTL', KEYS[1])} -- a reentrant holder: not ours to queue behind
-  elseif found ~= 'none' and found ~= kw[2] then
-    return {-1, kw[1], found}
-  end
+local kind, holder = lock_holder(KEYS[1])
+if kind == 'reentrant' then
+  return {0, redis.call('PTTL', KEYS[1])} -- a reentrant holder: not ours to queue behind
+elseif kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
 end
--- read_counter and next_fence come from _counter.lua, loaded in front of this file.
-local counter, bad = read_counter(KEYS[2])
+local bad = check_types({KEYS[3], 'list', KEYS[4], 'zset'})
 if bad then
-  return {-1, KEYS[2], bad}
+  return bad
+end
+local counter, bad_counter = read_counter(KEYS[2])
+if bad_counter then
+  return wrong_type(KEYS[2], bad_counter)
 end
 
--- server_ms and purge_waiters come from _queue.lua, loaded in front of this file.
 local now = server_ms()
 purge_waiters(KEYS[3], KEYS[4], now)
 
@@ -47,21 +46,20 @@ local function leave_queue()
   redis.call('ZREM', KEYS[4], ARGV[1])
 end
 
-local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   leave_queue()
   if counter == nil then
-    return {2, next_fence(KEYS[2], counter)}
+    return {2, next_fence(KEYS[2], counter, false)}
   end
   return {2, counter}
 end
 
 local head = redis.call('LINDEX', KEYS[3], 0)
-if not holder and (not head or head == ARGV[1]) then
+if kind == 'none' and (not head or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   leave_queue()
-  return {1, next_fence(KEYS[2], counter)}
+  return {1, next_fence(KEYS[2], counter, false)}
 end
 
 if ARGV[5] == '1' then
@@ -79,7 +77,7 @@ if ARGV[5] == '1' then
   end
 end
 
-if not holder then
+if kind == 'none' then
   -- Free, and another waiter's turn: make sure it knows, in case it missed a message.
   redis.call('PUBLISH', ARGV[4], head)
   return {0, -2}

@@ -1,4 +1,4 @@
--- queue_push.lua: add an item to a delay queue, due `delay` ms after now by the server's
+-- push.lua: add an item to a delay queue, due `delay` ms after now by the server's
 -- clock.
 --
 -- KEYS[1]  due set       ZSET  item id -> due time (server ms since the epoch)
@@ -13,22 +13,19 @@
 --
 -- Reply, an array whose first element says which case happened:
 --   {1, id}           pushed; id is the new item's number
---   {-1, key, type}   a key holds something fencelock did not write (type is the Redis
---                     type, or "string" for a non-integer counter); nothing was written
+-- A key that holds data fencelock did not write: wrong_type() (types.lua); nothing
+-- written.
 
-for i, want in ipairs({'zset', 'hash', 'string'}) do
-  local found = redis.call('TYPE', KEYS[i]).ok
-  if found ~= 'none' and found ~= want then
-    return {-1, KEYS[i], found}
-  end
+local bad = check_types({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'string'})
+if bad then
+  return bad
 end
 local counter = redis.call('GET', KEYS[3])
 if counter and (not string.match(counter, '^%d+$') or string.len(counter) > 15) then
-  return {-1, KEYS[3], 'string'}
+  return wrong_type(KEYS[3], 'string')
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 
 -- A counter that was deleted by hand restarts at 1: skip ids still in use rather than
 -- overwrite a live item's payload.

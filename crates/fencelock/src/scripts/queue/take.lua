@@ -1,4 +1,4 @@
--- queue_take.lua: deliver the first due item of a delay queue, after putting back the
+-- take.lua: deliver the first due item of a delay queue, after putting back the
 -- in-flight items whose visibility deadline has passed (their consumer died or gave up).
 --
 -- KEYS[1]  due set       ZSET  item id -> due time (server ms since the epoch)
@@ -19,18 +19,15 @@
 -- Reply, an array whose first element says which case happened:
 --   {1, id, payload, attempt}   delivered; attempt is 1 on the first delivery
 --   {0}                         no item is due
---   {-1, key, type}             a key holds something fencelock did not write (type is
---                               the Redis type); nothing was written
+-- A key that holds data fencelock did not write: wrong_type() (types.lua); nothing
+-- written.
 
-for i, want in ipairs({'zset', 'zset', 'hash', 'hash', 'hash'}) do
-  local found = redis.call('TYPE', KEYS[i]).ok
-  if found ~= 'none' and found ~= want then
-    return {-1, KEYS[i], found}
-  end
+local bad = check_types({KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash'})
+if bad then
+  return bad
 end
 
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = server_ms()
 local now = string.format('%d', now_ms)
 
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, 100)

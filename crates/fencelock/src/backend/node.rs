@@ -1,17 +1,15 @@
-//! Talking to Redis nodes: connections with explicit timeouts, script calls, release
-//! notifications ([`subscriber`]), and the mapping of driver errors to fencelock's typed
-//! [`Error`].
-
-pub(crate) mod subscriber;
+//! One Redis node: a multiplexed connection with explicit timeouts, script calls on it,
+//! its release notifications, and the mapping of driver errors to fencelock's [`Error`].
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
 
+use super::subscriber::Subscriber;
 use crate::error::{DriverError, Error, Human, UnavailableReason};
-use subscriber::Subscriber;
+use crate::scripts::replies;
 
 /// Timeouts for one node's connection.
 #[derive(Clone, Copy, Debug)]
@@ -31,7 +29,7 @@ pub(crate) struct Node {
     call_timeout: Duration,
     /// Release notifications for waiters; connects on first use.
     subscriber: Subscriber,
-    /// Redlock restart protection: what this node said about itself last.
+    /// Redlock: what this node said about itself last.
     health: Arc<Mutex<Health>>,
 }
 
@@ -43,7 +41,7 @@ pub(crate) struct Health {
     /// The server's run id when last seen; a change means it restarted.
     pub run_id: Option<String>,
     /// Its vote does not count before this.
-    pub quarantined_until: Option<std::time::Instant>,
+    pub quarantined_until: Option<Instant>,
 }
 
 impl Health {
@@ -59,18 +57,10 @@ impl Health {
 }
 
 impl Node {
-    /// Connects to the node at `url`, failing fast when nothing answers.
-    pub async fn connect(url: &str, timeouts: Timeouts) -> Result<Self, Error> {
-        Self::open(url, timeouts, true).await
-    }
-
-    /// Sets up the node without waiting for it to answer: for one of several Redlock
-    /// nodes, where a minority may be down when the client starts.
-    pub async fn connect_lazy(url: &str, timeouts: Timeouts) -> Result<Self, Error> {
-        Self::open(url, timeouts, false).await
-    }
-
-    async fn open(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
+    /// Sets up the node at `url`. `eager`: connect now, failing fast when nothing
+    /// answers; otherwise the first call connects (a Redlock node, a minority of which
+    /// may be down when the client starts, or a lazy client).
+    pub async fn open(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
         let client = redis::Client::open(url).map_err(|e| {
             Error::invalid(
                 "Redis URL",
@@ -117,22 +107,34 @@ impl Node {
         &self.addr
     }
 
-    /// Restart-protection state.
+    /// Redlock: who the node is, and its restart protection.
     pub fn health(&self) -> std::sync::MutexGuard<'_, Health> {
         self.health
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Runs a script with a deadline shorter than the call timeout (a Redlock node's
-    /// share of an acquire).
-    pub async fn run_within<T: FromRedisValue>(
+    /// The node's release notifications.
+    pub fn subscriber(&self) -> &Subscriber {
+        &self.subscriber
+    }
+
+    /// Runs a script within `within` (a Redlock node's share of an operation), or else
+    /// within the call timeout.
+    ///
+    /// Cancel safety: dropping the future (or a timeout) may leave the script running on
+    /// the server, or already run; callers that write must treat that as an unknown
+    /// outcome.
+    pub async fn run<T: FromRedisValue>(
         &self,
-        within: Duration,
-        inv: &ScriptInvocation<'_>,
+        invocation: &ScriptInvocation<'_>,
+        within: Option<Duration>,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(within, self.run(inv)).await {
-            Ok(result) => result,
+        let within = within.unwrap_or(self.call_timeout);
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(within, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(map_error(&self.addr, &e)),
             Err(_) => Err(timed_out(&self.addr, within)),
         }
     }
@@ -157,24 +159,6 @@ impl Node {
                 message: "INFO server has no run_id: is this a Redis server?".to_owned(),
             })
     }
-
-    /// The node's release notifications.
-    pub fn subscriber(&self) -> &Subscriber {
-        &self.subscriber
-    }
-
-    /// Runs a script, bounded by the call timeout.
-    ///
-    /// Cancel safety: dropping the future may leave the script running on the server, or
-    /// already run; callers that write must treat that as an unknown outcome.
-    pub async fn run<T: FromRedisValue>(&self, inv: &ScriptInvocation<'_>) -> Result<T, Error> {
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(self.call_timeout, inv.invoke_async(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(map_error(&self.addr, &e)),
-            Err(_) => Err(timed_out(&self.addr, self.call_timeout)),
-        }
-    }
 }
 
 fn timed_out(addr: &str, after: Duration) -> Error {
@@ -188,6 +172,13 @@ fn timed_out(addr: &str, after: Duration) -> Error {
 
 /// Sorts a driver error into the variant the caller acts on.
 fn map_error(addr: &str, e: &RedisError) -> Error {
+    if let Some((key, found)) = replies::wrong_type(e) {
+        return Error::WrongType {
+            node: addr.to_owned(),
+            key,
+            found,
+        };
+    }
     let message = || {
         let mut m = e.code().unwrap_or_default().to_owned();
         if let Some(d) = e.detail() {

@@ -13,33 +13,32 @@
 --   {2, fence}        an added hold (or a retry of one whose reply was lost: the hold
 --                     field makes it idempotent); same fencing token, expiry reset to ttl
 --   {0, pttl}         held by another owner (or by a plain, non-reentrant holder)
---   {-1, key, type}   a key holds something fencelock did not write; nothing written
+-- A key that holds data fencelock did not write (a hash without "owner" or "fence"
+-- included): wrong_type(); nothing written.
 
--- read_counter and next_fence come from _counter.lua, loaded in front of this file.
 local counter, bad = read_counter(KEYS[2])
 if bad then
-  return {-1, KEYS[2], bad}
+  return wrong_type(KEYS[2], bad)
 end
 
-local kind = redis.call('TYPE', KEYS[1]).ok
+local kind, holder = lock_holder(KEYS[1])
 local hold = 'hold:' .. ARGV[2]
 if kind == 'none' then
-  local fence = next_fence(KEYS[2], counter)
+  local fence = next_fence(KEYS[2], counter, false)
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, hold, '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {1, fence}
-elseif kind == 'string' then
+elseif kind == 'plain' then
   return {0, redis.call('PTTL', KEYS[1])} -- a plain lock holds it
-elseif kind ~= 'hash' then
-  return {-1, KEYS[1], kind}
+elseif kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
 end
 
-local owner = redis.call('HGET', KEYS[1], 'owner')
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence'))
-if not owner or not fence then
-  return {-1, KEYS[1], 'hash'}
+if not fence then
+  return wrong_type(KEYS[1], 'hash')
 end
-if owner ~= ARGV[1] then
+if holder ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 redis.call('HSET', KEYS[1], hold, '1')

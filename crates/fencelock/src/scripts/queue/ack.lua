@@ -1,4 +1,4 @@
--- queue_ack.lua: remove a delivered item for good, only if it is still in flight under
+-- ack.lua: remove a delivered item for good, only if it is still in flight under
 -- the caller's delivery (its receipt).
 --
 -- KEYS[1]  in flight     ZSET  item id -> visibility deadline (server ms)
@@ -15,13 +15,12 @@
 --   {1}               acked: the item and everything stored for it are gone
 --   {0}               not in flight under this receipt (put back, redelivered, acked
 --                     or deleted); nothing was written
---   {-1, key, type}   a key holds something fencelock did not write; nothing was written
+-- A key that holds data fencelock did not write: wrong_type() (types.lua); nothing
+-- written.
 
-for i, want in ipairs({'zset', 'hash', 'hash', 'hash'}) do
-  local found = redis.call('TYPE', KEYS[i]).ok
-  if found ~= 'none' and found ~= want then
-    return {-1, KEYS[i], found}
-  end
+local bad = check_types({KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash'})
+if bad then
+  return bad
 end
 if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
   return {0}

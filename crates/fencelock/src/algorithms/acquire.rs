@@ -1,0 +1,393 @@
+//! The acquire engine: attempts, waiting for a release, and the clean-up an acquire owes
+//! when it ends without the lock.
+//!
+//! The first attempt goes out at once, so an uncontended acquire costs one round trip. A
+//! waiting acquire that finds the lock held becomes a [`Waiter`]: it subscribes to the
+//! lock's release channel on every node and then tries again, so the refusal it waits on
+//! came after the subscription and no release after it can go unnoticed. Between
+//! attempts it sleeps until a release notification or the pause [`next_pause`] chose,
+//! which is never longer than the holder's remaining lease as Redis reported it:
+//! pub/sub is never trusted alone.
+//!
+//! Every attempt of one acquire uses the same holder token, so an attempt whose reply was
+//! lost and a later attempt that finds the token in Redis resolve to one grant with one
+//! fencing token. Whatever an acquire may have left in Redis when it ends without the
+//! lock (a grant whose reply was lost, a place in a fair queue) is withdrawn before it
+//! returns, or in the background if its future is dropped ([`Pending`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::select_all;
+
+use crate::algorithms::retry::Retry;
+use crate::backend::subscriber::{Subscription, next_waiter_id};
+use crate::backend::{AcquireRequest, Attempt, Backend, Mode};
+use crate::error::{Blocker, Error};
+use crate::keys::LockKeys;
+use crate::shared::Shared;
+use crate::token::{FencingToken, HolderToken};
+
+/// What to acquire, and how long to wait for it.
+pub(crate) struct Request<'a> {
+    pub name: &'a str,
+    pub keys: LockKeys,
+    pub mode: Mode,
+    /// The TTL each attempt asks for.
+    pub ttl: Duration,
+    /// `None`: wait for ever; zero: one attempt.
+    pub wait: Option<Duration>,
+    pub retry: Retry,
+}
+
+/// A lock that was granted.
+pub(crate) struct Granted {
+    pub keys: LockKeys,
+    pub token: HolderToken,
+    pub mode: Mode,
+    pub fence: FencingToken,
+    /// When the request that got the grant was sent.
+    pub sent_at: Instant,
+    pub valid_until: Instant,
+}
+
+/// Takes the lock as `req` says.
+///
+/// Errors: [`Error::Held`] when the wait ran out (at once with a zero wait), an
+/// unreachable node's error when the wait ran out while it was unreachable, and any
+/// other error at once.
+///
+/// Cancel safety: dropping the future withdraws in the background whatever it may have
+/// written ([`Pending`]).
+pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Granted, Error> {
+    let started = Instant::now();
+    let deadline = req.wait.map(|w| started + w);
+    let waits = req.wait != Some(Duration::ZERO);
+    let fair_timeout = match req.mode {
+        Mode::Fair { waiter_timeout } => Some(waiter_timeout),
+        _ => None,
+    };
+    let mut pending = Pending {
+        shared: shared.clone(),
+        keys: req.keys,
+        token: HolderToken::generate(),
+        mode: req.mode,
+        ttl: req.ttl,
+        maybe_written: false,
+        queued: false,
+    };
+    let backend = &shared.backend;
+    let mut waiter: Option<Waiter> = None;
+    let mut attempt: u32 = 0;
+    // Whether an attempt that went out got no definite answer (a timeout, a dropped
+    // connection): its write may still land, so it must be withdrawn at the end.
+    let mut unanswered = false;
+    loop {
+        // Until this attempt is answered, its outcome is unknown too.
+        pending.maybe_written = true;
+        // The wakes this attempt answers (see `Waiter::settle`).
+        let marks = waiter.as_ref().map(Waiter::marks);
+        let outcome = backend
+            .acquire(&AcquireRequest {
+                name: req.name,
+                keys: &pending.keys,
+                token: &pending.token,
+                ttl: req.ttl,
+                mode: &pending.mode,
+                join: waits,
+            })
+            .await;
+        let found = match outcome {
+            Ok(Attempt::Acquired {
+                fence,
+                sent_at,
+                valid_until,
+            }) => {
+                if let (Some(w), Some(marks)) = (&waiter, &marks) {
+                    w.settle(marks);
+                }
+                return Ok(pending.granted(fence, sent_at, valid_until));
+            }
+            Ok(Attempt::Held { blocked_by, nodes }) => {
+                // A definite answer (a failed Redlock quorum was already taken back
+                // everywhere); only an earlier unanswered attempt is still a maybe.
+                pending.maybe_written = unanswered;
+                // The lock is someone else's: their release will wake a waiter. An
+                // attempt that failed on an error settles nothing, so if this wait ends
+                // on that error the wake passes to the next waiter.
+                if let (Some(w), Some(marks)) = (&waiter, &marks) {
+                    w.settle(marks);
+                }
+                pending.queued = waits && fair_timeout.is_some();
+                if waits && waiter.is_none() {
+                    waiter = Some(Waiter::join(backend, &pending).await);
+                    attempt = attempt.saturating_add(1);
+                    continue;
+                }
+                let now = Instant::now();
+                if deadline.is_some_and(|d| now >= d) {
+                    pending.withdraw().await;
+                    return Err(Error::Held {
+                        name: req.name.to_owned(),
+                        blocked_by,
+                        waited: if waits { now - started } else { Duration::ZERO },
+                        nodes,
+                    });
+                }
+                Found::Held(blocked_by)
+            }
+            Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
+                // One node's Unavailable leaves the outcome unknown; a failed quorum was
+                // taken back everywhere already.
+                unanswered |= matches!(e, Error::Unavailable { .. });
+                pending.maybe_written = unanswered;
+                if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
+                    pending.withdraw().await;
+                    return Err(e);
+                }
+                tracing::debug!(lock = req.name, error = %e, "acquire attempt failed; retrying");
+                Found::Unreachable
+            }
+            Err(e) => {
+                pending.withdraw().await;
+                return Err(e);
+            }
+        };
+        let pause = next_pause(Pause {
+            found,
+            backoff: req.retry.delay(attempt),
+            fair_timeout,
+            notified_everywhere: waiter.as_ref().is_some_and(|w| w.everywhere),
+            left: deadline.map(|d| d.saturating_duration_since(Instant::now())),
+        });
+        match &waiter {
+            Some(w) => w.wait(pause).await,
+            None => tokio::time::sleep(pause).await,
+        }
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+/// What the last attempt found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Another holder, or a fair queue, stands in the way.
+    Held(Blocker),
+    /// A node could not be reached, or the quorum failed.
+    Unreachable,
+}
+
+/// What decides the pause before the next attempt.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pause {
+    pub found: Found,
+    /// The retry schedule's pause for this attempt (drawn by the caller).
+    pub backoff: Duration,
+    /// Fair mode: the waiter timeout.
+    pub fair_timeout: Option<Duration>,
+    /// Whether release notifications come from every node.
+    pub notified_everywhere: bool,
+    /// What is left of the caller's wait (`None`: for ever).
+    pub left: Option<Duration>,
+}
+
+/// The longest a waiter sleeps before its next attempt, if no release notification
+/// comes first: the holder's remaining lease as Redis reported it (the key is gone once
+/// it runs out, message or not), else the backoff; in fair mode at most a third of the
+/// waiter timeout (a waiter must call again well before the queue drops it); the backoff
+/// at most where notifications are missing from a node; never past the caller's wait.
+pub(crate) fn next_pause(p: Pause) -> Duration {
+    let mut pause = match p.found {
+        Found::Held(Blocker::Lease(left)) if !left.is_zero() => left + Duration::from_millis(1),
+        Found::Held(_) | Found::Unreachable => p.backoff,
+    };
+    if let Found::Held(_) = p.found {
+        if let Some(timeout) = p.fair_timeout {
+            pause = pause.min(timeout / 3);
+        }
+        if !p.notified_everywhere {
+            pause = pause.min(p.backoff);
+        }
+    }
+    match p.left {
+        Some(left) => pause.min(left),
+        None => pause,
+    }
+}
+
+/// A waiting acquire's registration for release notifications, on every node with one
+/// place in line, and the wakes it has answered.
+struct Waiter {
+    subscriptions: Vec<Subscription>,
+    /// Whether every node's subscription was confirmed.
+    everywhere: bool,
+}
+
+impl Waiter {
+    /// Subscribes on every node; a node whose subscription fails is left to the lease
+    /// bound.
+    async fn join(backend: &Backend, pending: &Pending) -> Self {
+        let channel = pending.keys.channel();
+        // One place in line on every node.
+        let id = next_waiter_id();
+        let wake = pending.mode.wake(&pending.token);
+        let subscriptions = backend.subscribe(&channel, id, wake).await;
+        let everywhere = subscriptions.len() == backend.nodes().len();
+        Self {
+            subscriptions,
+            everywhere,
+        }
+    }
+
+    /// The wakes delivered so far: read them before sending an attempt.
+    fn marks(&self) -> Vec<u64> {
+        self.subscriptions
+            .iter()
+            .map(Subscription::wake_mark)
+            .collect()
+    }
+
+    /// Redis answered an attempt sent after `marks` were read: those wakes are used, and
+    /// dropping this waiter no longer passes them on.
+    fn settle(&self, marks: &[u64]) {
+        for (s, mark) in self.subscriptions.iter().zip(marks) {
+            s.settle(*mark);
+        }
+    }
+
+    /// Sleeps until a release notification from any node, or `pause`.
+    async fn wait(&self, pause: Duration) {
+        if self.subscriptions.is_empty() {
+            return tokio::time::sleep(pause).await;
+        }
+        let any_release = select_all(self.subscriptions.iter().map(|s| Box::pin(s.notified())));
+        tokio::select! {
+            _ = any_release => {}
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+/// An acquire in progress. If it ends without the lock, it may have left something in
+/// Redis: a grant whose reply was lost (timeout, cancellation), or a place in a fair
+/// queue. It withdraws both: before the acquire returns, or in the background if the
+/// acquire's future is dropped.
+struct Pending {
+    shared: Arc<Shared>,
+    keys: LockKeys,
+    token: HolderToken,
+    mode: Mode,
+    ttl: Duration,
+    maybe_written: bool,
+    queued: bool,
+}
+
+impl Pending {
+    fn owes_cleanup(&self) -> bool {
+        self.maybe_written || self.queued
+    }
+
+    /// The grant: nothing is owed any more.
+    fn granted(mut self, fence: FencingToken, sent_at: Instant, valid_until: Instant) -> Granted {
+        self.maybe_written = false;
+        self.queued = false;
+        Granted {
+            keys: self.keys.clone(),
+            token: self.token.clone(),
+            mode: self.mode.clone(),
+            fence,
+            sent_at,
+            valid_until,
+        }
+    }
+
+    /// Withdraws now, so the caller's error comes after the cleanup; on failure (or if
+    /// this future is dropped) the drop retries in the background.
+    async fn withdraw(&mut self) {
+        if !self.owes_cleanup() {
+            return;
+        }
+        let backend = &self.shared.backend;
+        match backend
+            .abandon(&self.keys, &self.token, &self.mode, self.ttl, 0)
+            .await
+        {
+            Ok(()) => {
+                self.maybe_written = false;
+                self.queued = false;
+            }
+            Err(e) => {
+                tracing::debug!(key = %self.keys.lock, error = %e, "withdrawing an acquire failed; retrying in the background");
+            }
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.owes_cleanup() {
+            self.shared
+                .abandon_in_background(&self.keys, &self.token, &self.mode, self.ttl, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn pause(found: Found) -> Pause {
+        Pause {
+            found,
+            backoff: 40 * MS,
+            fair_timeout: None,
+            notified_everywhere: true,
+            left: None,
+        }
+    }
+
+    #[test]
+    fn a_waiter_sleeps_until_the_holders_lease_runs_out_at_most() {
+        let held = |ms| Found::Held(Blocker::Lease(ms * MS));
+        assert_eq!(next_pause(pause(held(900))), 901 * MS);
+        // A lease ending now, a key without expiry, a queue: the backoff.
+        assert_eq!(next_pause(pause(held(0))), 40 * MS);
+        assert_eq!(next_pause(pause(Found::Held(Blocker::NoExpiry))), 40 * MS);
+        assert_eq!(next_pause(pause(Found::Held(Blocker::Queue))), 40 * MS);
+        assert_eq!(next_pause(pause(Found::Unreachable)), 40 * MS);
+    }
+
+    #[test]
+    fn fair_waiters_call_again_within_a_third_of_their_timeout() {
+        let p = Pause {
+            fair_timeout: Some(300 * MS),
+            ..pause(Found::Held(Blocker::Lease(900 * MS)))
+        };
+        assert_eq!(next_pause(p), 100 * MS);
+    }
+
+    #[test]
+    fn without_notifications_from_every_node_the_backoff_bounds_the_pause() {
+        let p = Pause {
+            notified_everywhere: false,
+            ..pause(Found::Held(Blocker::Lease(900 * MS)))
+        };
+        assert_eq!(next_pause(p), 40 * MS);
+    }
+
+    #[test]
+    fn the_pause_never_runs_past_the_callers_wait() {
+        let p = Pause {
+            left: Some(7 * MS),
+            ..pause(Found::Held(Blocker::Lease(900 * MS)))
+        };
+        assert_eq!(next_pause(p), 7 * MS);
+        let p = Pause {
+            left: Some(Duration::ZERO),
+            ..pause(Found::Unreachable)
+        };
+        assert_eq!(next_pause(p), Duration::ZERO);
+    }
+}

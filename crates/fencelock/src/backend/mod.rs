@@ -1,0 +1,460 @@
+//! Where a lock lives, and how to talk to it: [`Backend`].
+//!
+//! A backend is one Redis node, or several independent masters for Redlock. It answers
+//! acquire, extend, release, abandon, the watchdog's batched renewals, and release
+//! subscriptions, and hides the quorum: every operation goes to all its nodes at once
+//! ([`fan_out`], each node within its timeout) and the answers are tallied by one set of
+//! rules ([`quorum`]). A caller never asks how many nodes there are, except for what
+//! only one node can do (a fair queue, reentrant holds, a delay queue: [`Backend::single`]).
+//!
+//! Below it: [`node`] (one connection, its timeouts, the mapping of driver errors to
+//! fencelock's [`Error`]) and [`subscriber`] (one pub/sub connection per client and node).
+
+pub(crate) mod node;
+pub(crate) mod quorum;
+pub(crate) mod subscriber;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use redis::{FromRedisValue, ScriptInvocation};
+
+use crate::error::{Blocker, Error, LossCause, NodeReport};
+use crate::keys::LockKeys;
+use crate::scripts::{
+    self,
+    replies::{AcquireReply, Left, Owned, Renewed},
+};
+use crate::token::{FencingToken, HolderToken};
+pub(crate) use node::{Node, Timeouts, redact};
+use quorum::{Confirmation, Quorum, Verdict, lease_end};
+use subscriber::{Subscription, Wake};
+
+/// How the holders of one lock name take turns: the script family an operation runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Any caller may take a free lock.
+    Plain,
+    /// Waiters are served in arrival order; `waiter_timeout`: how long a queued waiter
+    /// may stay silent before it is purged.
+    Fair { waiter_timeout: Duration },
+    /// Holds are counted per owner id; the key is a hash (`reentrant_acquire.lua`).
+    Reentrant { owner: String },
+}
+
+impl Mode {
+    /// What the key holds while this mode holds the lock: renewals compare against it.
+    pub fn holder_id<'a>(&'a self, token: &'a HolderToken) -> &'a str {
+        match self {
+            Mode::Reentrant { owner } => owner,
+            _ => token.as_str(),
+        }
+    }
+
+    /// Which release messages wake a waiter of this mode.
+    pub fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
+        match self {
+            Mode::Plain => Wake::Plain,
+            Mode::Reentrant { .. } => Wake::Owner,
+            Mode::Fair { .. } => Wake::Turn(token.as_str()),
+        }
+    }
+}
+
+/// One acquire attempt, as the backend is asked for it.
+pub(crate) struct AcquireRequest<'a> {
+    pub name: &'a str,
+    pub keys: &'a LockKeys,
+    pub token: &'a HolderToken,
+    pub ttl: Duration,
+    pub mode: &'a Mode,
+    /// Fair mode: join the queue when it is not our turn.
+    pub join: bool,
+}
+
+/// The outcome of one acquire attempt that the nodes answered.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    Acquired {
+        fence: FencingToken,
+        /// When the request that got the grant was sent.
+        sent_at: Instant,
+        valid_until: Instant,
+    },
+    Held {
+        blocked_by: Blocker,
+        /// Redlock: what each node answered; empty for one node.
+        nodes: Vec<NodeReport>,
+    },
+}
+
+/// What a renewal batch did for one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Confirmed with time to spare: the lease now lasts until then.
+    Renewed { valid_until: Instant },
+    /// It is gone.
+    Lost(LossCause),
+    /// No verdict this time (too few answers, or too late): retry.
+    Unknown,
+}
+
+/// Where a client's locks live: one node, or the Redlock nodes. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Backend {
+    nodes: Vec<Node>,
+    quorum: Quorum,
+}
+
+/// Asks `nodes` at once, each within `within` (its own call timeout when `None`), and
+/// collects what each answered, in node order. The one fan-out of fencelock: acquire,
+/// extend, release, abandon and renewals all go through it.
+pub(crate) async fn fan_out<'i, T: FromRedisValue>(
+    nodes: &[Node],
+    within: Option<Duration>,
+    invocation: impl Fn(&Node) -> &'i ScriptInvocation<'static>,
+) -> Vec<Result<T, Error>> {
+    join_all(nodes.iter().map(|node| node.run(invocation(node), within))).await
+}
+
+/// How long a Redlock connect waits for each node to say who it is, unless a node
+/// timeout is set.
+const IDENTIFY_TIMEOUT: Duration = Duration::from_millis(250);
+
+impl Backend {
+    /// Sets up one node at `url`; `eager`: connect now.
+    pub async fn single(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
+        Ok(Self {
+            nodes: vec![Node::open(url, timeouts, eager).await?],
+            quorum: Quorum::single(timeouts.response),
+        })
+    }
+
+    /// Sets up Redlock over `urls` (already checked: odd, at least 3, distinct). The
+    /// nodes connect lazily, since a minority may be down. `identify`: ask each node who
+    /// it is now (each within the node timeout, or 250 ms) and refuse URLs that name one
+    /// server several times; a node that does not answer now is identified by its first
+    /// answer to an acquire.
+    pub async fn redlock(
+        urls: &[String],
+        timeouts: Timeouts,
+        node_timeout: Option<Duration>,
+        quarantine: Option<Duration>,
+        identify: bool,
+    ) -> Result<Self, Error> {
+        let mut nodes = Vec::with_capacity(urls.len());
+        for url in urls {
+            nodes.push(Node::open(url, timeouts, false).await?);
+        }
+        if identify {
+            let within = node_timeout
+                .unwrap_or(IDENTIFY_TIMEOUT)
+                .min(timeouts.connect);
+            refuse_one_server_twice(urls, &nodes, within).await?;
+        }
+        let quorum = Quorum::redlock(nodes.len(), node_timeout, quarantine, timeouts.response);
+        Ok(Self { nodes, quorum })
+    }
+
+    /// Every node, in the order given.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node, for what only one node can do (a fair queue, reentrant holds, a delay
+    /// queue); `None` for Redlock.
+    pub fn only_node(&self) -> Option<&Node> {
+        match self.nodes.as_slice() {
+            [node] => Some(node),
+            _ => None,
+        }
+    }
+
+    /// Whether this is Redlock.
+    pub fn is_redlock(&self) -> bool {
+        self.quorum.is_redlock()
+    }
+
+    /// One acquire attempt on every node.
+    ///
+    /// Errors: for one node, its own ([`Error::Unavailable`] leaves the outcome unknown:
+    /// withdraw later); for Redlock, [`Error::NoQuorum`] once everything written was
+    /// taken back. Cancel safety: as [`Node::run`].
+    pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
+        let q = &self.quorum;
+        let invocation = |identify| match req.mode {
+            Mode::Plain => scripts::acquire(req.keys, req.token, req.ttl, q.floor(), identify),
+            Mode::Fair { waiter_timeout } => {
+                scripts::fair_acquire(req.keys, req.token, req.ttl, *waiter_timeout, req.join)
+            }
+            Mode::Reentrant { owner } => {
+                scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl)
+            }
+        };
+        let (identified, anonymous) = (invocation(true), invocation(false));
+        let sent_at = Instant::now();
+        let answers: Vec<Result<AcquireReply, Error>> =
+            fan_out(&self.nodes, q.within(req.ttl), |node| {
+                if q.identify(node) {
+                    &identified
+                } else {
+                    &anonymous
+                }
+            })
+            .await;
+        let (verdict, take_back) = q.acquire(&self.nodes, answers, req.name, sent_at, req.ttl);
+        if take_back
+            && let Err(e) = self
+                .abandon(req.keys, req.token, req.mode, req.ttl, 0)
+                .await
+        {
+            tracing::debug!(lock = req.name, error = %e, "taking back a failed attempt failed; the keys expire after their lease");
+        }
+        match verdict {
+            Verdict::Granted { fence, valid_until } => Ok(Attempt::Acquired {
+                fence,
+                sent_at,
+                valid_until,
+            }),
+            Verdict::Held { blocked_by, nodes } => Ok(Attempt::Held { blocked_by, nodes }),
+            Verdict::Failed(e) => Err(e),
+        }
+    }
+
+    /// Extends the lease to `ttl` from now (a renewal batch of one): a majority must
+    /// confirm with time to spare. Returns when the request was sent and the new end of
+    /// the lease.
+    ///
+    /// Errors: [`Error::LeaseLost`] when the nodes said it is gone, or confirmed too late
+    /// ([`LossCause::Unconfirmed`]); a node's error when too few answered to tell (the
+    /// lease may still be valid: nothing is released).
+    pub async fn extend(
+        &self,
+        name: &str,
+        keys: &LockKeys,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<(Instant, Instant), Error> {
+        let sent_at = Instant::now();
+        let invocation = scripts::renew(std::iter::once((keys.lock.as_str(), holder, ttl)));
+        let answers: Vec<Result<Renewed, Error>> =
+            fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await;
+        let owned = answers.iter().map(|a| match a {
+            Ok(Renewed(codes)) => codes.first().copied(),
+            Err(_) => None,
+        });
+        let confirmation = self
+            .quorum
+            .confirm(&self.nodes, owned, self.quorum.needed());
+        let lost = |cause| Error::LeaseLost {
+            name: name.to_owned(),
+            cause,
+        };
+        match confirmation {
+            Confirmation::Confirmed => {
+                let valid_until = lease_end(sent_at, ttl);
+                if valid_until <= Instant::now() {
+                    return Err(lost(LossCause::Unconfirmed));
+                }
+                Ok((sent_at, valid_until))
+            }
+            Confirmation::Lost(cause) => Err(lost(cause)),
+            Confirmation::Unknown => Err(first_error(answers, || lost(LossCause::Unconfirmed))),
+        }
+    }
+
+    /// Releases a held lock on every node (and wakes its waiters): Ok if any node still
+    /// held it. `fence`: Redlock raises every node's counter to the grant's token.
+    ///
+    /// Errors: [`Error::LeaseLost`] when no node held it any more; a node's error when
+    /// too few answered to tell (the key then expires after its lease).
+    pub async fn release(
+        &self,
+        name: &str,
+        keys: &LockKeys,
+        token: &HolderToken,
+        mode: &Mode,
+        ttl: Duration,
+        fence: u64,
+    ) -> Result<(), Error> {
+        let answers = self.release_everywhere(keys, token, mode, ttl, fence).await;
+        let owned = answers.iter().map(|a| a.as_ref().ok().copied());
+        let confirmation = self.quorum.confirm(&self.nodes, owned, 1);
+        let lost = |cause| Error::LeaseLost {
+            name: name.to_owned(),
+            cause,
+        };
+        match confirmation {
+            Confirmation::Confirmed => Ok(()),
+            Confirmation::Lost(cause) => Err(lost(cause)),
+            Confirmation::Unknown => Err(first_error(answers, || lost(LossCause::Expired))),
+        }
+    }
+
+    async fn release_everywhere(
+        &self,
+        keys: &LockKeys,
+        token: &HolderToken,
+        mode: &Mode,
+        ttl: Duration,
+        fence: u64,
+    ) -> Vec<Result<Owned, Error>> {
+        let invocation = match mode {
+            Mode::Plain => scripts::release(keys, token, if self.is_redlock() { fence } else { 0 }),
+            Mode::Fair { .. } => scripts::fair_release(keys, token),
+            Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
+        };
+        // Each node within its share (a Redlock node that does not answer keeps the
+        // key at most until it expires, so nothing needs to wait for it).
+        fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await
+    }
+
+    /// Withdraws everything `token` may hold: its grant (on every node; Redlock raises
+    /// the counters to `fence`), or in fair mode its place in the queue. Succeeds when
+    /// any node answered, whatever it found.
+    pub async fn abandon(
+        &self,
+        keys: &LockKeys,
+        token: &HolderToken,
+        mode: &Mode,
+        ttl: Duration,
+        fence: u64,
+    ) -> Result<(), Error> {
+        let answers: Vec<Result<(), Error>> = match mode {
+            Mode::Fair { .. } => {
+                let invocation = scripts::fair_leave(keys, token);
+                let left: Vec<Result<Left, Error>> =
+                    fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await;
+                left.into_iter().map(|r| r.map(drop)).collect()
+            }
+            _ => self
+                .release_everywhere(keys, token, mode, ttl, fence)
+                .await
+                .into_iter()
+                .map(|r| r.map(drop))
+                .collect(),
+        };
+        if answers.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        Err(first_error(answers, || {
+            Error::invalid("nodes", "none to withdraw from")
+        }))
+    }
+
+    /// One renewal batch: `(lock key, holder, ttl)` per lease, sent now to every node.
+    /// A lease is renewed when a majority confirmed it in time; lost when so many nodes
+    /// said it is gone that no majority can confirm it; otherwise unknown (retry).
+    pub async fn renew(&self, leases: &[(&str, &str, Duration)]) -> Vec<Renewal> {
+        let sent_at = Instant::now();
+        let invocation = scripts::renew(leases.iter().copied());
+        let shortest = leases.iter().map(|l| l.2).min().unwrap_or_default();
+        let answers: Vec<Result<Renewed, Error>> =
+            fan_out(&self.nodes, self.quorum.within(shortest), |_| &invocation).await;
+        let answers: Vec<Option<Vec<Owned>>> = answers
+            .into_iter()
+            .zip(&self.nodes)
+            .map(|(answer, node)| match answer {
+                Ok(Renewed(codes)) if codes.len() == leases.len() => Some(codes),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!(node = node.addr(), error = %e, leases = leases.len(), "renewal failed; retrying");
+                    None
+                }
+            })
+            .collect();
+        let now = Instant::now();
+        leases
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, ttl))| {
+                let owned = answers.iter().map(|a| a.as_ref().map(|codes| codes[i]));
+                match self
+                    .quorum
+                    .confirm(&self.nodes, owned, self.quorum.needed())
+                {
+                    Confirmation::Confirmed => {
+                        let valid_until = lease_end(sent_at, *ttl);
+                        if valid_until > now {
+                            Renewal::Renewed { valid_until }
+                        } else {
+                            Renewal::Unknown
+                        }
+                    }
+                    Confirmation::Lost(cause) => Renewal::Lost(cause),
+                    Confirmation::Unknown => Renewal::Unknown,
+                }
+            })
+            .collect()
+    }
+
+    /// Registers waiter `id` for releases of `channel` on every node, once the server
+    /// confirmed each subscription. A node whose subscription failed is left out (its
+    /// waiters rely on their lease-bounded timers there).
+    ///
+    /// Cancel safe: a dropped call unregisters its waiter.
+    pub async fn subscribe(&self, channel: &str, id: u64, wake: Wake<'_>) -> Vec<Subscription> {
+        let subscribing = self
+            .nodes
+            .iter()
+            .map(|n| n.subscriber().subscribe(channel, id, wake));
+        join_all(subscribing)
+            .await
+            .into_iter()
+            .filter_map(|result| {
+                result
+                    .inspect_err(|e| {
+                        tracing::debug!(error = %e, "no release notifications from a node; its lease bound applies");
+                    })
+                    .ok()
+            })
+            .collect()
+    }
+}
+
+/// The first node error among `answers`, or `otherwise()` if there is none.
+fn first_error<T>(answers: Vec<Result<T, Error>>, otherwise: impl FnOnce() -> Error) -> Error {
+    answers
+        .into_iter()
+        .find_map(Result::err)
+        .unwrap_or_else(otherwise)
+}
+
+/// Asks every Redlock node who it is (its run id), each within `within`, and refuses
+/// URLs that name one server several times (`localhost` and `127.0.0.1`, a `/0` added):
+/// such a server would vote more than once. A node that does not answer now is
+/// identified by its first answer to an acquire, and refused a second vote then.
+async fn refuse_one_server_twice(
+    urls: &[String],
+    nodes: &[Node],
+    within: Duration,
+) -> Result<(), Error> {
+    let ids = join_all(nodes.iter().map(|n| n.run_id(within))).await;
+    let mut servers: Vec<(String, Vec<usize>)> = Vec::new();
+    for (i, (node, id)) in nodes.iter().zip(ids).enumerate() {
+        match id {
+            Ok(id) => {
+                node.health().observe(&id);
+                match servers.iter_mut().find(|(known, _)| *known == id) {
+                    Some((_, same)) => same.push(i),
+                    None => servers.push((id, vec![i])),
+                }
+            }
+            Err(e) => {
+                tracing::debug!(node = node.addr(), error = %e, "not identified at connect");
+            }
+        }
+    }
+    let Some((_, same)) = servers.iter().find(|(_, same)| same.len() > 1) else {
+        return Ok(());
+    };
+    let names: Vec<String> = same.iter().map(|&i| redact(&urls[i])).collect();
+    Err(Error::invalid(
+        "Redis URLs",
+        format!(
+            "{} are one Redis server (one run id); Redlock needs independent servers, \
+             each named once",
+            names.join(", ")
+        ),
+    ))
+}

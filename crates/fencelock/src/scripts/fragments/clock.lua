@@ -1,0 +1,16 @@
+-- clock.lua: the server's clock (TIME). Deadlines, due times and token floors come from
+-- it, never from a client's clock. Functions only.
+--
+-- server_us() -> the server clock in microseconds since the Unix epoch
+-- server_ms() -> the server clock in milliseconds since the Unix epoch
+
+local function server_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+

@@ -1,0 +1,38 @@
+-- fence.lua: the fencing counter, read and advanced the same way by every script that
+-- grants a lock. Needs clock.lua in front of it. Functions only.
+--
+-- read_counter(key) -> value, bad_type
+--   value: the counter as a number, or nil if the key is absent
+--   bad_type: the Redis type found (or "string" for a string that is not an integer of
+--   at most 18 digits) when the key holds something fencelock did not write; check it
+--   before any write
+-- next_fence(key, value, floor) -> the new token, stored in the counter: value + 1, and
+--   at least the server clock in microseconds when `floor` is true (Redlock: tokens
+--   minted on different nodes stay comparable) or the counter is missing (first use,
+--   FLUSHALL, a restart without persistence: the clock seeds it, so tokens keep
+--   increasing across a wipe unless the lock was granted more than once per
+--   microsecond on average)
+
+local function read_counter(key)
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'none' then
+    return nil, nil
+  elseif kind ~= 'string' then
+    return nil, kind
+  end
+  local raw = redis.call('GET', key)
+  if not string.match(raw, '^%d+$') or string.len(raw) > 18 then
+    return nil, 'string'
+  end
+  return tonumber(raw), nil
+end
+
+local function next_fence(key, value, floor)
+  if value ~= nil and not floor then
+    return redis.call('INCR', key)
+  end
+  local fence = math.max((value or 0) + 1, server_us())
+  redis.call('SET', key, string.format('%d', fence))
+  return fence
+end
+

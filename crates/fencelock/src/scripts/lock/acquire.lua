@@ -1,0 +1,57 @@
+-- acquire.lua: take a plain lock if it is free and mint a fencing token, in one round
+-- trip. Used on a single node, and on each node of a Redlock acquire.
+--
+-- KEYS[1]  lock key        plain string holding the holder token, with a PX expiry
+-- KEYS[2]  fence counter   plain integer string, never expires
+-- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
+-- ARGV[2]  ttl             milliseconds, a positive integer
+-- ARGV[3]  "1": a new token is at least the server clock in microseconds (Redlock:
+--          tokens minted on different nodes stay comparable); "0": the counter + 1
+-- ARGV[4]  "1": also say who the server is, its run id and uptime (Redlock: two names
+--          of one server must not vote twice, and restart protection); "0": do not
+--
+-- Reply {code, value}, or with ARGV[4] "1" {code, value, run_id, uptime_s}:
+--   code 1  acquired now; value is the new fencing token
+--   code 2  the key already held this token (a retried acquire whose first reply was
+--           lost): the same grant, its expiry reset to ttl; value is the token already
+--           minted (a new one only if the counter was wiped meanwhile)
+--   code 0  held by another holder (a plain token, or a reentrant lock's hash); value
+--           is its remaining ms (-1: no expiry)
+-- A key that holds data fencelock did not write: wrong_type() (types.lua); nothing
+-- written. Everything is checked before the first write: a Lua error after SET would
+-- leave the lock set without a token handed out (scripts do not roll back).
+
+local counter, bad = read_counter(KEYS[2])
+if bad then
+  return wrong_type(KEYS[2], bad)
+end
+local floor = ARGV[3] == '1'
+
+local function reply(code, value)
+  if ARGV[4] ~= '1' then
+    return {code, value}
+  end
+  local info = redis.call('INFO', 'server')
+  local run_id = string.match(info, 'run_id:(%x+)') or ''
+  local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+  return {code, value, run_id, uptime}
+end
+
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return reply(1, next_fence(KEYS[2], counter, floor))
+end
+
+local kind, holder = lock_holder(KEYS[1])
+if kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
+end
+if kind == 'plain' and holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if counter == nil then
+    -- The counter vanished while we held the lock: our first token is unknowable, so
+    -- mint a fresh one, which is higher than any token handed out before.
+    return reply(2, next_fence(KEYS[2], counter, floor))
+  end
+  return reply(2, counter)
+end
+return reply(0, redis.call('PTTL', KEYS[1]))

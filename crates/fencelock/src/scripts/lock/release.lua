@@ -1,0 +1,40 @@
+-- release.lua: delete a plain lock only if it still holds the caller's token, and tell
+-- the waiters. Used on a single node, and on each node of a Redlock release.
+--
+-- KEYS[1]  lock key
+-- KEYS[2]  fence counter
+-- ARGV[1]  holder token
+-- ARGV[2]  release channel: an empty message there announces the release
+-- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
+--          the key (Redlock: the next grant on any majority gets a higher token); "0":
+--          leave the counter alone
+--
+-- Reply, an integer:
+--    1   released (the key held this token and is gone now)
+--    0   not held: the key is absent (the lease expired)
+--   -1   not held: another holder has the key (it expired and was taken)
+-- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
+-- counter that is not an integer is left as it is.
+
+local kind, holder = lock_holder(KEYS[1])
+if kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
+end
+
+local floor = tonumber(ARGV[3])
+if floor > 0 then
+  local counter, bad = read_counter(KEYS[2])
+  if not bad and (counter == nil or counter < floor) then
+    redis.call('SET', KEYS[2], ARGV[3])
+  end
+end
+
+if kind ~= 'plain' or holder ~= ARGV[1] then
+  if kind == 'none' then
+    return 0
+  end
+  return -1
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '')
+return 1

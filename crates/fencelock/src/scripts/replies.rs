@@ -1,0 +1,344 @@
+//! One decoder per kind of script reply, each following the script headers, and the one
+//! decoder of the wrong-type error reply every script shares.
+
+use std::time::Duration;
+
+use redis::{FromRedisValue, ParsingError, RedisError, Value};
+
+use crate::error::Blocker;
+use crate::token::FencingToken;
+
+/// The error code of `types.lua`'s `wrong_type()`.
+const WRONG_TYPE: &str = "FENCELOCK-WRONGTYPE";
+
+/// The key and the type found, if `e` is a script's wrong-type reply
+/// (`FENCELOCK-WRONGTYPE <found> <key>`).
+pub(crate) fn wrong_type(e: &RedisError) -> Option<(String, String)> {
+    if e.code() != Some(WRONG_TYPE) {
+        return None;
+    }
+    let (found, key) = e.detail()?.split_once(' ')?;
+    Some((key.to_owned(), found.to_owned()))
+}
+
+/// Who a node said it is, when asked (`acquire.lua` with ARGV[4] "1").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Identity {
+    /// Random for every start of a server process.
+    pub run_id: String,
+    /// Whole seconds.
+    pub uptime: Duration,
+}
+
+/// What an acquire script answered: `acquire.lua`, `reentrant_acquire.lua`,
+/// `fair_acquire.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AcquireReply {
+    pub outcome: AcquireOutcome,
+    /// Present when asked for.
+    pub identity: Option<Identity>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireOutcome {
+    /// The lock is the caller's; `fresh` is false when the key already held its token (a
+    /// retry).
+    Acquired { fence: FencingToken, fresh: bool },
+    /// Another holder has it, or in fair mode it is free but another waiter is first.
+    Held { blocked_by: Blocker },
+}
+
+impl FromRedisValue for AcquireReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let bad = || ParsingError::from(format!("an acquire script replied with {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        let int = |i: usize| match items.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            _ => Err(bad()),
+        };
+        let outcome = match int(0)? {
+            code @ (1 | 2) => AcquireOutcome::Acquired {
+                fence: FencingToken::new(u64::try_from(int(1)?).map_err(|_| bad())?),
+                fresh: code == 1,
+            },
+            // The holder's PTTL; -1: no expiry; -2 (only fair_acquire.lua says it): free,
+            // with another waiter first in line.
+            0 => AcquireOutcome::Held {
+                blocked_by: match int(1)? {
+                    -2 => Blocker::Queue,
+                    -1 => Blocker::NoExpiry,
+                    pttl => Blocker::Lease(Duration::from_millis(
+                        u64::try_from(pttl).map_err(|_| bad())?,
+                    )),
+                },
+            },
+            _ => return Err(bad()),
+        };
+        let identity = match items.as_slice() {
+            [_, _] => None,
+            [_, _, Value::BulkString(id), Value::Int(up)] => Some(Identity {
+                run_id: String::from_utf8_lossy(id).into_owned(),
+                uptime: Duration::from_secs(u64::try_from(*up).unwrap_or(0)),
+            })
+            .filter(|i| !i.run_id.is_empty()),
+            _ => return Err(bad()),
+        };
+        Ok(Self { outcome, identity })
+    }
+}
+
+/// What a release script answered, and what `renew.lua` answered for each lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owned {
+    /// The key held the caller and the operation happened.
+    Done,
+    /// The key was absent.
+    Absent,
+    /// Another holder has the key (or data fencelock did not write, for `renew.lua`).
+    Other,
+}
+
+impl Owned {
+    fn from_code(code: i64) -> Option<Self> {
+        match code {
+            1 => Some(Self::Done),
+            0 => Some(Self::Absent),
+            -1 => Some(Self::Other),
+            _ => None,
+        }
+    }
+}
+
+impl FromRedisValue for Owned {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(code) => Self::from_code(code),
+            _ => None,
+        }
+        .ok_or_else(|| ParsingError::from(format!("a release script replied with {v:?}")))
+    }
+}
+
+/// `renew.lua`'s answer: one [`Owned`] per lease, in the order sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Renewed(pub Vec<Owned>);
+
+impl FromRedisValue for Renewed {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let bad = || ParsingError::from(format!("renew.lua replied with {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        items
+            .iter()
+            .map(|item| match item {
+                Value::Int(code) => Owned::from_code(*code).ok_or_else(bad),
+                _ => Err(bad()),
+            })
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+}
+
+/// `fair_leave.lua`'s answer: whether anything of the token was removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Left(pub bool);
+
+impl FromRedisValue for Left {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Int(1) => Ok(Self(true)),
+            Value::Int(0) => Ok(Self(false)),
+            _ => Err(ParsingError::from(format!(
+                "fair_leave.lua replied with {v:?}"
+            ))),
+        }
+    }
+}
+
+/// An item `queue/take.lua` delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub id: u64,
+    pub payload: Vec<u8>,
+    pub attempt: u32,
+}
+
+/// The counts `queue/counts.lua` replies with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub ready: u64,
+    pub delayed: u64,
+    pub in_flight: u64,
+}
+
+/// `queue/push.lua`'s answer: the new item's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pushed(pub u64);
+
+/// The reply of one queue script: `{code, ...}` as its header says.
+pub(crate) trait QueueOutcome: Sized {
+    /// The script's file, for parse errors.
+    const SCRIPT: &'static str;
+    /// `None` when the reply does not fit the script's header.
+    fn parse(code: i64, rest: &[Value]) -> Option<Self>;
+}
+
+impl QueueOutcome for Pushed {
+    const SCRIPT: &'static str = "queue/push.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        match (code, rest) {
+            (1, [Value::Int(id)]) => u64::try_from(*id).ok().map(Self),
+            _ => None,
+        }
+    }
+}
+
+/// `queue/take.lua`: the delivered item, or `None` when nothing is due.
+impl QueueOutcome for Option<Taken> {
+    const SCRIPT: &'static str = "queue/take.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        match (code, rest) {
+            (0, []) => Some(None),
+            (
+                1,
+                [
+                    Value::Int(id),
+                    Value::BulkString(payload),
+                    Value::Int(attempt),
+                ],
+            ) => Some(Some(Taken {
+                id: u64::try_from(*id).ok()?,
+                payload: payload.clone(),
+                attempt: u32::try_from(*attempt).unwrap_or(u32::MAX),
+            })),
+            _ => None,
+        }
+    }
+}
+
+/// `queue/ack.lua`, `queue/retry.lua`, `queue/extend.lua`: whether the item was still in
+/// flight under the caller's receipt (and the operation happened).
+impl QueueOutcome for bool {
+    const SCRIPT: &'static str = "queue/ack, retry or extend.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        match (code, rest) {
+            (1, []) => Some(true),
+            (0, []) => Some(false),
+            _ => None,
+        }
+    }
+}
+
+impl QueueOutcome for Counts {
+    const SCRIPT: &'static str = "queue/counts.lua";
+    fn parse(code: i64, rest: &[Value]) -> Option<Self> {
+        let count = |v: &Value| match v {
+            Value::Int(n) => u64::try_from(*n).ok(),
+            _ => None,
+        };
+        match (code, rest) {
+            (1, [ready, delayed, in_flight]) => Some(Counts {
+                ready: count(ready)?,
+                delayed: count(delayed)?,
+                in_flight: count(in_flight)?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A queue script's reply, decoded by its [`QueueOutcome`].
+pub(crate) struct Queue<T>(pub T);
+
+impl<T: QueueOutcome> FromRedisValue for Queue<T> {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let parsed = match &v {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(code), rest @ ..] => T::parse(*code, rest),
+                _ => None,
+            },
+            _ => None,
+        };
+        parsed
+            .map(Self)
+            .ok_or_else(|| ParsingError::from(format!("{} replied with {v:?}", T::SCRIPT)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode<T: FromRedisValue>(v: Value) -> Result<T, ParsingError> {
+        T::from_redis_value(v)
+    }
+
+    #[test]
+    fn acquire_replies_decode_as_their_headers_say() {
+        let a = |items: Vec<Value>| decode::<AcquireReply>(Value::Array(items));
+        let held = |pttl| a(vec![Value::Int(0), Value::Int(pttl)]).unwrap().outcome;
+        assert_eq!(
+            held(0),
+            AcquireOutcome::Held {
+                blocked_by: Blocker::Lease(Duration::ZERO)
+            },
+            "a lease ending now is a lease, not a queue"
+        );
+        assert_eq!(
+            held(-2),
+            AcquireOutcome::Held {
+                blocked_by: Blocker::Queue
+            }
+        );
+        assert_eq!(
+            held(-1),
+            AcquireOutcome::Held {
+                blocked_by: Blocker::NoExpiry
+            }
+        );
+        let with_id = a(vec![
+            Value::Int(2),
+            Value::Int(7),
+            Value::BulkString(b"abc".to_vec()),
+            Value::Int(42),
+        ])
+        .unwrap();
+        assert_eq!(
+            with_id.outcome,
+            AcquireOutcome::Acquired {
+                fence: FencingToken::new(7),
+                fresh: false
+            }
+        );
+        assert_eq!(
+            with_id.identity,
+            Some(Identity {
+                run_id: "abc".into(),
+                uptime: Duration::from_secs(42)
+            })
+        );
+        assert!(a(vec![Value::Int(5), Value::Int(1)]).is_err());
+        assert!(a(vec![Value::Int(1)]).is_err());
+        assert!(a(vec![Value::Int(1), Value::Int(-3)]).is_err());
+    }
+
+    #[test]
+    fn owned_renewed_left_and_queue_replies_decode() {
+        assert_eq!(decode::<Owned>(Value::Int(-1)).unwrap(), Owned::Other);
+        assert!(decode::<Owned>(Value::Int(-2)).is_err());
+        let batch = Value::Array(vec![Value::Int(1), Value::Int(0), Value::Int(-1)]);
+        assert_eq!(
+            decode::<Renewed>(batch).unwrap(),
+            Renewed(vec![Owned::Done, Owned::Absent, Owned::Other])
+        );
+        assert!(decode::<Left>(Value::Int(-2)).is_err());
+        let pushed = Value::Array(vec![Value::Int(1), Value::Int(9)]);
+        assert_eq!(decode::<Queue<Pushed>>(pushed).unwrap().0, Pushed(9));
+        let none = Value::Array(vec![Value::Int(0)]);
+        assert_eq!(decode::<Queue<Option<Taken>>>(none).unwrap().0, None);
+        assert!(decode::<Queue<bool>>(Value::Array(vec![Value::Int(-1)])).is_err());
+    }
+}

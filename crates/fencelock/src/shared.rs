@@ -1,0 +1,67 @@
+//! What every lock, guard and delay queue of one [`Client`](crate::Client) shares: where
+//! the locks live, the key prefix, the watchdog, and the releases sent in the background.
+
+use std::time::Duration;
+
+use tokio_util::task::TaskTracker;
+
+use crate::algorithms::watchdog::Watchdog;
+use crate::backend::{Backend, Mode};
+use crate::keys::LockKeys;
+use crate::token::HolderToken;
+
+/// A client's internals, behind an `Arc`.
+pub(crate) struct Shared {
+    pub backend: Backend,
+    pub prefix: String,
+    /// Releases sent in the background by dropped guards and abandoned acquires.
+    pub background: TaskTracker,
+    /// Renews the leases of held locks.
+    pub watchdog: Watchdog,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field(
+                "nodes",
+                &self
+                    .backend
+                    .nodes()
+                    .iter()
+                    .map(|n| n.addr())
+                    .collect::<Vec<_>>(),
+            )
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl Shared {
+    /// Withdraws a token (its grant, its queue place) without waiting. Never blocks or
+    /// panics; without a Tokio runtime it does nothing, and the key expires after its
+    /// lease (a queue place after the waiter timeout).
+    pub fn abandon_in_background(
+        &self,
+        keys: &LockKeys,
+        token: &HolderToken,
+        mode: &Mode,
+        ttl: Duration,
+        fence: u64,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %keys.lock, "no Tokio runtime to release the lock in; it expires after its lease");
+            return;
+        };
+        let backend = self.backend.clone();
+        let (keys, token, mode) = (keys.clone(), token.clone(), mode.clone());
+        self.background.spawn_on(
+            async move {
+                if let Err(e) = backend.abandon(&keys, &token, &mode, ttl, fence).await {
+                    tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its lease");
+                }
+            },
+            &runtime,
+        );
+    }
+}
