@@ -12,11 +12,19 @@ use fencelock::{Error, LossCause, NodeOutcome};
 use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 use testkit::{Fault, FaultProxy, RedisServer};
 
-use crate::{
-    Lab, NODE_TIMEOUT, Outcome, REDLOCK_CLIENT_TIMEOUT, RESTART_TTL, Resource, SCENARIO_TIMEOUT,
-    TOUCH_MARGIN, TTL, Workers, acquired, ns, process_stopped, release, release_phase, signal,
-    uptime_secs,
+use crate::harness::{
+    Harness, Lab, Resource, SCENARIO_TIMEOUT, TOUCH_MARGIN, TTL, Workers, acquired, durations, ns,
+    process_stopped, release, release_phase, runtime, signal, spans,
 };
+use crate::outcomes::Outcome;
+
+/// Redlock per-node timeout.
+const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Connect and response timeout of the Redlock workers' client: bounds how long a
+/// release waits for a blackholed node.
+const REDLOCK_CLIENT_TIMEOUT: Duration = Duration::from_millis(150);
+/// Fixed lease of A in the crash-restart scenarios (and their quarantine when protected).
+const RESTART_TTL: Duration = Duration::from_secs(3);
 
 /// Slack on top of a TTL for "the next holder gets the lock within one TTL": the
 /// waiters' wake-up and one round trip on a loaded 2-core machine.
@@ -1074,20 +1082,6 @@ impl Lab {
             .collect()
     }
 
-    /// Spawns one worker per `(args, history)`; the workers and their histories.
-    fn spawn_all(
-        &self,
-        specs: Vec<(Vec<String>, PathBuf)>,
-    ) -> Result<(Workers, Vec<PathBuf>), String> {
-        let mut workers = Workers::default();
-        let mut histories = Vec::new();
-        for (args, path) in specs {
-            workers.spawn(&self.exe, &args)?;
-            histories.push(path);
-        }
-        Ok((workers, histories))
-    }
-
     /// Arguments of a Redlock worker on `urls` (node timeout 50 ms, client timeouts
     /// 150 ms, restart protection off: the nodes are young).
     fn redlock_worker(
@@ -1122,59 +1116,14 @@ fn server_time_us(server: &RedisServer) -> u64 {
     }
 }
 
-/// A current-thread Tokio runtime for the harness's own clients.
-/// The harness acting as a client of the lock server itself, for one scenario's lock.
-struct Harness {
-    rt: tokio::runtime::Runtime,
-    client: fencelock::Client,
-    /// The lock's name, and its key in Redis.
-    lock: String,
-    key: String,
-}
-
-impl Lab {
-    fn harness(&self, tag: &str) -> Result<Harness, String> {
-        let rt = runtime()?;
-        let client = rt
-            .block_on(fencelock::Client::connect(&self.lock.url()))
-            .map_err(|e| format!("{tag}: connect: {e}"))?;
-        let lock = format!("lab:{tag}");
-        let key = format!("fencelock:{{{lock}}}");
-        Ok(Harness {
-            rt,
-            client,
-            lock,
-            key,
+/// `uptime_in_seconds` of `INFO server` (0 if unreadable).
+fn uptime_secs(node: &RedisServer) -> u64 {
+    node.cmd(&["INFO", "server"])
+        .as_str()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                .and_then(|v| v.trim().parse().ok())
         })
-    }
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("tokio runtime: {e}"))
-}
-
-/// `(invoke time, completion time, duration)` of every completed `op` in `h`, per
-/// process (a process runs one operation at a time).
-fn durations(h: &[Event], op: Op) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-    let mut invoked = std::collections::HashMap::new();
-    h.iter().filter(move |e| e.op == op).filter_map(move |e| {
-        if e.phase == Phase::Invoke {
-            invoked.insert(e.process, e.time_ns);
-            None
-        } else {
-            invoked
-                .remove(&e.process)
-                .map(|start| (start, e.time_ns, e.time_ns.saturating_sub(start)))
-        }
-    })
-}
-
-/// How many `op`s were invoked before `from` and completed after `to`.
-fn spans(h: &[Event], op: Op, from: u64, to: u64) -> usize {
-    durations(h, op)
-        .filter(|&(start, end, _)| start < from && end > to)
-        .count()
+        .unwrap_or(0)
 }
