@@ -8,6 +8,12 @@
 //! mode repeats every scenario for many rounds with more iterations (at least 100,000
 //! acquisitions in all). It exits non-zero when any scenario's expectation fails,
 //! including a positive control (a known anomaly) that its checker missed.
+//!
+//! This file holds the command line and the run loop. The rest of the lab:
+//! [`harness`] (servers, proxies, workers, judging histories with the checkers),
+//! [`outcomes`] (what a scenario produced, its expectations), [`report`] (the markdown
+//! report), [`scenarios`] (each scenario with its description, grouped by fault) and
+//! [`worker`] (the worker process).
 
 // Unsafe is needed for process control std does not offer: `libc::kill` (SIGSTOP and
 // SIGCONT of a worker) and `prctl(PR_SET_PDEATHSIG)` in the forked worker, so workers
@@ -26,9 +32,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 
-use crate::harness::{Lab, Resource};
+use crate::harness::Lab;
 use crate::outcomes::Outcome;
-use crate::scenarios::{Minority, Restart};
+use crate::scenarios::{LONG, SHORT, chosen};
 use crate::worker::WorkerArgs;
 
 /// Safety lab of fencelock: fault scenarios judged by history checkers.
@@ -72,32 +78,6 @@ struct RunArgs {
     report: Option<PathBuf>,
 }
 
-/// How much of each scenario one run does.
-#[derive(Clone, Copy, Debug)]
-struct Scale {
-    name: &'static str,
-    /// Rounds of every scenario.
-    rounds: u32,
-    /// Iterations per worker of the no-faults scenario.
-    steady: u32,
-    /// Iterations per worker of the fault scenarios with steady traffic.
-    faulty: u32,
-}
-
-const SHORT: Scale = Scale {
-    name: "short",
-    rounds: 1,
-    steady: 30,
-    faulty: 12,
-};
-
-const LONG: Scale = Scale {
-    name: "long",
-    rounds: 5,
-    steady: 7_000,
-    faulty: 150,
-};
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -119,182 +99,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// One scenario of the run: its name, what it does and expects (for the report), and
-/// how to run one round of it under a tag.
-struct Scenario {
-    name: &'static str,
-    what: &'static str,
-    expected: &'static str,
-    run: RoundFn,
-}
-
-type RoundFn = Box<dyn Fn(&mut Lab, &str) -> Result<Outcome, String>>;
-
-fn scenario(
-    name: &'static str,
-    what: &'static str,
-    expected: &'static str,
-    run: impl Fn(&mut Lab, &str) -> Result<Outcome, String> + 'static,
-) -> Scenario {
-    Scenario {
-        name,
-        what,
-        expected,
-        run: Box::new(run),
-    }
-}
-
-/// Every scenario, in run order. The protected crash-restart runs before the
-/// unprotected one: it needs every node up longer than its quarantine, and the
-/// unprotected one (like the killed minority) restarts nodes.
-fn scenarios(scale: Scale) -> Vec<Scenario> {
-    let (steady, faulty) = (scale.steady, scale.faulty);
-    vec![
-        scenario(
-            "no-faults",
-            "3 workers on one Redis, fenced resource",
-            "every checker holds; the counter equals the acknowledged writes",
-            move |lab, tag| lab.no_faults(tag, steady),
-        ),
-        scenario(
-            "paused-worker-fenced",
-            "p1 SIGSTOPs itself between read and write, for 3 TTLs; p2 works meanwhile",
-            "the fenced resource rejects p1's late write; every checker holds",
-            |lab, tag| lab.paused_worker(tag, Resource::Fenced, false),
-        ),
-        scenario(
-            "paused-worker-unfenced",
-            "the same on an unfenced resource",
-            "**positive control**: C1 and C2 flag the late write, the counter shows the lost update",
-            |lab, tag| lab.paused_worker(tag, Resource::Unfenced, false),
-        ),
-        scenario(
-            "paused-worker-renewed",
-            "the same with a watchdog-renewed lease (renewals stop while p1 is stopped)",
-            "p1's guard reports the loss before the write (or the fence rejects it); its \
-             renewals never touch p2's key",
-            |lab, tag| lab.paused_worker(tag, Resource::Fenced, true),
-        ),
-        scenario(
-            "holder-killed",
-            "p1 SIGKILLed while holding a renewed lease; p2, p3 waiting",
-            "C6: the next acquire within one TTL + 300 ms of the kill",
-            |lab, tag| lab.holder_killed(tag, false),
-        ),
-        scenario(
-            "holder-killed-long-lease",
-            "the same, p1's lease 2 s (four times the TTL C6 judges by)",
-            "**positive control**: C6 flags the late next holder",
-            |lab, tag| lab.holder_killed(tag, true),
-        ),
-        scenario(
-            "resource-crash",
-            "3 workers write to the fenced resource; then its server is kill -9ed and \
-             restarted without persistence",
-            "**positive control**: C3 flags every acknowledged write as lost",
-            |lab, tag| lab.resource_crash(tag),
-        ),
-        scenario(
-            "counter-rewound",
-            "A acquires and writes; the lock's fencing counter is set back to 1 by hand; \
-             B acquires and writes",
-            "**positive control**: C4 flags B's lower token; the fence rejects B's write (C2 \
-             holds)",
-            |lab, tag| lab.counter_rewound(tag),
-        ),
-        scenario(
-            "delayed-replies",
-            "p1's link to Redis delayed 150-450 ms each way (TTL 500 ms) by the proxy",
-            "a grant arriving after its lease is refused, never a guard; every checker holds",
-            move |lab, tag| lab.delayed_replies(tag, faulty),
-        ),
-        scenario(
-            "dropped-replies",
-            "p1 waits for the harness's lock (2 s lease) through a proxy that then drops its \
-             replies (its requests still run) until 3 TTLs after that lease ended, and resets \
-             its connections; p2, p3 start once someone took the lock in the fault",
-            "a grant p1 has not heard of holds the lock (exercised); p1 holds it only once a \
-             retry of the same acquire is answered, else it is withdrawn or expires; C6: the \
-             lock back within one TTL of the heal; every checker holds",
-            move |lab, tag| lab.dropped_replies(tag, faulty),
-        ),
-        scenario(
-            "queued-set-nx",
-            "the Redis server SIGSTOPped for 3 TTLs while workers acquire (their SET NX \
-             queue in its socket, their clients time out and retry)",
-            "C6: the lock back within one TTL of SIGCONT; every checker holds",
-            move |lab, tag| lab.queued_set_nx(tag, faulty),
-        ),
-        scenario(
-            "expired-holder",
-            "A's lease expires, B acquires, A extends and releases late, then runs an \
-             unchecked `DEL` script",
-            "A's extend and release report the loss (the extend without asking Redis: A's \
-             guard had heard of it) and leave B's key; **positive control**: C5 flags \
-             exactly the unchecked DEL",
-            |lab, tag| lab.expired_holder(tag),
-        ),
-        scenario(
-            "redlock-restart-protected",
-            "Redlock, 5 nodes: A holds; n4, n5 lose A's key; n2 kill -9 + restart \
-             without persistence; B tries; restart protection on",
-            "B refused (NoQuorum naming the quarantined node); every checker holds",
-            |lab, tag| lab.redlock_restart(tag, Restart::Protected),
-        ),
-        scenario(
-            "redlock-restart-unprotected",
-            "the same with restart protection off; B and then A write to the fenced resource",
-            "**positive control**: C1 flags A's and B's overlap, while the fence keeps C2 and C3",
-            |lab, tag| lab.redlock_restart(tag, Restart::Unprotected),
-        ),
-        scenario(
-            "redlock-restart-persistent",
-            "the same, but n2 runs with `appendfsync always`; restart protection off",
-            "A's key survives the crash: B finds the lock held; every checker holds",
-            |lab, tag| lab.redlock_restart(tag, Restart::Persistent),
-        ),
-        scenario(
-            "redlock-minority-blackholed",
-            "Redlock, 3 workers; n2, n4 blackholed by their proxies after the first acquire",
-            "≥ 80% of later acquires succeed; every checker holds",
-            move |lab, tag| lab.redlock_minority(tag, Minority::Blackholed, faulty),
-        ),
-        scenario(
-            "redlock-minority-paused",
-            "the same with n2, n4 SIGSTOPped",
-            "≥ 80% of later acquires succeed; every checker holds",
-            move |lab, tag| lab.redlock_minority(tag, Minority::Paused, faulty),
-        ),
-        scenario(
-            "redlock-minority-killed",
-            "the same with n2, n4 SIGKILLed (restarted empty at the end)",
-            "≥ 80% of later acquires succeed; every checker holds",
-            move |lab, tag| lab.redlock_minority(tag, Minority::Killed, faulty),
-        ),
-        scenario(
-            "redlock-majority-down",
-            "n1-n3 partitioned away for 3 TTLs, then healed",
-            "a try-acquire meanwhile fails fast (NoQuorum); C6: the lock back within one \
-             TTL of the heal; every checker holds",
-            move |lab, tag| lab.redlock_majority_down(tag, faulty),
-        ),
-        scenario(
-            "redlock-partitioned",
-            "per-client partitions: p1 sees n1-n2 only, p2 sees n3-n5 only",
-            "p1 (a minority) stops acquiring, p2 goes on; every checker holds",
-            move |lab, tag| lab.redlock_partitioned(tag, faulty),
-        ),
-    ]
-}
-
-/// The scenarios whose name contains one of `only` (all if empty).
-fn chosen(scale: Scale, only: &[String]) -> Vec<Scenario> {
-    scenarios(scale)
-        .into_iter()
-        .filter(|sc| only.is_empty() || only.iter().any(|o| sc.name.contains(o.as_str())))
-        .collect()
-}
-
+/// Runs every chosen scenario for each round of the scale, prints the report (and
+/// writes it to `--report`); whether every expectation held.
 fn run(args: &RunArgs) -> Result<bool, String> {
     let scale = if args.long { LONG } else { SHORT };
     let seed = args.seed.unwrap_or_else(|| {
@@ -317,7 +123,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
 
     let mut outcomes: Vec<Outcome> = Vec::new();
     for round in 1..=scale.rounds {
-        for (i, sc) in chosen(scale, &args.only).into_iter().enumerate() {
+        for (i, sc) in chosen(&args.only).into_iter().enumerate() {
             let name = sc.name;
             let tag = if scale.rounds == 1 {
                 name.to_owned()
@@ -326,7 +132,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
             };
             lab.start_from_nothing(&tag);
             let t = Instant::now();
-            let mut o = (sc.run)(&mut lab, &tag)?;
+            let mut o = (sc.run)(&mut lab, &tag, scale)?;
             eprintln!(
                 "  {tag}: {} acquisitions in {:.1} s{}",
                 o.acquisitions,
@@ -350,7 +156,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
     let ok = outcomes.iter().all(|o| o.failed.is_empty());
     let report = report::report(
         &outcomes,
-        &chosen(scale, &args.only),
+        &chosen(&args.only),
         scale,
         seed,
         started.elapsed(),

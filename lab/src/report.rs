@@ -7,7 +7,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::outcomes::Outcome;
-use crate::{Scale, Scenario};
+use crate::scenarios::{Scale, Scenario};
 
 /// `12.3 ms`, or `n/a`.
 fn ms(ns: Option<u64>) -> String {
@@ -18,7 +18,7 @@ fn ms(ns: Option<u64>) -> String {
 /// scenario does and expects.
 pub fn report(
     outcomes: &[Outcome],
-    scenarios: &[Scenario],
+    scenarios: &[&Scenario],
     scale: Scale,
     seed: u64,
     took: Duration,

@@ -9,17 +9,27 @@ use fencelock::{Error, LossCause};
 use testkit::RedisServer;
 use testkit::history::{Event, HistoryWriter, Op, Phase};
 
+use super::Scenario;
 use crate::harness::{
     Harness, Lab, TOUCH_MARGIN, TTL, acquired, ns, release, release_phase, runtime,
 };
 use crate::outcomes::Outcome;
+
+pub const COUNTER_REWOUND: Scenario = Scenario {
+    name: "counter-rewound",
+    what: "A acquires and writes; the lock's fencing counter is set back to 1 by hand; \
+        B acquires and writes",
+    expected: "**positive control**: C4 flags B's lower token; the fence rejects B's write (C2 \
+        holds)",
+    run: |lab, tag, _| lab.counter_rewound(tag),
+};
 
 impl Lab {
     /// Positive control of C4 (and C2 at work): A acquires and writes; the lock's fencing
     /// counter is set back to 1 by hand (a restored backup, a counter reset); B acquires
     /// with a lower token than A's. C4 must flag it, and the fenced resource rejects B's
     /// write.
-    pub fn counter_rewound(&self, tag: &str) -> Result<Outcome, String> {
+    fn counter_rewound(&self, tag: &str) -> Result<Outcome, String> {
         let rt = runtime()?;
         let client = rt
             .block_on(fencelock::Client::connect(&self.lock.url()))
@@ -69,13 +79,23 @@ impl Lab {
     }
 }
 
+pub const EXPIRED_HOLDER: Scenario = Scenario {
+    name: "expired-holder",
+    what: "A's lease expires, B acquires, A extends and releases late, then runs an \
+        unchecked `DEL` script",
+    expected: "A's extend and release report the loss (the extend without asking Redis: A's \
+        guard had heard of it) and leave B's key; **positive control**: C5 flags \
+        exactly the unchecked DEL",
+    run: |lab, tag, _| lab.expired_holder(tag),
+};
+
 impl Lab {
     /// Extend and release after expiry, driven by the harness through the library: A
     /// acquires with a fixed 300 ms TTL, lets it run out; B acquires; A's extend and
     /// release must both report the lease lost and leave B's key alone. Then A runs the
     /// seed articles' mistake, an unchecked `DEL` script: C5 must catch it (positive
     /// control).
-    pub fn expired_holder(&self, tag: &str) -> Result<Outcome, String> {
+    fn expired_holder(&self, tag: &str) -> Result<Outcome, String> {
         let Harness {
             rt,
             client,

@@ -7,17 +7,24 @@ use std::time::{Duration, Instant};
 use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 use testkit::{Fault, FaultProxy};
 
-use super::AVAILABILITY_SLACK;
+use super::{AVAILABILITY_SLACK, Scenario};
 use crate::harness::{
     Harness, Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, acquired, release, release_phase,
 };
 use crate::outcomes::Outcome;
 
+pub const DELAYED_REPLIES: Scenario = Scenario {
+    name: "delayed-replies",
+    what: "p1's link to Redis delayed 150-450 ms each way (TTL 500 ms) by the proxy",
+    expected: "a grant arriving after its lease is refused, never a guard; every checker holds",
+    run: |lab, tag, scale| lab.delayed_replies(tag, scale.faulty),
+};
+
 impl Lab {
     /// Worker 1 reaches the lock server through a proxy that delays every chunk by
     /// 150-450 ms each way, so most of its grants come back after their 500 ms lease;
     /// workers 2 and 3 are direct. A grant that arrives late must not become a guard.
-    pub fn delayed_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+    fn delayed_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let proxy = FaultProxy::start(&self.lock.addr());
         proxy.set(Fault::Delay {
             base: TTL * 3 / 10,
@@ -75,6 +82,17 @@ impl Lab {
     }
 }
 
+pub const DROPPED_REPLIES: Scenario = Scenario {
+    name: "dropped-replies",
+    what: "p1 waits for the harness's lock (2 s lease) through a proxy that then drops its \
+        replies (its requests still run) until 3 TTLs after that lease ended, and resets \
+        its connections; p2, p3 start once someone took the lock in the fault",
+    expected: "a grant p1 has not heard of holds the lock (exercised); p1 holds it only once a \
+        retry of the same acquire is answered, else it is withdrawn or expires; C6: the \
+        lock back within one TTL of the heal; every checker holds",
+    run: |lab, tag, scale| lab.dropped_replies(tag, scale.faulty),
+};
+
 impl Lab {
     /// The unknown outcome, for real. The harness holds the lock (fixed TTL) while
     /// worker 1, which reaches the lock server through a proxy, waits for it. Then the
@@ -84,7 +102,7 @@ impl Lab {
     /// that grant. 3 TTLs after the harness's lease ended the proxy resets worker 1's
     /// connections and passes again. Such a grant must never become a guard unseen, must
     /// be withdrawn or expire, and the lock must come back within one TTL of the heal.
-    pub fn dropped_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+    fn dropped_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let Harness {
             rt,
             client,

@@ -7,18 +7,41 @@ use std::time::{Duration, Instant};
 
 use testkit::history::{Op, Phase, monotonic_ns};
 
-use super::AVAILABILITY_SLACK;
+use super::{AVAILABILITY_SLACK, Scenario};
 use crate::harness::{
     Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, process_stopped, signal, spans,
 };
 use crate::outcomes::Outcome;
+
+pub const PAUSED_WORKER_FENCED: Scenario = Scenario {
+    name: "paused-worker-fenced",
+    what: "p1 SIGSTOPs itself between read and write, for 3 TTLs; p2 works meanwhile",
+    expected: "the fenced resource rejects p1's late write; every checker holds",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, false),
+};
+
+pub const PAUSED_WORKER_UNFENCED: Scenario = Scenario {
+    name: "paused-worker-unfenced",
+    what: "the same on an unfenced resource",
+    expected: "**positive control**: C1 and C2 flag the late write, the counter shows the \
+        lost update",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Unfenced, false),
+};
+
+pub const PAUSED_WORKER_RENEWED: Scenario = Scenario {
+    name: "paused-worker-renewed",
+    what: "the same with a watchdog-renewed lease (renewals stop while p1 is stopped)",
+    expected: "p1's guard reports the loss before the write (or the fence rejects it); its \
+        renewals never touch p2's key",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, true),
+};
 
 impl Lab {
     /// Worker 1 takes the lock and stops itself (SIGSTOP) between its read and its write
     /// for 3 TTLs; worker 2 acquires and writes meanwhile; worker 1 then writes late with
     /// its old token. `renewed`: worker 1 holds a watchdog-renewed lease, whose renewals
     /// stop while it is stopped (and must not touch worker 2's key when it resumes).
-    pub fn paused_worker(
+    fn paused_worker(
         &self,
         tag: &str,
         resource: Resource,
@@ -114,11 +137,25 @@ impl Lab {
     }
 }
 
+pub const HOLDER_KILLED: Scenario = Scenario {
+    name: "holder-killed",
+    what: "p1 SIGKILLed while holding a renewed lease; p2, p3 waiting",
+    expected: "C6: the next acquire within one TTL + 300 ms of the kill",
+    run: |lab, tag, _| lab.holder_killed(tag, false),
+};
+
+pub const HOLDER_KILLED_LONG_LEASE: Scenario = Scenario {
+    name: "holder-killed-long-lease",
+    what: "the same, p1's lease 2 s (four times the TTL C6 judges by)",
+    expected: "**positive control**: C6 flags the late next holder",
+    run: |lab, tag, _| lab.holder_killed(tag, true),
+};
+
 impl Lab {
     /// Worker 1 holds a renewed lease and is SIGKILLed while holding it; workers 2 and 3
     /// wait for the lock. C6: the next acquire comes within one TTL (plus slack) of the
     /// kill, not at the end of some retry schedule.
-    pub fn holder_killed(&self, tag: &str, control: bool) -> Result<Outcome, String> {
+    fn holder_killed(&self, tag: &str, control: bool) -> Result<Outcome, String> {
         let mut workers = Workers::default();
         let (mut args_a, hist_a) = self.worker_args(tag, 1, Resource::Fenced, 1);
         args_a.extend(["--renewed".into(), "--hold-first-ms=60000".into()]);
@@ -156,11 +193,19 @@ impl Lab {
     }
 }
 
+pub const RESOURCE_CRASH: Scenario = Scenario {
+    name: "resource-crash",
+    what: "3 workers write to the fenced resource; then its server is kill -9ed and \
+        restarted without persistence",
+    expected: "**positive control**: C3 flags every acknowledged write as lost",
+    run: |lab, tag, _| lab.resource_crash(tag),
+};
+
 impl Lab {
     /// Positive control of C3: workers write to the fenced resource, then the resource
     /// server is SIGKILLed and restarted without persistence. C3 must report every
     /// acknowledged write as lost.
-    pub fn resource_crash(&mut self, tag: &str) -> Result<Outcome, String> {
+    fn resource_crash(&mut self, tag: &str) -> Result<Outcome, String> {
         let mut workers = Workers::default();
         let mut histories = Vec::new();
         for p in 1..=3 {
@@ -187,12 +232,20 @@ impl Lab {
     }
 }
 
+pub const QUEUED_SET_NX: Scenario = Scenario {
+    name: "queued-set-nx",
+    what: "the Redis server SIGSTOPped for 3 TTLs while workers acquire (their SET NX \
+        queue in its socket, their clients time out and retry)",
+    expected: "C6: the lock back within one TTL of SIGCONT; every checker holds",
+    run: |lab, tag, scale| lab.queued_set_nx(tag, scale.faulty),
+};
+
 impl Lab {
     /// The lock server is SIGSTOPped for 3 TTLs while the workers acquire (their
     /// response timeout is 200 ms, so they give up and retry while their `SET NX` sits
     /// queued in the server's socket); on SIGCONT the queued scripts run. The lock must
     /// come back within one TTL of the resume, and no late grant may overlap another.
-    pub fn queued_set_nx(&mut self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+    fn queued_set_nx(&mut self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let mut workers = Workers::default();
         let mut histories = Vec::new();
         for p in 1..=3 {

@@ -10,7 +10,7 @@ use fencelock::Error;
 use testkit::history::{Op, Phase, monotonic_ns};
 use testkit::{Fault, FaultProxy};
 
-use super::AVAILABILITY_SLACK;
+use super::{AVAILABILITY_SLACK, Scenario};
 use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, durations, ns, runtime};
 use crate::outcomes::Outcome;
 
@@ -30,7 +30,7 @@ const PARTITIONED: Fault = Fault::Delay {
 
 /// Which minority fault a Redlock scenario injects on nodes n2 and n4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Minority {
+enum Minority {
     /// Their proxies swallow every byte.
     Blackholed,
     /// The redis-servers are SIGSTOPped (requests queue in their sockets).
@@ -39,11 +39,32 @@ pub enum Minority {
     Killed,
 }
 
+pub const REDLOCK_MINORITY_BLACKHOLED: Scenario = Scenario {
+    name: "redlock-minority-blackholed",
+    what: "Redlock, 3 workers; n2, n4 blackholed by their proxies after the first acquire",
+    expected: "≥ 80% of later acquires succeed; every checker holds",
+    run: |lab, tag, scale| lab.redlock_minority(tag, Minority::Blackholed, scale.faulty),
+};
+
+pub const REDLOCK_MINORITY_PAUSED: Scenario = Scenario {
+    name: "redlock-minority-paused",
+    what: "the same with n2, n4 SIGSTOPped",
+    expected: "≥ 80% of later acquires succeed; every checker holds",
+    run: |lab, tag, scale| lab.redlock_minority(tag, Minority::Paused, scale.faulty),
+};
+
+pub const REDLOCK_MINORITY_KILLED: Scenario = Scenario {
+    name: "redlock-minority-killed",
+    what: "the same with n2, n4 SIGKILLed (restarted empty at the end)",
+    expected: "≥ 80% of later acquires succeed; every checker holds",
+    run: |lab, tag, scale| lab.redlock_minority(tag, Minority::Killed, scale.faulty),
+};
+
 impl Lab {
     /// Redlock over 5 nodes, each behind its own proxy; 3 workers on the fenced
     /// resource; once they run, n2 and n4 fail (blackholed, paused or killed). Acquires
     /// must keep succeeding on the majority, and every checker must hold.
-    pub fn redlock_minority(
+    fn redlock_minority(
         &mut self,
         tag: &str,
         fault: Minority,
@@ -112,11 +133,19 @@ impl Lab {
     }
 }
 
+pub const REDLOCK_MAJORITY_DOWN: Scenario = Scenario {
+    name: "redlock-majority-down",
+    what: "n1-n3 partitioned away for 3 TTLs, then healed",
+    expected: "a try-acquire meanwhile fails fast (NoQuorum); C6: the lock back within one \
+        TTL of the heal; every checker holds",
+    run: |lab, tag, scale| lab.redlock_majority_down(tag, scale.faulty),
+};
+
 impl Lab {
     /// Redlock with n1-n3 partitioned away (a majority) for 3 TTLs once the workers run. A
     /// try-acquire by the harness during the outage must fail fast with NoQuorum (within
     /// the node timeout plus slack); after the heal the lock comes back within one TTL.
-    pub fn redlock_majority_down(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+    fn redlock_majority_down(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let proxies = self.proxied_nodes();
         let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
         let (mut workers, histories) = self.spawn_all(
@@ -185,11 +214,18 @@ impl Lab {
     }
 }
 
+pub const REDLOCK_PARTITIONED: Scenario = Scenario {
+    name: "redlock-partitioned",
+    what: "per-client partitions: p1 sees n1-n2 only, p2 sees n3-n5 only",
+    expected: "p1 (a minority) stops acquiring, p2 goes on; every checker holds",
+    run: |lab, tag, scale| lab.redlock_partitioned(tag, scale.faulty),
+};
+
 impl Lab {
     /// Per-client partitions over Redlock: each worker reaches the 5 nodes through
     /// proxies of its own; once they run, p1 sees only n1-n2 and p2 only n3-n5. p1 must
     /// stop getting the lock (a minority), p2 must keep getting it, and nothing overlaps.
-    pub fn redlock_partitioned(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+    fn redlock_partitioned(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let links: Vec<Vec<FaultProxy>> = (0..2).map(|_| self.proxied_nodes()).collect();
         let mut workers = Workers::default();
         let mut histories = Vec::new();

@@ -8,6 +8,7 @@ use fencelock::{Error, NodeOutcome};
 use testkit::RedisServer;
 use testkit::history::{Event, HistoryWriter, Op, Phase};
 
+use super::Scenario;
 use super::redlock::NODE_TIMEOUT;
 use crate::harness::{Lab, acquired, release, release_phase, runtime};
 use crate::outcomes::Outcome;
@@ -17,7 +18,7 @@ const RESTART_TTL: Duration = Duration::from_secs(3);
 
 /// How the crashed node of a Redlock crash-restart scenario comes back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Restart {
+enum Restart {
     /// Empty (no persistence), restart protection off.
     Unprotected,
     /// Empty, restart protection on (quarantine = the TTL).
@@ -25,6 +26,28 @@ pub enum Restart {
     /// With its data (`appendfsync always`), restart protection off.
     Persistent,
 }
+
+pub const REDLOCK_RESTART_PROTECTED: Scenario = Scenario {
+    name: "redlock-restart-protected",
+    what: "Redlock, 5 nodes: A holds; n4, n5 lose A's key; n2 kill -9 + restart \
+        without persistence; B tries; restart protection on",
+    expected: "B refused (NoQuorum naming the quarantined node); every checker holds",
+    run: |lab, tag, _| lab.redlock_restart(tag, Restart::Protected),
+};
+
+pub const REDLOCK_RESTART_UNPROTECTED: Scenario = Scenario {
+    name: "redlock-restart-unprotected",
+    what: "the same with restart protection off; B and then A write to the fenced resource",
+    expected: "**positive control**: C1 flags A's and B's overlap, while the fence keeps C2 and C3",
+    run: |lab, tag, _| lab.redlock_restart(tag, Restart::Unprotected),
+};
+
+pub const REDLOCK_RESTART_PERSISTENT: Scenario = Scenario {
+    name: "redlock-restart-persistent",
+    what: "the same, but n2 runs with `appendfsync always`; restart protection off",
+    expected: "A's key survives the crash: B finds the lock held; every checker holds",
+    run: |lab, tag, _| lab.redlock_restart(tag, Restart::Persistent),
+};
 
 impl Lab {
     /// Kleppmann's crash-restart, with the harness itself acting as clients A (process 1)
@@ -36,7 +59,7 @@ impl Lab {
     /// = TTL, every node up longer than that): n2's vote does not count, B gets NoQuorum.
     /// Persistent (n2 is a server with `appendfsync always`, protection off): A's key
     /// survives the crash, B finds the lock held.
-    pub fn redlock_restart(&mut self, tag: &str, restart: Restart) -> Result<Outcome, String> {
+    fn redlock_restart(&mut self, tag: &str, restart: Restart) -> Result<Outcome, String> {
         let protected = restart == Restart::Protected;
         let persistent = restart == Restart::Persistent;
         let quarantine = protected.then_some(RESTART_TTL);
