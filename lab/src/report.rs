@@ -1,0 +1,166 @@
+//! The markdown report of a run, printed at its end and written to `--report FILE`
+//! (docs/safety.md for the long run): the table of outcomes, what the checkers judge,
+//! what each scenario does and expects, and the first violations found.
+
+use std::process::Command;
+use std::thread;
+use std::time::Duration;
+
+use crate::outcomes::Outcome;
+use crate::scenarios::{Scale, Scenario};
+
+/// `12.3 ms`, or `n/a`.
+fn ms(ns: Option<u64>) -> String {
+    ns.map_or_else(|| "n/a".to_owned(), |n| format!("{:.1} ms", n as f64 / 1e6))
+}
+
+/// The markdown report: one row per scenario (all rounds summed), then what each
+/// scenario does and expects.
+pub fn report(
+    outcomes: &[Outcome],
+    scenarios: &[&Scenario],
+    scale: Scale,
+    seed: u64,
+    took: Duration,
+    ok: bool,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let total: usize = outcomes.iter().map(|o| o.acquisitions).sum();
+    let _ = writeln!(
+        out,
+        "# Safety lab: {} mode\n\n\
+         `./scripts/lab run --{} --seed {seed}{}`: {} scenarios × {} round(s), {total} \
+         acquisitions in {:.0} s, **{}**. Machine: {}; {}.\n",
+        scale.name,
+        scale.name,
+        if scale.name == "long" {
+            " --report docs/safety.md"
+        } else {
+            ""
+        },
+        outcomes.len(),
+        scale.rounds,
+        took.as_secs_f64(),
+        if ok {
+            "every expectation held"
+        } else {
+            "EXPECTATIONS FAILED"
+        },
+        machine(),
+        redis_version()
+    );
+    let _ = writeln!(
+        out,
+        "Workers are separate OS processes running the library (acquire, read the resource, \
+         wait 0-5 ms, write with the fencing token, release; fixed 500 ms TTL unless said), \
+         each writing a JSON Lines history stamped with CLOCK_MONOTONIC. The checkers: \
+         **C1** leases of different owners never overlap and every acknowledged write lies \
+         in its writer's lease; **C2** the fenced resource never accepts a lower token after \
+         a higher one; **C3** no acknowledged write is lost; **C4** tokens of successful \
+         acquires strictly increase; **C5** no script ever deleted or extended a lock key \
+         holding another owner's token, judged from each Redis server's own `MONITOR` \
+         stream (replayed, not from the scripts' replies); **C6** after a holder is killed \
+         or a fault heals, the next acquire comes within one TTL + 300 ms.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | acquisitions | faults injected (last round) | C1 | C2 | C3 | C4 | C5 | C6 | unavailability | expectations |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for o in outcomes {
+        let cell = |v: Option<usize>| v.map_or_else(|| "–".to_owned(), |n| n.to_string());
+        let [c1, c2, c3, c4, c5, c6] = o.violations.map(cell);
+        let unavailability = format!(
+            "{} of {} acquires failed; longest {}{}",
+            o.failed_acquires,
+            o.attempts,
+            ms(Some(o.longest_acquire_ns)),
+            o.recovery_ns
+                .map(|r| format!("; back after {} (worst round)", ms(Some(r))))
+                .unwrap_or_default()
+        );
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {c1} | {c2} | {c3} | {c4} | {c5} | {c6} | {unavailability} | {} |",
+            o.name,
+            o.acquisitions,
+            o.faults,
+            if o.failed.is_empty() {
+                "held".to_owned()
+            } else {
+                format!("FAILED: {}", o.failed.join("; "))
+            }
+        );
+    }
+    let (judged, skipped) = outcomes
+        .iter()
+        .fold((0, 0), |(j, s), o| (j + o.touches.0, s + o.touches.1));
+    let _ = writeln!(
+        out,
+        "\nC1-C6: violations found, summed over the rounds (–: not judged in that \
+         scenario). C5 judged {judged} script writes to lock keys ({skipped} skipped: the \
+         key's state unknown, e.g. right after a node restarted). A positive control is a \
+         known anomaly its checker must find on every run, or the run fails (a checker that \
+         cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced and \
+         redlock-restart-unprotected, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         counter-rewound, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
+         are the expected non-zero counts in the table. Unavailability: acquires that ended in an error (after \
+         waiting up to 5 s), the longest single acquire, and for C6 the time from the kill \
+         or heal to the next holder."
+    );
+    let _ = writeln!(
+        out,
+        "\n## Scenarios\n\n| scenario | what happens | expected |\n|---|---|---|"
+    );
+    for sc in scenarios {
+        let _ = writeln!(out, "| {} | {} | {} |", sc.name, sc.what, sc.expected);
+    }
+    if outcomes.iter().any(|o| !o.details.is_empty()) {
+        let _ = writeln!(
+            out,
+            "\n## Violations found (the first two of each scenario)\n"
+        );
+        for o in outcomes.iter().filter(|o| !o.details.is_empty()) {
+            for d in o.details.iter().take(2) {
+                let _ = writeln!(out, "- {d}");
+            }
+            if o.details.len() > 2 {
+                let _ = writeln!(out, "- {}: and {} more", o.name, o.details.len() - 2);
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n{} in {:.1} s (seed {seed})",
+        if ok { "PASS" } else { "FAIL" },
+        took.as_secs_f64()
+    );
+    out
+}
+
+/// `N cores, MODEL` from /proc (best effort).
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown CPU", |(_, m)| m.trim());
+    let cores = thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {model}")
+}
+
+/// `redis-server X.Y.Z` (best effort).
+fn redis_version() -> String {
+    Command::new(std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            v.split_whitespace()
+                .find_map(|w| w.strip_prefix("v=").map(|v| format!("redis-server {v}")))
+        })
+        .unwrap_or_else(|| "redis-server (version unknown)".into())
+}

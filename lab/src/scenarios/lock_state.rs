@@ -1,0 +1,248 @@
+//! Single-node scenarios the harness plays itself through the library, on the lock's own
+//! state: the fencing counter set back by hand between two holders (C4's positive
+//! control), a lease expiring under its holder followed by an unchecked `DEL` (C5's).
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fencelock::{Error, LossCause};
+use testkit::RedisServer;
+use testkit::history::{Event, HistoryWriter, Op, Phase};
+
+use super::Scenario;
+use crate::harness::{
+    Harness, Lab, TOUCH_MARGIN, TTL, acquired, ns, release, release_phase, runtime,
+};
+use crate::outcomes::Outcome;
+
+pub const COUNTER_REWOUND: Scenario = Scenario {
+    name: "counter-rewound",
+    what: "A acquires and writes; the lock's fencing counter is set back to 1 by hand; \
+        B acquires and writes",
+    expected: "**positive control**: C4 flags B's lower token; the fence rejects B's write (C2 \
+        holds)",
+    run: |lab, tag, _| lab.counter_rewound(tag),
+};
+
+impl Lab {
+    /// Positive control of C4 (and C2 at work): A acquires and writes; the lock's fencing
+    /// counter is set back to 1 by hand (a restored backup, a counter reset); B acquires
+    /// with a lower token than A's. C4 must flag it, and the fenced resource rejects B's
+    /// write.
+    fn counter_rewound(&self, tag: &str) -> Result<Outcome, String> {
+        let rt = runtime()?;
+        let client = rt
+            .block_on(fencelock::Client::connect(&self.lock.url()))
+            .map_err(|e| format!("{tag}: connect: {e}"))?;
+        let lock = format!("lab:{tag}");
+        let mut resource = self.resource_writer(tag)?;
+        let mut histories = Vec::new();
+        let mut b_write = None;
+        for p in 1..=2 {
+            let path = self.dir.join(format!("{tag}-p{p}.jsonl"));
+            let mut w = HistoryWriter::create(&path).map_err(|e| e.to_string())?;
+            histories.push(path);
+            if p == 2 {
+                self.lock
+                    .cmd(&["SET", &format!("fencelock:{{{lock}}}:fence"), "1"]);
+            }
+            w.append(&Event::now(p, Op::Acquire, Phase::Invoke))
+                .map_err(|e| e.to_string())?;
+            let g = rt
+                .block_on(client.lock(&lock).lease(TTL).renew(false).try_acquire())
+                .map_err(|e| format!("{tag}: p{p} did not acquire: {e}"))?;
+            w.append(&acquired(p, &g, &client))
+                .map_err(|e| e.to_string())?;
+            let (owner, token) = (g.holder_token().clone(), g.fencing_token().get());
+            let accepted = resource.write(&mut w, p, token, owner.as_str(), i64::from(p))?;
+            if p == 2 {
+                b_write = Some(accepted);
+            }
+            w.append(&release(p, Phase::Invoke, &owner, token))
+                .map_err(|e| e.to_string())?;
+            let r = rt.block_on(g.release());
+            w.append(&release(p, release_phase(&r), &owner, token))
+                .map_err(|e| e.to_string())?;
+        }
+        let (mut o, _) = self.judge(
+            tag,
+            &histories,
+            "the fencing counter set back to 1 between two holders".into(),
+        )?;
+        o.expect_clean(&[1, 2, 3, 5]);
+        o.expect_detected(4, "B's token below A's");
+        if b_write != Some(false) {
+            o.failed
+                .push("the fenced resource did not reject B's lower token".into());
+        }
+        Ok(o)
+    }
+}
+
+pub const EXPIRED_HOLDER: Scenario = Scenario {
+    name: "expired-holder",
+    what: "A's lease expires, B acquires, A extends and releases late, then runs an \
+        unchecked `DEL` script",
+    expected: "A's extend and release report the loss (the extend without asking Redis: A's \
+        guard had heard of it) and leave B's key; **positive control**: C5 flags \
+        exactly the unchecked DEL",
+    run: |lab, tag, _| lab.expired_holder(tag),
+};
+
+impl Lab {
+    /// Extend and release after expiry, driven by the harness through the library: A
+    /// acquires with a fixed 300 ms TTL, lets it run out; B acquires; A's extend and
+    /// release must both report the lease lost and leave B's key alone. Then A runs the
+    /// seed articles' mistake, an unchecked `DEL` script: C5 must catch it (positive
+    /// control).
+    fn expired_holder(&self, tag: &str) -> Result<Outcome, String> {
+        let Harness {
+            rt,
+            client,
+            lock,
+            key,
+        } = self.harness(tag)?;
+        let ttl = Duration::from_millis(300);
+        let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
+        let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
+        let mut wa = HistoryWriter::create(&hist_a).map_err(|e| e.to_string())?;
+        let mut wb = HistoryWriter::create(&hist_b).map_err(|e| e.to_string())?;
+        let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
+        let mut o_failed = Vec::new();
+
+        rec(&mut wa, Event::now(1, Op::Acquire, Phase::Invoke))?;
+        let guard_a = rt
+            .block_on(client.lock(&lock).lease(ttl).renew(false).try_acquire())
+            .map_err(|e| format!("{tag}: A did not acquire: {e}"))?;
+        rec(&mut wa, acquired(1, &guard_a, &client))?;
+        let (owner_a, token_a) = (
+            guard_a.holder_token().clone(),
+            guard_a.fencing_token().get(),
+        );
+        // Wait for the server to expire A's key (an observed state, not a guess).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.lock.cmd(&["EXISTS", &key]).as_int() != Some(0) {
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: A's key never expired"));
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        // ...and let its clock move past C5's margin around that expiry, so the replay
+        // knows the key was free when B takes it.
+        let expired_at = server_time_us(&self.lock);
+        while server_time_us(&self.lock) < expired_at + 2 * ns(TOUCH_MARGIN) / 1000 {
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: the server's clock does not move"));
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        rec(&mut wb, Event::now(2, Op::Acquire, Phase::Invoke))?;
+        let guard_b = rt
+            .block_on(
+                client
+                    .lock(&lock)
+                    .lease(Duration::from_secs(5))
+                    .renew(false)
+                    .try_acquire(),
+            )
+            .map_err(|e| format!("{tag}: B did not acquire: {e}"))?;
+        rec(&mut wb, acquired(2, &guard_b, &client))?;
+        let owner_b = guard_b.holder_token().clone();
+
+        // A extends, then releases, after its lease ran out.
+        let mut guard_a = guard_a;
+        let ev = |op, phase| {
+            Event::now(1, op, phase)
+                .with_token(token_a)
+                .with_owner(owner_a.as_str())
+        };
+        rec(&mut wa, ev(Op::Extend, Phase::Invoke))?;
+        let extended = rt.block_on(guard_a.extend(ttl));
+        rec(
+            &mut wa,
+            ev(
+                Op::Extend,
+                if extended.is_ok() {
+                    Phase::Ok
+                } else {
+                    Phase::Fail
+                },
+            ),
+        )?;
+        // A's guard heard of the loss before its lease ended, so the extend is refused
+        // without asking Redis; the release below still asks, owner-checked.
+        if !matches!(extended, Err(Error::LeaseLost { .. })) {
+            o_failed.push(format!(
+                "A's late extend: expected LeaseLost, got {extended:?}"
+            ));
+        }
+        rec(&mut wa, release(1, Phase::Invoke, &owner_a, token_a))?;
+        let released = rt.block_on(guard_a.release());
+        rec(
+            &mut wa,
+            release(1, release_phase(&released), &owner_a, token_a),
+        )?;
+        if !matches!(
+            released,
+            Err(Error::LeaseLost {
+                cause: LossCause::TakenByOther,
+                ..
+            })
+        ) {
+            o_failed.push(format!(
+                "A's late release: expected LeaseLost(TakenByOther), got {released:?}"
+            ));
+        }
+        let b_intact = self.lock.cmd(&["GET", &key]).as_str() == Some(owner_b.as_str());
+        if !b_intact {
+            o_failed.push("B's key changed after A's late extend and release".into());
+        }
+
+        // The mistake the seeds warn about: a release that does not check the owner.
+        let unchecked = self.lock.cmd(&[
+            "EVAL",
+            "return redis.call('DEL', KEYS[1])",
+            "1",
+            &key,
+            owner_a.as_str(),
+        ]);
+        if unchecked.as_int() != Some(1) {
+            o_failed.push(format!(
+                "the unchecked DEL did not delete B's key: {unchecked}"
+            ));
+        }
+        drop(guard_b); // B's key is gone already; its drop release finds nothing.
+        rt.block_on(client.flush());
+        drop((wa, wb));
+
+        let faults = "A's 300 ms lease expires; B acquires; A extends, releases, then runs an \
+                      unchecked DEL script"
+            .to_owned();
+        let (mut o, _) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        o.failed.extend(o_failed);
+        o.expect_clean(&[1, 2, 3, 4]);
+        // Positive control: exactly the unchecked DEL, nothing else.
+        match o.violations[4] {
+            Some(1) => {}
+            other => o.failed.push(format!(
+                "positive control: C5 should flag exactly the unchecked DEL, found {other:?}"
+            )),
+        }
+        Ok(o)
+    }
+}
+
+/// The server's clock (`TIME`), µs; 0 if unreadable.
+fn server_time_us(server: &RedisServer) -> u64 {
+    let reply = server.cmd(&["TIME"]);
+    let parts: Vec<u64> = reply
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.as_str().and_then(|s| s.parse().ok()))
+        .collect();
+    match parts[..] {
+        [secs, micros] => secs * 1_000_000 + micros,
+        _ => 0,
+    }
+}

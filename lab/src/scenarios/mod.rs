@@ -1,0 +1,111 @@
+//! The scenarios: each runs one round under a tag of its own (its lock name, resource
+//! keys and history files), judges the merged history and returns an
+//! [`Outcome`](crate::outcomes::Outcome) with the expectations that failed. Every fault
+//! is really caused: a worker process stops itself (SIGSTOP) or is SIGKILLed, a
+//! redis-server is paused, killed or restarted, or a [`FaultProxy`](testkit::FaultProxy)
+//! on the link delays, blackholes or partitions the traffic.
+//!
+//! Each scenario's [`Scenario`] descriptor (its name, what happens and what is expected,
+//! as the report shows them, and how to run one round) sits next to the code that runs
+//! it, grouped by fault:
+//! - [`baseline`]: no faults;
+//! - [`pauses_kills`]: one lock server; a worker paused or killed holding the lock, the
+//!   resource server killed, the lock server paused;
+//! - [`network`]: one lock server; a worker's link delayed or its replies dropped;
+//! - [`lock_state`]: one lock server, the harness as the clients; the fencing counter
+//!   set back, a lease expiring under its holder;
+//! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
+//! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients.
+//!
+//! [`ALL`] lists them in run order.
+
+mod baseline;
+mod lock_state;
+mod network;
+mod pauses_kills;
+mod redlock;
+mod redlock_restart;
+
+use std::time::Duration;
+
+use crate::harness::Lab;
+use crate::outcomes::Outcome;
+
+/// How much of each scenario one run does.
+#[derive(Clone, Copy, Debug)]
+pub struct Scale {
+    pub name: &'static str,
+    /// Rounds of every scenario.
+    pub rounds: u32,
+    /// Iterations per worker of the no-faults scenario.
+    pub steady: u32,
+    /// Iterations per worker of the fault scenarios with steady traffic.
+    pub faulty: u32,
+}
+
+pub const SHORT: Scale = Scale {
+    name: "short",
+    rounds: 1,
+    steady: 30,
+    faulty: 12,
+};
+
+pub const LONG: Scale = Scale {
+    name: "long",
+    rounds: 5,
+    steady: 7_000,
+    faulty: 150,
+};
+
+/// Slack on top of a TTL for "the next holder gets the lock within one TTL": the
+/// waiters' wake-up and one round trip on a loaded 2-core machine.
+const AVAILABILITY_SLACK: Duration = Duration::from_millis(300);
+
+/// One scenario of the run: its name, what it does and expects (for the report), and
+/// how to run one round of it under a tag.
+pub struct Scenario {
+    /// Its name in the report and for `--only`, and the stem of its round's tag.
+    pub name: &'static str,
+    /// The report's "what happens".
+    pub what: &'static str,
+    /// The report's "expected".
+    pub expected: &'static str,
+    /// Runs one round.
+    pub run: RoundFn,
+}
+
+/// Runs one round of a scenario under a tag, at the run's scale.
+pub type RoundFn = fn(&mut Lab, &str, Scale) -> Result<Outcome, String>;
+
+/// Every scenario, in run order. The protected crash-restart runs before the
+/// unprotected one: it needs every node up longer than its quarantine, and the
+/// unprotected one (like the killed minority) restarts nodes.
+pub const ALL: &[Scenario] = &[
+    baseline::NO_FAULTS,
+    pauses_kills::PAUSED_WORKER_FENCED,
+    pauses_kills::PAUSED_WORKER_UNFENCED,
+    pauses_kills::PAUSED_WORKER_RENEWED,
+    pauses_kills::HOLDER_KILLED,
+    pauses_kills::HOLDER_KILLED_LONG_LEASE,
+    pauses_kills::RESOURCE_CRASH,
+    lock_state::COUNTER_REWOUND,
+    network::DELAYED_REPLIES,
+    network::DROPPED_REPLIES,
+    pauses_kills::QUEUED_SET_NX,
+    lock_state::EXPIRED_HOLDER,
+    redlock_restart::REDLOCK_RESTART_PROTECTED,
+    redlock_restart::REDLOCK_RESTART_UNPROTECTED,
+    redlock_restart::REDLOCK_RESTART_PERSISTENT,
+    redlock::REDLOCK_MINORITY_BLACKHOLED,
+    redlock::REDLOCK_MINORITY_PAUSED,
+    redlock::REDLOCK_MINORITY_KILLED,
+    redlock::REDLOCK_MAJORITY_DOWN,
+    redlock::REDLOCK_PARTITIONED,
+];
+
+/// The scenarios whose name contains one of `only` (all if empty).
+pub fn chosen(only: &[String]) -> Vec<&'static Scenario> {
+    ALL.iter()
+        .filter(|sc| only.is_empty() || only.iter().any(|o| sc.name.contains(o.as_str())))
+        .collect()
+}
