@@ -1,0 +1,264 @@
+//! The command line: its definition (clap), the DURATION checks that need the
+//! library's limits, and clap's errors squeezed into one line.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fencelock::limits::{MAX_HOLD, MAX_LEASE, MIN_LEASE};
+
+use crate::duration;
+
+pub(crate) const AFTER_HELP: &str = "\
+Exit status:
+  COMMAND's   COMMAND ran and exited under the lock: its exit code, or 128+N if
+              signal N killed it
+  64          bad usage or input: an invalid option, DURATION, lock name, TTL,
+              key prefix or Redis URL; no COMMAND; COMMAND not found or not
+              executable (the lock is released first)
+  69          Redis unavailable or refusing: unreachable or not answering, an
+              error reply such as NOAUTH or READONLY, or a lock key that holds
+              data fencelock did not write (left untouched); with Redlock, too
+              few nodes reachable (or out of restart quarantine)
+  70          internal error
+  75          lock not acquired within --wait: another owner holds it (with
+              Redlock: holds enough nodes to block a majority)
+  76          the lease was lost while COMMAND ran: COMMAND's process group was
+              stopped (SIGTERM, then SIGKILL after --kill-grace); also when the
+              release finds the lease already lost as COMMAND exits, whatever
+              COMMAND's status: its work may have overlapped another holder's
+  128+N       fencelock got signal N (SIGINT, SIGTERM, SIGHUP) before COMMAND
+              started
+
+The lease: fencelock renews it (to --ttl, every third of --ttl) for as long as
+COMMAND runs, up to --max-hold if given. If fencelock itself dies, the lock frees
+itself within --ttl (while COMMAND, in its own process group, runs on). If the
+lease is lost (its key expired or was deleted,
+another owner holds the lock, Redis did not confirm a renewal in time, or
+--max-hold was reached), fencelock prints one line on stderr, sends SIGTERM and
+SIGCONT to COMMAND's process group, waits up to --kill-grace for COMMAND to
+exit, sends SIGKILL to the group, deletes the lock key if it still holds
+fencelock's token (at --max-hold it does, for a moment), and exits 76.
+Anything of the group still running once COMMAND has exited gets SIGKILL too.
+
+Process group: COMMAND runs in a process group of its own, so that its children
+can be stopped with it; SIGINT, SIGTERM and SIGHUP that fencelock gets are
+forwarded to that whole group, and fencelock waits for COMMAND to exit, then
+releases the lock. COMMAND is therefore not in the terminal's foreground process
+group: if it reads from the terminal, it is stopped (SIGTTIN); give it its input
+another way (< file, a pipe). Processes that leave the group (setsid, setpgid)
+are not signalled.";
+
+/// Distributed locks on Redis with fencing tokens.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fencelock",
+    version,
+    subcommand_value_name = "SUBCOMMAND",
+    after_help = AFTER_HELP
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run COMMAND while holding the lock NAME, then release it.
+    ///
+    /// COMMAND runs without a shell, in its own process group, with stdin, stdout and
+    /// stderr inherited, and with FENCELOCK_NAME (the lock name) and FENCELOCK_TOKEN
+    /// (the fencing token: a number higher than every earlier grant of NAME) in its
+    /// environment. The lease is renewed while COMMAND runs; if it is lost, COMMAND's
+    /// process group is stopped and fencelock exits 76.
+    #[command(after_help = AFTER_HELP)]
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Redis server URL: redis://[user:password@]host[:port][/db]. Give it an odd number
+    /// of times, at least 3 (or a comma-separated list in FENCELOCK_REDIS), to lock with
+    /// Redlock on independent masters: a majority must grant the lock.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FENCELOCK_REDIS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub(crate) redis: Vec<String>,
+
+    /// How long the lease lasts (10ms to 24h). It is renewed every third of that while
+    /// COMMAND runs, so COMMAND may take longer; a crashed fencelock blocks others for at
+    /// most this long. DURATION: a whole number with a unit (ms, s, m, h), like 500ms,
+    /// 30s, 2m, 1h.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+
+    /// The longest the lock is held, from the acquire (10ms to 8760h; default: no limit).
+    /// Renewals stop there and the lease runs out: COMMAND is then stopped as for a lost
+    /// lease, and fencelock exits 76.
+    #[arg(long, value_name = "DURATION", value_parser = parse_max_hold, allow_hyphen_values = true)]
+    pub(crate) max_hold: Option<Duration>,
+
+    /// Once the lease is lost: how long COMMAND gets to exit after SIGTERM before its
+    /// process group gets SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::parse, allow_hyphen_values = true)]
+    pub(crate) kill_grace: Duration,
+
+    /// Redlock: a node that restarted less than this ago (or less than --ttl, if longer)
+    /// may have lost locks it held, so it does not vote until then; 0 turns the
+    /// protection off.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse, allow_hyphen_values = true)]
+    pub(crate) restart_protection: Duration,
+
+    /// How long to wait for a lock held by another owner; 0 tries once.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = duration::parse, allow_hyphen_values = true)]
+    pub(crate) wait: Duration,
+
+    /// Prefix of the Redis keys: the lock key is PREFIX:{NAME}.
+    #[arg(long, value_name = "PREFIX", default_value = "fencelock")]
+    pub(crate) prefix: String,
+
+    /// Serve waiters in arrival order (a FIFO queue in Redis). Every user of NAME must
+    /// agree on this.
+    #[arg(long)]
+    pub(crate) fair: bool,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub(crate) name: String,
+
+    /// The command to run, and its arguments, after `--`.
+    #[arg(value_name = "COMMAND", last = true, required = true)]
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Squeezes a clap error (message, blank line, usage, hint) into its message, on one line.
+pub(crate) fn one_line(error: &clap::Error) -> String {
+    if error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // Bare `fencelock`: clap would print the whole help.
+        return "no subcommand given; usage: fencelock run [OPTIONS] NAME -- COMMAND [ARGS...]"
+            .to_owned();
+    }
+    let rendered = error.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let message = message.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    format!("{message} (see 'fencelock run --help')")
+}
+
+/// `--ttl`: a DURATION within the library's range.
+pub(crate) fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = duration::parse(text)?;
+    if (MIN_LEASE..=MAX_LEASE).contains(&ttl) {
+        Ok(ttl)
+    } else {
+        Err(format!(
+            "{text:?} is out of range; give between 10ms and 24h"
+        ))
+    }
+}
+
+/// `--max-hold`: a DURATION within the library's range.
+pub(crate) fn parse_max_hold(text: &str) -> Result<Duration, String> {
+    let max_hold = duration::parse(text)?;
+    if (MIN_LEASE..=MAX_HOLD).contains(&max_hold) {
+        Ok(max_hold)
+    } else {
+        Err(format!(
+            "{text:?} is out of range; give between 10ms and 8760h (365 days)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let mut argv = vec!["fencelock", "run"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|cli| {
+            let Command::Run(args) = cli.command;
+            args
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let args = parse(&["job", "--", "true"]).unwrap();
+        assert_eq!(args.ttl, Duration::from_secs(30));
+        assert_eq!(args.max_hold, None);
+        assert_eq!(args.kill_grace, Duration::from_secs(10));
+        assert_eq!(args.wait, Duration::ZERO);
+        assert_eq!(args.prefix, "fencelock");
+        assert_eq!(args.name, "job");
+        assert_eq!(args.command, [OsString::from("true")]);
+    }
+
+    #[test]
+    fn negative_durations_reach_the_parser_and_are_rejected() {
+        let err = parse(&["--wait", "-1s", "job", "--", "true"]).unwrap_err();
+        let line = one_line(&err);
+        assert!(line.contains("negative"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
+
+    #[test]
+    fn ttl_must_be_in_range() {
+        for bad in ["0", "0s", "25h", "9ms"] {
+            assert!(
+                parse(&["--ttl", bad, "job", "--", "true"]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(parse(&["--ttl", "24h", "job", "--", "true"]).is_ok());
+        assert!(parse(&["--ttl", "10ms", "job", "--", "true"]).is_ok());
+    }
+
+    #[test]
+    fn max_hold_must_be_in_range() {
+        for bad in ["0", "0s", "9ms", "8761h", "-1s"] {
+            assert!(
+                parse(&["--max-hold", bad, "job", "--", "true"]).is_err(),
+                "{bad}"
+            );
+        }
+        let args = parse(&["--max-hold", "8760h", "job", "--", "true"]).unwrap();
+        assert_eq!(args.max_hold, Some(MAX_HOLD));
+        let args = parse(&[
+            "--max-hold",
+            "10ms",
+            "--kill-grace",
+            "0",
+            "job",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(args.max_hold, Some(Duration::from_millis(10)));
+        assert_eq!(args.kill_grace, Duration::ZERO);
+    }
+
+    #[test]
+    fn command_needs_the_double_dash() {
+        assert!(parse(&["job", "true"]).is_err());
+        assert!(parse(&["job"]).is_err());
+        assert!(parse(&["job", "--"]).is_err());
+        let args = parse(&["job", "--", "sh", "-c", "exit 1"]).unwrap();
+        assert_eq!(args.command.len(), 3);
+    }
+}
