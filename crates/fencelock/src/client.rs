@@ -23,6 +23,20 @@ use crate::shared::Shared;
 /// locks, one socket) and reconnects by itself after a failure. A client belongs to the
 /// Tokio runtime it was connected in: its connection and its watchdog run there, so
 /// create one client per runtime.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), fencelock::Error> {
+/// # let redis = testkit::RedisServer::start();
+/// # let url = redis.url();
+/// let client = fencelock::Client::connect(&url).await?; // url: "redis://127.0.0.1:6379"
+/// let guard = client.lock("nightly-job").try_acquire().await?;
+/// // Another holder of the same client (or any other) is refused while it is held.
+/// assert!(client.lock("nightly-job").try_acquire().await.is_err());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Shared>,

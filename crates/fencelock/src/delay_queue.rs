@@ -30,13 +30,17 @@ use crate::shared::Shared;
 /// A typical use is deferring work when a lock is busy: instead of failing or waiting,
 /// put the work on a queue and try again after a delay.
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 /// use fencelock::Error;
 ///
-/// # async fn demo() -> Result<(), Error> {
-/// let client = fencelock::Client::connect("redis://127.0.0.1:6379").await?;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// # let redis = testkit::RedisServer::start();
+/// # let url = redis.url();
+/// let client = fencelock::Client::connect(&url).await?;
 /// let retries = client.delay_queue("stock-updates")?;
+/// # let _busy = client.lock("stock:42").try_acquire().await?; // so that the work is deferred
 ///
 /// // Producer: the lock is busy, so try again in 5 s.
 /// match client.lock("stock:42").try_acquire().await {

@@ -1,10 +1,13 @@
 //! Distributed locks on Redis, with fencing tokens.
 //!
-//! ```no_run
+//! ```
 //! use std::time::Duration;
 //!
-//! # async fn demo() -> Result<(), fencelock::Error> {
-//! let client = fencelock::Client::connect("redis://127.0.0.1:6379").await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), fencelock::Error> {
+//! # let redis = testkit::RedisServer::start();
+//! # let url = redis.url();
+//! let client = fencelock::Client::connect(&url).await?; // url: "redis://127.0.0.1:6379"
 //! let guard = client
 //!     .lock("stock:42")
 //!     .wait(Duration::from_secs(5))
@@ -60,10 +63,24 @@
 //! a single node.
 //!
 //! # Layers
-//! Lua scripts (`src/scripts/*.lua`, each with a header stating KEYS, ARGV, reply) → backend
-//! (connections, timeouts, the shared pub/sub connection) → algorithms (single node
-//! plain/fair/reentrant, retry, the watchdog) → public API ([`Client`], [`LockBuilder`],
-//! [`LockGuard`], [`DelayQueue`], [`Error`]).
+//! Each layer uses only the ones before it:
+//!
+//! 1. **Lua scripts** (`src/scripts/`): `lock/*.lua` and `queue/*.lua`, each with a
+//!    header stating KEYS, ARGV and every reply; `fragments/*.lua`, the functions they
+//!    share (the server clock, key-type checks, the holder check, the fencing counter,
+//!    the fair queue), put in front of them by one table; one decoder per reply
+//!    (`replies.rs`). [`lua_scripts`] shows them as sent.
+//! 2. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
+//!    Redlock nodes, and answers acquire, extend, release, abandon, renewal batches and
+//!    subscriptions; `fan_out` asks all nodes at once, each within its timeout;
+//!    `quorum.rs` is the tally (majority, validity, loss, restart protection); `node.rs`
+//!    one connection and its errors; `subscriber.rs` the shared pub/sub connection.
+//! 3. **Algorithms** (`src/algorithms/`): the acquire engine (`acquire.rs`: attempts,
+//!    waiting for a release, clean-up), the retry schedule, the watchdog.
+//! 4. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), [`LockBuilder`] and
+//!    [`LockGuard`] (`lock.rs`), [`DelayQueue`] (`delay_queue.rs`), [`Error`]
+//!    (`error.rs`), [`keys`] and [`limits`]; `shared.rs` holds what a client's locks
+//!    and queues share.
 
 mod algorithms;
 mod backend;

@@ -49,6 +49,31 @@ use crate::token::{FencingToken, HolderToken};
 /// that died without releasing costs at most that lease. All waiters of one [`Client`](crate::Client)
 /// share one subscription connection.
 ///
+/// # Example
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), fencelock::Error> {
+/// # let redis = testkit::RedisServer::start();
+/// # let client = fencelock::Client::connect(&redis.url()).await?;
+/// let orders = client
+///     .lock("order:1042")
+///     .lease(Duration::from_secs(10)) // renewed every 3.3 s while held
+///     .max_hold(Duration::from_secs(60)) // never held longer than this
+///     .wait(Duration::from_secs(2)) // wait for a holder to release
+///     .fair(); // in arrival order
+/// let guard = orders.acquire().await?;
+/// // The builder can be kept; a try fails fast and says what blocks it.
+/// match orders.try_acquire().await {
+///     Err(fencelock::Error::Held { blocked_by, .. }) => println!("busy: {blocked_by}"),
+///     other => panic!("{other:?}"),
+/// }
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Which strategy fits on contention
 /// - *Fail fast* ([`try_acquire`](Self::try_acquire), or no wait): for requests a
 ///   person is waiting on. [`Error::Held`] carries the holder's remaining lease, to
@@ -410,6 +435,28 @@ pub enum Acquisition {
 /// your code finishes before then: a pause (GC, swap, a stopped process) can outlast the
 /// lease. Protect writes that must never interleave with the [fencing
 /// token](Self::fencing_token).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), fencelock::Error> {
+/// # let redis = testkit::RedisServer::start();
+/// # let client = fencelock::Client::connect(&redis.url()).await?;
+/// # async fn write_with_token(_token: fencelock::FencingToken) {}
+/// let guard = client.lock("stock:42").try_acquire().await?;
+/// tokio::select! {
+///     cause = guard.lost() => return Err(fencelock::Error::LeaseLost {
+///         name: guard.name().to_owned(),
+///         cause,
+///     }),
+///     () = write_with_token(guard.fencing_token()) => {}
+/// }
+/// assert!(guard.remaining() > Duration::from_secs(25)); // of the 30 s lease
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct LockGuard {
