@@ -15,6 +15,7 @@ mod clock;
 mod held;
 mod latency;
 mod peers;
+mod plan;
 mod report;
 mod spawn;
 mod worker;
@@ -26,6 +27,9 @@ use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 
 use crate::peers::Peer;
+use crate::plan::{
+    FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, TARGET_FAIRNESS, WAITERS,
+};
 use crate::spawn::{Report, Workers};
 use crate::worker::WorkerArgs;
 
@@ -71,63 +75,9 @@ enum Command {
 
 /// At most this many worker processes per scenario (the machine may have 2 cores).
 const MAX_PROCS: usize = 8;
-/// How long a handoff contender holds the lock (tokio's timer has 1 ms resolution, so
-/// the real hold is 1 to 2 ms).
-const HANDOFF_HOLD: Duration = Duration::from_millis(1);
-/// Waiters (contenders minus the holder) of the handoff rows.
-const WAITERS: [usize; 3] = [1, 8, 64];
-/// Contenders of the hot-key run (empty critical section).
-const HOT_KEY_CONTENDERS: usize = 64;
 /// Handoff contenders make their first attempt at offsets spread over this, so pollers
 /// poll at spread phases (their best case) rather than all at once.
 const START_SPREAD_MS: u64 = 100;
-/// Targets from the issue.
-const TARGET_HANDOFF_P50: Duration = Duration::from_millis(1);
-const TARGET_HANDOFF_RATIO: f64 = 20.0;
-const TARGET_FAIRNESS: f64 = 0.8;
-const TARGET_PING_RATIO: f64 = 1.25;
-const TARGET_REDLOCK_RATIO: f64 = 1.5;
-/// Nodes of the Redlock clients.
-const REDLOCK_NODES: usize = 5;
-
-struct Plan {
-    name: &'static str,
-    pings: usize,
-    /// Per handoff row; `slow_run` for the peers that poll at 100 ms or more.
-    handoff_run: Duration,
-    slow_run: Duration,
-    hot_key_run: Duration,
-    /// Acquire + release cycles per client (single node, Redlock, Python).
-    latency_cycles: usize,
-    /// Locks held at once with the watchdog on, and how long they are watched.
-    held_locks: usize,
-    held_window: Duration,
-    img_dir: &'static str,
-}
-
-const QUICK: Plan = Plan {
-    name: "quick",
-    pings: 5_000,
-    handoff_run: Duration::from_secs(1),
-    slow_run: Duration::from_secs(2),
-    hot_key_run: Duration::from_millis(1500),
-    latency_cycles: 1_000,
-    held_locks: 10_000,
-    held_window: Duration::from_secs(5),
-    img_dir: "target/bench-img",
-};
-
-const FULL: Plan = Plan {
-    name: "full",
-    pings: 50_000,
-    handoff_run: Duration::from_secs(10),
-    slow_run: Duration::from_secs(20),
-    hot_key_run: Duration::from_secs(10),
-    latency_cycles: 20_000,
-    held_locks: 100_000,
-    held_window: Duration::from_secs(20),
-    img_dir: "docs/img",
-};
 
 fn main() {
     let cli = Cli::parse();

@@ -4,10 +4,13 @@ use std::fmt::Write as _;
 
 use crate::latency::{BLOCK, LatencyRun, Series, TTL};
 use crate::peers::Peer;
+use crate::plan::{
+    HANDOFF_HOLD, HOT_KEY_CONTENDERS, REDLOCK_NODES, TARGET_FAIRNESS, TARGET_HANDOFF_P50,
+    TARGET_HANDOFF_RATIO, TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS,
+};
 use crate::{
-    Charts, HANDOFF_HOLD, HOT_KEY_CONTENDERS, HandoffRow, HotKeyRow, MAX_PROCS, Results,
-    START_SPREAD_MS, Summary, TARGET_FAIRNESS, TARGET_HANDOFF_P50, TARGET_HANDOFF_RATIO,
-    TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS, fmt_dur, fmt_ns, held, yes_no,
+    Charts, HandoffRow, HotKeyRow, MAX_PROCS, Results, START_SPREAD_MS, Summary, fmt_dur, fmt_ns,
+    held, yes_no,
 };
 
 /// `3.2x`, `0.45x`, `1234x`.
@@ -182,7 +185,7 @@ fn side_by_side(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "| lock | uncontended p50 (× PING, × fencelock) | handoff p50, 1 waiter | 8 waiters | 64 waiters | hot key acq/s | hot key min/max | Redlock {n} nodes p50 ÷ single |\n|---|---|---|---|---|---|---|---|",
-        n = crate::REDLOCK_NODES
+        n = REDLOCK_NODES
     );
     for p in peers_of(r) {
         let unc = match uncontended(r, p) {
