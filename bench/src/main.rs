@@ -323,28 +323,6 @@ pub(crate) fn summarize(samples: &[u64]) -> Option<Summary> {
     })
 }
 
-/// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
-pub(crate) fn fmt_ns(ns: u64) -> String {
-    let ns = ns as f64;
-    if ns < 1e5 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if ns < 1e6 {
-        format!("{:.0} µs", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
-    }
-}
-
-pub(crate) fn yes_no(ok: bool) -> &'static str {
-    if ok { "yes" } else { "**no**" }
-}
-
-pub(crate) fn fmt_dur(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
-}
-
 /// Spreads `contenders` over at most [`MAX_PROCS`] processes: tasks per process.
 fn spread(contenders: usize) -> Vec<usize> {
     let procs = contenders.clamp(1, MAX_PROCS);
@@ -866,12 +844,10 @@ mod tests {
     }
 
     #[test]
-    fn summaries_and_durations_print_in_readable_units() {
+    fn summaries_count_their_samples() {
         let s = summarize(&[100, 200, 300]).expect("samples");
         assert_eq!((s.n, s.max), (3, 300));
         assert!(summarize(&[]).is_none());
-        assert_eq!(fmt_ns(12_300), "12.3 µs");
-        assert_eq!(fmt_ns(4_560_000), "4.56 ms");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The markdown report of a run.
+//! The markdown report of a run, and how its figures are written (durations, yes/no).
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use crate::latency::{BLOCK, LatencyRun, Series, TTL};
 use crate::peers::Peer;
@@ -8,10 +9,29 @@ use crate::plan::{
     HANDOFF_HOLD, HOT_KEY_CONTENDERS, REDLOCK_NODES, TARGET_FAIRNESS, TARGET_HANDOFF_P50,
     TARGET_HANDOFF_RATIO, TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS,
 };
-use crate::{
-    Charts, HandoffRow, HotKeyRow, MAX_PROCS, Results, START_SPREAD_MS, Summary, fmt_dur, fmt_ns,
-    held, yes_no,
-};
+use crate::{Charts, HandoffRow, HotKeyRow, MAX_PROCS, Results, START_SPREAD_MS, Summary, held};
+
+/// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
+pub(crate) fn fmt_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns < 1e5 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1e6 {
+        format!("{:.0} µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+pub(crate) fn yes_no(ok: bool) -> &'static str {
+    if ok { "yes" } else { "**no**" }
+}
+
+pub(crate) fn fmt_dur(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
 
 /// `3.2x`, `0.45x`, `1234x`.
 fn x(ratio: f64) -> String {
@@ -677,4 +697,15 @@ fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {
         &charts.fairness,
         "Hot key: min/max acquisitions per contender",
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_print_in_readable_units() {
+        assert_eq!(fmt_ns(12_300), "12.3 µs");
+        assert_eq!(fmt_ns(4_560_000), "4.56 ms");
+    }
 }
