@@ -27,9 +27,7 @@ use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 
 use crate::peers::Peer;
-use crate::plan::{
-    FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, TARGET_FAIRNESS, WAITERS,
-};
+use crate::plan::{FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
 use crate::spawn::{Report, Workers};
 use crate::worker::WorkerArgs;
 
@@ -107,7 +105,7 @@ fn main() {
     let (results, failed) = runtime.block_on(bench(plan, &server, python));
     drop(runtime);
     drop(server);
-    let charts = draw_charts(&results, &img_dir, cli.font.as_deref());
+    let charts = chart::draw_charts(&results, &img_dir, cli.font.as_deref());
     let md = report::render(&results, &charts);
     print!("{md}");
     if let Some(path) = &cli.out
@@ -120,118 +118,6 @@ fn main() {
         eprintln!("some measurements failed; see the report");
         std::process::exit(1);
     }
-}
-
-/// The charts written, or why none were.
-pub(crate) struct Charts {
-    /// The directory, as given.
-    pub(crate) dir: PathBuf,
-    pub(crate) latency: Option<String>,
-    pub(crate) handoff: Option<String>,
-    pub(crate) fairness: Option<String>,
-    pub(crate) error: Option<String>,
-}
-
-fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Charts {
-    let mut charts = Charts {
-        dir: dir.to_owned(),
-        latency: None,
-        handoff: None,
-        fairness: None,
-        error: None,
-    };
-    let prepared = (|| {
-        let font = chart::find_font(font).ok_or(
-            "no TrueType font found (install fonts-dejavu-core, or pass --font FILE)".to_owned(),
-        )?;
-        chart::register(&font)?;
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
-    })();
-    if let Err(e) = prepared {
-        eprintln!("charts not drawn: {e}");
-        charts.error = Some(e);
-        return charts;
-    }
-    let mut errors = Vec::new();
-    let mut draw = |file: &str, f: &dyn Fn(&Path) -> Result<(), String>| {
-        let path = dir.join(file);
-        match f(&path) {
-            Ok(()) => {
-                eprintln!("chart: {}", path.display());
-                Some(file.to_owned())
-            }
-            Err(e) => {
-                errors.push(format!("{file}: {e}"));
-                None
-            }
-        }
-    };
-    if let Ok(lat) = &r.latency {
-        let mut series: Vec<(String, &[u64])> = lat
-            .single
-            .iter()
-            .map(|(p, s)| (p.label().to_owned(), s.samples.as_slice()))
-            .collect();
-        for (p, s) in r.python_latency.iter() {
-            if let Ok(run) = s {
-                series.push((p.label().to_owned(), run.cycles.samples.as_slice()));
-            }
-        }
-        series.push(("PING (redis-rs)".to_owned(), lat.ping.samples.as_slice()));
-        if let Some(Ok(run)) = r.python_latency.first().map(|(_, s)| s) {
-            series.push(("PING (redis-py)".to_owned(), run.pings.samples.as_slice()));
-        }
-        charts.latency = draw("latency.png", &|p| {
-            chart::latency_cdf(
-                p,
-                "Uncontended acquire + release, one client, single node",
-                &series,
-            )
-        });
-    }
-    let rows: Vec<(String, Vec<Option<u64>>)> = Peer::ALL
-        .iter()
-        .filter(|p| r.handoff.iter().any(|h| h.peer == **p))
-        .map(|&p| {
-            let p50s = WAITERS
-                .iter()
-                .map(|&w| {
-                    r.handoff
-                        .iter()
-                        .find(|h| h.peer == p && h.waiters == w)
-                        .and_then(|h| h.summary)
-                        .map(|s| s.p50)
-                })
-                .collect();
-            (p.label().to_owned(), p50s)
-        })
-        .collect();
-    charts.handoff = draw("handoff.png", &|p| {
-        chart::handoff(
-            p,
-            "Handoff: release to next holder in another process, p50",
-            &WAITERS,
-            &rows,
-        )
-    });
-    let rows: Vec<(String, f64, f64)> = r
-        .hot_key
-        .iter()
-        .map(|h| (h.peer.label().to_owned(), h.fairness(), h.per_second()))
-        .collect();
-    charts.fairness = draw("fairness.png", &|p| {
-        chart::fairness(
-            p,
-            &format!("Hot key, {HOT_KEY_CONTENDERS} contenders, empty critical section"),
-            TARGET_FAIRNESS,
-            &rows,
-        )
-    });
-    if !errors.is_empty() {
-        eprintln!("charts: {}", errors.join("; "));
-        charts.error = Some(errors.join("; "));
-    }
-    charts
 }
 
 /// The servers of the scenarios that do not use the main one.
