@@ -17,6 +17,7 @@ mod latency;
 mod peers;
 mod plan;
 mod report;
+mod servers;
 mod spawn;
 mod worker;
 
@@ -28,6 +29,7 @@ use hdrhistogram::Histogram;
 
 use crate::peers::Peer;
 use crate::plan::{FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
+use crate::servers::Servers;
 use crate::spawn::{Report, Workers};
 use crate::worker::WorkerArgs;
 
@@ -118,70 +120,6 @@ fn main() {
         eprintln!("some measurements failed; see the report");
         std::process::exit(1);
     }
-}
-
-/// The servers of the scenarios that do not use the main one.
-struct Servers {
-    /// Independent nodes for the Redlock clients.
-    redlock: Vec<testkit::RedisServer>,
-    /// The held-locks scenario's own node.
-    held: testkit::RedisServer,
-}
-
-/// Pins the harness thread (or `client`, a process) to the first CPU it may use and
-/// every server to the others (round robin), until the result is dropped; and says where
-/// each runs.
-fn pin_for_latency(
-    client: Option<u32>,
-    main: &testkit::RedisServer,
-    redlock: &[testkit::RedisServer],
-) -> (affinity::Pins, String) {
-    let cpus = affinity::allowed_cpus();
-    if cpus.len() < 2 {
-        return (
-            affinity::Pins::default(),
-            format!("not pinned ({} CPU allowed)", cpus.len()),
-        );
-    }
-    let (client_cpu, rest) = (cpus[0], &cpus[1..]);
-    let mut pins = affinity::Pins::default();
-    let pinned = (|| {
-        match client {
-            None => pins.pin_thread(client_cpu)?,
-            Some(pid) => pins.pin_process(pid, client_cpu)?,
-        }
-        pins.pin_process(main.pid(), rest[0])?;
-        for (i, s) in redlock.iter().enumerate() {
-            pins.pin_process(s.pid(), rest[i % rest.len()])?;
-        }
-        Ok::<_, std::io::Error>(())
-    })();
-    if let Err(e) = pinned {
-        drop(pins);
-        return (affinity::Pins::default(), format!("not pinned ({e})"));
-    }
-    let who = if client.is_some() {
-        "the Python driver (all its threads)"
-    } else {
-        "the harness (one thread)"
-    };
-    let placement = if rest.len() == 1 {
-        format!(
-            "{who} pinned to CPU {client_cpu}, every redis-server to CPU {}",
-            rest[0]
-        )
-    } else {
-        let nodes: Vec<String> = (0..redlock.len())
-            .map(|i| rest[i % rest.len()].to_string())
-            .collect();
-        format!(
-            "{who} pinned to CPU {client_cpu}, the single node to CPU {}, the Redlock nodes \
-             to CPUs {}",
-            rest[0],
-            nodes.join(", ")
-        )
-    };
-    (pins, placement)
 }
 
 /// Latency percentiles of one set of samples (ns).
@@ -312,11 +250,11 @@ async fn measured(
     server: &testkit::RedisServer,
     run: &Run,
 ) -> (Vec<usize>, Report, Option<f64>, Option<String>) {
-    let before = commands_processed(server);
+    let before = servers::commands_processed(server);
     let result = run_workers(launch, &server.url(), run).await;
     // Over the run's window (the workers' connecting before it sends a handful).
     let window = run.duration.as_secs_f64();
-    let per_s = match (before, commands_processed(server)) {
+    let per_s = match (before, servers::commands_processed(server)) {
         (Some(b), Some(a)) if window > 0.0 => Some(a.saturating_sub(b) as f64 / window),
         _ => None,
     };
@@ -324,23 +262,6 @@ async fn measured(
         Ok((t, r)) => (t, r, per_s, None),
         Err(e) => (spread(run.contenders), Report::default(), per_s, Some(e)),
     }
-}
-
-/// `(CPU model, load average 1/5/15)`.
-fn machine() -> (String, String) {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned());
-    (cpu, load)
 }
 
 /// One handoff row.
@@ -439,14 +360,8 @@ async fn bench(
     };
     let with_python = python_version.is_ok();
     let mut failed = false;
-    let (cpu, load_before) = machine();
-    let info = server.cmd(&["INFO", "server"]);
-    let redis_version = info
-        .as_str()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("redis_version:")))
-        .unwrap_or("unknown")
-        .trim()
-        .to_owned();
+    let (cpu, load_before) = servers::machine();
+    let redis_version = servers::redis_version(server);
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
 
     // 1. Baseline.
@@ -469,10 +384,7 @@ async fn bench(
     // the main server running. Still on the main thread (the current-thread runtime
     // polls this future on the thread that called `block_on`), which testkit ties their
     // PR_SET_PDEATHSIG to; dropped at the end of this function.
-    let servers = Servers {
-        redlock: testkit::RedisServer::start_many(REDLOCK_NODES),
-        held: testkit::RedisServer::start(),
-    };
+    let servers = Servers::start();
 
     // 2. Uncontended acquire + release: Rust clients, single node and Redlock.
     eprintln!(
@@ -482,7 +394,7 @@ async fn bench(
     );
     let redlock_urls: Vec<String> = servers.redlock.iter().map(|s| s.url()).collect();
     let latency = latency::run(&url, &redlock_urls, plan.latency_cycles, || {
-        pin_for_latency(None, server, &servers.redlock)
+        servers::pin_for_latency(None, server, &servers.redlock)
     })
     .await;
     if let Err(e) = &latency {
@@ -502,7 +414,7 @@ async fn bench(
                 plan.latency_cycles
             );
             let r = latency::python(py, &launch.driver, &url, peer, plan.latency_cycles, |pid| {
-                pin_for_latency(Some(pid), server, &[])
+                servers::pin_for_latency(Some(pid), server, &[])
             })
             .await;
             let r = match r {
@@ -605,7 +517,7 @@ async fn bench(
 
     eprintln!("baseline again: {} PINGs", plan.pings);
     let ping_after = ping_baseline(&url, plan.pings).await.ok();
-    let (_, load_after) = machine();
+    let (_, load_after) = servers::machine();
     let results = Results {
         plan,
         nproc,
@@ -625,19 +537,6 @@ async fn bench(
         elapsed: started.elapsed(),
     };
     (results, failed)
-}
-
-/// `total_commands_processed` of `INFO stats`: to count what a run sent to Redis.
-fn commands_processed(server: &testkit::RedisServer) -> Option<u64> {
-    let info = server
-        .try_cmd(&["INFO", "stats"], Duration::from_secs(5))
-        .ok()?;
-    info.as_str()?
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// `Python 3.11.7, redis-py 8.1.0, python-redis-lock 4.0.1`, or why the interpreter cannot be used.
