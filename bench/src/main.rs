@@ -212,14 +212,6 @@ pub(crate) struct Results {
     elapsed: Duration,
 }
 
-/// The peers of this run: all, less the Python ones when there is no interpreter.
-fn peers(python: bool) -> Vec<Peer> {
-    Peer::ALL
-        .into_iter()
-        .filter(|p| python || !p.python())
-        .collect()
-}
-
 /// Runs everything; the results and whether anything failed.
 async fn bench(
     plan: &'static Plan,
@@ -309,7 +301,7 @@ async fn bench(
 
     // 3. Handoff.
     let mut handoff = Vec::new();
-    for peer in peers(with_python) {
+    for peer in peers::peers(with_python) {
         for waiters in WAITERS {
             let duration = if peer.slow() {
                 plan.slow_run
@@ -344,7 +336,7 @@ async fn bench(
 
     // 4. Hot key.
     let mut hot_key = Vec::new();
-    for peer in peers(with_python) {
+    for peer in peers::peers(with_python) {
         let run = Run {
             scenario: Scenario::HotKey,
             peer,
@@ -478,18 +470,5 @@ mod tests {
         let s = summarize(&[100, 200, 300]).expect("samples");
         assert_eq!((s.n, s.max), (3, 300));
         assert!(summarize(&[]).is_none());
-    }
-
-    #[test]
-    fn python_peers_get_their_sleep_settings() {
-        assert_eq!(
-            Peer::RedisPy.lock_args(),
-            ["--lock", "redis-py", "--sleep", "0.1"]
-        );
-        assert_eq!(
-            Peer::RedisPyTuned.lock_args(),
-            ["--lock", "redis-py", "--sleep", "0.001"]
-        );
-        assert!(Peer::ALL.iter().filter(|p| p.python()).count() == 3);
     }
 }

@@ -119,7 +119,7 @@ fn ping_unit(r: &Results) -> u64 {
 }
 
 fn peers_of(r: &Results) -> Vec<Peer> {
-    crate::peers(r.python.is_ok())
+    crate::peers::peers(r.python.is_ok())
 }
 
 pub fn render(r: &Results, charts: &Charts) -> String {
