@@ -26,8 +26,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use hdrhistogram::Histogram;
 
+use crate::latency::{Summary, summarize};
 use crate::launcher::{Launcher, Run, Scenario, measured};
 use crate::peers::Peer;
 use crate::plan::{FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
@@ -116,31 +116,6 @@ fn main() {
         eprintln!("some measurements failed; see the report");
         std::process::exit(1);
     }
-}
-
-/// Latency percentiles of one set of samples (ns).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Summary {
-    pub(crate) n: u64,
-    pub(crate) p50: u64,
-    pub(crate) p99: u64,
-    pub(crate) max: u64,
-}
-
-pub(crate) fn summarize(samples: &[u64]) -> Option<Summary> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).ok()?;
-    for &s in samples {
-        h.saturating_record(s.max(1));
-    }
-    Some(Summary {
-        n: h.len(),
-        p50: h.value_at_quantile(0.50),
-        p99: h.value_at_quantile(0.99),
-        max: h.max(),
-    })
 }
 
 /// One handoff row.
@@ -233,7 +208,7 @@ async fn bench(
 
     // 1. Baseline.
     eprintln!("baseline: {} PINGs", plan.pings);
-    let ping = match ping_baseline(&url, plan.pings).await {
+    let ping = match latency::ping_baseline(&url, plan.pings).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("PING baseline failed: {e}");
@@ -383,7 +358,7 @@ async fn bench(
     }
 
     eprintln!("baseline again: {} PINGs", plan.pings);
-    let ping_after = ping_baseline(&url, plan.pings).await.ok();
+    let ping_after = latency::ping_baseline(&url, plan.pings).await.ok();
     let (_, load_after) = servers::machine();
     let results = Results {
         plan,
@@ -404,30 +379,6 @@ async fn bench(
         elapsed: started.elapsed(),
     };
     (results, failed)
-}
-
-async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let t = Instant::now();
-        let pong: String = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        let dt = t.elapsed();
-        if pong != "PONG" {
-            return Err(format!("PING answered {pong:?}"));
-        }
-        if i >= n / 10 {
-            samples.push(dt.as_nanos() as u64); // the first tenth is warm-up
-        }
-    }
-    summarize(&samples).ok_or_else(|| "no samples".to_owned())
 }
 
 #[cfg(test)]
@@ -463,12 +414,5 @@ mod tests {
         // A worker that did not report must not hide a starved contender.
         assert_eq!(hot_key(vec![10; HOT_KEY_CONTENDERS - 1]).fairness(), 0.0);
         assert_eq!(hot_key(Vec::new()).fairness(), 0.0);
-    }
-
-    #[test]
-    fn summaries_count_their_samples() {
-        let s = summarize(&[100, 200, 300]).expect("samples");
-        assert_eq!((s.n, s.max), (3, 300));
-        assert!(summarize(&[]).is_none());
     }
 }
