@@ -9,9 +9,9 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
-use crate::Results;
 use crate::peers::Peer;
 use crate::plan::{HOT_KEY_CONTENDERS, TARGET_FAIRNESS, WAITERS};
+use crate::results::Results;
 
 /// Where [`find_font`] looks, in order (Debian's `fonts-dejavu-core` first).
 const FONT_PATHS: [&str; 4] = [

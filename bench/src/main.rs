@@ -18,6 +18,7 @@ mod launcher;
 mod peers;
 mod plan;
 mod report;
+mod results;
 mod servers;
 mod spawn;
 mod worker;
@@ -31,8 +32,8 @@ use crate::latency::{Summary, summarize};
 use crate::launcher::{Launcher, Run, Scenario, measured};
 use crate::peers::Peer;
 use crate::plan::{FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
+use crate::results::{HandoffRow, HotKeyRow, Results};
 use crate::servers::Servers;
-use crate::spawn::Report;
 use crate::worker::WorkerArgs;
 
 /// Benchmarks fencelock against its peers on throwaway redis-servers, prints the results
@@ -116,75 +117,6 @@ fn main() {
         eprintln!("some measurements failed; see the report");
         std::process::exit(1);
     }
-}
-
-/// One handoff row.
-pub(crate) struct HandoffRow {
-    pub(crate) peer: Peer,
-    pub(crate) waiters: usize,
-    pub(crate) tasks: Vec<usize>,
-    pub(crate) summary: Option<Summary>,
-    pub(crate) report: Report,
-    /// Commands Redis processed per second over the row (`INFO stats`).
-    pub(crate) commands_per_s: Option<f64>,
-    pub(crate) error: Option<String>,
-}
-
-/// One hot-key row.
-pub(crate) struct HotKeyRow {
-    pub(crate) peer: Peer,
-    pub(crate) tasks: Vec<usize>,
-    pub(crate) report: Report,
-    pub(crate) duration: Duration,
-    /// Commands Redis processed per second over the run (`INFO stats`).
-    pub(crate) commands_per_s: Option<f64>,
-    pub(crate) error: Option<String>,
-}
-
-impl HotKeyRow {
-    /// Whether every contender reported.
-    pub(crate) fn complete(&self) -> bool {
-        self.report.counts.len() == HOT_KEY_CONTENDERS
-    }
-
-    /// min/max acquisitions per contender (0 when incomplete or none).
-    pub(crate) fn fairness(&self) -> f64 {
-        let counts = &self.report.counts;
-        let min = counts.iter().min().copied().unwrap_or(0);
-        let max = counts.iter().max().copied().unwrap_or(0);
-        if max > 0 && self.complete() {
-            min as f64 / max as f64
-        } else {
-            0.0
-        }
-    }
-
-    /// Acquisitions per second, all contenders.
-    pub(crate) fn per_second(&self) -> f64 {
-        self.report.counts.iter().sum::<u64>() as f64 / self.duration.as_secs_f64()
-    }
-}
-
-/// Everything one run measured, for the report and the charts.
-pub(crate) struct Results {
-    plan: &'static Plan,
-    nproc: usize,
-    cpu: String,
-    load_before: String,
-    load_after: String,
-    redis_version: String,
-    /// The Python interpreter's version, or why the Python peers were left out.
-    python: Result<String, String>,
-    ping: Summary,
-    ping_after: Option<Summary>,
-    latency: Result<latency::LatencyRun, String>,
-    /// Per Python peer: its cycles and the driver's redis-py PINGs.
-    python_latency: Vec<(Peer, Result<latency::PythonRun, String>)>,
-    python_placement: Option<String>,
-    handoff: Vec<HandoffRow>,
-    hot_key: Vec<HotKeyRow>,
-    held: Result<held::HeldRun, String>,
-    elapsed: Duration,
 }
 
 /// Runs everything; the results and whether anything failed.
@@ -379,40 +311,4 @@ async fn bench(
         elapsed: started.elapsed(),
     };
     (results, failed)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::launcher::spread;
-
-    fn hot_key(counts: Vec<u64>) -> HotKeyRow {
-        HotKeyRow {
-            peer: Peer::Fencelock,
-            tasks: spread(HOT_KEY_CONTENDERS),
-            report: Report {
-                counts,
-                ..Report::default()
-            },
-            duration: Duration::from_secs(2),
-            commands_per_s: None,
-            error: None,
-        }
-    }
-
-    #[test]
-    fn fairness_is_min_over_max_of_every_contender() {
-        let mut counts = vec![10; HOT_KEY_CONTENDERS];
-        counts[3] = 5;
-        let row = hot_key(counts);
-        assert!((row.fairness() - 0.5).abs() < 1e-9);
-        assert!((row.per_second() - (10.0 * 63.0 + 5.0) / 2.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_missing_contender_makes_fairness_zero() {
-        // A worker that did not report must not hide a starved contender.
-        assert_eq!(hot_key(vec![10; HOT_KEY_CONTENDERS - 1]).fairness(), 0.0);
-        assert_eq!(hot_key(Vec::new()).fairness(), 0.0);
-    }
 }

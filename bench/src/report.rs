@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::chart::Charts;
+use crate::held;
 use crate::latency::{BLOCK, LatencyRun, Series, Summary, TTL};
 use crate::launcher::{MAX_PROCS, START_SPREAD_MS};
 use crate::peers::Peer;
@@ -11,7 +12,7 @@ use crate::plan::{
     HANDOFF_HOLD, HOT_KEY_CONTENDERS, REDLOCK_NODES, TARGET_FAIRNESS, TARGET_HANDOFF_P50,
     TARGET_HANDOFF_RATIO, TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS,
 };
-use crate::{HandoffRow, HotKeyRow, Results, held};
+use crate::results::{HandoffRow, HotKeyRow, Results};
 
 /// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
 pub(crate) fn fmt_ns(ns: u64) -> String {
