@@ -1,6 +1,7 @@
 //! PNG charts of a run: uncontended latency distributions, handoff by waiter count, and
 //! hot-key fairness. Drawn with plotters' bitmap backend; text with a TrueType font read
 //! at run time (plotters' `ab_glyph`), so no system font configuration is needed.
+//! [`draw_charts`] takes each chart's data from the run's results.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,8 @@ use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
 use crate::peers::Peer;
+use crate::plan::{HOT_KEY_CONTENDERS, TARGET_FAIRNESS, WAITERS};
+use crate::results::Results;
 
 /// Where [`find_font`] looks, in order (Debian's `fonts-dejavu-core` first).
 const FONT_PATHS: [&str; 4] = [
@@ -34,6 +37,120 @@ pub fn register(path: &Path) -> Result<(), String> {
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
     register_font(FONT, FontStyle::Normal, bytes)
         .map_err(|_| format!("{}: not a TrueType/OpenType font", path.display()))
+}
+
+/// The charts written, or why none were.
+pub(crate) struct Charts {
+    /// The directory, as given.
+    pub(crate) dir: PathBuf,
+    pub(crate) latency: Option<String>,
+    pub(crate) handoff: Option<String>,
+    pub(crate) fairness: Option<String>,
+    pub(crate) error: Option<String>,
+}
+
+/// Draws the charts of a run into `dir` (created if need be), each from its part of the
+/// results; errors go to stderr and into [`Charts::error`].
+pub(crate) fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Charts {
+    let mut charts = Charts {
+        dir: dir.to_owned(),
+        latency: None,
+        handoff: None,
+        fairness: None,
+        error: None,
+    };
+    let prepared = (|| {
+        let font = find_font(font).ok_or(
+            "no TrueType font found (install fonts-dejavu-core, or pass --font FILE)".to_owned(),
+        )?;
+        register(&font)?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+    })();
+    if let Err(e) = prepared {
+        eprintln!("charts not drawn: {e}");
+        charts.error = Some(e);
+        return charts;
+    }
+    let mut errors = Vec::new();
+    let mut draw = |file: &str, f: &dyn Fn(&Path) -> Result<(), String>| {
+        let path = dir.join(file);
+        match f(&path) {
+            Ok(()) => {
+                eprintln!("chart: {}", path.display());
+                Some(file.to_owned())
+            }
+            Err(e) => {
+                errors.push(format!("{file}: {e}"));
+                None
+            }
+        }
+    };
+    if let Ok(lat) = &r.latency {
+        let mut series: Vec<(String, &[u64])> = lat
+            .single
+            .iter()
+            .map(|(p, s)| (p.label().to_owned(), s.samples.as_slice()))
+            .collect();
+        for (p, s) in r.python_latency.iter() {
+            if let Ok(run) = s {
+                series.push((p.label().to_owned(), run.cycles.samples.as_slice()));
+            }
+        }
+        series.push(("PING (redis-rs)".to_owned(), lat.ping.samples.as_slice()));
+        if let Some(Ok(run)) = r.python_latency.first().map(|(_, s)| s) {
+            series.push(("PING (redis-py)".to_owned(), run.pings.samples.as_slice()));
+        }
+        charts.latency = draw("latency.png", &|p| {
+            latency_cdf(
+                p,
+                "Uncontended acquire + release, one client, single node",
+                &series,
+            )
+        });
+    }
+    let rows: Vec<(String, Vec<Option<u64>>)> = Peer::ALL
+        .iter()
+        .filter(|p| r.handoff.iter().any(|h| h.peer == **p))
+        .map(|&p| {
+            let p50s = WAITERS
+                .iter()
+                .map(|&w| {
+                    r.handoff
+                        .iter()
+                        .find(|h| h.peer == p && h.waiters == w)
+                        .and_then(|h| h.summary)
+                        .map(|s| s.p50)
+                })
+                .collect();
+            (p.label().to_owned(), p50s)
+        })
+        .collect();
+    charts.handoff = draw("handoff.png", &|p| {
+        handoff(
+            p,
+            "Handoff: release to next holder in another process, p50",
+            &WAITERS,
+            &rows,
+        )
+    });
+    let rows: Vec<(String, f64, f64)> = r
+        .hot_key
+        .iter()
+        .map(|h| (h.peer.label().to_owned(), h.fairness(), h.per_second()))
+        .collect();
+    charts.fairness = draw("fairness.png", &|p| {
+        fairness(
+            p,
+            &format!("Hot key, {HOT_KEY_CONTENDERS} contenders, empty critical section"),
+            TARGET_FAIRNESS,
+            &rows,
+        )
+    });
+    if !errors.is_empty() {
+        eprintln!("charts: {}", errors.join("; "));
+        charts.error = Some(errors.join("; "));
+    }
+    charts
 }
 
 /// One colour per lock, the same in every chart; other series (PINGs) after them.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 
 use crate::clock::cpu_time;
-use crate::{fmt_dur, yes_no};
+use crate::report::{fmt_dur, yes_no};
 
 /// The renewed lease of every lock: renewed every third of it (2 s), the watchdog ticking
 /// every sixth (1 s).

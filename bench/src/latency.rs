@@ -5,6 +5,9 @@
 //! The Rust clients and two PING loops (to the single node; to every Redlock node at
 //! once) take turns in blocks of [`BLOCK`] cycles, so drift of a noisy machine hits them
 //! alike. The Python driver does the same with its lock and redis-py PINGs.
+//!
+//! Also the percentiles every latency figure is reported with ([`Summary`]), and the PING
+//! baseline of a run ([`ping_baseline`]).
 
 use std::future::Future;
 use std::path::Path;
@@ -12,13 +15,13 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use redis::aio::MultiplexedConnection;
 
 use crate::affinity;
 use crate::peers::Peer;
 use crate::spawn::Workers;
 use crate::worker::{redlock_manager, rslock_manager};
-use crate::{Summary, summarize};
 
 /// Cycles per turn of each client (and PINGs per turn of the PING loops).
 pub const BLOCK: usize = 100;
@@ -26,6 +29,32 @@ pub const BLOCK: usize = 100;
 pub const TTL: Duration = Duration::from_secs(10);
 /// The lock name (a suffix per client).
 const NAME: &str = "bench-latency";
+
+/// Latency percentiles of one set of samples (ns).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Summary {
+    pub(crate) n: u64,
+    pub(crate) p50: u64,
+    pub(crate) p99: u64,
+    pub(crate) max: u64,
+}
+
+/// The percentiles of `samples` (ns); `None` without samples.
+pub(crate) fn summarize(samples: &[u64]) -> Option<Summary> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).ok()?;
+    for &s in samples {
+        h.saturating_record(s.max(1));
+    }
+    Some(Summary {
+        n: h.len(),
+        p50: h.value_at_quantile(0.50),
+        p99: h.value_at_quantile(0.99),
+        max: h.max(),
+    })
+}
 
 /// One measured series: its samples (ns, sorted) and their summary.
 pub struct Series {
@@ -269,6 +298,32 @@ pub async fn python(
     Ok((run, placement))
 }
 
+/// The PING baseline: `n` PINGs one after another on one connection, after a tenth as
+/// many as warm-up.
+pub(crate) async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let pong: String = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let dt = t.elapsed();
+        if pong != "PONG" {
+            return Err(format!("PING answered {pong:?}"));
+        }
+        if i >= n / 10 {
+            samples.push(dt.as_nanos() as u64); // the first tenth is warm-up
+        }
+    }
+    summarize(&samples).ok_or_else(|| "no samples".to_owned())
+}
+
 async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
     redis::Client::open(url)
         .map_err(|e| e.to_string())?
@@ -317,4 +372,16 @@ async fn ping_all(conns: &[MultiplexedConnection]) -> Result<(), String> {
         }
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_count_their_samples() {
+        let s = summarize(&[100, 200, 300]).expect("samples");
+        assert_eq!((s.n, s.max), (3, 300));
+        assert!(summarize(&[]).is_none());
+    }
 }

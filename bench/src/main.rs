@@ -14,19 +14,26 @@ mod chart;
 mod clock;
 mod held;
 mod latency;
+mod launcher;
 mod peers;
+mod plan;
 mod report;
+mod results;
+mod servers;
 mod spawn;
 mod worker;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use hdrhistogram::Histogram;
 
+use crate::latency::{Summary, summarize};
+use crate::launcher::{Launcher, Run, Scenario, measured};
 use crate::peers::Peer;
-use crate::spawn::{Report, Workers};
+use crate::plan::{FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
+use crate::results::{HandoffRow, HotKeyRow, Results};
+use crate::servers::Servers;
 use crate::worker::WorkerArgs;
 
 /// Benchmarks fencelock against its peers on throwaway redis-servers, prints the results
@@ -69,66 +76,6 @@ enum Command {
     Worker(WorkerArgs),
 }
 
-/// At most this many worker processes per scenario (the machine may have 2 cores).
-const MAX_PROCS: usize = 8;
-/// How long a handoff contender holds the lock (tokio's timer has 1 ms resolution, so
-/// the real hold is 1 to 2 ms).
-const HANDOFF_HOLD: Duration = Duration::from_millis(1);
-/// Waiters (contenders minus the holder) of the handoff rows.
-const WAITERS: [usize; 3] = [1, 8, 64];
-/// Contenders of the hot-key run (empty critical section).
-const HOT_KEY_CONTENDERS: usize = 64;
-/// Handoff contenders make their first attempt at offsets spread over this, so pollers
-/// poll at spread phases (their best case) rather than all at once.
-const START_SPREAD_MS: u64 = 100;
-/// Targets from the issue.
-const TARGET_HANDOFF_P50: Duration = Duration::from_millis(1);
-const TARGET_HANDOFF_RATIO: f64 = 20.0;
-const TARGET_FAIRNESS: f64 = 0.8;
-const TARGET_PING_RATIO: f64 = 1.25;
-const TARGET_REDLOCK_RATIO: f64 = 1.5;
-/// Nodes of the Redlock clients.
-const REDLOCK_NODES: usize = 5;
-
-struct Plan {
-    name: &'static str,
-    pings: usize,
-    /// Per handoff row; `slow_run` for the peers that poll at 100 ms or more.
-    handoff_run: Duration,
-    slow_run: Duration,
-    hot_key_run: Duration,
-    /// Acquire + release cycles per client (single node, Redlock, Python).
-    latency_cycles: usize,
-    /// Locks held at once with the watchdog on, and how long they are watched.
-    held_locks: usize,
-    held_window: Duration,
-    img_dir: &'static str,
-}
-
-const QUICK: Plan = Plan {
-    name: "quick",
-    pings: 5_000,
-    handoff_run: Duration::from_secs(1),
-    slow_run: Duration::from_secs(2),
-    hot_key_run: Duration::from_millis(1500),
-    latency_cycles: 1_000,
-    held_locks: 10_000,
-    held_window: Duration::from_secs(5),
-    img_dir: "target/bench-img",
-};
-
-const FULL: Plan = Plan {
-    name: "full",
-    pings: 50_000,
-    handoff_run: Duration::from_secs(10),
-    slow_run: Duration::from_secs(20),
-    hot_key_run: Duration::from_secs(10),
-    latency_cycles: 20_000,
-    held_locks: 100_000,
-    held_window: Duration::from_secs(20),
-    img_dir: "docs/img",
-};
-
 fn main() {
     let cli = Cli::parse();
     if let Some(Command::Worker(args)) = cli.command {
@@ -157,7 +104,7 @@ fn main() {
     let (results, failed) = runtime.block_on(bench(plan, &server, python));
     drop(runtime);
     drop(server);
-    let charts = draw_charts(&results, &img_dir, cli.font.as_deref());
+    let charts = chart::draw_charts(&results, &img_dir, cli.font.as_deref());
     let md = report::render(&results, &charts);
     print!("{md}");
     if let Some(path) = &cli.out
@@ -172,440 +119,6 @@ fn main() {
     }
 }
 
-/// The charts written, or why none were.
-pub(crate) struct Charts {
-    /// The directory, as given.
-    pub(crate) dir: PathBuf,
-    pub(crate) latency: Option<String>,
-    pub(crate) handoff: Option<String>,
-    pub(crate) fairness: Option<String>,
-    pub(crate) error: Option<String>,
-}
-
-fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Charts {
-    let mut charts = Charts {
-        dir: dir.to_owned(),
-        latency: None,
-        handoff: None,
-        fairness: None,
-        error: None,
-    };
-    let prepared = (|| {
-        let font = chart::find_font(font).ok_or(
-            "no TrueType font found (install fonts-dejavu-core, or pass --font FILE)".to_owned(),
-        )?;
-        chart::register(&font)?;
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
-    })();
-    if let Err(e) = prepared {
-        eprintln!("charts not drawn: {e}");
-        charts.error = Some(e);
-        return charts;
-    }
-    let mut errors = Vec::new();
-    let mut draw = |file: &str, f: &dyn Fn(&Path) -> Result<(), String>| {
-        let path = dir.join(file);
-        match f(&path) {
-            Ok(()) => {
-                eprintln!("chart: {}", path.display());
-                Some(file.to_owned())
-            }
-            Err(e) => {
-                errors.push(format!("{file}: {e}"));
-                None
-            }
-        }
-    };
-    if let Ok(lat) = &r.latency {
-        let mut series: Vec<(String, &[u64])> = lat
-            .single
-            .iter()
-            .map(|(p, s)| (p.label().to_owned(), s.samples.as_slice()))
-            .collect();
-        for (p, s) in r.python_latency.iter() {
-            if let Ok(run) = s {
-                series.push((p.label().to_owned(), run.cycles.samples.as_slice()));
-            }
-        }
-        series.push(("PING (redis-rs)".to_owned(), lat.ping.samples.as_slice()));
-        if let Some(Ok(run)) = r.python_latency.first().map(|(_, s)| s) {
-            series.push(("PING (redis-py)".to_owned(), run.pings.samples.as_slice()));
-        }
-        charts.latency = draw("latency.png", &|p| {
-            chart::latency_cdf(
-                p,
-                "Uncontended acquire + release, one client, single node",
-                &series,
-            )
-        });
-    }
-    let rows: Vec<(String, Vec<Option<u64>>)> = Peer::ALL
-        .iter()
-        .filter(|p| r.handoff.iter().any(|h| h.peer == **p))
-        .map(|&p| {
-            let p50s = WAITERS
-                .iter()
-                .map(|&w| {
-                    r.handoff
-                        .iter()
-                        .find(|h| h.peer == p && h.waiters == w)
-                        .and_then(|h| h.summary)
-                        .map(|s| s.p50)
-                })
-                .collect();
-            (p.label().to_owned(), p50s)
-        })
-        .collect();
-    charts.handoff = draw("handoff.png", &|p| {
-        chart::handoff(
-            p,
-            "Handoff: release to next holder in another process, p50",
-            &WAITERS,
-            &rows,
-        )
-    });
-    let rows: Vec<(String, f64, f64)> = r
-        .hot_key
-        .iter()
-        .map(|h| (h.peer.label().to_owned(), h.fairness(), h.per_second()))
-        .collect();
-    charts.fairness = draw("fairness.png", &|p| {
-        chart::fairness(
-            p,
-            &format!("Hot key, {HOT_KEY_CONTENDERS} contenders, empty critical section"),
-            TARGET_FAIRNESS,
-            &rows,
-        )
-    });
-    if !errors.is_empty() {
-        eprintln!("charts: {}", errors.join("; "));
-        charts.error = Some(errors.join("; "));
-    }
-    charts
-}
-
-/// The servers of the scenarios that do not use the main one.
-struct Servers {
-    /// Independent nodes for the Redlock clients.
-    redlock: Vec<testkit::RedisServer>,
-    /// The held-locks scenario's own node.
-    held: testkit::RedisServer,
-}
-
-/// Pins the harness thread (or `client`, a process) to the first CPU it may use and
-/// every server to the others (round robin), until the result is dropped; and says where
-/// each runs.
-fn pin_for_latency(
-    client: Option<u32>,
-    main: &testkit::RedisServer,
-    redlock: &[testkit::RedisServer],
-) -> (affinity::Pins, String) {
-    let cpus = affinity::allowed_cpus();
-    if cpus.len() < 2 {
-        return (
-            affinity::Pins::default(),
-            format!("not pinned ({} CPU allowed)", cpus.len()),
-        );
-    }
-    let (client_cpu, rest) = (cpus[0], &cpus[1..]);
-    let mut pins = affinity::Pins::default();
-    let pinned = (|| {
-        match client {
-            None => pins.pin_thread(client_cpu)?,
-            Some(pid) => pins.pin_process(pid, client_cpu)?,
-        }
-        pins.pin_process(main.pid(), rest[0])?;
-        for (i, s) in redlock.iter().enumerate() {
-            pins.pin_process(s.pid(), rest[i % rest.len()])?;
-        }
-        Ok::<_, std::io::Error>(())
-    })();
-    if let Err(e) = pinned {
-        drop(pins);
-        return (affinity::Pins::default(), format!("not pinned ({e})"));
-    }
-    let who = if client.is_some() {
-        "the Python driver (all its threads)"
-    } else {
-        "the harness (one thread)"
-    };
-    let placement = if rest.len() == 1 {
-        format!(
-            "{who} pinned to CPU {client_cpu}, every redis-server to CPU {}",
-            rest[0]
-        )
-    } else {
-        let nodes: Vec<String> = (0..redlock.len())
-            .map(|i| rest[i % rest.len()].to_string())
-            .collect();
-        format!(
-            "{who} pinned to CPU {client_cpu}, the single node to CPU {}, the Redlock nodes \
-             to CPUs {}",
-            rest[0],
-            nodes.join(", ")
-        )
-    };
-    (pins, placement)
-}
-
-/// Latency percentiles of one set of samples (ns).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Summary {
-    pub(crate) n: u64,
-    pub(crate) p50: u64,
-    pub(crate) p99: u64,
-    pub(crate) max: u64,
-}
-
-pub(crate) fn summarize(samples: &[u64]) -> Option<Summary> {
-    if samples.is_empty() {
-        return None;
-    }
-    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).ok()?;
-    for &s in samples {
-        h.saturating_record(s.max(1));
-    }
-    Some(Summary {
-        n: h.len(),
-        p50: h.value_at_quantile(0.50),
-        p99: h.value_at_quantile(0.99),
-        max: h.max(),
-    })
-}
-
-/// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
-pub(crate) fn fmt_ns(ns: u64) -> String {
-    let ns = ns as f64;
-    if ns < 1e5 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if ns < 1e6 {
-        format!("{:.0} µs", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
-    }
-}
-
-pub(crate) fn yes_no(ok: bool) -> &'static str {
-    if ok { "yes" } else { "**no**" }
-}
-
-pub(crate) fn fmt_dur(d: Duration) -> String {
-    format!("{} s", d.as_secs_f64())
-}
-
-/// Spreads `contenders` over at most [`MAX_PROCS`] processes: tasks per process.
-fn spread(contenders: usize) -> Vec<usize> {
-    let procs = contenders.clamp(1, MAX_PROCS);
-    (0..procs)
-        .map(|i| contenders / procs + usize::from(i < contenders % procs))
-        .collect()
-}
-
-/// What the contenders of a run do.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Scenario {
-    Handoff,
-    HotKey,
-}
-
-struct Run {
-    scenario: Scenario,
-    peer: Peer,
-    name: String,
-    contenders: usize,
-    hold: Duration,
-    duration: Duration,
-}
-
-/// How to start worker processes: this binary, and the Python driver when there is one.
-struct Launcher {
-    exe: PathBuf,
-    python: Result<PathBuf, String>,
-    driver: PathBuf,
-}
-
-/// Runs one scenario over worker processes; the merged reports.
-async fn run_workers(
-    launch: &Launcher,
-    url: &str,
-    run: &Run,
-) -> Result<(Vec<usize>, Report), String> {
-    let tasks = spread(run.contenders);
-    let (program, prefix) = if run.peer.python() {
-        let python = launch.python.as_ref().map_err(Clone::clone)?;
-        (python.clone(), vec![launch.driver.display().to_string()])
-    } else {
-        (launch.exe.clone(), vec!["worker".to_owned()])
-    };
-    let arg_lists: Vec<Vec<String>> = tasks
-        .iter()
-        .enumerate()
-        .map(|(proc_index, t)| {
-            let scenario = match run.scenario {
-                Scenario::Handoff => "handoff",
-                Scenario::HotKey => "hot-key",
-            };
-            let mut args: Vec<String> = [
-                "--url",
-                url,
-                "--scenario",
-                scenario,
-                "--name",
-                &run.name,
-                "--tasks",
-                &t.to_string(),
-                "--hold-us",
-                &run.hold.as_micros().to_string(),
-                "--duration-ms",
-                &run.duration.as_millis().to_string(),
-                "--spread-ms",
-                &START_SPREAD_MS.to_string(),
-                "--proc-index",
-                &proc_index.to_string(),
-                "--procs",
-                &tasks.len().to_string(),
-                "--contenders",
-                &run.contenders.to_string(),
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            args.extend(run.peer.lock_args());
-            args
-        })
-        .collect();
-    let workers = Workers::start(&program, &prefix, &arg_lists).await?;
-    let reports = workers.run(run.duration).await?;
-    let mut merged = Report::default();
-    for r in reports {
-        merged.samples.extend(r.samples);
-        merged.counts.extend(r.counts);
-        merged.acquisitions += r.acquisitions;
-        merged.same_process += r.same_process;
-        merged.late += r.late;
-        merged.max_wait = merged.max_wait.max(r.max_wait);
-        merged.errors.extend(r.errors);
-    }
-    Ok((tasks, merged))
-}
-
-/// Runs `run` on `server`: tasks per process, the merged reports, the commands per
-/// second Redis processed in the run's window, and why the run failed, if it did.
-async fn measured(
-    launch: &Launcher,
-    server: &testkit::RedisServer,
-    run: &Run,
-) -> (Vec<usize>, Report, Option<f64>, Option<String>) {
-    let before = commands_processed(server);
-    let result = run_workers(launch, &server.url(), run).await;
-    // Over the run's window (the workers' connecting before it sends a handful).
-    let window = run.duration.as_secs_f64();
-    let per_s = match (before, commands_processed(server)) {
-        (Some(b), Some(a)) if window > 0.0 => Some(a.saturating_sub(b) as f64 / window),
-        _ => None,
-    };
-    match result {
-        Ok((t, r)) => (t, r, per_s, None),
-        Err(e) => (spread(run.contenders), Report::default(), per_s, Some(e)),
-    }
-}
-
-/// `(CPU model, load average 1/5/15)`.
-fn machine() -> (String, String) {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".to_owned());
-    (cpu, load)
-}
-
-/// One handoff row.
-pub(crate) struct HandoffRow {
-    pub(crate) peer: Peer,
-    pub(crate) waiters: usize,
-    pub(crate) tasks: Vec<usize>,
-    pub(crate) summary: Option<Summary>,
-    pub(crate) report: Report,
-    /// Commands Redis processed per second over the row (`INFO stats`).
-    pub(crate) commands_per_s: Option<f64>,
-    pub(crate) error: Option<String>,
-}
-
-/// One hot-key row.
-pub(crate) struct HotKeyRow {
-    pub(crate) peer: Peer,
-    pub(crate) tasks: Vec<usize>,
-    pub(crate) report: Report,
-    pub(crate) duration: Duration,
-    /// Commands Redis processed per second over the run (`INFO stats`).
-    pub(crate) commands_per_s: Option<f64>,
-    pub(crate) error: Option<String>,
-}
-
-impl HotKeyRow {
-    /// Whether every contender reported.
-    pub(crate) fn complete(&self) -> bool {
-        self.report.counts.len() == HOT_KEY_CONTENDERS
-    }
-
-    /// min/max acquisitions per contender (0 when incomplete or none).
-    pub(crate) fn fairness(&self) -> f64 {
-        let counts = &self.report.counts;
-        let min = counts.iter().min().copied().unwrap_or(0);
-        let max = counts.iter().max().copied().unwrap_or(0);
-        if max > 0 && self.complete() {
-            min as f64 / max as f64
-        } else {
-            0.0
-        }
-    }
-
-    /// Acquisitions per second, all contenders.
-    pub(crate) fn per_second(&self) -> f64 {
-        self.report.counts.iter().sum::<u64>() as f64 / self.duration.as_secs_f64()
-    }
-}
-
-/// Everything one run measured, for the report and the charts.
-pub(crate) struct Results {
-    plan: &'static Plan,
-    nproc: usize,
-    cpu: String,
-    load_before: String,
-    load_after: String,
-    redis_version: String,
-    /// The Python interpreter's version, or why the Python peers were left out.
-    python: Result<String, String>,
-    ping: Summary,
-    ping_after: Option<Summary>,
-    latency: Result<latency::LatencyRun, String>,
-    /// Per Python peer: its cycles and the driver's redis-py PINGs.
-    python_latency: Vec<(Peer, Result<latency::PythonRun, String>)>,
-    python_placement: Option<String>,
-    handoff: Vec<HandoffRow>,
-    hot_key: Vec<HotKeyRow>,
-    held: Result<held::HeldRun, String>,
-    elapsed: Duration,
-}
-
-/// The peers of this run: all, less the Python ones when there is no interpreter.
-fn peers(python: bool) -> Vec<Peer> {
-    Peer::ALL
-        .into_iter()
-        .filter(|p| python || !p.python())
-        .collect()
-}
-
 /// Runs everything; the results and whether anything failed.
 async fn bench(
     plan: &'static Plan,
@@ -614,30 +127,20 @@ async fn bench(
 ) -> (Results, bool) {
     let started = Instant::now();
     let url = server.url();
-    let launch = Launcher {
-        exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fencelock-bench")),
-        python,
-        driver: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/py/driver.py")),
-    };
+    let launch = Launcher::new(python);
     let python_version = match &launch.python {
-        Ok(p) => python_version(p).await,
+        Ok(p) => launcher::python_version(p).await,
         Err(e) => Err(e.clone()),
     };
     let with_python = python_version.is_ok();
     let mut failed = false;
-    let (cpu, load_before) = machine();
-    let info = server.cmd(&["INFO", "server"]);
-    let redis_version = info
-        .as_str()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("redis_version:")))
-        .unwrap_or("unknown")
-        .trim()
-        .to_owned();
+    let (cpu, load_before) = servers::machine();
+    let redis_version = servers::redis_version(server);
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
 
     // 1. Baseline.
     eprintln!("baseline: {} PINGs", plan.pings);
-    let ping = match ping_baseline(&url, plan.pings).await {
+    let ping = match latency::ping_baseline(&url, plan.pings).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("PING baseline failed: {e}");
@@ -655,10 +158,7 @@ async fn bench(
     // the main server running. Still on the main thread (the current-thread runtime
     // polls this future on the thread that called `block_on`), which testkit ties their
     // PR_SET_PDEATHSIG to; dropped at the end of this function.
-    let servers = Servers {
-        redlock: testkit::RedisServer::start_many(REDLOCK_NODES),
-        held: testkit::RedisServer::start(),
-    };
+    let servers = Servers::start();
 
     // 2. Uncontended acquire + release: Rust clients, single node and Redlock.
     eprintln!(
@@ -668,7 +168,7 @@ async fn bench(
     );
     let redlock_urls: Vec<String> = servers.redlock.iter().map(|s| s.url()).collect();
     let latency = latency::run(&url, &redlock_urls, plan.latency_cycles, || {
-        pin_for_latency(None, server, &servers.redlock)
+        servers::pin_for_latency(None, server, &servers.redlock)
     })
     .await;
     if let Err(e) = &latency {
@@ -688,7 +188,7 @@ async fn bench(
                 plan.latency_cycles
             );
             let r = latency::python(py, &launch.driver, &url, peer, plan.latency_cycles, |pid| {
-                pin_for_latency(Some(pid), server, &[])
+                servers::pin_for_latency(Some(pid), server, &[])
             })
             .await;
             let r = match r {
@@ -708,7 +208,7 @@ async fn bench(
 
     // 3. Handoff.
     let mut handoff = Vec::new();
-    for peer in peers(with_python) {
+    for peer in peers::peers(with_python) {
         for waiters in WAITERS {
             let duration = if peer.slow() {
                 plan.slow_run
@@ -743,7 +243,7 @@ async fn bench(
 
     // 4. Hot key.
     let mut hot_key = Vec::new();
-    for peer in peers(with_python) {
+    for peer in peers::peers(with_python) {
         let run = Run {
             scenario: Scenario::HotKey,
             peer,
@@ -790,8 +290,8 @@ async fn bench(
     }
 
     eprintln!("baseline again: {} PINGs", plan.pings);
-    let ping_after = ping_baseline(&url, plan.pings).await.ok();
-    let (_, load_after) = machine();
+    let ping_after = latency::ping_baseline(&url, plan.pings).await.ok();
+    let (_, load_after) = servers::machine();
     let results = Results {
         plan,
         nproc,
@@ -811,129 +311,4 @@ async fn bench(
         elapsed: started.elapsed(),
     };
     (results, failed)
-}
-
-/// `total_commands_processed` of `INFO stats`: to count what a run sent to Redis.
-fn commands_processed(server: &testkit::RedisServer) -> Option<u64> {
-    let info = server
-        .try_cmd(&["INFO", "stats"], Duration::from_secs(5))
-        .ok()?;
-    info.as_str()?
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// `Python 3.11.7, redis-py 8.1.0, python-redis-lock 4.0.1`, or why the interpreter cannot be used.
-async fn python_version(python: &Path) -> Result<String, String> {
-    let out = tokio::process::Command::new(python)
-        .args([
-            "-c",
-            "import sys, redis, redis_lock; \
-             print(f'Python {sys.version.split()[0]}, redis-py {redis.__version__}, \
-             python-redis-lock {redis_lock.__version__}')",
-        ])
-        .output()
-        .await
-        .map_err(|e| format!("{}: {e}", python.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{} cannot import redis and redis_lock: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let t = Instant::now();
-        let pong: String = redis::cmd("PING")
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        let dt = t.elapsed();
-        if pong != "PONG" {
-            return Err(format!("PING answered {pong:?}"));
-        }
-        if i >= n / 10 {
-            samples.push(dt.as_nanos() as u64); // the first tenth is warm-up
-        }
-    }
-    summarize(&samples).ok_or_else(|| "no samples".to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn contenders_spread_evenly_over_at_most_max_procs_processes() {
-        assert_eq!(spread(2), vec![1, 1]);
-        assert_eq!(spread(9), vec![2, 1, 1, 1, 1, 1, 1, 1]);
-        assert_eq!(spread(65).iter().sum::<usize>(), 65);
-        assert_eq!(spread(65).len(), MAX_PROCS);
-        assert_eq!(spread(0), vec![0]);
-    }
-
-    fn hot_key(counts: Vec<u64>) -> HotKeyRow {
-        HotKeyRow {
-            peer: Peer::Fencelock,
-            tasks: spread(HOT_KEY_CONTENDERS),
-            report: Report {
-                counts,
-                ..Report::default()
-            },
-            duration: Duration::from_secs(2),
-            commands_per_s: None,
-            error: None,
-        }
-    }
-
-    #[test]
-    fn fairness_is_min_over_max_of_every_contender() {
-        let mut counts = vec![10; HOT_KEY_CONTENDERS];
-        counts[3] = 5;
-        let row = hot_key(counts);
-        assert!((row.fairness() - 0.5).abs() < 1e-9);
-        assert!((row.per_second() - (10.0 * 63.0 + 5.0) / 2.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_missing_contender_makes_fairness_zero() {
-        // A worker that did not report must not hide a starved contender.
-        assert_eq!(hot_key(vec![10; HOT_KEY_CONTENDERS - 1]).fairness(), 0.0);
-        assert_eq!(hot_key(Vec::new()).fairness(), 0.0);
-    }
-
-    #[test]
-    fn summaries_and_durations_print_in_readable_units() {
-        let s = summarize(&[100, 200, 300]).expect("samples");
-        assert_eq!((s.n, s.max), (3, 300));
-        assert!(summarize(&[]).is_none());
-        assert_eq!(fmt_ns(12_300), "12.3 µs");
-        assert_eq!(fmt_ns(4_560_000), "4.56 ms");
-    }
-
-    #[test]
-    fn python_peers_get_their_sleep_settings() {
-        assert_eq!(
-            Peer::RedisPy.lock_args(),
-            ["--lock", "redis-py", "--sleep", "0.1"]
-        );
-        assert_eq!(
-            Peer::RedisPyTuned.lock_args(),
-            ["--lock", "redis-py", "--sleep", "0.001"]
-        );
-        assert!(Peer::ALL.iter().filter(|p| p.python()).count() == 3);
-    }
 }

@@ -1,5 +1,6 @@
 //! The locks benchmarked side by side: fencelock and its peers, each at its own defaults
-//! and, where it has knobs, tuned; with the settings the report states.
+//! and, where it has knobs, tuned; with the settings the report states, and which of them
+//! a run includes.
 
 use std::time::Duration;
 
@@ -165,6 +166,14 @@ impl Peer {
     }
 }
 
+/// The peers of this run: all, less the Python ones when there is no interpreter.
+pub fn peers(python: bool) -> Vec<Peer> {
+    Peer::ALL
+        .into_iter()
+        .filter(|p| python || !p.python())
+        .collect()
+}
+
 fn redis_py(sleep: f64) -> Vec<String> {
     vec![
         "--lock".to_owned(),
@@ -172,4 +181,22 @@ fn redis_py(sleep: f64) -> Vec<String> {
         "--sleep".to_owned(),
         sleep.to_string(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_peers_get_their_sleep_settings() {
+        assert_eq!(
+            Peer::RedisPy.lock_args(),
+            ["--lock", "redis-py", "--sleep", "0.1"]
+        );
+        assert_eq!(
+            Peer::RedisPyTuned.lock_args(),
+            ["--lock", "redis-py", "--sleep", "0.001"]
+        );
+        assert!(Peer::ALL.iter().filter(|p| p.python()).count() == 3);
+    }
 }

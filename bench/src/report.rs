@@ -1,14 +1,40 @@
-//! The markdown report of a run.
+//! The markdown report of a run, and how its figures are written (durations, yes/no).
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
-use crate::latency::{BLOCK, LatencyRun, Series, TTL};
+use crate::chart::Charts;
+use crate::held;
+use crate::latency::{BLOCK, LatencyRun, Series, Summary, TTL};
+use crate::launcher::{MAX_PROCS, START_SPREAD_MS};
 use crate::peers::Peer;
-use crate::{
-    Charts, HANDOFF_HOLD, HOT_KEY_CONTENDERS, HandoffRow, HotKeyRow, MAX_PROCS, Results,
-    START_SPREAD_MS, Summary, TARGET_FAIRNESS, TARGET_HANDOFF_P50, TARGET_HANDOFF_RATIO,
-    TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS, fmt_dur, fmt_ns, held, yes_no,
+use crate::plan::{
+    HANDOFF_HOLD, HOT_KEY_CONTENDERS, REDLOCK_NODES, TARGET_FAIRNESS, TARGET_HANDOFF_P50,
+    TARGET_HANDOFF_RATIO, TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS,
 };
+use crate::results::{HandoffRow, HotKeyRow, Results};
+
+/// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
+pub(crate) fn fmt_ns(ns: u64) -> String {
+    let ns = ns as f64;
+    if ns < 1e5 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1e6 {
+        format!("{:.0} µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+pub(crate) fn yes_no(ok: bool) -> &'static str {
+    if ok { "yes" } else { "**no**" }
+}
+
+pub(crate) fn fmt_dur(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
+}
 
 /// `3.2x`, `0.45x`, `1234x`.
 fn x(ratio: f64) -> String {
@@ -94,7 +120,7 @@ fn ping_unit(r: &Results) -> u64 {
 }
 
 fn peers_of(r: &Results) -> Vec<Peer> {
-    crate::peers(r.python.is_ok())
+    crate::peers::peers(r.python.is_ok())
 }
 
 pub fn render(r: &Results, charts: &Charts) -> String {
@@ -182,7 +208,7 @@ fn side_by_side(s: &mut String, r: &Results) {
     let _ = writeln!(
         s,
         "| lock | uncontended p50 (× PING, × fencelock) | handoff p50, 1 waiter | 8 waiters | 64 waiters | hot key acq/s | hot key min/max | Redlock {n} nodes p50 ÷ single |\n|---|---|---|---|---|---|---|---|",
-        n = crate::REDLOCK_NODES
+        n = REDLOCK_NODES
     );
     for p in peers_of(r) {
         let unc = match uncontended(r, p) {
@@ -674,4 +700,15 @@ fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {
         &charts.fairness,
         "Hot key: min/max acquisitions per contender",
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_print_in_readable_units() {
+        assert_eq!(fmt_ns(12_300), "12.3 µs");
+        assert_eq!(fmt_ns(4_560_000), "4.56 ms");
+    }
 }

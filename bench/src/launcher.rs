@@ -1,0 +1,182 @@
+//! Launching the contended runs (handoff, hot key) over worker processes: this binary
+//! re-executed as `worker`, or the Python driver for the Python peers; and checking the
+//! Python interpreter those need.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::peers::Peer;
+use crate::servers;
+use crate::spawn::{Report, Workers};
+
+/// At most this many worker processes per scenario (the machine may have 2 cores).
+pub(crate) const MAX_PROCS: usize = 8;
+/// Handoff contenders make their first attempt at offsets spread over this, so pollers
+/// poll at spread phases (their best case) rather than all at once.
+pub(crate) const START_SPREAD_MS: u64 = 100;
+
+/// Spreads `contenders` over at most [`MAX_PROCS`] processes: tasks per process.
+pub(crate) fn spread(contenders: usize) -> Vec<usize> {
+    let procs = contenders.clamp(1, MAX_PROCS);
+    (0..procs)
+        .map(|i| contenders / procs + usize::from(i < contenders % procs))
+        .collect()
+}
+
+/// What the contenders of a run do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    Handoff,
+    HotKey,
+}
+
+/// One contended run: what its contenders do, with which lock, how many, how long each
+/// holds the lock and for how long the run lasts.
+pub(crate) struct Run {
+    pub(crate) scenario: Scenario,
+    pub(crate) peer: Peer,
+    pub(crate) name: String,
+    pub(crate) contenders: usize,
+    pub(crate) hold: Duration,
+    pub(crate) duration: Duration,
+}
+
+/// How to start worker processes: this binary, and the Python driver when there is one.
+pub(crate) struct Launcher {
+    exe: PathBuf,
+    pub(crate) python: Result<PathBuf, String>,
+    pub(crate) driver: PathBuf,
+}
+
+impl Launcher {
+    /// This binary (re-executed as `worker`), `python` and `bench/py/driver.py`.
+    pub(crate) fn new(python: Result<PathBuf, String>) -> Self {
+        Launcher {
+            exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fencelock-bench")),
+            python,
+            driver: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/py/driver.py")),
+        }
+    }
+}
+
+/// Runs one scenario over worker processes; the merged reports.
+async fn run_workers(
+    launch: &Launcher,
+    url: &str,
+    run: &Run,
+) -> Result<(Vec<usize>, Report), String> {
+    let tasks = spread(run.contenders);
+    let (program, prefix) = if run.peer.python() {
+        let python = launch.python.as_ref().map_err(Clone::clone)?;
+        (python.clone(), vec![launch.driver.display().to_string()])
+    } else {
+        (launch.exe.clone(), vec!["worker".to_owned()])
+    };
+    let arg_lists: Vec<Vec<String>> = tasks
+        .iter()
+        .enumerate()
+        .map(|(proc_index, t)| {
+            let scenario = match run.scenario {
+                Scenario::Handoff => "handoff",
+                Scenario::HotKey => "hot-key",
+            };
+            let mut args: Vec<String> = [
+                "--url",
+                url,
+                "--scenario",
+                scenario,
+                "--name",
+                &run.name,
+                "--tasks",
+                &t.to_string(),
+                "--hold-us",
+                &run.hold.as_micros().to_string(),
+                "--duration-ms",
+                &run.duration.as_millis().to_string(),
+                "--spread-ms",
+                &START_SPREAD_MS.to_string(),
+                "--proc-index",
+                &proc_index.to_string(),
+                "--procs",
+                &tasks.len().to_string(),
+                "--contenders",
+                &run.contenders.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            args.extend(run.peer.lock_args());
+            args
+        })
+        .collect();
+    let workers = Workers::start(&program, &prefix, &arg_lists).await?;
+    let reports = workers.run(run.duration).await?;
+    let mut merged = Report::default();
+    for r in reports {
+        merged.samples.extend(r.samples);
+        merged.counts.extend(r.counts);
+        merged.acquisitions += r.acquisitions;
+        merged.same_process += r.same_process;
+        merged.late += r.late;
+        merged.max_wait = merged.max_wait.max(r.max_wait);
+        merged.errors.extend(r.errors);
+    }
+    Ok((tasks, merged))
+}
+
+/// Runs `run` on `server`: tasks per process, the merged reports, the commands per
+/// second Redis processed in the run's window, and why the run failed, if it did.
+pub(crate) async fn measured(
+    launch: &Launcher,
+    server: &testkit::RedisServer,
+    run: &Run,
+) -> (Vec<usize>, Report, Option<f64>, Option<String>) {
+    let before = servers::commands_processed(server);
+    let result = run_workers(launch, &server.url(), run).await;
+    // Over the run's window (the workers' connecting before it sends a handful).
+    let window = run.duration.as_secs_f64();
+    let per_s = match (before, servers::commands_processed(server)) {
+        (Some(b), Some(a)) if window > 0.0 => Some(a.saturating_sub(b) as f64 / window),
+        _ => None,
+    };
+    match result {
+        Ok((t, r)) => (t, r, per_s, None),
+        Err(e) => (spread(run.contenders), Report::default(), per_s, Some(e)),
+    }
+}
+
+/// `Python 3.11.7, redis-py 8.1.0, python-redis-lock 4.0.1`, or why the interpreter cannot be used.
+pub(crate) async fn python_version(python: &Path) -> Result<String, String> {
+    let out = tokio::process::Command::new(python)
+        .args([
+            "-c",
+            "import sys, redis, redis_lock; \
+             print(f'Python {sys.version.split()[0]}, redis-py {redis.__version__}, \
+             python-redis-lock {redis_lock.__version__}')",
+        ])
+        .output()
+        .await
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} cannot import redis and redis_lock: {}",
+            python.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contenders_spread_evenly_over_at_most_max_procs_processes() {
+        assert_eq!(spread(2), vec![1, 1]);
+        assert_eq!(spread(9), vec![2, 1, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(spread(65).iter().sum::<usize>(), 65);
+        assert_eq!(spread(65).len(), MAX_PROCS);
+        assert_eq!(spread(0), vec![0]);
+    }
+}

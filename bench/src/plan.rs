@@ -1,0 +1,60 @@
+//! The run plan: what a quick and a full run measure and for how long, the settings of the
+//! scenarios, and the targets the report checks.
+
+use std::time::Duration;
+
+/// How long a handoff contender holds the lock (tokio's timer has 1 ms resolution, so
+/// the real hold is 1 to 2 ms).
+pub(crate) const HANDOFF_HOLD: Duration = Duration::from_millis(1);
+/// Waiters (contenders minus the holder) of the handoff rows.
+pub(crate) const WAITERS: [usize; 3] = [1, 8, 64];
+/// Contenders of the hot-key run (empty critical section).
+pub(crate) const HOT_KEY_CONTENDERS: usize = 64;
+/// Targets from the issue.
+pub(crate) const TARGET_HANDOFF_P50: Duration = Duration::from_millis(1);
+pub(crate) const TARGET_HANDOFF_RATIO: f64 = 20.0;
+pub(crate) const TARGET_FAIRNESS: f64 = 0.8;
+pub(crate) const TARGET_PING_RATIO: f64 = 1.25;
+pub(crate) const TARGET_REDLOCK_RATIO: f64 = 1.5;
+/// Nodes of the Redlock clients.
+pub(crate) const REDLOCK_NODES: usize = 5;
+
+/// What a run measures and for how long: [`QUICK`] or [`FULL`].
+pub(crate) struct Plan {
+    pub(crate) name: &'static str,
+    pub(crate) pings: usize,
+    /// Per handoff row; `slow_run` for the peers that poll at 100 ms or more.
+    pub(crate) handoff_run: Duration,
+    pub(crate) slow_run: Duration,
+    pub(crate) hot_key_run: Duration,
+    /// Acquire + release cycles per client (single node, Redlock, Python).
+    pub(crate) latency_cycles: usize,
+    /// Locks held at once with the watchdog on, and how long they are watched.
+    pub(crate) held_locks: usize,
+    pub(crate) held_window: Duration,
+    pub(crate) img_dir: &'static str,
+}
+
+pub(crate) const QUICK: Plan = Plan {
+    name: "quick",
+    pings: 5_000,
+    handoff_run: Duration::from_secs(1),
+    slow_run: Duration::from_secs(2),
+    hot_key_run: Duration::from_millis(1500),
+    latency_cycles: 1_000,
+    held_locks: 10_000,
+    held_window: Duration::from_secs(5),
+    img_dir: "target/bench-img",
+};
+
+pub(crate) const FULL: Plan = Plan {
+    name: "full",
+    pings: 50_000,
+    handoff_run: Duration::from_secs(10),
+    slow_run: Duration::from_secs(20),
+    hot_key_run: Duration::from_secs(10),
+    latency_cycles: 20_000,
+    held_locks: 100_000,
+    held_window: Duration::from_secs(20),
+    img_dir: "docs/img",
+};
