@@ -16,6 +16,22 @@ need_redis_server() {
   command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; exit 1; }
 }
 
+# Installs tmux from Debian's packages when it is not on PATH: the CLI's terminal tests
+# (Ctrl-C, Ctrl-Z, a COMMAND that reads the terminal) run fencelock inside it.
+need_tmux() {
+  if command -v tmux >/dev/null 2>&1; then
+    return
+  fi
+  echo "tmux not found: installing it with apt-get" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq tmux >/dev/null
+  command -v tmux >/dev/null 2>&1 || { echo "could not install tmux" >&2; exit 1; }
+}
+
 # Checks for a Rust toolchain (1.88 or newer).
 need_cargo() {
   if ! command -v cargo >/dev/null 2>&1; then

@@ -14,40 +14,49 @@ Exit status:
   COMMAND's   COMMAND ran and exited under the lock: its exit code, or 128+N if
               signal N killed it
   64          bad usage or input: an invalid option, DURATION, lock name, TTL,
-              key prefix or Redis URL; no COMMAND; COMMAND not found or not
-              executable (the lock is released first)
-  69          Redis unavailable or refusing: unreachable or not answering, an
-              error reply such as NOAUTH or READONLY, or a lock key that holds
-              data fencelock did not write (left untouched); with Redlock, too
-              few nodes reachable (or out of restart quarantine)
+              key prefix or Redis URL; no COMMAND
+  69          Redis unavailable or refusing: unreachable or not answering (for
+              all of --wait), an error reply such as NOAUTH or READONLY, or a
+              lock key that holds data fencelock did not write (left untouched);
+              with Redlock, too few nodes reachable (or out of restart
+              quarantine)
   70          internal error
   75          lock not acquired within --wait: another owner holds it (with
               Redlock: holds enough nodes to block a majority)
   76          the lease was lost while COMMAND ran: COMMAND's process group was
-              stopped (SIGTERM, then SIGKILL after --kill-grace); also when the
-              release finds the lease already lost as COMMAND exits, whatever
-              COMMAND's status: its work may have overlapped another holder's
+              stopped; also when the release finds the lease lost while COMMAND
+              ran, whatever COMMAND's status: its work may have overlapped
+              another holder's
+  126         COMMAND was found but could not be run (not executable)
+  127         COMMAND was not found
   128+N       fencelock got signal N (SIGINT, SIGTERM, SIGHUP) before COMMAND
               started
 
-The lease: fencelock renews it (to --ttl, every third of --ttl) for as long as
-COMMAND runs, up to --max-hold if given. If fencelock itself dies, the lock frees
-itself within --ttl (while COMMAND, in its own process group, runs on). If the
-lease is lost (its key expired or was deleted,
-another owner holds the lock, Redis did not confirm a renewal in time, or
---max-hold was reached), fencelock prints one line on stderr, sends SIGTERM and
-SIGCONT to COMMAND's process group, waits up to --kill-grace for COMMAND to
-exit, sends SIGKILL to the group, deletes the lock key if it still holds
-fencelock's token (at --max-hold it does, for a moment), and exits 76.
-Anything of the group still running once COMMAND has exited gets SIGKILL too.
+COMMAND never runs without the lock. fencelock renews the lease (to --ttl, every
+third of --ttl) for as long as COMMAND runs, up to --max-hold if given, and
+tells a watcher in COMMAND's process group each renewed end of the lease. If
+fencelock dies (SIGKILL, the OOM killer), the watcher stops COMMAND's group
+(SIGTERM, then SIGKILL at the end of the lease); if fencelock is stopped or
+hangs, the watcher kills the group when the lease ends.
 
-Process group: COMMAND runs in a process group of its own, so that its children
-can be stopped with it; SIGINT, SIGTERM and SIGHUP that fencelock gets are
-forwarded to that whole group, and fencelock waits for COMMAND to exit, then
-releases the lock. COMMAND is therefore not in the terminal's foreground process
-group: if it reads from the terminal, it is stopped (SIGTTIN); give it its input
-another way (< file, a pipe). Processes that leave the group (setsid, setpgid)
-are not signalled.";
+If the lease is lost (its key expired or was deleted, another owner holds the
+lock, Redis did not confirm a renewal in time, or --max-hold was reached),
+fencelock prints one line on stderr, sends SIGTERM and SIGCONT to COMMAND's
+process group, sends SIGKILL after --kill-grace or at the end of the lease,
+whichever comes first, deletes the lock key if it still holds fencelock's token
+(at --max-hold it does, for a moment), and exits 76. A release that Redis only
+answers after the lease ended, for a COMMAND that ended inside it, is a warning,
+and fencelock exits with COMMAND's status.
+
+Terminal and jobs: COMMAND runs in a process group of its own, so that its
+children are stopped with it. When fencelock runs in the terminal's foreground,
+COMMAND's group gets the terminal while it runs (it can read it; Ctrl-C reaches
+it). Ctrl-Z (or SIGTSTP to fencelock) suspends COMMAND and fencelock together.
+Nothing renews the lease of a suspended job: `fg` or `bg` within the lease goes
+on under the lock; later, the watcher has killed COMMAND's group when the lease
+ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelock gets
+are forwarded to COMMAND's group, each followed by SIGCONT. Processes that leave
+the group (setsid, setpgid) are not signalled.";
 
 /// Distributed locks on Redis with fencing tokens.
 #[derive(Debug, Parser)]
@@ -69,10 +78,23 @@ pub(crate) enum Command {
     /// COMMAND runs without a shell, in its own process group, with stdin, stdout and
     /// stderr inherited, and with FENCELOCK_NAME (the lock name) and FENCELOCK_TOKEN
     /// (the fencing token: a number higher than every earlier grant of NAME) in its
-    /// environment. The lease is renewed while COMMAND runs; if it is lost, COMMAND's
-    /// process group is stopped and fencelock exits 76.
+    /// environment. The lease is renewed while COMMAND runs; if it is lost, or
+    /// fencelock dies or stops, COMMAND's process group is stopped.
     #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
+
+    /// The watcher of COMMAND's process group (started by `run`; not for people).
+    #[command(name = "__watch", hide = true)]
+    Watch(WatchArgs),
+}
+
+/// The watcher's arguments.
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// The end of the lease when COMMAND starts, as CLOCK_MONOTONIC ns.
+    pub(crate) deadline_ns: u64,
+    /// How long COMMAND gets after SIGTERM once fencelock is gone, in ms.
+    pub(crate) grace_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -104,7 +126,7 @@ pub(crate) struct RunArgs {
     pub(crate) max_hold: Option<Duration>,
 
     /// Once the lease is lost: how long COMMAND gets to exit after SIGTERM before its
-    /// process group gets SIGKILL.
+    /// process group gets SIGKILL (never past the end of the lease).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::parse, allow_hyphen_values = true)]
     pub(crate) kill_grace: Duration,
 
@@ -191,9 +213,9 @@ mod tests {
     fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
         let mut argv = vec!["fencelock", "run"];
         argv.extend_from_slice(args);
-        Cli::try_parse_from(argv).map(|cli| {
-            let Command::Run(args) = cli.command;
-            args
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Run(args) => args,
+            Command::Watch(_) => unreachable!("parsed `run`"),
         })
     }
 

@@ -13,6 +13,10 @@ use fencelock::Error;
 pub(crate) const EX_USAGE: u8 = 64;
 /// Redis unavailable or refusing.
 pub(crate) const EX_UNAVAILABLE: u8 = 69;
+/// COMMAND was found but cannot be run (as `env` and `timeout` say it).
+pub(crate) const EX_CANNOT_RUN: u8 = 126;
+/// COMMAND was not found (as `env` and `timeout` say it).
+pub(crate) const EX_NOT_FOUND: u8 = 127;
 /// Internal error.
 pub(crate) const EX_SOFTWARE: u8 = 70;
 /// The lock was not acquired within `--wait`.
@@ -46,7 +50,13 @@ impl fmt::Display for Failure {
         match self {
             Self::Usage(message) | Self::System(message) => f.write_str(message),
             Self::Lock(error) => error.fmt(f),
-            Self::Spawn { program, error } => write!(f, "cannot run {program:?}: {error}"),
+            Self::Spawn { program, error } => match error.kind() {
+                io::ErrorKind::NotFound => write!(f, "{program:?}: command not found"),
+                io::ErrorKind::PermissionDenied => {
+                    write!(f, "{program:?}: cannot run it: permission denied")
+                }
+                _ => write!(f, "cannot run {program:?}: {error}"),
+            },
             Self::Interrupted(signal) => write!(
                 f,
                 "interrupted by {} before the command started; it was not run",
@@ -69,7 +79,10 @@ impl fmt::Display for Failure {
 pub(crate) fn exit_code(failure: &Failure) -> u8 {
     match failure {
         Failure::Usage(_) => EX_USAGE,
-        Failure::Spawn { .. } => EX_USAGE,
+        Failure::Spawn { error, .. } => match error.kind() {
+            io::ErrorKind::NotFound => EX_NOT_FOUND,
+            _ => EX_CANNOT_RUN,
+        },
         Failure::Lock(Error::InvalidArgument { .. }) => EX_USAGE,
         Failure::Lock(Error::Unavailable { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::Rejected { .. }) => EX_UNAVAILABLE,

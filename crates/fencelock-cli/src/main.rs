@@ -10,25 +10,28 @@
 //! the command's status. SIGINT, SIGTERM and SIGHUP are forwarded to the command's
 //! process group while it runs.
 //!
-//! The lease (`--ttl`) is renewed by the library's watchdog every third of it for as
-//! long as the command runs, up to `--max-hold` if given. If the lease is lost
-//! ([`LockGuard::lost`]), fencelock stops the command's whole process group: SIGTERM
-//! (and SIGCONT, so a stopped member can act on it), up to `--kill-grace` for the
-//! command to exit, SIGKILL; once the command has exited, SIGKILL once more for anything
-//! of its group that outlived it. Then it releases the lock if the key still holds its
-//! token (at the maximum hold, or with a renewal unconfirmed, it may, for a moment) and
-//! exits 76.
+//! COMMAND never runs without the lock: see `supervise.rs` for how (a watcher in
+//! COMMAND's process group, the terminal handed over, Ctrl-Z suspending both) and
+//! `watcher.rs` for the watcher. The lease (`--ttl`) is renewed by the library's watchdog
+//! every third of it for as long as the command runs, up to `--max-hold` if given. If
+//! the lease is lost ([`LockGuard::lost`]), fencelock stops the command's whole process
+//! group: SIGTERM (and SIGCONT, so a stopped member can act on it), up to `--kill-grace`
+//! (never past the end of the lease) for the command to exit, SIGKILL. Then it releases
+//! the lock if the key still holds its token (at the maximum hold, or with a renewal
+//! unconfirmed, it may, for a moment) and exits 76.
 //!
 //! # Exit status
 //!
 //! | code | meaning |
 //! |---|---|
 //! | the command's | the command ran and exited under the lock: its exit code, or 128+N if signal N killed it |
-//! | 64 | bad usage or input: the command line does not parse (bad option, DURATION, missing COMMAND); [`Error::InvalidArgument`] (lock name, TTL, key prefix, Redis URL); COMMAND not found or not executable (the lock is released first) |
+//! | 64 | bad usage or input: the command line does not parse (bad option, DURATION, missing COMMAND); [`Error::InvalidArgument`] (lock name, TTL, key prefix, Redis URL) |
 //! | 69 | Redis unavailable or refusing: [`Error::Unavailable`], [`Error::Rejected`] (`NOAUTH`, `READONLY`, ...), [`Error::WrongType`] (a lock key holds data fencelock did not write), [`Error::NoQuorum`] (Redlock: too few nodes reachable or out of quarantine) |
 //! | 70 | internal error: the runtime or signal handlers could not be set up, or a library error this version does not know |
 //! | 75 | lock not acquired within `--wait`: [`Error::Held`] (with Redlock: held on enough nodes to block a majority) |
 //! | 76 | the lease was lost while the command ran: its process group was stopped (SIGTERM, then SIGKILL after `--kill-grace`); also when the release finds the lease already lost ([`Error::LeaseLost`]) as the command exits: its work may have overlapped another holder's |
+//! | 126 | COMMAND was found but could not be run (the lock is released first) |
+//! | 127 | COMMAND was not found (the lock is released first) |
 //! | 128+N | fencelock got signal N (SIGINT, SIGTERM, SIGHUP) before the command started |
 //!
 //! Every error is one line on stderr: `fencelock: <message>`.
@@ -37,6 +40,7 @@ mod args;
 mod duration;
 mod exit;
 mod supervise;
+mod watcher;
 
 use std::process::ExitCode;
 
@@ -57,7 +61,12 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&Failure::Usage(one_line(&e))),
     };
-    let Command::Run(args) = cli.command;
+    let args = match cli.command {
+        Command::Run(args) => args,
+        Command::Watch(w) => {
+            return watcher::watch(w.deadline_ns, std::time::Duration::from_millis(w.grace_ms));
+        }
+    };
     match run(args) {
         Ok(status) => ExitCode::from(status),
         Err(failure) => fail(&failure),
@@ -85,7 +94,11 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
             let _ = held.guard.release().await;
             Ok(EX_LEASE_LOST)
         }
-        Ok(Ended::Exited(status)) => release_after(held, status).await,
+        Ok(Ended::Exited {
+            status,
+            at,
+            valid_until,
+        }) => release_after(held, status, at, valid_until).await,
         Err(failure) => {
             release(held.guard).await;
             Err(failure)
@@ -154,9 +167,17 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     Err(Failure::Interrupted(signal))
 }
 
-/// Releases the lock after COMMAND exited with `status`: `Ok(status)`, unless the lease
-/// turned out lost by then.
-async fn release_after(held: Held, status: u8) -> Result<u8, Failure> {
+/// Releases the lock after COMMAND exited with `status` at `ended`, when the lease was
+/// confirmed until `valid_until`: `Ok(status)`, unless the lease turned out lost while
+/// COMMAND ran. A release answered only after `valid_until` (Redis paused, a slow
+/// network) that finds the key gone says nothing about COMMAND's work, which ended
+/// inside the lease: a warning, and COMMAND's status.
+async fn release_after(
+    held: Held,
+    status: u8,
+    ended: std::time::Instant,
+    valid_until: std::time::Instant,
+) -> Result<u8, Failure> {
     let name = held.guard.name().to_owned();
     // What the watchdog knew before the release stops it.
     let known_loss = held.guard.loss_cause().map(|cause| held.loss_reason(cause));
@@ -167,8 +188,17 @@ async fn release_after(held: Held, status: u8) -> Result<u8, Failure> {
             status,
         })
     };
-    match (held.guard.release().await, known_loss) {
+    let released = held.guard.release().await;
+    let too_late = ended < valid_until && std::time::Instant::now() >= valid_until;
+    match (released, known_loss) {
         (Ok(()), _) => Ok(status),
+        (Err(Error::LeaseLost { cause, .. }), None) if too_late => {
+            say(format_args!(
+                "warning: COMMAND ended within its lease on lock {name:?}, but the release came \
+                 after the lease ran out ({cause}); nothing was released"
+            ));
+            Ok(status)
+        }
         (Err(Error::LeaseLost { cause, .. }), known) => {
             lost(known.unwrap_or_else(|| cause.to_string()))
         }

@@ -1,26 +1,48 @@
-//! Running COMMAND under the lock: its own process group, signals forwarded to it, and
-//! stopping the whole group when the lease is lost.
+//! Running COMMAND under the lock, so that it never runs without it.
+//!
+//! - COMMAND runs in a process group of its own, together with a [watcher](crate::watcher)
+//!   that fencelock tells each confirmed end of the lease: if fencelock dies (SIGKILL, the
+//!   OOM killer), stops or hangs, the watcher kills the group before the lease ends.
+//! - When fencelock runs in the terminal's foreground, COMMAND's group gets the terminal
+//!   (as a shell does for its jobs) and gives it back when it stops or exits, so COMMAND
+//!   can read the terminal and Ctrl-C and Ctrl-Z reach it.
+//! - Ctrl-Z (COMMAND stopped by SIGTSTP, SIGTTIN or SIGTTOU, or fencelock sent SIGTSTP)
+//!   suspends COMMAND and fencelock together. Nothing renews the lease while they are
+//!   suspended: resumed within the lease, COMMAND goes on; resumed later, the watcher
+//!   has killed COMMAND's group when the lease ended, and fencelock exits 76.
+//! - SIGINT, SIGTERM and SIGHUP that fencelock gets are forwarded to the group, each
+//!   followed by SIGCONT so that a stopped member can act on it.
+//! - When the lease is lost, the group gets SIGTERM and SIGCONT, then SIGKILL after the
+//!   kill grace or at the end of the lease, whichever comes first.
 
-use std::io;
-use std::time::Duration;
+use std::ffi::OsStr;
+use std::io::{self, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
-use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::Held;
 use crate::args::RunArgs;
 use crate::exit::{Failure, say, status_code};
+use crate::watcher::{self, monotonic_ns};
 
 /// How COMMAND ended.
 pub(crate) enum Ended {
-    /// It exited with this status (see [`status_code`]).
-    Exited(u8),
-    /// The lease was lost and fencelock stopped it.
+    /// It exited with this status (see [`status_code`]), at this moment, when the lease
+    /// was confirmed until the second instant.
+    Exited {
+        status: u8,
+        at: Instant,
+        valid_until: Instant,
+    },
+    /// The lease was lost and fencelock (or the watcher) stopped it.
     Stopped,
 }
 
-/// Starts COMMAND in its own process group under the lock and waits for it, forwarding
-/// signals to the group; if the lease is lost first, stops the group.
+/// Starts COMMAND (with its watcher) under the lock and supervises it until it exits or
+/// the lease is lost.
 pub(crate) async fn run_command(
     args: &RunArgs,
     held: &Held,
@@ -30,36 +52,81 @@ pub(crate) async fn run_command(
         return Err(Failure::Usage("no COMMAND given after '--'".to_owned()));
     };
     let guard = &held.guard;
-    let mut child = tokio::process::Command::new(program)
-        .args(program_args)
-        .env("FENCELOCK_NAME", guard.name())
-        .env("FENCELOCK_TOKEN", guard.fencing_token().to_string())
-        .process_group(0)
-        .spawn()
-        .map_err(|error| Failure::Spawn {
-            program: program.clone(),
-            error,
-        })?;
-    let Some(group) = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok()) else {
-        return Err(Failure::System("the command has no process ID".to_owned()));
+    ignore(libc::SIGTTOU); // so that fencelock can take the terminal back from the background
+    let mut watcher = Watcher::start(guard.valid_until(), args.kill_grace)?;
+    let group = Group(watcher.pid);
+    let mut command = match spawn_command(program, program_args, held, group) {
+        Ok(child) => child,
+        Err(error) => {
+            watcher.kill_and_reap();
+            return Err(Failure::Spawn {
+                program: program.clone(),
+                error,
+            });
+        }
     };
-    // The group's ID is COMMAND's pid (process_group(0)).
-    let group = Group(group);
+    let pid = command.id() as libc::pid_t;
+    let terminal = Terminal::give_if_foreground(group);
     let lost = guard.lost();
     tokio::pin!(lost);
+    let mut told = guard.valid_until();
+    let mut tick = tokio::time::interval(tick_for(args));
     let cause = loop {
         tokio::select! {
-            // COMMAND's exit first: if both happened, the release decides (76 if the
-            // lease is gone by then).
+            // COMMAND's exit or stop first: if the lease was lost too, the release
+            // decides (76 if the lease is gone by then).
             biased;
-            status = child.wait() => {
-                let status = status.map_err(|e| {
-                    Failure::System(format!("cannot wait for the command: {e}"))
-                })?;
-                return Ok(Ended::Exited(status_code(status)));
-            }
-            signal = signals.recv() => group.signal(signal),
+            event = signals.next() => match event {
+                Event::Child => match peek(pid) {
+                    State::Running => {}
+                    State::Exited => {
+                        let at = Instant::now();
+                        let valid_until = guard.valid_until();
+                        watcher.done();
+                        let status = reap(&mut command);
+                        terminal.take_back();
+                        if at >= valid_until {
+                            // Seen only after the lease ended: fencelock was stopped, and
+                            // the watcher killed the group then (and said so).
+                            return Ok(Ended::Stopped);
+                        }
+                        return Ok(Ended::Exited { status, at, valid_until });
+                    }
+                    State::Stopped => {
+                        consume_stop(pid);
+                        terminal.take_back();
+                        suspend_self();
+                        // Resumed (fg or bg): go on only within the lease.
+                        if guard.loss_cause().is_some() || guard.remaining().is_zero() {
+                            say(format_args!(
+                                "COMMAND was suspended longer than the lease on lock {:?}: \
+                                 the lock may be someone else's now; stopping COMMAND",
+                                guard.name()
+                            ));
+                            stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
+                            return Ok(Ended::Stopped);
+                        }
+                        watcher.tell(guard.valid_until());
+                        if Terminal::is_foreground() {
+                            terminal.give(group);
+                        }
+                        group.signal(libc::SIGCONT);
+                    }
+                },
+                Event::Stop => group.signal(libc::SIGTSTP),
+                Event::Forward(sig) => {
+                    group.signal(sig);
+                    group.signal(libc::SIGCONT);
+                }
+            },
             cause = &mut lost => break cause,
+            _ = tick.tick() => {
+                let valid_until = guard.valid_until();
+                if valid_until != told {
+                    told = valid_until;
+                    watcher.tell(valid_until);
+                }
+            }
         }
     };
     say(format_args!(
@@ -67,32 +134,164 @@ pub(crate) async fn run_command(
         guard.name(),
         held.loss_reason(cause)
     ));
-    stop(&mut child, group, args.kill_grace, signals).await;
+    stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
+    terminal.take_back();
     Ok(Ended::Stopped)
 }
 
-/// Stops COMMAND's process group: SIGTERM (and SIGCONT, so that a stopped member can
-/// act on it), up to `grace` for COMMAND to exit, then SIGKILL. Once COMMAND has exited,
-/// and before it is reaped, SIGKILL once more for whatever of its group outlived it.
-/// Signals fencelock gets meanwhile are forwarded to the group.
-pub(crate) async fn stop(child: &mut Child, group: Group, grace: Duration, signals: &mut Signals) {
-    group.signal(libc::SIGTERM);
-    group.signal(libc::SIGCONT);
-    if tokio::time::timeout(grace, group.leader_exit(signals))
-        .await
-        .is_err()
-    {
-        group.signal(libc::SIGKILL);
-        group.leader_exit(signals).await;
-    }
-    group.signal(libc::SIGKILL);
-    // Reaps COMMAND; its status does not matter any more.
-    let _ = child.wait().await;
+/// How often fencelock passes the lease's confirmed end on to the watcher: a tenth of
+/// the lease, at most 250 ms (a renewal is confirmed every third of the lease).
+fn tick_for(args: &RunArgs) -> Duration {
+    (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(250))
 }
 
-/// COMMAND's process group. Its ID is COMMAND's pid, so while COMMAND is not reaped (it
-/// may have exited) the ID names this group and nothing else: every method here is
-/// called only before COMMAND is reaped.
+/// Starts COMMAND in `group`, with the lock's name and fencing token in its environment.
+#[allow(unsafe_code)]
+fn spawn_command(
+    program: &OsStr,
+    program_args: &[std::ffi::OsString],
+    held: &Held,
+    group: Group,
+) -> io::Result<Child> {
+    let guard = &held.guard;
+    let mut command = Command::new(program);
+    command
+        .args(program_args)
+        .env("FENCELOCK_NAME", guard.name())
+        .env("FENCELOCK_TOKEN", guard.fencing_token().to_string())
+        .process_group(group.0);
+    // SAFETY: between fork and exec only async-signal-safe calls: signal(2).
+    unsafe {
+        command.pre_exec(|| {
+            // fencelock ignores SIGTTOU; COMMAND gets the usual job control.
+            libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    command.spawn()
+}
+
+/// Stops COMMAND's process group: SIGTERM (and SIGCONT, so that a stopped member can
+/// act on it), up to `grace` for COMMAND to exit (the watcher kills the group at the end
+/// of the lease if that comes first), then SIGKILL. Once COMMAND has exited, and before
+/// it is reaped, SIGKILL once more for whatever of its group outlived it. Signals
+/// fencelock gets meanwhile are forwarded to the group.
+pub(crate) async fn stop(
+    command: &mut Child,
+    watcher: &mut Watcher,
+    group: Group,
+    grace: Duration,
+    signals: &mut Signals,
+) {
+    let pid = command.id() as libc::pid_t;
+    watcher.lost();
+    group.signal(libc::SIGTERM);
+    group.signal(libc::SIGCONT);
+    let exited = async {
+        while peek(pid) != State::Exited {
+            if let Event::Forward(sig) = signals.next().await {
+                group.signal(sig);
+            }
+        }
+    };
+    if tokio::time::timeout(grace, exited).await.is_err() {
+        group.signal(libc::SIGKILL);
+        while peek(pid) != State::Exited {
+            signals.next().await;
+        }
+    }
+    group.signal(libc::SIGKILL);
+    reap(command);
+    watcher.kill_and_reap();
+}
+
+/// What a child's wait status shows, without reaping it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Running,
+    Stopped,
+    Exited,
+}
+
+/// The state of child `pid`, leaving an exit unreaped (`WNOWAIT`): the group's ID stays
+/// ours while a member is unreaped.
+#[allow(unsafe_code)]
+fn peek(pid: libc::pid_t) -> State {
+    loop {
+        // SAFETY: `siginfo_t` is a plain C struct, for which all zeroes is a valid value;
+        // `si_signo` stays 0 unless waitid reports a child.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid writes only to `info`, which outlives the call.
+        let result = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if result == 0 {
+            if info.si_signo == 0 {
+                return State::Running;
+            }
+            return match info.si_code {
+                libc::CLD_STOPPED | libc::CLD_TRAPPED => State::Stopped,
+                _ => State::Exited,
+            };
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return State::Exited; // ECHILD: not our child any more
+        }
+    }
+}
+
+/// Takes the report that child `pid` stopped, so that it is not seen again.
+#[allow(unsafe_code)]
+fn consume_stop(pid: libc::pid_t) {
+    // SAFETY: as in `peek`.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid writes only to `info`.
+    unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WSTOPPED | libc::WNOHANG,
+        );
+    }
+}
+
+/// Reaps an exited child and returns its status in the shell's convention.
+fn reap(child: &mut Child) -> u8 {
+    match child.wait() {
+        Ok(status) => status_code(status),
+        Err(_) => status_code(ExitStatus::from_raw(0)),
+    }
+}
+
+/// Stops fencelock itself, so that the shell that started it sees the job stopped, and
+/// returns when it is continued.
+#[allow(unsafe_code)]
+fn suspend_self() {
+    // SAFETY: raise(3) touches no memory; SIGSTOP cannot be caught, so this returns once
+    // the process is continued.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
+}
+
+/// Ignores `signal` in fencelock.
+#[allow(unsafe_code)]
+fn ignore(signal: libc::c_int) {
+    // SAFETY: setting a disposition to SIG_IGN has no memory effects.
+    unsafe {
+        libc::signal(signal, libc::SIG_IGN);
+    }
+}
+
+/// COMMAND's process group. Its ID is the watcher's pid, and fencelock reaps the watcher
+/// only after it is done with the group, so while the group is used the ID names it and
+/// nothing else.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Group(libc::pid_t);
 
@@ -107,54 +306,161 @@ impl Group {
             libc::kill(-self.0, signal);
         }
     }
+}
 
-    /// Whether the group's leader, COMMAND, has exited. Leaves it unreaped (`WNOWAIT`),
-    /// so the group ID stays ours.
+/// The watcher process and the pipe to it.
+pub(crate) struct Watcher {
+    child: Child,
+    pid: libc::pid_t,
+    pipe: Option<ChildStdin>,
+}
+
+impl Watcher {
+    /// Starts `fencelock __watch` in a new process group (COMMAND joins it), with the
+    /// lease's end and the kill grace.
     #[allow(unsafe_code)]
-    fn leader_exited(self) -> bool {
-        loop {
-            // SAFETY: `siginfo_t` is a plain C struct, for which all zeroes is a valid
-            // value; `si_signo` stays 0 unless waitid reports a child.
-            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-            // SAFETY: waitid writes only to `info`, which outlives the call.
-            let result = unsafe {
-                libc::waitid(
-                    libc::P_PID,
-                    self.0 as libc::id_t,
-                    &mut info,
-                    libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-                )
-            };
-            if result == 0 {
-                return info.si_signo != 0;
-            }
-            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                // ECHILD: not our child any more, so it has exited.
-                return true;
-            }
+    fn start(valid_until: Instant, grace: Duration) -> Result<Self, Failure> {
+        let exe = std::env::current_exe()
+            .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?;
+        let mut command = Command::new(exe);
+        command
+            .arg("__watch")
+            .arg(deadline_ns(valid_until).to_string())
+            .arg(grace.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(0);
+        // SAFETY: between fork and exec only async-signal-safe calls: signal(2). Ignored
+        // signals stay ignored across exec, so no forwarded signal can kill the watcher
+        // before it starts.
+        unsafe {
+            command.pre_exec(|| {
+                for sig in watcher::IGNORED {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| Failure::System(format!("cannot start the watcher: {e}")))?;
+        let pipe = child.stdin.take();
+        let pid = child.id() as libc::pid_t;
+        Ok(Self { child, pid, pipe })
+    }
+
+    /// Tells the watcher the lease's confirmed end.
+    fn tell(&mut self, valid_until: Instant) {
+        self.send(&format!("D {}\n", deadline_ns(valid_until)));
+    }
+
+    /// The lease is lost: fencelock stops COMMAND; the watcher kills the group at the
+    /// last end it was told, quietly.
+    fn lost(&mut self) {
+        self.send("L\n");
+    }
+
+    /// COMMAND exited: the watcher exits without touching the group.
+    fn done(&mut self) {
+        self.send("X\n");
+        self.pipe = None;
+        let _ = self.child.wait();
+    }
+
+    fn send(&mut self, line: &str) {
+        if let Some(pipe) = &mut self.pipe
+            && pipe.write_all(line.as_bytes()).is_err()
+        {
+            self.pipe = None; // the watcher is gone; the group is (being) killed
         }
     }
 
-    /// Waits until COMMAND has exited, without reaping it; forwards the signals
-    /// fencelock gets meanwhile to the group.
-    async fn leader_exit(self, signals: &mut Signals) {
-        // Every SIGCHLD after the check wakes the wait below: none is missed.
-        while !self.leader_exited() {
-            if let Some(signal) = signals.next(true).await {
-                self.signal(signal);
+    fn kill_and_reap(&mut self) {
+        let _ = self.child.kill();
+        self.pipe = None;
+        let _ = self.child.wait();
+    }
+}
+
+/// `valid_until` as a `CLOCK_MONOTONIC` time in ns, for the watcher.
+fn deadline_ns(valid_until: Instant) -> u64 {
+    let now = Instant::now();
+    let left = valid_until.saturating_duration_since(now);
+    monotonic_ns().saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// fencelock's terminal, when it runs in the terminal's foreground.
+struct Terminal {
+    /// Whether COMMAND's group was given the terminal.
+    given: std::cell::Cell<bool>,
+}
+
+impl Terminal {
+    /// Whether fd 0 is a terminal whose foreground process group is fencelock's.
+    #[allow(unsafe_code)]
+    fn is_foreground() -> bool {
+        // SAFETY: isatty, tcgetpgrp and getpgrp take no pointers.
+        unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+    }
+
+    /// Gives the terminal to `group` if fencelock has it.
+    fn give_if_foreground(group: Group) -> Self {
+        let terminal = Self {
+            given: std::cell::Cell::new(false),
+        };
+        if Self::is_foreground() {
+            terminal.give(group);
+        }
+        terminal
+    }
+
+    #[allow(unsafe_code)]
+    fn give(&self, group: Group) {
+        // SAFETY: tcsetpgrp takes no pointers.
+        if unsafe { libc::tcsetpgrp(0, group.0) } == 0 {
+            self.given.set(true);
+        }
+    }
+
+    /// Takes the terminal back for fencelock's own group, if COMMAND's has it.
+    #[allow(unsafe_code)]
+    fn take_back(&self) {
+        if self.given.replace(false) {
+            // SAFETY: tcsetpgrp and getpgrp take no pointers; SIGTTOU is ignored, so
+            // this works from the background.
+            unsafe {
+                libc::tcsetpgrp(0, libc::getpgrp());
             }
         }
     }
 }
 
-/// The signals fencelock catches instead of dying: SIGINT, SIGTERM, SIGHUP, which it
-/// forwards to COMMAND's process group; and SIGCHLD, to learn when COMMAND exits without
-/// reaping it.
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        self.take_back();
+    }
+}
+
+/// What [`Signals::next`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// SIGINT, SIGTERM or SIGHUP: forwarded to COMMAND's group.
+    Forward(i32),
+    /// SIGTSTP: COMMAND's group is stopped, then fencelock.
+    Stop,
+    /// SIGCHLD: a child changed state.
+    Child,
+}
+
+/// The signals fencelock catches instead of dying or stopping: SIGINT, SIGTERM, SIGHUP,
+/// which it forwards to COMMAND's process group; SIGTSTP, which stops the group (and
+/// then fencelock); and SIGCHLD, to learn when COMMAND stops or exits without reaping it.
 pub(crate) struct Signals {
-    pub(crate) interrupt: Signal,
-    pub(crate) terminate: Signal,
-    pub(crate) hangup: Signal,
-    pub(crate) child: Signal,
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+    stop: Signal,
+    child: Signal,
 }
 
 impl Signals {
@@ -167,6 +473,7 @@ impl Signals {
             interrupt: catch(SignalKind::interrupt())?,
             terminate: catch(SignalKind::terminate())?,
             hangup: catch(SignalKind::hangup())?,
+            stop: catch(SignalKind::from_raw(libc::SIGTSTP))?,
             child: catch(SignalKind::child())?,
         })
     }
@@ -174,20 +481,20 @@ impl Signals {
     /// The next SIGINT, SIGTERM or SIGHUP received (since installation), as its number.
     pub(crate) async fn recv(&mut self) -> i32 {
         loop {
-            if let Some(signal) = self.next(false).await {
+            if let Event::Forward(signal) = self.next().await {
                 return signal;
             }
         }
     }
 
-    /// The next signal received (since installation): SIGINT, SIGTERM or SIGHUP as its
-    /// number, or `None` for a SIGCHLD if `with_child`.
-    async fn next(&mut self, with_child: bool) -> Option<i32> {
+    /// The next signal received (since installation).
+    async fn next(&mut self) -> Event {
         tokio::select! {
-            Some(()) = self.interrupt.recv() => Some(libc::SIGINT),
-            Some(()) = self.terminate.recv() => Some(libc::SIGTERM),
-            Some(()) = self.hangup.recv() => Some(libc::SIGHUP),
-            Some(()) = self.child.recv(), if with_child => None,
+            Some(()) = self.interrupt.recv() => Event::Forward(libc::SIGINT),
+            Some(()) = self.terminate.recv() => Event::Forward(libc::SIGTERM),
+            Some(()) = self.hangup.recv() => Event::Forward(libc::SIGHUP),
+            Some(()) = self.stop.recv() => Event::Stop,
+            Some(()) = self.child.recv() => Event::Child,
             else => std::future::pending().await,
         }
     }

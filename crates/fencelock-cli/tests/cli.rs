@@ -398,18 +398,16 @@ fn bad_usage_exits_64_and_writes_nothing() {
 }
 
 #[test]
-fn a_command_that_cannot_run_exits_64_and_releases_the_lock() {
+fn a_command_not_found_exits_127_not_executable_126_and_the_lock_is_released() {
     let server = RedisServer::start();
-    let run = fencelock(&[
-        "run",
-        "--redis",
-        &server.url(),
-        "bad",
-        "--",
-        "/nonexistent/bin",
-    ]);
-    let line = run.fails_with(64);
-    assert!(line.contains("/nonexistent/bin"), "{line}");
+    for missing in ["/nonexistent/bin", "no-such-command-on-the-path"] {
+        let run = fencelock(&["run", "--redis", &server.url(), "bad", "--", missing]);
+        let line = run.fails_with(127);
+        assert!(
+            line.contains(missing) && line.contains("not found"),
+            "{line}"
+        );
+    }
     assert!(!exists(&server, &lock_key("bad")), "lock left behind");
     assert!(
         exists(&server, &fence_key("bad")),
@@ -422,8 +420,11 @@ fn a_command_that_cannot_run_exits_64_and_releases_the_lock() {
     fs::write(&script, "#!/bin/sh\n").unwrap();
     let script = script.to_str().unwrap();
     let run = fencelock(&["run", "--redis", &server.url(), "bad", "--", script]);
-    let line = run.fails_with(64);
-    assert!(line.contains("not-executable"), "{line}");
+    let line = run.fails_with(126);
+    assert!(
+        line.contains("not-executable") && line.contains("permission denied"),
+        "{line}"
+    );
     assert!(!exists(&server, &lock_key("bad")), "lock left behind");
 }
 
@@ -728,57 +729,65 @@ fn the_lease_is_renewed_while_the_command_runs() {
 }
 
 #[test]
-fn a_lost_lease_kills_the_whole_group_within_the_grace_and_exits_76() {
-    let server = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    // Both COMMAND and its child ignore SIGTERM.
-    let mut grandchild = Grandchild::new(dir.path(), "");
-    let [script, pid_file] = grandchild.args();
-    let args = [
-        "run",
-        "--redis",
-        &server.url(),
-        "--ttl",
-        "900ms",
-        "--kill-grace",
-        "1s",
-        "doomed",
-        "--",
-        "sh",
-        "-c",
-        r#"trap "" TERM; sh "$0" "$1" & wait"#,
-        script.as_str(),
-        pid_file.as_str(),
+fn a_lost_lease_kills_the_whole_group_after_the_grace_or_at_the_lease_end_and_exits_76() {
+    // (lease, kill grace, the earliest and latest the group may be killed after the key
+    // is deleted). The loss is seen at the next renewal, within a third of the lease.
+    let cases = [
+        // The grace ends first: COMMAND gets all of it.
+        ("3s", "500ms", 500, 1000 + 500 + 1000),
+        // The lease ends first: COMMAND never runs past it (a 10 s grace is cut short).
+        ("900ms", "10s", 0, 900 + 1000),
     ];
-    let (child, started) =
-        spawn_until_ready(&args, &server, "doomed", || grandchild.pid().is_some());
-    let pid = grandchild.pid().unwrap();
-    assert!(!process_gone(pid));
+    for (ttl, grace, earliest, latest) in cases {
+        let server = RedisServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        // Both COMMAND and its child ignore SIGTERM.
+        let mut grandchild = Grandchild::new(dir.path(), "");
+        let [script, pid_file] = grandchild.args();
+        let args = [
+            "run",
+            "--redis",
+            &server.url(),
+            "--ttl",
+            ttl,
+            "--kill-grace",
+            grace,
+            "doomed",
+            "--",
+            "sh",
+            "-c",
+            r#"trap "" TERM; sh "$0" "$1" & wait"#,
+            script.as_str(),
+            pid_file.as_str(),
+        ];
+        let (child, started) =
+            spawn_until_ready(&args, &server, "doomed", || grandchild.pid().is_some());
+        let pid = grandchild.pid().unwrap();
+        assert!(!process_gone(pid));
 
-    server.cmd(&["DEL", &lock_key("doomed")]);
-    let deleted = Instant::now();
-    let run = finish(child, started);
-    let after_delete = deleted.elapsed();
-    let line = run.fails_with(76);
-    assert!(
-        line.contains("lease") && line.contains("\"doomed\""),
-        "{line}"
-    );
-    // Loss seen at the next renewal (within a third of the TTL), then the full grace,
-    // since nothing exits on SIGTERM; 1 s of margin.
-    assert!(
-        after_delete >= Duration::from_secs(1),
-        "{after_delete:?}: {run:#?}"
-    );
-    assert!(
-        after_delete <= Duration::from_millis(300 + 1000 + 1000),
-        "{after_delete:?}: {run:#?}"
-    );
-    wait_until("the grandchild is dead", || process_gone(pid));
-    assert!(
-        !exists(&server, &lock_key("doomed")),
-        "the lock was re-created"
-    );
+        server.cmd(&["DEL", &lock_key("doomed")]);
+        let deleted = Instant::now();
+        let run = finish(child, started);
+        let after_delete = deleted.elapsed();
+        let line = run.fails_with(76);
+        assert!(
+            line.contains("lease") && line.contains("\"doomed\""),
+            "{line}"
+        );
+        assert!(
+            after_delete >= Duration::from_millis(earliest),
+            "{ttl} {grace}: {after_delete:?}: {run:#?}"
+        );
+        assert!(
+            after_delete <= Duration::from_millis(latest),
+            "{ttl} {grace}: {after_delete:?}: {run:#?}"
+        );
+        wait_until("the grandchild is dead", || process_gone(pid));
+        assert!(
+            !exists(&server, &lock_key("doomed")),
+            "the lock was re-created"
+        );
+    }
 }
 
 #[test]
@@ -1032,4 +1041,181 @@ fn several_redis_urls_lock_with_redlock() {
     let mut cmd = command(&["run", "rl", "--", "true"]);
     cmd.env("FENCELOCK_REDIS", two);
     run_command(cmd).fails_with(64);
+}
+
+/// The state letter of process `pid` in /proc (`R`, `S`, `T` stopped, `Z`, ...), if it
+/// exists.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+#[test]
+fn a_suspended_run_never_lets_command_run_beside_the_next_holder() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let log_path = log.to_str().unwrap();
+    let script = r#"for i in 1 2 3 4 5 6 7 8; do echo A$i >> "$0"; sleep 0.5; done"#;
+    let args = [
+        "run", "--redis", &url, "--ttl", "2s", "t", "--", "sh", "-c", script, log_path,
+    ];
+    let (first, started) = spawn_until_ready(&args, &server, "t", || {
+        fs::read_to_string(&log).is_ok_and(|l| l.contains("A1"))
+    });
+    // As `kill -TSTP %1` would: fencelock suspends COMMAND and then itself.
+    kill(first.id(), "TSTP");
+    wait_until("fencelock is stopped", || {
+        process_state(first.id()) == Some('T')
+    });
+    let second = fencelock(&[
+        "run",
+        "--redis",
+        &url,
+        "--wait",
+        "5s",
+        "t",
+        "--",
+        "sh",
+        "-c",
+        r#"echo B >> "$0""#,
+        log_path,
+    ]);
+    assert_eq!(second.code(), Some(0), "{second:#?}");
+    // Continued after its lease ended: COMMAND is gone, and fencelock says why.
+    kill(first.id(), "CONT");
+    let first = finish(first, started);
+    assert_eq!(first.code(), Some(76), "{first:#?}");
+    assert!(
+        first.stderr.contains("suspended longer than the lease"),
+        "{first:#?}"
+    );
+    let log = fs::read_to_string(&log).unwrap();
+    let after_b = log.split_once("B\n").map(|(_, rest)| rest);
+    assert_eq!(
+        after_b,
+        Some(""),
+        "COMMAND wrote after the next holder: {log}"
+    );
+}
+
+#[test]
+fn a_killed_fencelock_takes_command_down_before_its_lease_ends() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // COMMAND's child stops on SIGTERM, as a well-behaved program would.
+    let mut grandchild = Grandchild::new(dir.path(), "exit 0");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "5s",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        r#"sh "$0" "$1" & wait"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (mut child, _) = spawn_until_ready(&args, &server, "k", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+    child.kill().unwrap(); // SIGKILL: nothing of fencelock runs any more
+    let killed = Instant::now();
+    child.wait().unwrap();
+    wait_until("COMMAND's group is gone", || process_gone(pid));
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "COMMAND outlived the lease: {:?}",
+        killed.elapsed()
+    );
+}
+
+#[test]
+fn a_stopped_fencelock_has_command_killed_when_its_lease_ends() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // COMMAND's child ignores SIGTERM: only the watcher's SIGKILL stops it.
+    let mut grandchild = Grandchild::new(dir.path(), "");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "1500ms",
+        "s",
+        "--",
+        "sh",
+        "-c",
+        r#"trap "" TERM; sh "$0" "$1" & wait"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (child, started) = spawn_until_ready(&args, &server, "s", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+    kill(child.id(), "STOP"); // not a job-control stop: COMMAND goes on, unrenewed
+    let stopped = Instant::now();
+    wait_until("COMMAND's group is gone", || process_gone(pid));
+    // Killed by the watcher at the end of the last confirmed lease: within one lease.
+    assert!(
+        stopped.elapsed() <= Duration::from_millis(1500 + 500),
+        "{:?}",
+        stopped.elapsed()
+    );
+    kill(child.id(), "CONT");
+    let run = finish(child, started);
+    assert_eq!(run.code(), Some(76), "{run:#?}");
+}
+
+#[test]
+fn a_command_that_ended_inside_its_lease_keeps_its_status_when_the_release_comes_late() {
+    let mut server = RedisServer::start();
+    let key = lock_key("late");
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let started = Instant::now();
+    let child = command(&[
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "3s",
+        "late",
+        "--",
+        "sh",
+        "-c",
+        r#"while [ ! -e "$0" ]; do sleep 0.01; done"#,
+        go.to_str().unwrap(),
+    ])
+    .spawn()
+    .expect("spawn fencelock");
+    wait_until("the lock is taken", || exists(&server, &key));
+    let acquired = Instant::now();
+    // A renewal resets the key's TTL to 3 s: the lease is then confirmed until about 3 s
+    // after it. Redis stops answering right after one, until just after that confirmed
+    // end; COMMAND ends in between, well before fencelock would give the lease up.
+    let mut last = i64::MAX;
+    wait_until("a renewal", || {
+        let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+        let renewed =
+            pttl > last.saturating_add(100) && acquired.elapsed() > Duration::from_millis(300);
+        last = pttl;
+        renewed
+    });
+    let renewed = Instant::now();
+    server.pause();
+    thread::sleep(Duration::from_millis(2300).saturating_sub(renewed.elapsed()));
+    fs::write(&go, "").unwrap();
+    thread::sleep(Duration::from_millis(3100).saturating_sub(renewed.elapsed()));
+    server.resume();
+    let run = finish(child, started);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert!(
+        run.stderr.contains("warning") && run.stderr.contains("after the lease ran out"),
+        "{run:#?}"
+    );
 }

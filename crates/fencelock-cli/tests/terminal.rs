@@ -1,0 +1,174 @@
+//! `fencelock run` in a real terminal, driven through tmux as a person would use it: a
+//! COMMAND that reads the terminal, Ctrl-C, Ctrl-Z then `fg`, Ctrl-Z for longer than the
+//! lease. What the person sees is read from the screen.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+/// Bound of every wait for the screen to show something.
+const SCREEN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A tmux server of its own (its socket in a temporary directory) running an
+/// interactive bash with job control, with `FENCELOCK_REDIS` pointing at `redis`.
+struct Terminal {
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Terminal {
+    fn start(redis: &RedisServer) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("tmux.sock");
+        let shell = format!(
+            "env -i PATH={} HOME={} TERM=xterm FENCELOCK_REDIS={} PS1='sh> ' bash --norc --noprofile -i",
+            std::env::var("PATH").unwrap_or_default(),
+            dir.path().display(),
+            redis.url()
+        );
+        let terminal = Self { socket, _dir: dir };
+        terminal.tmux(
+            &[
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "160",
+                "-y",
+                "40",
+            ],
+            &shell,
+        );
+        terminal.wait_for("sh>");
+        terminal
+    }
+
+    fn tmux(&self, args: &[&str], last: &str) -> String {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .arg(last)
+            .output()
+            .expect("run tmux (install it: apt-get install tmux)");
+        assert!(out.status.success(), "tmux {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types `text` and presses Enter.
+    fn type_line(&self, text: &str) {
+        self.tmux(&["send-keys", "-t", "0", "-l"], text);
+        self.keys("Enter");
+    }
+
+    /// Presses keys by tmux name (`C-c`, `C-z`, `Enter`).
+    fn keys(&self, keys: &str) {
+        self.tmux(&["send-keys", "-t", "0"], keys);
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t"], "0")
+    }
+
+    /// Waits until the screen shows `text`.
+    fn wait_for(&self, text: &str) {
+        testkit::eventually(
+            &format!("the screen shows {text:?}"),
+            SCREEN_TIMEOUT,
+            || self.screen().contains(text),
+        );
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the screen when the test failed:\n{}", self.screen());
+        }
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .output();
+    }
+}
+
+#[test]
+fn a_command_reads_the_terminal_and_the_lock_is_released_after() {
+    let redis = RedisServer::start();
+    let term = Terminal::start(&redis);
+    // The prompt is printed from its parts, so that the typed command line does not
+    // show it.
+    term.type_line(&format!(
+        r#"{BIN} run ask -- sh -c 'printf "%s? " name; read a; echo "hello $a"'; echo "exit=$?""#
+    ));
+    term.wait_for("name?"); // the screen shows no trailing space
+    assert!(redis.exists("fencelock:{ask}"), "held while COMMAND asks");
+    term.type_line("world");
+    term.wait_for("hello world");
+    term.wait_for("exit=0");
+    assert!(!redis.exists("fencelock:{ask}"), "released after");
+}
+
+#[test]
+fn ctrl_c_stops_command_and_releases_the_lock() {
+    let redis = RedisServer::start();
+    let term = Terminal::start(&redis);
+    term.type_line(&format!(r#"{BIN} run int -- sleep 100; echo "exit=$?""#));
+    testkit::eventually("the lock is taken", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{int}")
+    });
+    term.keys("C-c");
+    term.wait_for("exit=130");
+    assert!(!redis.exists("fencelock:{int}"));
+}
+
+#[test]
+fn ctrl_z_suspends_the_job_and_fg_resumes_it_under_the_lock() {
+    let redis = RedisServer::start();
+    let term = Terminal::start(&redis);
+    term.type_line(&format!(
+        r#"{BIN} run sus -- sh -c 'read a; echo "got $a"'"#
+    ));
+    testkit::eventually("the lock is taken", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{sus}")
+    });
+    term.keys("C-z");
+    term.wait_for("Stopped");
+    assert!(
+        redis.exists("fencelock:{sus}"),
+        "still held while suspended"
+    );
+    term.type_line("fg");
+    term.type_line("yes");
+    term.wait_for("got yes");
+    term.type_line(r#"echo "exit=$?""#);
+    term.wait_for("exit=0");
+    assert!(!redis.exists("fencelock:{sus}"));
+}
+
+#[test]
+fn ctrl_z_for_longer_than_the_lease_ends_the_job_on_fg() {
+    let redis = RedisServer::start();
+    let term = Terminal::start(&redis);
+    term.type_line(&format!(
+        r#"{BIN} run --ttl 1s long -- sh -c 'read a; echo "got $a"'"#
+    ));
+    testkit::eventually("the lock is taken", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{long}")
+    });
+    term.keys("C-z");
+    term.wait_for("Stopped");
+    // Nothing renews the lease of a suspended job: it runs out.
+    testkit::eventually("the lease ran out", Duration::from_secs(5), || {
+        !redis.exists("fencelock:{long}")
+    });
+    term.type_line("fg");
+    term.wait_for("suspended longer than the lease");
+    term.type_line(r#"echo "exit=$?""#);
+    term.wait_for("exit=76");
+}
