@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+use crate::admin::{self, Broken, LockStatus};
 use crate::algorithms::watchdog::Watchdog;
 use crate::backend::{Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
@@ -118,6 +119,50 @@ impl Client {
             ));
         }
         DelayQueue::new(self.inner.clone(), name.into())
+    }
+
+    /// What Redis holds for the lock `name`, on each node, read in one consistent
+    /// snapshot per node: who holds it and for how long, the fencing counter, the fair
+    /// queue, and what the holder said about itself. Writes nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name; a node's error when no node answered.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn inspect(&self, name: &str) -> Result<LockStatus, Error> {
+        admin::inspect(&self.inner.backend, &self.inner.prefix, name).await
+    }
+
+    /// The locks held now whose names match `pattern` (a Redis glob over names: `*`,
+    /// `?`, `[...]`; empty for all), under this client's prefix, found by `SCAN` (never
+    /// `KEYS`) on every node, sorted by name.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad pattern; a node's error when no node
+    /// answered, or when a lock could not be read.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn list(&self, pattern: &str) -> Result<Vec<LockStatus>, Error> {
+        admin::list(&self.inner.backend, &self.inner.prefix, pattern).await
+    }
+
+    /// Breaks a stuck lock, whoever holds it: deletes its key (and holder info) on every
+    /// node, wakes its waiters, and advances the fencing counter past every token handed
+    /// out, so that a resource that checks tokens refuses the evicted holder's late
+    /// writes once the next holder has written. Says what it broke. For operators: the
+    /// evicted holder is not told, and learns of it at its next renewal.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name; [`Error::WrongType`] (per node) for a
+    /// key of data fencelock did not write, which is left alone; a node's error when no
+    /// node answered.
+    ///
+    /// # Cancel safety
+    /// If dropped, the break may or may not have happened on each node.
+    pub async fn break_lock(&self, name: &str) -> Result<Broken, Error> {
+        admin::break_lock(&self.inner.backend, &self.inner.prefix, name).await
     }
 
     /// The node this client talks to, as `host:port` (the first one, for Redlock).

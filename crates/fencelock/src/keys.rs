@@ -8,6 +8,7 @@
 //! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | never |
 //! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty, or 2 × the waiter timeout after the last waiter's last call |
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | likewise |
+//! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |
 //!
 //! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
 //! an empty message (a plain or reentrant release) each client wakes its longest-waiting
@@ -56,6 +57,13 @@ impl LockKeys {
     /// Fair mode: each waiter's deadline to call again.
     pub fn waiters(&self) -> String {
         format!("{}:waiters", self.lock)
+    }
+
+    /// What the holder says about itself (set with
+    /// [`LockBuilder::holder_info`](crate::LockBuilder::holder_info)): with the lock key's
+    /// expiry, deleted with it.
+    pub fn holder_info(&self) -> String {
+        format!("{}:holder", self.lock)
     }
 
     /// The pub/sub channel releases are announced on.
@@ -132,6 +140,46 @@ pub fn validate_name(name: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks a pattern of lock names for [`Client::list`](crate::Client::list): a Redis
+/// glob (`*`, `?`, `[...]`, `\` escapes) with the rules of names, `*` allowed.
+pub(crate) fn validate_pattern(pattern: &str) -> Result<(), Error> {
+    if pattern.is_empty() {
+        return Ok(());
+    }
+    validate_name(pattern).map_err(|e| match e {
+        Error::InvalidArgument { reason, .. } => Error::invalid("lock name pattern", reason),
+        other => other,
+    })
+}
+
+/// The `SCAN MATCH` glob of the lock keys whose names match `pattern` (empty: all),
+/// under `prefix` (glob characters in the prefix are escaped).
+pub(crate) fn lock_key_glob(prefix: &str, pattern: &str) -> String {
+    let mut glob = String::new();
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            glob.push('\\');
+        }
+        glob.push(c);
+    }
+    if !prefix.is_empty() {
+        glob.push(':');
+    }
+    let pattern = if pattern.is_empty() { "*" } else { pattern };
+    format!("{glob}{{{pattern}}}")
+}
+
+/// The lock name of lock key `key` under `prefix`, if it is a lock key (not a counter,
+/// queue or info key).
+pub(crate) fn name_of<'k>(prefix: &str, key: &'k str) -> Option<&'k str> {
+    let rest = if prefix.is_empty() {
+        key
+    } else {
+        key.strip_prefix(prefix)?.strip_prefix(':')?
+    };
+    rest.strip_prefix('{')?.strip_suffix('}')
+}
+
 /// Checks a key prefix: it may be empty, but may not contain a hash tag of its own.
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
     if prefix.contains(['{', '}']) {
@@ -161,8 +209,26 @@ mod tests {
         assert_eq!(k.queue(), "fencelock:{orders:42}:queue");
         assert_eq!(k.waiters(), "fencelock:{orders:42}:waiters");
         assert_eq!(k.channel(), "fencelock:{orders:42}:released");
+        assert_eq!(k.holder_info(), "fencelock:{orders:42}:holder");
         let k = LockKeys::new("", "x").unwrap();
         assert_eq!(k.lock, "{x}");
+    }
+
+    #[test]
+    fn lock_keys_are_found_by_a_glob_and_read_back_as_names() {
+        assert_eq!(
+            lock_key_glob("fencelock", "orders:*"),
+            "fencelock:{orders:*}"
+        );
+        assert_eq!(lock_key_glob("a*b", ""), "a\\*b:{*}");
+        assert_eq!(lock_key_glob("", "x"), "{x}");
+        assert_eq!(
+            name_of("fencelock", "fencelock:{orders:42}"),
+            Some("orders:42")
+        );
+        assert_eq!(name_of("fencelock", "fencelock:{orders:42}:fence"), None);
+        assert_eq!(name_of("", "{x}"), Some("x"));
+        assert_eq!(name_of("p", "q:{x}"), None);
     }
 
     #[test]

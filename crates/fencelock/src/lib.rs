@@ -82,6 +82,7 @@
 //!    (`error.rs`), [`keys`] and [`limits`]; `shared.rs` holds what a client's locks
 //!    and queues share.
 
+mod admin;
 mod algorithms;
 mod backend;
 mod client;
@@ -94,6 +95,7 @@ mod scripts;
 mod shared;
 mod token;
 
+pub use admin::{BreakOutcome, Broken, Holder, LockState, LockStatus, NodeBroken, NodeStatus};
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};

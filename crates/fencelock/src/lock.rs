@@ -98,6 +98,8 @@ pub struct LockBuilder {
     /// Reentrant mode, with the owner id.
     owner: Option<String>,
     retry: Retry,
+    /// What the holder says about itself.
+    info: String,
 }
 
 impl LockBuilder {
@@ -112,6 +114,7 @@ impl LockBuilder {
             fair: None,
             owner: None,
             retry: Retry::default(),
+            info: String::new(),
         }
     }
 
@@ -238,6 +241,17 @@ impl LockBuilder {
         }
     }
 
+    /// What the holder says about itself, for operators: stored in a key next to the
+    /// lock's ([`keys`](crate::keys)) for as long as this holder holds it (renewed and
+    /// released with the lease), and shown by [`Client::inspect`](crate::Client::inspect)
+    /// (the CLI's `fencelock status`). Never in the lock key itself, whose format stays
+    /// the plain token other libraries read. Default: nothing. Plain and fair locks; up
+    /// to 4 KiB, checked on acquire.
+    pub fn holder_info(mut self, info: impl Into<String>) -> Self {
+        self.info = info.into();
+        self
+    }
+
     /// How to pace attempts while waiting when release notifications are unavailable
     /// (default [`Retry::default`]).
     pub fn retry(mut self, retry: Retry) -> Self {
@@ -362,6 +376,12 @@ impl LockBuilder {
             Error::check_range("maximum hold", max_hold, MIN_LEASE, MAX_HOLD)?;
         }
         self.retry.validate()?;
+        if self.info.len() > 4096 {
+            return Err(Error::invalid(
+                "holder info",
+                format!("it is {} bytes long; the limit is 4096", self.info.len()),
+            ));
+        }
         // The first lease may not outlast the maximum hold either.
         let (acquire_ttl, capped) = match self.max_hold {
             Some(h) => {
@@ -377,6 +397,7 @@ impl LockBuilder {
             ttl: acquire_ttl,
             wait,
             retry: self.retry,
+            info: &self.info,
         };
         let granted = acquire::acquire(&self.shared, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped

@@ -41,12 +41,15 @@ const FENCE: &str = "fencelock:{s}:fence";
 const QUEUE: &str = "fencelock:{s}:queue";
 const WAITERS: &str = "fencelock:{s}:waiters";
 const CHANNEL: &str = "fencelock:{s}:released";
+const INFO: &str = "fencelock:{s}:holder";
 const MINE: &str = "0123456789abcdef0123456789abcdef";
 const THEIRS: &str = "ffffffffffffffffffffffffffffffff";
 
 /// acquire.lua as one node uses it: counter + 1, no identity.
 fn acquire_raw(r: &RedisServer, token: &str, ttl_ms: &str) -> Reply {
-    r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, token, ttl_ms, "0", "0"])
+    r.cmd(&[
+        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, token, ttl_ms, "0", "0", "",
+    ])
 }
 
 fn acquire(r: &RedisServer, token: &str, ttl_ms: &str) -> Vec<Reply> {
@@ -58,7 +61,9 @@ fn acquire(r: &RedisServer, token: &str, ttl_ms: &str) -> Vec<Reply> {
 }
 
 fn release_raw(r: &RedisServer, token: &str) -> Reply {
-    r.cmd(&["EVAL", &RELEASE, "2", LOCK, FENCE, token, CHANNEL, "0"])
+    r.cmd(&[
+        "EVAL", &RELEASE, "3", LOCK, FENCE, INFO, token, CHANNEL, "0",
+    ])
 }
 
 fn release(r: &RedisServer, token: &str) -> i64 {
@@ -67,7 +72,7 @@ fn release(r: &RedisServer, token: &str) -> i64 {
 
 fn extend(r: &RedisServer, token: &str, ttl_ms: &str) -> i64 {
     // An extend is a renewal batch of one.
-    let reply = r.cmd(&["EVAL", &RENEW, "1", LOCK, token, ttl_ms]);
+    let reply = r.cmd(&["EVAL", &RENEW, "2", LOCK, INFO, token, ttl_ms]);
     reply.as_array().expect("array reply")[0]
         .clone()
         .as_int()
@@ -276,16 +281,18 @@ fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
     let reply = r.cmd(&[
         "EVAL",
         &FAIR_ACQUIRE,
-        "4",
+        "5",
         LOCK,
         FENCE,
         QUEUE,
         WAITERS,
+        INFO,
         token,
         "10000",
         "3000",
         CHANNEL,
         join,
+        "",
     ]);
     reply
         .as_array()
@@ -386,16 +393,18 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         r.cmd(&[
             "EVAL",
             &FAIR_ACQUIRE,
-            "4",
+            "5",
             LOCK,
             FENCE,
             QUEUE,
             WAITERS,
+            INFO,
             MINE,
             "10000",
             "3000",
             CHANNEL,
             join,
+            "",
         ])
     };
     assert_wrong_type(&fair("1"), QUEUE, "string");
@@ -404,10 +413,11 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         &r.cmd(&[
             "EVAL",
             &FAIR_LEAVE,
-            "3",
+            "4",
             LOCK,
             QUEUE,
             WAITERS,
+            INFO,
             MINE,
             CHANNEL,
         ]),
@@ -421,14 +431,34 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
 fn fair_release_and_leave_in_every_key_state() {
     let r = RedisServer::start();
     let release = |t: &str| {
-        r.cmd(&["EVAL", &FAIR_RELEASE, "3", LOCK, QUEUE, WAITERS, t, CHANNEL])
-            .as_int()
-            .unwrap()
+        r.cmd(&[
+            "EVAL",
+            &FAIR_RELEASE,
+            "4",
+            LOCK,
+            QUEUE,
+            WAITERS,
+            INFO,
+            t,
+            CHANNEL,
+        ])
+        .as_int()
+        .unwrap()
     };
     let leave = |t: &str| {
-        r.cmd(&["EVAL", &FAIR_LEAVE, "3", LOCK, QUEUE, WAITERS, t, CHANNEL])
-            .as_int()
-            .unwrap()
+        r.cmd(&[
+            "EVAL",
+            &FAIR_LEAVE,
+            "4",
+            LOCK,
+            QUEUE,
+            WAITERS,
+            INFO,
+            t,
+            CHANNEL,
+        ])
+        .as_int()
+        .unwrap()
     };
     assert_eq!(release(MINE), 0, "absent");
     fair_acquire(&r, THEIRS, true);
@@ -452,10 +482,11 @@ fn fair_release_and_leave_in_every_key_state() {
         &r.cmd(&[
             "EVAL",
             &FAIR_RELEASE,
-            "3",
+            "4",
             LOCK,
             QUEUE,
             WAITERS,
+            INFO,
             MINE,
             CHANNEL,
         ]),
@@ -477,7 +508,8 @@ fn renew_handles_a_batch_of_leases_in_mixed_states() {
     r.cmd(&["SET", b, THEIRS, "PX", "1000"]);
     r.cmd(&["LPUSH", d, "x"]);
     let reply = r.cmd(&[
-        "EVAL", &RENEW, "4", a, b, c, d, MINE, "20000", MINE, "20000", MINE, "20000", MINE, "20000",
+        "EVAL", &RENEW, "8", a, "ia", b, "ib", c, "ic", d, "id", MINE, "20000", MINE, "20000",
+        MINE, "20000", MINE, "20000",
     ]);
     assert_eq!(ints(reply.as_array().unwrap()), vec![1, -1, 0, -1]);
     assert!(pttl(&r, a) > 19_000, "ours renewed");
@@ -562,7 +594,7 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
 
     // A renewal compares the owner id.
     reentrant_acquire(&r, "job-7", MINE);
-    let reply = r.cmd(&["EVAL", &RENEW, "1", LOCK, "job-7", "30000"]);
+    let reply = r.cmd(&["EVAL", &RENEW, "2", LOCK, INFO, "job-7", "30000"]);
     assert_eq!(ints(reply.as_array().unwrap()), vec![1]);
     assert!(pttl(&r, LOCK) > 29_000);
 
@@ -594,7 +626,9 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
 fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_counter() {
     let r = RedisServer::start();
     r.cmd(&["SET", FENCE, "5"]);
-    let reply = r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, MINE, "10000", "1", "1"]);
+    let reply = r.cmd(&[
+        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, MINE, "10000", "1", "1", "",
+    ]);
     let items = reply.as_array().unwrap();
     assert_eq!(items.len(), 4, "{reply:?}");
     assert_eq!(items[0].as_int(), Some(1));
@@ -619,10 +653,37 @@ fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_count
     // Released by a Redlock holder whose grant carried a higher token (from another
     // node): the counter is raised to it, whoever holds the key.
     let higher = (fence + 1_000_000).to_string();
-    let released = r.cmd(&["EVAL", &RELEASE, "2", LOCK, FENCE, MINE, CHANNEL, &higher]);
+    let released = r.cmd(&[
+        "EVAL", &RELEASE, "3", LOCK, FENCE, INFO, MINE, CHANNEL, &higher,
+    ]);
     assert_eq!(released.as_int(), Some(1));
     assert_eq!(get(&r, FENCE), Some(higher.clone()));
-    let lower = r.cmd(&["EVAL", &RELEASE, "2", LOCK, FENCE, MINE, CHANNEL, "7"]);
+    let lower = r.cmd(&["EVAL", &RELEASE, "3", LOCK, FENCE, INFO, MINE, CHANNEL, "7"]);
     assert_eq!(lower.as_int(), Some(0), "absent now");
     assert_eq!(get(&r, FENCE), Some(higher), "never lowered");
+}
+
+#[test]
+fn holder_info_lives_and_dies_with_the_lease() {
+    let r = RedisServer::start();
+    let info = r#"{"host":"h","pid":7}"#;
+    let acquired = r.cmd(&[
+        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, MINE, "5000", "0", "0", info,
+    ]);
+    assert_eq!(acquired.as_array().unwrap()[0].as_int(), Some(1));
+    assert_eq!(get(&r, INFO).as_deref(), Some(info));
+    assert!(
+        (1..=5000).contains(&pttl(&r, INFO)),
+        "with the lease's expiry"
+    );
+    // Renewed with the lease, and only for its holder.
+    r.cmd(&["PEXPIRE", INFO, "100"]);
+    assert_eq!(extend(&r, MINE, "20000"), 1);
+    assert!(pttl(&r, INFO) > 19_000);
+    // Not written for another holder, nor when the lock is held.
+    assert_eq!(ints(&acquire(&r, THEIRS, "5000"))[0], 0);
+    assert_eq!(get(&r, INFO).as_deref(), Some(info));
+    // Deleted with the lock.
+    assert_eq!(release(&r, MINE), 1);
+    assert_eq!(r.cmd(&["EXISTS", INFO]).as_int(), Some(0));
 }

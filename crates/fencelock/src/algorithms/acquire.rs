@@ -38,6 +38,8 @@ pub(crate) struct Request<'a> {
     /// `None`: wait for ever; zero: one attempt.
     pub wait: Option<Duration>,
     pub retry: Retry,
+    /// What the holder says about itself ("" for nothing).
+    pub info: &'a str,
 }
 
 /// A lock that was granted.
@@ -95,6 +97,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
                 ttl: req.ttl,
                 mode: &pending.mode,
                 join: waits,
+                info: req.info,
             })
             .await;
         let found = match outcome {

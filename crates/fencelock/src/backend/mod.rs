@@ -23,7 +23,7 @@ use crate::error::{Blocker, Error, LossCause, NodeReport};
 use crate::keys::LockKeys;
 use crate::scripts::{
     self,
-    replies::{AcquireReply, Left, Owned, Renewed},
+    replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed},
 };
 use crate::token::{FencingToken, HolderToken};
 pub(crate) use node::{Node, Timeouts, redact};
@@ -70,6 +70,8 @@ pub(crate) struct AcquireRequest<'a> {
     pub mode: &'a Mode,
     /// Fair mode: join the queue when it is not our turn.
     pub join: bool,
+    /// What the holder says about itself, stored with the grant ("" for nothing).
+    pub info: &'a str,
 }
 
 /// The outcome of one acquire attempt that the nodes answered.
@@ -183,10 +185,17 @@ impl Backend {
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
         let q = &self.quorum;
         let invocation = |identify| match req.mode {
-            Mode::Plain => scripts::acquire(req.keys, req.token, req.ttl, q.floor(), identify),
-            Mode::Fair { waiter_timeout } => {
-                scripts::fair_acquire(req.keys, req.token, req.ttl, *waiter_timeout, req.join)
+            Mode::Plain => {
+                scripts::acquire(req.keys, req.token, req.ttl, q.floor(), identify, req.info)
             }
+            Mode::Fair { waiter_timeout } => scripts::fair_acquire(
+                req.keys,
+                req.token,
+                req.ttl,
+                *waiter_timeout,
+                req.join,
+                req.info,
+            ),
             Mode::Reentrant { owner } => {
                 scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl)
             }
@@ -386,6 +395,23 @@ impl Backend {
                 }
             })
             .collect()
+    }
+
+    /// What each node holds for the lock (read-only).
+    pub async fn inspect(&self, keys: &LockKeys) -> Vec<Result<Inspected, Error>> {
+        let invocation = scripts::inspect(keys);
+        fan_out(&self.nodes, None, |_| &invocation).await
+    }
+
+    /// Breaks the lock on every node, whoever holds it.
+    pub async fn break_lock(&self, keys: &LockKeys) -> Vec<Result<Broke, Error>> {
+        let invocation = scripts::break_lock(keys);
+        fan_out(&self.nodes, None, |_| &invocation).await
+    }
+
+    /// The keys matching `pattern` on each node.
+    pub async fn scan(&self, pattern: &str) -> Vec<Result<Vec<String>, Error>> {
+        join_all(self.nodes.iter().map(|n| n.scan(pattern))).await
     }
 
     /// Registers waiter `id` for releases of `channel` on every node, once the server

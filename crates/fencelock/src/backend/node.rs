@@ -139,6 +139,34 @@ impl Node {
         }
     }
 
+    /// Every key matching the glob `pattern`, by `SCAN` (never `KEYS`, which blocks the
+    /// server), each call within the call timeout.
+    pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        let mut conn = self.conn.clone();
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let page = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .to_owned();
+            let (next, found): (u64, Vec<String>) =
+                match tokio::time::timeout(self.call_timeout, page.query_async(&mut conn)).await {
+                    Ok(Ok(reply)) => reply,
+                    Ok(Err(e)) => return Err(map_error(&self.addr, &e)),
+                    Err(_) => return Err(timed_out(&self.addr, self.call_timeout)),
+                };
+            keys.extend(found);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
     /// Asks the server who it is: its run id, random for every start of a server
     /// process. Two nodes with one run id are one server.
     pub async fn run_id(&self, within: Duration) -> Result<String, Error> {

@@ -48,6 +48,8 @@ pub(crate) enum Lua {
     FairAcquire,
     FairRelease,
     FairLeave,
+    Inspect,
+    Break,
     QueuePush,
     QueueTake,
     QueueAck,
@@ -57,7 +59,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 14] = [
+    const ALL: [Lua; 16] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -66,6 +68,8 @@ impl Lua {
         Lua::FairAcquire,
         Lua::FairRelease,
         Lua::FairLeave,
+        Lua::Inspect,
+        Lua::Break,
         Lua::QueuePush,
         Lua::QueueTake,
         Lua::QueueAck,
@@ -114,6 +118,16 @@ impl Lua {
                 "lock/fair_leave.lua",
                 &[TYPES, HOLDER],
                 include_str!("lock/fair_leave.lua"),
+            ),
+            Inspect => (
+                "lock/inspect.lua",
+                &[TYPES, HOLDER, CLOCK, FENCE],
+                include_str!("lock/inspect.lua"),
+            ),
+            Break => (
+                "lock/break.lua",
+                &[TYPES, HOLDER, CLOCK, FENCE],
+                include_str!("lock/break.lua"),
             ),
             QueuePush => (
                 "queue/push.lua",
@@ -185,21 +199,25 @@ fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 
-/// `floor`: tokens at least the server clock in µs; `identify`: report run id and uptime.
+/// `floor`: tokens at least the server clock in µs; `identify`: report run id and uptime;
+/// `info`: the holder info to store with the grant ("" for none).
 pub(crate) fn acquire(
     keys: &LockKeys,
     token: &HolderToken,
     ttl: Duration,
     floor: bool,
     identify: bool,
+    info: &str,
 ) -> ScriptInvocation<'static> {
     let mut inv = Lua::Acquire.invoke();
     inv.key(&keys.lock)
         .key(keys.fence())
+        .key(keys.holder_info())
         .arg(token.as_str())
         .arg(ms(ttl))
         .arg(flag(floor))
-        .arg(flag(identify));
+        .arg(flag(identify))
+        .arg(info);
     inv
 }
 
@@ -212,6 +230,7 @@ pub(crate) fn release(
     let mut inv = Lua::Release.invoke();
     inv.key(&keys.lock)
         .key(keys.fence())
+        .key(keys.holder_info())
         .arg(token.as_str())
         .arg(keys.channel())
         .arg(fence);
@@ -219,13 +238,16 @@ pub(crate) fn release(
 }
 
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a
-/// reentrant lock's owner id.
+/// reentrant lock's owner id. Each lease's holder info is renewed with it.
 pub(crate) fn renew<'a>(
     leases: impl Iterator<Item = (&'a str, &'a str, Duration)>,
 ) -> ScriptInvocation<'static> {
     let mut inv = Lua::Renew.invoke();
     for (key, holder, ttl) in leases {
-        inv.key(key).arg(holder).arg(ms(ttl));
+        inv.key(key)
+            .key(format!("{key}:holder"))
+            .arg(holder)
+            .arg(ms(ttl));
     }
     inv
 }
@@ -258,24 +280,28 @@ pub(crate) fn reentrant_release(
     inv
 }
 
-/// `join`: enter the queue when it is not our turn (a waiting acquire), or only try.
+/// `join`: enter the queue when it is not our turn (a waiting acquire), or only try;
+/// `info`: the holder info to store with the grant ("" for none).
 pub(crate) fn fair_acquire(
     keys: &LockKeys,
     token: &HolderToken,
     ttl: Duration,
     waiter_timeout: Duration,
     join: bool,
+    info: &str,
 ) -> ScriptInvocation<'static> {
     let mut inv = Lua::FairAcquire.invoke();
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.queue())
         .key(keys.waiters())
+        .key(keys.holder_info())
         .arg(token.as_str())
         .arg(ms(ttl))
         .arg(ms(waiter_timeout))
         .arg(keys.channel())
-        .arg(flag(join));
+        .arg(flag(join))
+        .arg(info);
     inv
 }
 
@@ -284,6 +310,7 @@ pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> ScriptInvoca
     inv.key(&keys.lock)
         .key(keys.queue())
         .key(keys.waiters())
+        .key(keys.holder_info())
         .arg(token.as_str())
         .arg(keys.channel());
     inv
@@ -294,7 +321,30 @@ pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> ScriptInvocati
     inv.key(&keys.lock)
         .key(keys.queue())
         .key(keys.waiters())
+        .key(keys.holder_info())
         .arg(token.as_str())
+        .arg(keys.channel());
+    inv
+}
+
+/// Reads everything of one lock name; writes nothing.
+pub(crate) fn inspect(keys: &LockKeys) -> ScriptInvocation<'static> {
+    let mut inv = Lua::Inspect.invoke();
+    inv.key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.queue())
+        .key(keys.waiters())
+        .key(keys.holder_info());
+    inv
+}
+
+/// Breaks the lock, whoever holds it.
+pub(crate) fn break_lock(keys: &LockKeys) -> ScriptInvocation<'static> {
+    let mut inv = Lua::Break.invoke();
+    inv.key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.queue())
+        .key(keys.holder_info())
         .arg(keys.channel());
     inv
 }

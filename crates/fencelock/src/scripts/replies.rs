@@ -158,6 +158,93 @@ impl FromRedisValue for Left {
     }
 }
 
+/// `lock/inspect.lua`'s answer, as its header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Inspected {
+    /// "none", "plain", "reentrant", or a foreign Redis type.
+    pub kind: String,
+    pub pttl: i64,
+    pub holds: u64,
+    pub owner: String,
+    /// The counter as text; empty if absent or not a counter.
+    pub counter: String,
+    pub info: String,
+    /// Fair waiters in queue order: ms left before each is purged (-1: no deadline).
+    pub waiters: Vec<i64>,
+}
+
+/// `lock/break.lua`'s answer, as its header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Broke {
+    /// "none", "plain" or "reentrant".
+    pub kind: String,
+    pub owner: String,
+    pub pttl: i64,
+    /// The counter after the break, as text (empty: free and no counter).
+    pub counter: String,
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl FromRedisValue for Inspected {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let bad = || ParsingError::from(format!("inspect.lua replied with {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        match items.as_slice() {
+            [
+                kind,
+                Value::Int(pttl),
+                Value::Int(holds),
+                owner,
+                counter,
+                info,
+                Value::Array(w),
+            ] => Ok(Self {
+                kind: text(kind).ok_or_else(bad)?,
+                pttl: *pttl,
+                holds: u64::try_from(*holds).unwrap_or(0),
+                owner: text(owner).ok_or_else(bad)?,
+                counter: text(counter).ok_or_else(bad)?,
+                info: text(info).ok_or_else(bad)?,
+                waiters: w
+                    .iter()
+                    .map(|x| match x {
+                        Value::Int(ms) => Ok(*ms),
+                        _ => Err(bad()),
+                    })
+                    .collect::<Result<_, _>>()?,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl FromRedisValue for Broke {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        let bad = || ParsingError::from(format!("break.lua replied with {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        match items.as_slice() {
+            [kind, owner, Value::Int(pttl), counter] => Ok(Self {
+                kind: text(kind).ok_or_else(bad)?,
+                owner: text(owner).ok_or_else(bad)?,
+                pttl: *pttl,
+                counter: text(counter).ok_or_else(bad)?,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// An item `queue/take.lua` delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Taken {

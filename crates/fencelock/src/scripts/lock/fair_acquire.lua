@@ -7,11 +7,14 @@
 --                          must call again, or be purged as crashed
 --                          (both expire 2 x the waiter timeout after the last call of a
 --                          waiter, unless a later call of another waiter extends them)
+-- KEYS[5]  holder info     plain string, with the lock key's expiry (when ARGV[6] is
+--                          not empty)
 -- ARGV[1]  holder token
 -- ARGV[2]  ttl, ms
 -- ARGV[3]  waiter timeout, ms: how long a queued waiter may stay silent
 -- ARGV[4]  release channel: a message carrying a token wakes that waiter
 -- ARGV[5]  "1": join the queue when it is not our turn; "0": only try
+-- ARGV[6]  holder info, or "" for none
 --
 -- Reply:
 --   {1, fence}        acquired now
@@ -41,14 +44,17 @@ end
 local now = server_ms()
 purge_waiters(KEYS[3], KEYS[4], now)
 
-local function leave_queue()
+local function on_grant() -- leave the queue, describe the holder
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
+  if ARGV[6] ~= '' then
+    redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[2])
+  end
 end
 
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  leave_queue()
+  on_grant()
   if counter == nil then
     return {2, next_fence(KEYS[2], counter, false)}
   end
@@ -58,7 +64,7 @@ end
 local head = redis.call('LINDEX', KEYS[3], 0)
 if kind == 'none' and (not head or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  leave_queue()
+  on_grant()
   return {1, next_fence(KEYS[2], counter, false)}
 end
 

@@ -5,6 +5,7 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  queue     LIST of waiting holder tokens, in arrival order
 -- KEYS[3]  waiters   ZSET holder token -> deadline (server ms)
+-- KEYS[4]  holder info (deleted with a grant dropped here)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel
 --
@@ -22,7 +23,7 @@ end
 
 local removed = redis.call('LREM', KEYS[2], 0, ARGV[1]) + redis.call('ZREM', KEYS[3], ARGV[1])
 if kind == 'plain' and holder == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[4])
   removed = removed + 1
   kind = 'none'
 end

@@ -4,6 +4,7 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  queue     LIST of waiting holder tokens, in arrival order
 -- KEYS[3]  waiters   ZSET holder token -> deadline (server ms)
+-- KEYS[4]  holder info (deleted with the lock)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel
 --
@@ -22,7 +23,7 @@ elseif kind == 'none' then
 elseif kind ~= 'plain' or holder ~= ARGV[1] then
   return -1
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[4])
 
 if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'zset' then
   purge_waiters(KEYS[2], KEYS[3], server_ms())

@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  fence counter
+-- KEYS[3]  holder info (deleted with the lock)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel: an empty message there announces the release
 -- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
@@ -35,6 +36,6 @@ if kind ~= 'plain' or holder ~= ARGV[1] then
   end
   return -1
 end
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('PUBLISH', ARGV[2], '')
 return 1

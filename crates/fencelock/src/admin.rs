@@ -1,0 +1,251 @@
+//! Seeing and managing locks as an operator: what Redis holds for one lock
+//! ([`Client::inspect`](crate::Client::inspect)), which locks are held
+//! ([`Client::list`](crate::Client::list)), and breaking a stuck one
+//! ([`Client::break_lock`](crate::Client::break_lock)). The CLI's `status`, `list` and
+//! `break` are built on these.
+
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::error::Error;
+use crate::keys::{self, LockKeys};
+use crate::scripts::replies::{Broke, Inspected};
+
+/// What Redis holds for one lock name, on each node (one for a single node; every
+/// Redlock node in the order given).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The lock name.
+    pub name: String,
+    /// Per node.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// One node's part of a [`LockStatus`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// The node, as `host:port`.
+    pub node: String,
+    /// What it holds, or why it could not say.
+    pub state: Result<LockState, Error>,
+}
+
+/// What one node holds for a lock, read in one consistent snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockState {
+    /// Who holds it; `None` when it is free.
+    pub holder: Option<Holder>,
+    /// The fencing counter: the last token handed out (`None` if there is none yet).
+    pub fencing_counter: Option<u64>,
+    /// What the holder said about itself
+    /// ([`LockBuilder::holder_info`](crate::LockBuilder::holder_info)), if anything.
+    pub holder_info: Option<String>,
+    /// Fair mode: the waiters in line, first first, each with how long it may stay
+    /// silent before the queue drops it (`None`: no deadline recorded).
+    pub waiters: Vec<Option<Duration>>,
+}
+
+/// Who holds a lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Holder {
+    /// A plain or fair holder (or another library writing the token as a plain string).
+    Plain {
+        /// What is left of its lease (`None`: the key has no expiry).
+        remaining: Option<Duration>,
+    },
+    /// Holds of one owner of a [reentrant](crate::LockBuilder::reentrant) lock.
+    Reentrant {
+        /// The owner id.
+        owner: String,
+        /// How many holds it has.
+        holds: u64,
+        /// What is left of its lease (`None`: no expiry).
+        remaining: Option<Duration>,
+    },
+    /// The key holds data fencelock did not write.
+    Foreign {
+        /// The Redis type found.
+        found: String,
+    },
+}
+
+/// What [`Client::break_lock`](crate::Client::break_lock) did, on each node.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Broken {
+    /// The lock name.
+    pub name: String,
+    /// Per node.
+    pub nodes: Vec<NodeBroken>,
+}
+
+/// One node's part of a [`Broken`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct NodeBroken {
+    /// The node, as `host:port`.
+    pub node: String,
+    /// What was broken there, or why not.
+    pub outcome: Result<BreakOutcome, Error>,
+}
+
+/// What was broken on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BreakOutcome {
+    /// Who held the lock, with what was left of its lease; `None` if it was free
+    /// (nothing was deleted).
+    pub broke: Option<Holder>,
+    /// The fencing counter after the break: every token handed out before is lower, so
+    /// a resource that checks tokens refuses the evicted holder's late writes once the
+    /// next holder has written.
+    pub fencing_counter: Option<u64>,
+}
+
+fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+fn counter(text: &str) -> Option<u64> {
+    text.parse().ok()
+}
+
+fn holder(kind: &str, pttl: i64, holds: u64, owner: String) -> Option<Holder> {
+    match kind {
+        "none" => None,
+        "plain" => Some(Holder::Plain {
+            remaining: remaining(pttl),
+        }),
+        "reentrant" => Some(Holder::Reentrant {
+            owner,
+            holds,
+            remaining: remaining(pttl),
+        }),
+        other => Some(Holder::Foreign {
+            found: other.to_owned(),
+        }),
+    }
+}
+
+impl From<Inspected> for LockState {
+    fn from(i: Inspected) -> Self {
+        Self {
+            holder: holder(&i.kind, i.pttl, i.holds, i.owner),
+            fencing_counter: counter(&i.counter),
+            holder_info: Some(i.info).filter(|s| !s.is_empty()),
+            waiters: i
+                .waiters
+                .into_iter()
+                .map(|ms| u64::try_from(ms).ok().map(Duration::from_millis))
+                .collect(),
+        }
+    }
+}
+
+impl From<Broke> for BreakOutcome {
+    fn from(b: Broke) -> Self {
+        Self {
+            broke: holder(&b.kind, b.pttl, 0, b.owner),
+            fencing_counter: counter(&b.counter),
+        }
+    }
+}
+
+/// Every node's answer, or the first node's error if none answered.
+fn all_failed<T>(answers: &[Result<T, Error>]) -> bool {
+    answers.iter().all(Result::is_err)
+}
+
+pub(crate) async fn inspect(
+    backend: &Backend,
+    prefix: &str,
+    name: &str,
+) -> Result<LockStatus, Error> {
+    let keys = LockKeys::new(prefix, name)?;
+    let answers = backend.inspect(&keys).await;
+    if all_failed(&answers) {
+        return Err(first_err(answers));
+    }
+    let nodes = backend
+        .nodes()
+        .iter()
+        .zip(answers)
+        .map(|(node, answer)| NodeStatus {
+            node: node.addr().to_owned(),
+            state: answer.map(LockState::from),
+        })
+        .collect();
+    Ok(LockStatus {
+        name: name.to_owned(),
+        nodes,
+    })
+}
+
+pub(crate) async fn list(
+    backend: &Backend,
+    prefix: &str,
+    pattern: &str,
+) -> Result<Vec<LockStatus>, Error> {
+    keys::validate_pattern(pattern)?;
+    let glob = keys::lock_key_glob(prefix, pattern);
+    let answers = backend.scan(&glob).await;
+    if all_failed(&answers) {
+        return Err(first_err(answers));
+    }
+    let mut names: Vec<String> = answers
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|key| keys::name_of(prefix, &key).map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut held = Vec::with_capacity(names.len());
+    for name in names {
+        let status = inspect(backend, prefix, &name).await?;
+        let is_held = status
+            .nodes
+            .iter()
+            .any(|n| n.state.as_ref().is_ok_and(|s| s.holder.is_some()));
+        if is_held {
+            held.push(status);
+        }
+    }
+    Ok(held)
+}
+
+pub(crate) async fn break_lock(
+    backend: &Backend,
+    prefix: &str,
+    name: &str,
+) -> Result<Broken, Error> {
+    let keys = LockKeys::new(prefix, name)?;
+    let answers = backend.break_lock(&keys).await;
+    if all_failed(&answers) {
+        return Err(first_err(answers));
+    }
+    let nodes = backend
+        .nodes()
+        .iter()
+        .zip(answers)
+        .map(|(node, answer)| NodeBroken {
+            node: node.addr().to_owned(),
+            outcome: answer.map(BreakOutcome::from),
+        })
+        .collect();
+    Ok(Broken {
+        name: name.to_owned(),
+        nodes,
+    })
+}
+
+fn first_err<T>(answers: Vec<Result<T, Error>>) -> Error {
+    answers
+        .into_iter()
+        .find_map(Result::err)
+        .unwrap_or_else(|| Error::invalid("nodes", "none given"))
+}

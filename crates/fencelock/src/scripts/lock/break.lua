@@ -1,0 +1,46 @@
+-- break.lua: an operator's forced release of a stuck lock, whoever holds it: delete the
+-- lock key and its holder info, burn one fencing token so that the next grant is
+-- higher than any the evicted holder carries, and wake the waiters.
+--
+-- KEYS[1]  lock key
+-- KEYS[2]  fence counter
+-- KEYS[3]  fair queue      LIST of waiting holder tokens
+-- KEYS[4]  holder info
+-- ARGV[1]  release channel
+--
+-- Reply, an array: {kind, holder, pttl, counter}
+--   kind     what was broken: "none" (it was free: nothing deleted), "plain" or
+--            "reentrant"
+--   holder   reentrant: the owner id; otherwise ""
+--   pttl     the remaining ms of the lease that was broken (-2 when free)
+--   counter  the fencing counter after the break, as text: every token handed out
+--            before is lower ("" when the lock was free and had no counter)
+-- A key that holds data fencelock did not write: wrong_type(); nothing written.
+
+local kind, holder = lock_holder(KEYS[1])
+if kind == 'foreign' then
+  return wrong_type(KEYS[1], holder)
+end
+local counter, bad = read_counter(KEYS[2])
+if bad then
+  return wrong_type(KEYS[2], bad)
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if kind == 'none' then
+  return {kind, '', pttl, counter and string.format('%d', counter) or ''}
+end
+local fence = next_fence(KEYS[2], counter, false)
+redis.call('DEL', KEYS[1], KEYS[4])
+-- Every waiter: plain and reentrant ones on the empty message, fair ones on their token
+-- (the head of the line).
+redis.call('PUBLISH', ARGV[1], '')
+if redis.call('TYPE', KEYS[3]).ok == 'list' then
+  local head = redis.call('LINDEX', KEYS[3], 0)
+  if head then
+    redis.call('PUBLISH', ARGV[1], head)
+  end
+end
+if kind == 'reentrant' then
+  return {kind, holder, pttl, string.format('%d', fence)}
+end
+return {kind, '', pttl, string.format('%d', fence)}

@@ -1,0 +1,61 @@
+-- inspect.lua: what Redis holds for one lock name, read in one consistent snapshot.
+-- Writes nothing.
+--
+-- KEYS[1]  lock key
+-- KEYS[2]  fence counter
+-- KEYS[3]  fair queue      LIST of waiting holder tokens
+-- KEYS[4]  fair waiters    ZSET holder token -> deadline (server ms)
+-- KEYS[5]  holder info
+-- ARGV[]   none
+--
+-- Reply, an array:
+--   {kind, pttl, holds, owner, counter, info, waiters}
+--   kind     "none" (free), "plain" (a holder token), "reentrant" (holds of one owner),
+--            or the Redis type of data fencelock did not write
+--   pttl     the lock key's remaining ms (-1: no expiry, -2: absent)
+--   holds    reentrant: how many holds; otherwise 0 (free) or 1
+--   owner    reentrant: the owner id; otherwise ""
+--   counter  the fencing counter as text (the last token handed out), or "" if absent
+--            or not a counter
+--   info     what the holder said about itself, or ""
+--   waiters  fair mode: {ms left before the waiter is purged, ...} in queue order
+--            (only waiters still in the deadline set; -1 for a queued token without one)
+
+local kind, holder = lock_holder(KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+local holds, owner = 0, ''
+if kind == 'plain' then
+  holds = 1
+elseif kind == 'reentrant' then
+  owner = holder
+  holds = redis.call('HLEN', KEYS[1]) - 2
+elseif kind == 'foreign' then
+  kind = holder
+end
+
+local counter, bad = read_counter(KEYS[2])
+local counter_text = ''
+if counter ~= nil and not bad then
+  counter_text = redis.call('GET', KEYS[2])
+end
+
+local info = ''
+if redis.call('TYPE', KEYS[5]).ok == 'string' then
+  info = redis.call('GET', KEYS[5])
+end
+
+local waiters = {}
+if redis.call('TYPE', KEYS[3]).ok == 'list' then
+  local now = server_ms()
+  local zset = redis.call('TYPE', KEYS[4]).ok == 'zset'
+  for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+    local deadline = zset and redis.call('ZSCORE', KEYS[4], token)
+    if deadline then
+      waiters[#waiters + 1] = math.max(0, tonumber(deadline) - now)
+    else
+      waiters[#waiters + 1] = -1
+    end
+  end
+end
+
+return {kind, pttl, holds, owner, counter_text, info, waiters}

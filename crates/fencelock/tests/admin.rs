@@ -1,0 +1,203 @@
+//! An operator's view: inspect one lock, list the held ones, break a stuck one, against
+//! real redis-server processes.
+
+use std::time::Duration;
+
+use fencelock::{Client, Error, Holder, LossCause};
+use testkit::RedisServer;
+
+mod common;
+use common::eventually;
+
+async fn client(r: &RedisServer) -> Client {
+    Client::connect(&r.url()).await.unwrap()
+}
+
+#[tokio::test]
+async fn inspect_shows_the_holder_its_lease_the_counter_the_queue_and_what_it_said() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let free = c.inspect("stock:42").await.unwrap();
+    assert_eq!(free.nodes.len(), 1);
+    let state = free.nodes[0].state.as_ref().unwrap();
+    assert_eq!(state.holder, None);
+    assert_eq!(state.fencing_counter, None);
+
+    let guard = c
+        .lock("stock:42")
+        .fair()
+        .holder_info("host=a pid=1")
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        c.lock("stock:42")
+            .fair()
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    eventually("the waiter queued", Duration::from_secs(5), || {
+        r.cmd(&["LLEN", "fencelock:{stock:42}:queue"]).as_int() == Some(1)
+    })
+    .await;
+    let status = c.inspect("stock:42").await.unwrap();
+    let state = status.nodes[0].state.as_ref().unwrap();
+    match &state.holder {
+        Some(Holder::Plain {
+            remaining: Some(left),
+        }) => assert!(*left > Duration::from_secs(25), "{left:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(state.fencing_counter, Some(guard.fencing_token().get()));
+    assert_eq!(state.holder_info.as_deref(), Some("host=a pid=1"));
+    assert_eq!(state.waiters.len(), 1);
+    assert!(state.waiters[0].is_some_and(|d| d <= Duration::from_secs(3)));
+    guard.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    let state = c.inspect("stock:42").await.unwrap().nodes[0]
+        .state
+        .as_ref()
+        .unwrap()
+        .clone();
+    assert!(state.holder.is_some() && state.holder_info.is_none());
+    next.release().await.unwrap();
+
+    // Reentrant holds are counted per owner.
+    let a = c
+        .lock("job")
+        .reentrant("job-7")
+        .try_acquire()
+        .await
+        .unwrap();
+    let b = c
+        .lock("job")
+        .reentrant("job-7")
+        .try_acquire()
+        .await
+        .unwrap();
+    let state = c
+        .inspect("job")
+        .await
+        .unwrap()
+        .nodes
+        .remove(0)
+        .state
+        .unwrap();
+    assert!(
+        matches!(&state.holder, Some(Holder::Reentrant { owner, holds: 2, .. }) if owner == "job-7"),
+        "{state:?}"
+    );
+    drop((a, b));
+}
+
+#[tokio::test]
+async fn list_finds_the_held_locks_by_pattern_with_scan() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let _a = c.lock("orders:1").try_acquire().await.unwrap();
+    let _b = c.lock("orders:2").try_acquire().await.unwrap();
+    let _other = c.lock("stock:1").try_acquire().await.unwrap();
+    let released = c.lock("orders:3").try_acquire().await.unwrap();
+    released.release().await.unwrap(); // free: its counter stays, but it is not held
+
+    let names = |list: Vec<fencelock::LockStatus>| -> Vec<String> {
+        list.into_iter().map(|s| s.name).collect()
+    };
+    assert_eq!(
+        names(c.list("orders:*").await.unwrap()),
+        ["orders:1", "orders:2"]
+    );
+    assert_eq!(
+        names(c.list("").await.unwrap()),
+        ["orders:1", "orders:2", "stock:1"]
+    );
+    let stats = r.cmd(&["INFO", "commandstats"]);
+    let stats = stats.as_str().unwrap();
+    assert!(stats.contains("cmdstat_scan:"), "{stats}");
+    assert!(
+        !stats.contains("cmdstat_keys:"),
+        "KEYS blocks the server: {stats}"
+    );
+    assert!(matches!(
+        c.list("bad{").await,
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[tokio::test]
+async fn break_frees_a_stuck_lock_wakes_its_waiter_and_fences_the_evicted_holder() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let stuck = c
+        .lock("stuck")
+        .lease(Duration::from_millis(900))
+        .try_acquire()
+        .await
+        .unwrap();
+    let old_token = stuck.fencing_token();
+    let lost = stuck.lost();
+    let waiter = tokio::spawn(c.lock("stuck").wait(Duration::from_secs(30)).acquire());
+    eventually("the waiter subscribed", Duration::from_secs(5), || {
+        c.stats().waiters == 1
+    })
+    .await;
+
+    let broken = c.break_lock("stuck").await.unwrap();
+    let outcome = broken.nodes[0].outcome.as_ref().unwrap();
+    assert!(
+        matches!(outcome.broke, Some(Holder::Plain { remaining: Some(_) })),
+        "{outcome:?}"
+    );
+    let counter = outcome.fencing_counter.unwrap();
+    assert!(counter > old_token.get());
+    // The waiter is woken at once, not when the stuck lease would have ended, and its
+    // token is above every token of the evicted holder.
+    let next = tokio::time::timeout(Duration::from_millis(500), waiter)
+        .await
+        .expect("woken by the break")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token().get() > counter);
+    // The evicted holder hears of it at its next renewal.
+    let cause = tokio::time::timeout(Duration::from_secs(2), lost)
+        .await
+        .unwrap();
+    assert_eq!(cause, LossCause::TakenByOther);
+    next.release().await.unwrap();
+
+    // A free lock: nothing is broken, no token burnt.
+    let broken = c.break_lock("stuck").await.unwrap();
+    let outcome = broken.nodes[0].outcome.as_ref().unwrap();
+    assert_eq!(outcome.broke, None);
+    // Data fencelock did not write is left alone.
+    r.cmd(&["HSET", "fencelock:{foreign}", "f", "v"]);
+    let broken = c.break_lock("foreign").await;
+    assert!(matches!(broken, Err(Error::WrongType { .. })), "{broken:?}");
+    assert!(r.exists("fencelock:{foreign}"));
+}
+
+#[tokio::test]
+async fn redlock_status_and_break_go_to_every_node() {
+    let servers = RedisServer::start_many(3);
+    let c = Client::redlock(servers.iter().map(RedisServer::url))
+        .restart_protection(None)
+        .connect()
+        .await
+        .unwrap();
+    let guard = c.lock("rl").try_acquire().await.unwrap();
+    let status = c.inspect("rl").await.unwrap();
+    assert_eq!(status.nodes.len(), 3);
+    for (node, server) in status.nodes.iter().zip(&servers) {
+        assert_eq!(node.node, server.addr());
+        assert!(node.state.as_ref().unwrap().holder.is_some());
+    }
+    let broken = c.break_lock("rl").await.unwrap();
+    assert!(
+        broken
+            .nodes
+            .iter()
+            .all(|n| n.outcome.as_ref().is_ok_and(|o| o.broke.is_some()))
+    );
+    assert!(servers.iter().all(|s| !s.exists("fencelock:{rl}")));
+    drop(guard);
+}
