@@ -688,7 +688,7 @@ async fn a_server_that_answers_with_an_error_is_rejected() {
             let Error::Rejected { code, node, .. } = &e else {
                 unreachable!()
             };
-            assert_eq!(code, "NOAUTH");
+            assert_eq!(code, "NOAUTH", "{e}");
             assert_eq!(node, &r.addr());
         }
         other => panic!("expected Rejected, got {other:?}"),

@@ -47,9 +47,7 @@ const THEIRS: &str = "ffffffffffffffffffffffffffffffff";
 
 /// acquire.lua as one node uses it: counter + 1, no identity.
 fn acquire_raw(r: &RedisServer, token: &str, ttl_ms: &str) -> Reply {
-    r.cmd(&[
-        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, token, ttl_ms, "0", "0", "",
-    ])
+    r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, token, ttl_ms, "0", "0"])
 }
 
 fn acquire(r: &RedisServer, token: &str, ttl_ms: &str) -> Vec<Reply> {
@@ -626,9 +624,7 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
 fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_counter() {
     let r = RedisServer::start();
     r.cmd(&["SET", FENCE, "5"]);
-    let reply = r.cmd(&[
-        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, MINE, "10000", "1", "1", "",
-    ]);
+    let reply = r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, MINE, "10000", "1", "1"]);
     let items = reply.as_array().unwrap();
     assert_eq!(items.len(), 4, "{reply:?}");
     assert_eq!(items[0].as_int(), Some(1));

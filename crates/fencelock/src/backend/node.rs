@@ -207,6 +207,15 @@ fn map_error(addr: &str, e: &RedisError) -> Error {
             found,
         };
     }
+    if e.detail().is_some_and(|d| d.contains("unauthenticated")) {
+        // Redis caps what an unauthenticated connection may send, and answers a longer
+        // request with a protocol error instead of NOAUTH.
+        return Error::Rejected {
+            node: addr.to_owned(),
+            code: "NOAUTH".to_owned(),
+            message: "NOAUTH authentication required".to_owned(),
+        };
+    }
     let message = || {
         let mut m = e.code().unwrap_or_default().to_owned();
         if let Some(d) = e.detail() {

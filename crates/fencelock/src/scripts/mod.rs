@@ -212,12 +212,13 @@ pub(crate) fn acquire(
     let mut inv = Lua::Acquire.invoke();
     inv.key(&keys.lock)
         .key(keys.fence())
-        .key(keys.holder_info())
         .arg(token.as_str())
         .arg(ms(ttl))
         .arg(flag(floor))
-        .arg(flag(identify))
-        .arg(info);
+        .arg(flag(identify));
+    if !info.is_empty() {
+        inv.key(keys.holder_info()).arg(info);
+    }
     inv
 }
 

@@ -3,15 +3,15 @@
 --
 -- KEYS[1]  lock key        plain string holding the holder token, with a PX expiry
 -- KEYS[2]  fence counter   plain integer string, never expires
--- KEYS[3]  holder info     plain string: what the holder says about itself, with the
---                          lock key's expiry (written only when ARGV[5] is not empty)
+-- KEYS[3]  holder info     optional: a plain string, what the holder says about
+--                          itself, with the lock key's expiry
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  "1": a new token is at least the server clock in microseconds (Redlock:
 --          tokens minted on different nodes stay comparable); "0": the counter + 1
 -- ARGV[4]  "1": also say who the server is, its run id and uptime (Redlock: two names
 --          of one server must not vote twice, and restart protection); "0": do not
--- ARGV[5]  holder info, or "" for none
+-- ARGV[5]  holder info, with KEYS[3]
 --
 -- Reply {code, value}, or with ARGV[4] "1" {code, value, run_id, uptime_s}:
 --   code 1  acquired now; value is the new fencing token
@@ -31,7 +31,7 @@ end
 local floor = ARGV[3] == '1'
 
 local function reply(code, value)
-  if code ~= 0 and ARGV[5] ~= '' then
+  if code ~= 0 and KEYS[3] then
     redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[2])
   end
   if ARGV[4] ~= '1' then
