@@ -69,6 +69,19 @@ the group (setsid, setpgid) are not signalled.";
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
+
+    /// Messages as JSON objects, one per line (on stderr for `run`; the report on
+    /// stdout for `status`, `list` and `break`).
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    /// Only errors: no status line while waiting, no notices.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub(crate) quiet: bool,
+
+    /// The library's tracing on stderr too (RUST_LOG, if set, chooses what).
+    #[arg(short, long, global = true)]
+    pub(crate) verbose: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -83,9 +96,96 @@ pub(crate) enum Command {
     #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
 
+    /// Show the lock NAME: held or free, the remaining lease, who holds it (host, pid,
+    /// command, since when, when the holder is fencelock), the fencing counter and the
+    /// fair queue; per node for Redlock.
+    Status(StatusArgs),
+
+    /// List the held locks whose names match PATTERN (a glob: *, ?, [...]; default
+    /// all), with their remaining leases, found with SCAN on every node.
+    List(ListArgs),
+
+    /// Break the lock NAME: delete its key whoever holds it, wake its waiters, and
+    /// advance its fencing counter so that a resource that checks tokens refuses the
+    /// evicted holder's late writes. Asks first on a terminal; give --yes otherwise.
+    Break(BreakArgs),
+
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions(CompletionsArgs),
+
+    /// Print the manual page (roff) to stdout: `fencelock man > fencelock.1`.
+    Man,
+
     /// The watcher of COMMAND's process group (started by `run`; not for people).
     #[command(name = "__watch", hide = true)]
     Watch(WatchArgs),
+}
+
+/// Where the locks live: the options every subcommand that talks to Redis takes.
+#[derive(Debug, Args)]
+pub(crate) struct Connection {
+    /// Redis server URL: redis://[user:password@]host[:port][/db], or
+    /// redis+unix:///path/to/socket[?db=N]. Give it an odd number of times, at least 3
+    /// (or a comma-separated list in FENCELOCK_REDIS), to lock with Redlock on
+    /// independent masters: a majority must grant the lock.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FENCELOCK_REDIS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub(crate) redis: Vec<String>,
+
+    /// Prefix of the Redis keys: the lock key is PREFIX:{NAME}.
+    #[arg(long, value_name = "PREFIX", default_value = "fencelock")]
+    pub(crate) prefix: String,
+}
+
+/// `fencelock status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub(crate) name: String,
+}
+
+/// `fencelock list`.
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+
+    /// Which lock names: a glob (*, ?, [...]); default all.
+    #[arg(value_name = "PATTERN", default_value = "*")]
+    pub(crate) pattern: String,
+}
+
+/// `fencelock break`.
+#[derive(Debug, Args)]
+pub(crate) struct BreakArgs {
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+
+    /// Break without asking (needed when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub(crate) yes: bool,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub(crate) name: String,
+}
+
+/// `fencelock completions`.
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_name = "SHELL")]
+    pub(crate) shell: clap_complete::Shell,
 }
 
 /// The watcher's arguments.
@@ -99,18 +199,8 @@ pub(crate) struct WatchArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    /// Redis server URL: redis://[user:password@]host[:port][/db]. Give it an odd number
-    /// of times, at least 3 (or a comma-separated list in FENCELOCK_REDIS), to lock with
-    /// Redlock on independent masters: a majority must grant the lock.
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "FENCELOCK_REDIS",
-        hide_env_values = true,
-        value_delimiter = ',',
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub(crate) redis: Vec<String>,
+    #[command(flatten)]
+    pub(crate) connection: Connection,
 
     /// How long the lease lasts (10ms to 24h). It is renewed every third of that while
     /// COMMAND runs, so COMMAND may take longer; a crashed fencelock blocks others for at
@@ -140,10 +230,6 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = duration::parse, allow_hyphen_values = true)]
     pub(crate) wait: Duration,
 
-    /// Prefix of the Redis keys: the lock key is PREFIX:{NAME}.
-    #[arg(long, value_name = "PREFIX", default_value = "fencelock")]
-    pub(crate) prefix: String,
-
     /// Serve waiters in arrival order (a FIFO queue in Redis). Every user of NAME must
     /// agree on this.
     #[arg(long)]
@@ -162,7 +248,7 @@ pub(crate) struct RunArgs {
 pub(crate) fn one_line(error: &clap::Error) -> String {
     if error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         // Bare `fencelock`: clap would print the whole help.
-        return "no subcommand given; usage: fencelock run [OPTIONS] NAME -- COMMAND [ARGS...]"
+        return "no subcommand given; usage: fencelock run|status|list|break ... (see 'fencelock --help')"
             .to_owned();
     }
     let rendered = error.render().to_string();
@@ -173,7 +259,7 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
         .collect();
     let message = message.join(" ");
     let message = message.strip_prefix("error: ").unwrap_or(&message);
-    format!("{message} (see 'fencelock run --help')")
+    format!("{message} (see --help)")
 }
 
 /// `--ttl`: a DURATION within the library's range.
@@ -215,7 +301,7 @@ mod tests {
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv).map(|cli| match cli.command {
             Command::Run(args) => args,
-            Command::Watch(_) => unreachable!("parsed `run`"),
+            other => unreachable!("parsed `run`, got {other:?}"),
         })
     }
 
@@ -226,7 +312,7 @@ mod tests {
         assert_eq!(args.max_hold, None);
         assert_eq!(args.kill_grace, Duration::from_secs(10));
         assert_eq!(args.wait, Duration::ZERO);
-        assert_eq!(args.prefix, "fencelock");
+        assert_eq!(args.connection.prefix, "fencelock");
         assert_eq!(args.name, "job");
         assert_eq!(args.command, [OsString::from("true")]);
     }

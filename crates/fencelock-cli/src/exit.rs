@@ -49,7 +49,7 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Usage(message) | Self::System(message) => f.write_str(message),
-            Self::Lock(error) => error.fmt(f),
+            Self::Lock(error) => lock_message(error, f),
             Self::Spawn { program, error } => match error.kind() {
                 io::ErrorKind::NotFound => write!(f, "{program:?}: command not found"),
                 io::ErrorKind::PermissionDenied => {
@@ -71,6 +71,53 @@ impl fmt::Display for Failure {
                 "the lease on lock {name:?} was lost ({reason}) by the time COMMAND exited \
                  (with status {status}); its work may have overlapped another holder's"
             ),
+        }
+    }
+}
+
+/// A library error as the CLI says it: the library's message, with the CLI's own advice
+/// where it has some, and the driver's reason when the library kept it as the source.
+fn lock_message(error: &Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match error {
+        Error::Held {
+            name,
+            blocked_by,
+            waited,
+            nodes,
+        } if nodes.is_empty() => {
+            if waited.is_zero() {
+                write!(
+                    f,
+                    "lock {name:?} is not free: {blocked_by}; wait for it with --wait"
+                )
+            } else {
+                write!(
+                    f,
+                    "gave up on lock {name:?} after waiting {}: {blocked_by}; wait longer with --wait",
+                    fencelock::HumanDuration(*waited)
+                )
+            }
+        }
+        Error::NoQuorum { nodes, .. } => {
+            fmt::Display::fmt(error, f)?;
+            if nodes
+                .iter()
+                .any(|n| matches!(n.outcome, fencelock::NodeOutcome::Quarantined { .. }))
+            {
+                f.write_str(
+                    " (restart protection: --wait waits it out, --restart-protection 0 turns it off)",
+                )?;
+            }
+            Ok(())
+        }
+        _ => {
+            fmt::Display::fmt(error, f)?;
+            let mut source = std::error::Error::source(error);
+            while let Some(e) = source {
+                write!(f, ": {e}")?;
+                source = e.source();
+            }
+            Ok(())
         }
     }
 }
@@ -98,16 +145,95 @@ pub(crate) fn exit_code(failure: &Failure) -> u8 {
 
 /// Reports `failure` on stderr and picks the exit status.
 pub(crate) fn fail(failure: &Failure) -> ExitCode {
-    say(format_args!("{failure}"));
-    ExitCode::from(exit_code(failure))
+    let code = exit_code(failure);
+    if json() {
+        use std::io::Write;
+        let text = failure.to_string().replace(['\n', '\r'], " ");
+        let line = serde_json::json!({ "level": "error", "message": text, "exit": code });
+        let _ = writeln!(io::stderr().lock(), "{line}");
+    } else {
+        say(format_args!("{failure}"));
+    }
+    ExitCode::from(code)
 }
 
-/// Writes `fencelock: <message>` as one line on stderr. A stderr that cannot be written
-/// (a closed pipe) is ignored: unlike `eprintln!`, this never panics, so fencelock goes
-/// on to stop COMMAND or release the lock.
+/// How messages are written: for people (one line `fencelock: <message>`), or as JSON
+/// objects, one per line. Set once, by `main`.
+static JSON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+/// Whether notices (not errors or warnings) are silenced (`-q`).
+static QUIET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Chooses how messages are written, for the whole process.
+pub(crate) fn set_output(json: bool, quiet: bool) {
+    let _ = JSON.set(json);
+    let _ = QUIET.set(quiet);
+}
+
+/// Whether messages are JSON.
+pub(crate) fn json() -> bool {
+    JSON.get().copied().unwrap_or(false)
+}
+
+/// Whether notices are silenced (`-q`).
+pub(crate) fn quiet() -> bool {
+    QUIET.get().copied().unwrap_or(false)
+}
+
+/// How important a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Level {
+    /// fencelock stops, or COMMAND is stopped.
+    Error,
+    /// Something went wrong that does not change the exit status.
+    Warning,
+    /// What a person at a terminal likes to know (the lock is taken, Redis is slow);
+    /// shown on a terminal unless `-q`, always in JSON.
+    Notice,
+}
+
+/// Writes `message` on stderr, as one line: `fencelock: <message>` (warnings prefixed
+/// `warning: `), or `{"level": ..., "message": ...}` with `--json`. A notice is written
+/// for people only when stderr is a terminal and `-q` was not given. A stderr that
+/// cannot be written (a closed pipe) is ignored: unlike `eprintln!`, this never panics,
+/// so fencelock goes on to stop COMMAND or release the lock.
+pub(crate) fn tell(level: Level, message: fmt::Arguments<'_>) {
+    use std::io::{IsTerminal, Write};
+    // One line, whatever the message holds (a driver error may span several).
+    let text = message.to_string().replace(['\n', '\r'], " ");
+    let mut err = io::stderr().lock();
+    if json() {
+        let level = match level {
+            Level::Error => "error",
+            Level::Warning => "warning",
+            Level::Notice => "notice",
+        };
+        let line = serde_json::json!({ "level": level, "message": text });
+        let _ = writeln!(err, "{line}");
+        return;
+    }
+    match level {
+        Level::Error => {
+            let _ = writeln!(err, "fencelock: {text}");
+        }
+        Level::Warning => {
+            let _ = writeln!(err, "fencelock: warning: {text}");
+        }
+        Level::Notice => {
+            if !quiet() && io::stderr().is_terminal() {
+                let _ = writeln!(err, "fencelock: {text}");
+            }
+        }
+    }
+}
+
+/// An error line (see [`tell`]).
 pub(crate) fn say(message: fmt::Arguments<'_>) {
-    use std::io::Write;
-    let _ = writeln!(io::stderr().lock(), "fencelock: {message}");
+    tell(Level::Error, message);
+}
+
+/// A warning line (see [`tell`]).
+pub(crate) fn warn(message: fmt::Arguments<'_>) {
+    tell(Level::Warning, message);
 }
 
 /// The shell's convention: the exit code, or 128+N for death by signal N.

@@ -39,16 +39,21 @@
 mod args;
 mod duration;
 mod exit;
+mod ops;
+mod status_line;
 mod supervise;
 mod watcher;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use fencelock::{Client, Error, LockGuard, LossCause};
 
 use args::{Cli, Command, RunArgs, one_line};
-use exit::{EX_LEASE_LOST, Failure, fail, say};
+use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
+use status_line::StatusLine;
 use supervise::{Ended, Signals, run_command};
 
 fn main() -> ExitCode {
@@ -61,31 +66,69 @@ fn main() -> ExitCode {
         }
         Err(e) => return fail(&Failure::Usage(one_line(&e))),
     };
-    let args = match cli.command {
-        Command::Run(args) => args,
+    exit::set_output(cli.json, cli.quiet);
+    if cli.verbose {
+        trace_to_stderr();
+    }
+    let outcome = match cli.command {
         Command::Watch(w) => {
-            return watcher::watch(w.deadline_ns, std::time::Duration::from_millis(w.grace_ms));
+            return watcher::watch(w.deadline_ns, Duration::from_millis(w.grace_ms));
         }
+        Command::Completions(c) => {
+            let mut command = Cli::command();
+            clap_complete::generate(c.shell, &mut command, "fencelock", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            let page = clap_mangen::Man::new(Cli::command());
+            return match page.render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&Failure::System(format!("cannot write the man page: {e}"))),
+            };
+        }
+        Command::Run(args) => block_on(run_locked(args)),
+        Command::Status(args) => block_on(async move { ops::status(&args).await }),
+        Command::List(args) => block_on(async move { ops::list(&args).await }),
+        Command::Break(args) => block_on(async move { ops::break_lock(&args).await }),
     };
-    match run(args) {
+    match outcome {
         Ok(status) => ExitCode::from(status),
         Err(failure) => fail(&failure),
     }
 }
 
-/// Runs `fencelock run` to the end; `Ok` carries the exit status.
-fn run(args: RunArgs) -> Result<u8, Failure> {
+/// `-v`: the library's tracing (debug and up, or what RUST_LOG says) on stderr.
+fn trace_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("fencelock=debug"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Runs `future` to the end on a current-thread runtime.
+fn block_on(future: impl Future<Output = Result<u8, Failure>>) -> Result<u8, Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::System(format!("cannot start the async runtime: {e}")))?;
-    runtime.block_on(run_locked(args))
+    runtime.block_on(future)
 }
 
 async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
     // Installed first: from here on no signal ends fencelock while it may hold the lock.
     let mut signals = Signals::install()?;
     let held = acquire(&args, &mut signals).await?;
+    tell(
+        Level::Notice,
+        format_args!(
+            "holding lock {:?} (fencing token {})",
+            held.guard.name(),
+            held.guard.fencing_token()
+        ),
+    );
     match run_command(&args, &held, &mut signals).await {
         Ok(Ended::Stopped) => {
             // Owner-checked: deletes the key only if it is still ours (at the maximum
@@ -126,15 +169,16 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
-    let builder = Client::redlock(args.redis.iter().map(String::as_str))
-        .prefix(args.prefix.as_str())
+    let connection = &args.connection;
+    let builder = Client::redlock(connection.redis.iter().map(String::as_str))
+        .prefix(connection.prefix.as_str())
         .restart_protection(protection);
     // One node: lazily, so that a node down now (a restart, a failover) is retried for
     // the whole --wait by the acquire, which then says it was unreachable. Redlock
     // connects tolerate a minority down anyway, and ask every node who it is, to refuse
     // one server named twice.
     let connecting = async {
-        match args.redis.len() {
+        match connection.redis.len() {
             1 => builder.connect_lazy().await,
             _ => builder.connect().await,
         }
@@ -146,7 +190,8 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     let mut lock = client
         .lock(args.name.as_str())
         .lease(args.ttl)
-        .wait(args.wait);
+        .wait(args.wait)
+        .holder_info(ops::holder_info(&args.command));
     if let Some(max_hold) = args.max_hold {
         lock = lock.max_hold(max_hold);
     }
@@ -154,13 +199,21 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
         lock = lock.fair();
     }
     let acquiring = lock.acquire();
-    let signal = tokio::select! {
-        result = acquiring => {
-            let guard = result.map_err(Failure::Lock)?;
-            return Ok(Held { guard });
+    tokio::pin!(acquiring);
+    // On a terminal, a line that says what the wait is waiting for.
+    let mut status_line = StatusLine::new(&client, &args.name, args.wait);
+    let signal = loop {
+        tokio::select! {
+            result = &mut acquiring => {
+                status_line.clear();
+                let guard = result.map_err(Failure::Lock)?;
+                return Ok(Held { guard });
+            }
+            signal = signals.recv() => break signal,
+            () = status_line.tick() => {}
         }
-        signal = signals.recv() => signal,
     };
+    status_line.clear();
     // Dropping `acquiring` made the library withdraw, in the background, whatever its
     // last attempt may have written; let that finish before the runtime goes away.
     client.flush().await;
@@ -193,9 +246,9 @@ async fn release_after(
     match (released, known_loss) {
         (Ok(()), _) => Ok(status),
         (Err(Error::LeaseLost { cause, .. }), None) if too_late => {
-            say(format_args!(
-                "warning: COMMAND ended within its lease on lock {name:?}, but the release came \
-                 after the lease ran out ({cause}); nothing was released"
+            warn(format_args!(
+                "COMMAND ended within its lease on lock {name:?}, but the release came after \
+                 the lease ran out ({cause}); nothing was released"
             ));
             Ok(status)
         }
@@ -217,13 +270,13 @@ async fn release(guard: LockGuard) {
     let name = guard.name().to_owned();
     match guard.release().await {
         Ok(()) => {}
-        Err(e @ Error::LeaseLost { .. }) => say(format_args!("warning: {e}")),
+        Err(e @ Error::LeaseLost { .. }) => warn(format_args!("{e}")),
         Err(e) => warn_unreleased(&name, &e),
     }
 }
 
 fn warn_unreleased(name: &str, error: &Error) {
-    say(format_args!(
-        "warning: could not release lock {name:?}; it stays held until its TTL runs out: {error}"
+    warn(format_args!(
+        "could not release lock {name:?}; it stays held until its lease runs out: {error}"
     ));
 }

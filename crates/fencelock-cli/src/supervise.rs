@@ -25,8 +25,9 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::Held;
 use crate::args::RunArgs;
-use crate::exit::{Failure, say, status_code};
+use crate::exit::{Failure, Level, say, status_code, tell};
 use crate::watcher::{self, monotonic_ns};
+use fencelock::HumanDuration;
 
 /// How COMMAND ended.
 pub(crate) enum Ended {
@@ -70,6 +71,8 @@ pub(crate) async fn run_command(
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut told = guard.valid_until();
+    let mut renewed_at = Instant::now();
+    let mut silent = false;
     let mut tick = tokio::time::interval(tick_for(args));
     let cause = loop {
         tokio::select! {
@@ -124,7 +127,22 @@ pub(crate) async fn run_command(
                 let valid_until = guard.valid_until();
                 if valid_until != told {
                     told = valid_until;
+                    renewed_at = Instant::now();
                     watcher.tell(valid_until);
+                    if std::mem::take(&mut silent) {
+                        tell(Level::Notice, format_args!("Redis answers again; the lease is renewed"));
+                    }
+                } else if !silent && renewed_at.elapsed() > args.ttl / 2 {
+                    // A renewal is due every third of the lease: a half without one
+                    // means Redis is not answering.
+                    silent = true;
+                    tell(
+                        Level::Notice,
+                        format_args!(
+                            "Redis not answering; the lease ends in {} unless a renewal gets through",
+                            HumanDuration(guard.remaining())
+                        ),
+                    );
                 }
             }
         }
@@ -323,8 +341,11 @@ impl Watcher {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?;
         let mut command = Command::new(exe);
+        command.arg("__watch");
+        if crate::exit::json() {
+            command.arg("--json");
+        }
         command
-            .arg("__watch")
             .arg(deadline_ns(valid_until).to_string())
             .arg(grace.as_millis().to_string())
             .stdin(Stdio::piped())

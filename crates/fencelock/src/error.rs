@@ -57,7 +57,8 @@ pub enum Error {
     /// permissions (`NOPERM`), a read-only replica (`READONLY`), out of memory (`OOM`),
     /// and the like. Retrying will not help until the server or the configuration changes.
     #[error(
-        "Redis node {node} refused the command ({message}): check the credentials, the ACL permissions, and that the node is a writable master"
+        "Redis node {node} refused the command ({message}){}",
+        rejected_advice(code)
     )]
     Rejected {
         /// The node, as `host:port`.
@@ -146,6 +147,21 @@ impl std::error::Error for DriverError {
     }
 }
 
+/// What to do about a refusal, by the server's error code.
+fn rejected_advice(code: &str) -> &'static str {
+    match code {
+        "NOAUTH" | "WRONGPASS" => ": check the user name and password (redis://user:password@host)",
+        "NOPERM" => {
+            ": the Redis user lacks a permission fencelock needs (see the README's ACL section)"
+        }
+        "READONLY" => ": it is a read-only replica; point fencelock at the master",
+        "OOM" => ": it is out of memory (maxmemory); free memory or raise the limit",
+        "MASTERDOWN" => ": its master is down; wait for a failover",
+        "LOADING" => ": it is loading its data; try again shortly",
+        _ => "",
+    }
+}
+
 fn held_message(name: &str, blocked_by: Blocker, waited: Duration, nodes: &[NodeReport]) -> String {
     let nodes = if nodes.is_empty() {
         String::new()
@@ -159,7 +175,7 @@ fn held_message(name: &str, blocked_by: Blocker, waited: Duration, nodes: &[Node
     } else {
         format!(
             "gave up on lock {name:?} after waiting {}: {blocked_by}{nodes}; wait longer or defer the work",
-            Human(waited)
+            HumanDuration(waited)
         )
     }
 }
@@ -185,9 +201,9 @@ impl Error {
             what,
             format!(
                 "{} is out of range; give between {} and {}",
-                Human(value),
-                Human(min),
-                Human(max)
+                HumanDuration(value),
+                HumanDuration(min),
+                HumanDuration(max)
             ),
         ))
     }
@@ -240,7 +256,11 @@ impl fmt::Display for Blocker {
             Self::Lease(d) if d.is_zero() => {
                 f.write_str("another owner holds it; its lease is ending now")
             }
-            Self::Lease(d) => write!(f, "another owner holds it for about {} more", Human(*d)),
+            Self::Lease(d) => write!(
+                f,
+                "another owner holds it for about {} more",
+                HumanDuration(*d)
+            ),
             Self::NoExpiry => {
                 f.write_str("another owner's key has no expiry, so it will not free itself")
             }
@@ -341,7 +361,11 @@ impl fmt::Display for NodeOutcome {
                     f.write_str("held by another owner, its lease ending now")
                 }
                 Blocker::Lease(d) => {
-                    write!(f, "held by another owner for about {} more", Human(*d))
+                    write!(
+                        f,
+                        "held by another owner for about {} more",
+                        HumanDuration(*d)
+                    )
                 }
                 Blocker::NoExpiry => f.write_str("held by another owner, with no expiry"),
                 Blocker::Queue => f.write_str("free, but other waiters are first in line"),
@@ -350,8 +374,8 @@ impl fmt::Display for NodeOutcome {
             Self::Quarantined { remaining } => {
                 write!(
                     f,
-                    "quarantined after a restart for {} more",
-                    Human(*remaining)
+                    "restarted recently: restart protection keeps its vote out for {} more",
+                    HumanDuration(*remaining)
                 )
             }
             Self::Refused(message) => write!(f, "refused: {message}"),
@@ -373,10 +397,17 @@ impl fmt::Display for NodeList<'_> {
     }
 }
 
-/// A duration for people: `502ms`, `29.7s`, `4m10s`, `2h5m`.
-pub(crate) struct Human(pub Duration);
+/// A duration written for people, as fencelock's messages write them: `502ms`, `29.7s`,
+/// `4m10s`, `2h5m` (never Rust's debug form).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(fencelock::HumanDuration(Duration::from_millis(29_700)).to_string(), "29.7s");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
 
-impl fmt::Display for Human {
+impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
         let s = self.0.as_secs();
@@ -422,7 +453,7 @@ mod tests {
             (7_500_000, "2h5m"),
         ];
         for (ms, text) in cases {
-            assert_eq!(Human(Duration::from_millis(ms)).to_string(), text);
+            assert_eq!(HumanDuration(Duration::from_millis(ms)).to_string(), text);
         }
     }
 

@@ -100,7 +100,8 @@ pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use error::{
-    Blocker, DriverError, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason,
+    Blocker, DriverError, Error, HumanDuration, LossCause, NodeOutcome, NodeReport,
+    UnavailableReason,
 };
 pub use lock::{Acquisition, LockBuilder, LockGuard};
 pub use scripts::lua_scripts;

@@ -8,7 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
 
 use super::subscriber::Subscriber;
-use crate::error::{DriverError, Error, Human, UnavailableReason};
+use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
 use crate::scripts::replies;
 
 /// Timeouts for one node's connection.
@@ -193,7 +193,7 @@ fn timed_out(addr: &str, after: Duration) -> Error {
     Error::Unavailable {
         node: addr.to_owned(),
         reason: UnavailableReason::TimedOut,
-        detail: format!("no answer within {}", Human(after)),
+        detail: format!("no answer within {}", HumanDuration(after)),
         source: None,
     }
 }

@@ -1,0 +1,350 @@
+//! The operators' subcommands: `status`, `list` and `break`, for people and as JSON
+//! (the schema is in the README, section "JSON output").
+
+use std::io::{self, BufRead, IsTerminal, Write};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fencelock::{BreakOutcome, Client, Error, Holder, LockState, LockStatus};
+use serde_json::{Value, json};
+
+use crate::args::{BreakArgs, Connection, ListArgs, StatusArgs};
+use crate::exit::{Failure, json as json_output, warn};
+use fencelock::HumanDuration as Human;
+
+/// What `run` says about itself in the lock's holder info (a JSON object).
+pub(crate) fn holder_info(command: &[std::ffi::OsString]) -> String {
+    let command: Vec<String> = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let since_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    json!({
+        "host": hostname(),
+        "pid": std::process::id(),
+        "command": command.join(" "),
+        "since_ms": since_ms,
+    })
+    .to_string()
+}
+
+/// This machine's host name.
+#[allow(unsafe_code)]
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    if ok {
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::from("unknown")
+    }
+}
+
+/// A client for `connection`, made lazily (nothing is sent until the first command).
+pub(crate) async fn client(connection: &Connection) -> Result<Client, Failure> {
+    Client::redlock(connection.redis.iter().map(String::as_str))
+        .prefix(connection.prefix.as_str())
+        .restart_protection(None)
+        .connect_lazy()
+        .await
+        .map_err(Failure::Lock)
+}
+
+/// `fencelock status NAME`.
+pub(crate) async fn status(args: &StatusArgs) -> Result<u8, Failure> {
+    fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
+    let client = client(&args.connection).await?;
+    let status = client.inspect(&args.name).await.map_err(Failure::Lock)?;
+    if json_output() {
+        println!("{}", status_json(&status));
+    } else {
+        print!("{}", status_text(&status));
+    }
+    Ok(0)
+}
+
+/// `fencelock list [PATTERN]`.
+pub(crate) async fn list(args: &ListArgs) -> Result<u8, Failure> {
+    let client = client(&args.connection).await?;
+    let pattern = if args.pattern == "*" {
+        ""
+    } else {
+        &args.pattern
+    };
+    let locks = client.list(pattern).await.map_err(Failure::Lock)?;
+    if json_output() {
+        let locks: Vec<Value> = locks.iter().map(status_json).collect();
+        println!("{}", json!({ "locks": locks }));
+        return Ok(0);
+    }
+    if locks.is_empty() {
+        println!(
+            "no lock held{}",
+            if pattern.is_empty() {
+                ""
+            } else {
+                " matching it"
+            }
+        );
+        return Ok(0);
+    }
+    let width = locks.iter().map(|l| l.name.len()).max().unwrap_or(4).max(4);
+    println!("{:width$}  {:>10}  HOLDER", "NAME", "LEASE LEFT");
+    for lock in &locks {
+        let (left, who) = summary(lock);
+        println!("{:width$}  {left:>10}  {who}", lock.name);
+    }
+    Ok(0)
+}
+
+/// `fencelock break NAME`.
+pub(crate) async fn break_lock(args: &BreakArgs) -> Result<u8, Failure> {
+    fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
+    let client = client(&args.connection).await?;
+    if !args.yes {
+        if !io::stdin().is_terminal() {
+            return Err(Failure::Usage(format!(
+                "breaking lock {:?} needs --yes when stdin is not a terminal",
+                args.name
+            )));
+        }
+        let status = client.inspect(&args.name).await.map_err(Failure::Lock)?;
+        let (left, who) = summary(&status);
+        if who == "free" {
+            println!("lock {:?} is free: nothing to break", args.name);
+            return Ok(0);
+        }
+        eprint!(
+            "break lock {:?}, held by {who} ({left} of its lease left)? [y/N] ",
+            args.name
+        );
+        let _ = io::stderr().flush();
+        let mut answer = String::new();
+        let _ = io::stdin().lock().read_line(&mut answer);
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            println!("not broken");
+            return Ok(1);
+        }
+    }
+    let broken = client.break_lock(&args.name).await.map_err(Failure::Lock)?;
+    if json_output() {
+        let nodes: Vec<Value> = broken
+            .nodes
+            .iter()
+            .map(|n| match &n.outcome {
+                Ok(o) => json!({
+                    "node": n.node,
+                    "broke": o.broke.as_ref().map(holder_json),
+                    "fencing_counter": o.fencing_counter,
+                }),
+                Err(e) => json!({ "node": n.node, "error": one_line(e) }),
+            })
+            .collect();
+        println!("{}", json!({ "name": broken.name, "nodes": nodes }));
+        return Ok(0);
+    }
+    for node in &broken.nodes {
+        let prefix = if broken.nodes.len() > 1 {
+            format!("{}: ", node.node)
+        } else {
+            String::new()
+        };
+        match &node.outcome {
+            Ok(BreakOutcome {
+                broke: Some(holder),
+                fencing_counter,
+                ..
+            }) => println!(
+                "{prefix}broke lock {:?} ({}); fencing counter now {}: a write with a lower token is stale",
+                broken.name,
+                holder_text(holder),
+                fencing_counter.map_or_else(|| "unknown".to_owned(), |c| c.to_string()),
+            ),
+            Ok(_) => println!("{prefix}lock {:?} was free: nothing broken", broken.name),
+            Err(e) => warn(format_args!("{prefix}{}", one_line(e))),
+        }
+    }
+    Ok(0)
+}
+
+/// An error's message on one line, with its driver source if any.
+fn one_line(e: &Error) -> String {
+    e.to_string().replace('\n', " ")
+}
+
+/// The remaining lease and the holder of a lock, in a few words, from the first node
+/// that answered.
+fn summary(status: &LockStatus) -> (String, String) {
+    let states: Vec<&LockState> = status
+        .nodes
+        .iter()
+        .filter_map(|n| n.state.as_ref().ok())
+        .collect();
+    let held = states
+        .iter()
+        .find_map(|s| s.holder.as_ref().map(|h| (*s, h)));
+    match held {
+        None => ("-".to_owned(), "free".to_owned()),
+        Some((state, holder)) => {
+            let left =
+                remaining(holder).map_or_else(|| "no expiry".to_owned(), |d| Human(d).to_string());
+            let who = state
+                .holder_info
+                .as_deref()
+                .map_or_else(|| holder_text(holder), info_text);
+            (left, who)
+        }
+    }
+}
+
+fn remaining(holder: &Holder) -> Option<Duration> {
+    match holder {
+        Holder::Plain { remaining } | Holder::Reentrant { remaining, .. } => *remaining,
+        _ => None,
+    }
+}
+
+/// A holder in words: what kind, and what is left of its lease.
+fn holder_text(holder: &Holder) -> String {
+    match holder {
+        Holder::Plain { remaining } => format!("held, {}", lease_text(*remaining)),
+        Holder::Reentrant {
+            owner,
+            holds,
+            remaining,
+        } => format!(
+            "held by owner {owner:?} ({holds} hold{}), {}",
+            if *holds == 1 { "" } else { "s" },
+            lease_text(*remaining)
+        ),
+        Holder::Foreign { found } => format!("a Redis {found} fencelock did not write"),
+        _ => "held".to_owned(),
+    }
+}
+
+fn lease_text(remaining: Option<Duration>) -> String {
+    match remaining {
+        Some(d) => format!("lease {} left", Human(d)),
+        None => "no expiry".to_owned(),
+    }
+}
+
+/// What `run` said about itself, in words: `sleep 100 (pid 42 on host-a), for 2m10s`.
+fn info_text(info: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(info) else {
+        return info.to_owned();
+    };
+    let mut text = v["command"].as_str().unwrap_or("?").to_owned();
+    if let (Some(pid), Some(host)) = (v["pid"].as_u64(), v["host"].as_str()) {
+        text.push_str(&format!(" (pid {pid} on {host})"));
+    }
+    if let Some(since) = v["since_ms"].as_u64() {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        text.push_str(&format!(
+            ", for {}",
+            Human(Duration::from_millis(now.saturating_sub(since)))
+        ));
+    }
+    text
+}
+
+/// `status` for people.
+fn status_text(status: &LockStatus) -> String {
+    let mut out = String::new();
+    let redlock = status.nodes.len() > 1;
+    let (_, who) = summary(status);
+    out.push_str(&format!(
+        "lock {:?}: {}\n",
+        status.name,
+        if who == "free" { "free" } else { "held" }
+    ));
+    for node in &status.nodes {
+        let indent = if redlock {
+            out.push_str(&format!("  {}:\n", node.node));
+            "    "
+        } else {
+            "  "
+        };
+        match &node.state {
+            Err(e) => out.push_str(&format!("{indent}unreachable: {}\n", one_line(e))),
+            Ok(state) => {
+                match &state.holder {
+                    None => out.push_str(&format!("{indent}holder: none\n")),
+                    Some(holder) => {
+                        out.push_str(&format!("{indent}holder: {}\n", holder_text(holder)));
+                        if let Some(info) = &state.holder_info {
+                            out.push_str(&format!("{indent}held by: {}\n", info_text(info)));
+                        }
+                    }
+                }
+                out.push_str(&format!(
+                    "{indent}fencing counter: {}\n",
+                    state
+                        .fencing_counter
+                        .map_or_else(|| "none yet".to_owned(), |c| c.to_string())
+                ));
+                if !state.waiters.is_empty() {
+                    out.push_str(&format!(
+                        "{indent}fair queue: {} waiting\n",
+                        state.waiters.len()
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn holder_json(holder: &Holder) -> Value {
+    match holder {
+        Holder::Plain { remaining } => json!({
+            "kind": "plain",
+            "remaining_ms": remaining.map(|d| d.as_millis() as u64),
+        }),
+        Holder::Reentrant {
+            owner,
+            holds,
+            remaining,
+        } => json!({
+            "kind": "reentrant",
+            "owner": owner,
+            "holds": holds,
+            "remaining_ms": remaining.map(|d| d.as_millis() as u64),
+        }),
+        Holder::Foreign { found } => json!({ "kind": "foreign", "found": found }),
+        _ => json!({ "kind": "unknown" }),
+    }
+}
+
+/// `status` (and each entry of `list`) as JSON.
+pub(crate) fn status_json(status: &LockStatus) -> Value {
+    let nodes: Vec<Value> = status
+        .nodes
+        .iter()
+        .map(|n| match &n.state {
+            Err(e) => json!({ "node": n.node, "error": one_line(e) }),
+            Ok(state) => json!({
+                "node": n.node,
+                "held": state.holder.is_some(),
+                "holder": state.holder.as_ref().map(holder_json),
+                "holder_info": state.holder_info.as_deref().map(|i| {
+                    serde_json::from_str::<Value>(i).unwrap_or_else(|_| Value::String(i.to_owned()))
+                }),
+                "fencing_counter": state.fencing_counter,
+                "waiters": state.waiters.iter().map(|w| json!({
+                    "purged_in_ms": w.map(|d| d.as_millis() as u64),
+                })).collect::<Vec<_>>(),
+            }),
+        })
+        .collect();
+    let held = status
+        .nodes
+        .iter()
+        .any(|n| n.state.as_ref().is_ok_and(|s| s.holder.is_some()));
+    json!({ "name": status.name, "held": held, "nodes": nodes })
+}
