@@ -111,13 +111,18 @@ fn lock_message(error: &Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             Ok(())
         }
         _ => {
-            fmt::Display::fmt(error, f)?;
+            // The driver's reason, from the source chain, each part once.
+            let mut text = error.to_string();
             let mut source = std::error::Error::source(error);
             while let Some(e) = source {
-                write!(f, ": {e}")?;
+                let part = e.to_string();
+                if !text.contains(&part) {
+                    text.push_str(": ");
+                    text.push_str(&part);
+                }
                 source = e.source();
             }
-            Ok(())
+            f.write_str(&text)
         }
     }
 }

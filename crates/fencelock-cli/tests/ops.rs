@@ -1,0 +1,225 @@
+//! The operators' subcommands (`status`, `list`, `break`), `--json` and its schema,
+//! `completions` and `man`, end to end: the real binary against real redis-servers.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+
+/// Runs `fencelock args` to the end, with `FENCELOCK_REDIS` pointing at `redis`.
+fn fencelock(redis: &RedisServer, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("FENCELOCK_REDIS", redis.url())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run fencelock")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A `fencelock run NAME -- sleep 60` in the background, once it holds the lock.
+struct Holder(Child);
+
+impl Holder {
+    fn start(redis: &RedisServer, extra: &[&str], name: &str) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run")
+            .args(extra)
+            .arg(name)
+            .args(["--", "sleep", "60"])
+            .env("FENCELOCK_REDIS", redis.url())
+            .stdin(Stdio::null())
+            .stderr(Stdio::null());
+        let holder = Self(cmd.spawn().expect("spawn fencelock"));
+        let key = format!("fencelock:{{{name}}}");
+        testkit::eventually("the lock is taken", Duration::from_secs(10), || {
+            redis.exists(&key)
+        });
+        holder
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn parse(out: &Output) -> Value {
+    serde_json::from_str(stdout(out).trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(out)))
+}
+
+#[test]
+fn status_says_who_holds_a_lock_for_people_and_as_json() {
+    let redis = RedisServer::start();
+    let free = fencelock(&redis, &["status", "job"]);
+    assert_eq!(free.status.code(), Some(0), "{free:?}");
+    assert!(stdout(&free).contains("lock \"job\": free"), "{free:?}");
+
+    let holder = Holder::start(&redis, &[], "job");
+    let out = fencelock(&redis, &["status", "job"]);
+    let text = stdout(&out);
+    assert!(text.contains("lock \"job\": held"), "{text}");
+    assert!(text.contains("sleep 60"), "who: {text}");
+    assert!(text.contains(&format!("pid {}", holder.0.id())), "{text}");
+    assert!(text.contains("fencing counter"), "{text}");
+
+    // The JSON schema, as the README documents it.
+    let v = parse(&fencelock(&redis, &["--json", "status", "job"]));
+    assert_eq!(v["name"], "job");
+    assert_eq!(v["held"], true);
+    let node = &v["nodes"][0];
+    assert_eq!(node["node"], redis.addr());
+    assert_eq!(node["held"], true);
+    assert_eq!(node["holder"]["kind"], "plain");
+    assert!(node["holder"]["remaining_ms"].as_u64().unwrap() > 25_000);
+    assert_eq!(node["holder_info"]["command"], "sleep 60");
+    assert_eq!(node["holder_info"]["pid"], holder.0.id());
+    assert!(node["holder_info"]["host"].is_string());
+    assert!(node["holder_info"]["since_ms"].is_u64());
+    assert!(node["fencing_counter"].is_u64());
+    assert_eq!(node["waiters"], Value::Array(Vec::new()));
+}
+
+#[test]
+fn list_shows_the_held_locks_matching_a_pattern() {
+    let redis = RedisServer::start();
+    let _a = Holder::start(&redis, &[], "orders:1");
+    let _b = Holder::start(&redis, &[], "stock:1");
+    let out = fencelock(&redis, &["list", "orders:*"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("orders:1") && !text.contains("stock:1"),
+        "{text}"
+    );
+    assert!(
+        text.lines().next().unwrap().contains("LEASE LEFT"),
+        "{text}"
+    );
+    let all = parse(&fencelock(&redis, &["--json", "list"]));
+    let names: Vec<&str> = all["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["orders:1", "stock:1"]);
+    let none = fencelock(&redis, &["list", "nothing:*"]);
+    assert!(stdout(&none).contains("no lock held"), "{none:?}");
+}
+
+#[test]
+fn break_needs_yes_off_a_terminal_then_frees_the_lock_and_the_holder_is_stopped() {
+    let redis = RedisServer::start();
+    let mut holder = Holder::start(&redis, &["--ttl", "900ms"], "stuck");
+    let refused = fencelock(&redis, &["break", "stuck"]);
+    assert_eq!(refused.status.code(), Some(64), "{refused:?}");
+    assert!(stderr(&refused).contains("--yes"), "{refused:?}");
+    assert!(
+        redis.exists("fencelock:{stuck}"),
+        "nothing broken without --yes"
+    );
+
+    let out = fencelock(&redis, &["--json", "break", "--yes", "stuck"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v = parse(&out);
+    assert_eq!(v["nodes"][0]["broke"]["kind"], "plain");
+    let counter = v["nodes"][0]["fencing_counter"].as_u64().unwrap();
+    assert!(!redis.exists("fencelock:{stuck}"));
+    assert_eq!(
+        redis.get("fencelock:{stuck}:fence"),
+        Some(counter.to_string())
+    );
+    // The evicted holder hears of it at its next renewal and stops its COMMAND: 76.
+    let status = holder.0.wait().unwrap();
+    assert_eq!(status.code(), Some(76));
+
+    let again = fencelock(&redis, &["break", "--yes", "stuck"]);
+    assert!(stdout(&again).contains("was free"), "{again:?}");
+}
+
+#[test]
+fn errors_are_one_line_for_people_and_one_json_object_with_the_exit_status() {
+    let redis = RedisServer::start();
+    let _holder = Holder::start(&redis, &[], "busy");
+    let out = fencelock(&redis, &["run", "busy", "--", "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    let text = stderr(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.starts_with("fencelock: lock \"busy\" is not free"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--wait") && !text.contains("defer"),
+        "advice that applies: {text}"
+    );
+
+    let out = fencelock(&redis, &["--json", "run", "busy", "--", "true"]);
+    let line: Value = serde_json::from_str(stderr(&out).trim()).unwrap();
+    assert_eq!(line["level"], "error");
+    assert_eq!(line["exit"], 75);
+    assert!(line["message"].as_str().unwrap().contains("busy"));
+
+    // A server that is not Redis at all: still one line.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let http = std::thread::spawn(move || {
+        use std::io::Write;
+        if let Ok((mut s, _)) = listener.accept() {
+            let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--redis",
+            &format!("redis://127.0.0.1:{port}"),
+            "x",
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    http.join().unwrap();
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    assert_eq!(stderr(&out).lines().count(), 1, "{out:?}");
+}
+
+#[test]
+fn completions_and_the_man_page_come_from_the_same_definitions() {
+    let redis = RedisServer::start();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = fencelock(&redis, &["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}: {out:?}");
+        let text = stdout(&out);
+        for word in ["run", "status", "list", "break", "max-hold"] {
+            assert!(text.contains(word), "{shell} completes {word}");
+        }
+    }
+    let man = fencelock(&redis, &["man"]);
+    let text = stdout(&man);
+    assert!(
+        text.starts_with(".ie") || text.contains(".TH"),
+        "roff: {text:.200}"
+    );
+    assert!(
+        text.contains("fencelock") && text.contains("status"),
+        "{text:.400}"
+    );
+    let bad = fencelock(&redis, &["completions", "cmd.exe"]);
+    assert_eq!(bad.status.code(), Some(64), "{bad:?}");
+}
