@@ -223,3 +223,74 @@ fn completions_and_the_man_page_come_from_the_same_definitions() {
     let bad = fencelock(&redis, &["completions", "cmd.exe"]);
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
 }
+
+#[test]
+fn json_run_messages_say_the_lock_is_held_and_when_redis_stops_answering() {
+    let mut redis = RedisServer::start();
+    let child = Command::new(BIN)
+        .args([
+            "--json", "run", "--ttl", "1500ms", "slow", "--", "sleep", "10",
+        ])
+        .env("FENCELOCK_REDIS", redis.url())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    testkit::eventually("the lock is taken", Duration::from_secs(10), || {
+        redis.exists("fencelock:{slow}")
+    });
+    redis.pause();
+    let out = child.wait_with_output().unwrap();
+    redis.resume();
+    assert_eq!(out.status.code(), Some(76), "{out:?}");
+    let lines: Vec<Value> = stderr(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let messages: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["level"].as_str().unwrap(), l["message"].as_str().unwrap()))
+        .collect();
+    assert!(
+        messages[0].0 == "notice" && messages[0].1.contains("holding lock"),
+        "{messages:?}"
+    );
+    let silent = messages
+        .iter()
+        .position(|(_, m)| m.contains("Redis not answering"))
+        .unwrap_or_else(|| panic!("{messages:?}"));
+    let lost = messages
+        .iter()
+        .position(|(l, m)| *l == "error" && m.contains("was lost"))
+        .unwrap_or_else(|| panic!("{messages:?}"));
+    assert!(silent < lost, "told before the loss: {messages:?}");
+}
+
+#[test]
+fn a_redlock_node_in_restart_quarantine_is_named_with_the_option_that_turns_it_off() {
+    // Just started: every node is younger than the 30 s restart protection.
+    let servers = RedisServer::start_many(3);
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let out = Command::new(BIN)
+        .args(["run", "--wait", "1s", "q", "--", "true"])
+        .env("FENCELOCK_REDIS", urls.join(","))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let text = stderr(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("restart protection keeps its vote out")
+            && text.contains("--restart-protection 0"),
+        "{text}"
+    );
+    // With the protection off, the same nodes grant it.
+    let out = Command::new(BIN)
+        .args(["run", "--restart-protection", "0", "q", "--", "true"])
+        .env("FENCELOCK_REDIS", urls.join(","))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
