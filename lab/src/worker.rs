@@ -145,7 +145,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         .connect()
         .await
         .map_err(|e| format!("lock connect: {e}"))?;
-    let nodes: Vec<String> = client.nodes().into_iter().map(str::to_owned).collect();
+    let nodes: Vec<String> = client.nodes();
     let mut res = redis::Client::open(args.resource_url.as_str())
         .map_err(|e| e.to_string())?
         .get_multiplexed_async_connection()

@@ -165,13 +165,14 @@ impl Client {
         admin::break_lock(&self.inner.backend, &self.inner.prefix, name).await
     }
 
-    /// The node this client talks to, as `host:port` (the first one, for Redlock).
-    pub fn node(&self) -> &str {
+    /// The node this client talks to, as `host:port` (the first one, for Redlock; the
+    /// current master, for a Sentinel-managed one).
+    pub fn node(&self) -> String {
         self.inner.backend.nodes()[0].addr()
     }
 
     /// Every node, as `host:port`, in the order given.
-    pub fn nodes(&self) -> Vec<&str> {
+    pub fn nodes(&self) -> Vec<String> {
         self.inner
             .backend
             .nodes()

@@ -12,6 +12,7 @@
 
 pub(crate) mod node;
 pub(crate) mod quorum;
+pub(crate) mod sentinel;
 pub(crate) mod subscriber;
 
 use std::time::{Duration, Instant};

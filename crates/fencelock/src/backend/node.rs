@@ -1,12 +1,14 @@
 //! One Redis node: a multiplexed connection with explicit timeouts, script calls on it,
 //! its release notifications, and the mapping of driver errors to fencelock's [`Error`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
+use tokio_util::sync::CancellationToken;
 
+use super::sentinel::{self, SentinelUrl};
 use super::subscriber::Subscriber;
 use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
 use crate::scripts::replies;
@@ -19,18 +21,46 @@ pub(crate) struct Timeouts {
 }
 
 /// One Redis node: a multiplexed connection that reconnects by itself, shared by every
-/// lock of a client. Cheap to clone.
+/// lock of a client. Cheap to clone. The node is either fixed (one address) or a
+/// Sentinel-managed master, whose address follows failovers.
 #[derive(Clone)]
 pub(crate) struct Node {
-    /// `host:port`, never with credentials: it goes into error messages.
-    addr: String,
-    conn: ConnectionManager,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Sentinel: how to find the master; `None` for a fixed address.
+    sentinel: Option<SentinelUrl>,
+    /// The connection in use, and the address it goes to.
+    current: RwLock<Current>,
+    /// Held while the sentinels are asked, so that one caller asks and the others wait.
+    resolving: tokio::sync::Mutex<()>,
+    timeouts: Timeouts,
     /// The longest one call may take, reconnecting included.
     call_timeout: Duration,
     /// Release notifications for waiters; connects on first use.
     subscriber: Subscriber,
     /// Redlock: what this node said about itself last.
-    health: Arc<Mutex<Health>>,
+    health: Mutex<Health>,
+    /// Cancelled when the node is dropped: its Sentinel watcher stops.
+    closed: CancellationToken,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.closed.cancel();
+    }
+}
+
+/// Where calls go now.
+#[derive(Clone)]
+struct Current {
+    /// `host:port`, never with credentials: it goes into error messages.
+    addr: String,
+    client: redis::Client,
+    conn: ConnectionManager,
+    /// Bumped at every switch, so that a caller knows whether someone switched already.
+    epoch: u64,
 }
 
 /// What a Redlock client remembers of a node: who it is (two nodes that are one server
@@ -56,71 +86,119 @@ impl Health {
     }
 }
 
+fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeouts.connect))
+        .set_response_timeout(Some(timeouts.response))
+        // One quick retry: a lock caller would rather hear "unavailable" than wait
+        // through a long reconnect schedule. Later calls reconnect again.
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(Duration::from_millis(200))
+}
+
 impl Node {
-    /// Sets up the node at `url`. `eager`: connect now, failing fast when nothing
-    /// answers; otherwise the first call connects (a Redlock node, a minority of which
-    /// may be down when the client starts, or a lazy client).
+    /// Sets up the node at `url` (`redis://`, `redis+unix://`, or
+    /// `redis+sentinel://`). `eager`: connect now (for Sentinel: find the master now),
+    /// failing fast when nothing answers; otherwise the first call connects (a Redlock
+    /// node, a minority of which may be down when the client starts, or a lazy client).
     pub async fn open(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
-        let client = redis::Client::open(url).map_err(|e| {
-            Error::invalid(
-                "Redis URL",
-                format!(
-                    "{} does not parse ({}); expected redis://[user:password@]host[:port][/db]",
-                    redact(url),
-                    e.detail().unwrap_or(e.category())
-                ),
-            )
-        })?;
-        let addr = client.get_connection_info().addr().to_string();
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.response))
-            // One quick retry: a lock caller would rather hear "unavailable" than wait
-            // through a long reconnect schedule. Later calls reconnect again.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(Duration::from_millis(200));
         let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
-        let subscriber = Subscriber::new(client.clone(), timeouts);
+        let sentinel = SentinelUrl::parse(url)?;
+        let (addr, client) = match &sentinel {
+            None => {
+                let client = redis::Client::open(url).map_err(|e| {
+                    Error::invalid(
+                        "Redis URL",
+                        format!(
+                            "{} does not parse ({}); expected redis://[user:password@]host[:port][/db], \
+                             redis+unix:///path or redis+sentinel://host:port[,...]/SERVICE",
+                            redact(url),
+                            e.detail().unwrap_or(e.category())
+                        ),
+                    )
+                })?;
+                (client.get_connection_info().addr().to_string(), client)
+            }
+            Some(s) if eager => sentinel::resolve(s, call_timeout).await?,
+            // Not asked yet: the first call asks the sentinels.
+            Some(s) => (s.label(), s.master("0.0.0.0", 1)?),
+        };
         let conn = if eager {
-            let connecting = ConnectionManager::new_with_config(client, config);
+            let connecting =
+                ConnectionManager::new_with_config(client.clone(), manager_config(timeouts));
             match tokio::time::timeout(call_timeout, connecting).await {
                 Ok(Ok(conn)) => conn,
                 Ok(Err(e)) => return Err(map_error(&addr, &e)),
                 Err(_) => return Err(timed_out(&addr, call_timeout)),
             }
         } else {
-            ConnectionManager::new_lazy_with_config(client, config)
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeouts))
                 .map_err(|e| map_error(&addr, &e))?
         };
-        Ok(Self {
-            addr,
-            conn,
-            call_timeout,
-            subscriber,
-            health: Arc::new(Mutex::new(Health::default())),
-        })
+        // A lazy Sentinel node has asked nobody yet: epoch 0 makes the first call ask.
+        let epoch = u64::from(eager || sentinel.is_none());
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
+            let source = weak.clone();
+            let subscriber = Subscriber::new(
+                Arc::new(move || source.upgrade().map(|n| read(&n.current).client.clone())),
+                timeouts,
+            );
+            Inner {
+                sentinel,
+                current: RwLock::new(Current {
+                    addr,
+                    client,
+                    conn,
+                    epoch,
+                }),
+                resolving: tokio::sync::Mutex::new(()),
+                timeouts,
+                call_timeout,
+                subscriber,
+                health: Mutex::new(Health::default()),
+                closed: CancellationToken::new(),
+            }
+        });
+        if inner.sentinel.is_some() {
+            watch_switches(&inner);
+        }
+        Ok(Self { inner })
     }
 
-    /// The node's `host:port`.
-    pub fn addr(&self) -> &str {
-        &self.addr
+    /// The node's `host:port` (a Sentinel node's current master).
+    pub fn addr(&self) -> String {
+        read(&self.inner.current).addr.clone()
     }
 
     /// Redlock: who the node is, and its restart protection.
     pub fn health(&self) -> std::sync::MutexGuard<'_, Health> {
-        self.health
+        self.inner
+            .health
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The node's release notifications.
     pub fn subscriber(&self) -> &Subscriber {
-        &self.subscriber
+        &self.inner.subscriber
+    }
+
+    /// The connection to use now: for a Sentinel node that has not asked the sentinels
+    /// yet, after asking them.
+    async fn current(&self) -> Result<Current, Error> {
+        let current = read(&self.inner.current).clone();
+        if current.epoch == 0 {
+            self.inner.switch(0).await?;
+            return Ok(read(&self.inner.current).clone());
+        }
+        Ok(current)
     }
 
     /// Runs a script within `within` (a Redlock node's share of an operation), or else
-    /// within the call timeout.
+    /// within the call timeout. A Sentinel node whose master answers that it is a replica
+    /// or cannot be reached asks the sentinels again and, if they name another master,
+    /// sends the script there once more (within what is left of the time).
     ///
     /// Cancel safety: dropping the future (or a timeout) may leave the script running on
     /// the server, or already run; callers that write must treat that as an unknown
@@ -130,19 +208,40 @@ impl Node {
         invocation: &ScriptInvocation<'_>,
         within: Option<Duration>,
     ) -> Result<T, Error> {
-        let within = within.unwrap_or(self.call_timeout);
-        let mut conn = self.conn.clone();
-        match tokio::time::timeout(within, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(map_error(&self.addr, &e)),
-            Err(_) => Err(timed_out(&self.addr, within)),
+        let within = within.unwrap_or(self.inner.call_timeout);
+        let deadline = tokio::time::Instant::now() + within;
+        let attempt = async {
+            let current = self.current().await?;
+            let mut conn = current.conn.clone();
+            match invocation.invoke_async(&mut conn).await {
+                Ok(v) => Ok(v),
+                Err(e) if self.inner.sentinel.is_some() && master_may_have_moved(&e) => {
+                    // Ask again; go on only if the sentinels name another master.
+                    let moved = self.inner.switch(current.epoch).await.unwrap_or(false);
+                    if !moved {
+                        return Err(map_error(&current.addr, &e));
+                    }
+                    let current = read(&self.inner.current).clone();
+                    let mut conn = current.conn.clone();
+                    invocation
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(|e| map_error(&current.addr, &e))
+                }
+                Err(e) => Err(map_error(&current.addr, &e)),
+            }
+        };
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(&self.addr(), within)),
         }
     }
 
     /// Every key matching the glob `pattern`, by `SCAN` (never `KEYS`, which blocks the
     /// server), each call within the call timeout.
     pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
-        let mut conn = self.conn.clone();
+        let current = self.current().await?;
+        let mut conn = current.conn.clone();
         let mut keys = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -153,11 +252,12 @@ impl Node {
                 .arg("COUNT")
                 .arg(1000)
                 .to_owned();
+            let within = self.inner.call_timeout;
             let (next, found): (u64, Vec<String>) =
-                match tokio::time::timeout(self.call_timeout, page.query_async(&mut conn)).await {
+                match tokio::time::timeout(within, page.query_async(&mut conn)).await {
                     Ok(Ok(reply)) => reply,
-                    Ok(Err(e)) => return Err(map_error(&self.addr, &e)),
-                    Err(_) => return Err(timed_out(&self.addr, self.call_timeout)),
+                    Ok(Err(e)) => return Err(map_error(&current.addr, &e)),
+                    Err(_) => return Err(timed_out(&current.addr, within)),
                 };
             keys.extend(found);
             if next == 0 {
@@ -170,23 +270,105 @@ impl Node {
     /// Asks the server who it is: its run id, random for every start of a server
     /// process. Two nodes with one run id are one server.
     pub async fn run_id(&self, within: Duration) -> Result<String, Error> {
-        let mut conn = self.conn.clone();
+        let current = self.current().await?;
+        let mut conn = current.conn.clone();
         let info = redis::cmd("INFO").arg("server").to_owned();
         let text: String = match tokio::time::timeout(within, info.query_async(&mut conn)).await {
             Ok(Ok(text)) => text,
-            Ok(Err(e)) => return Err(map_error(&self.addr, &e)),
-            Err(_) => return Err(timed_out(&self.addr, within)),
+            Ok(Err(e)) => return Err(map_error(&current.addr, &e)),
+            Err(_) => return Err(timed_out(&current.addr, within)),
         };
         text.lines()
             .find_map(|l| l.strip_prefix("run_id:"))
             .map(|id| id.trim().to_owned())
             .filter(|id| !id.is_empty())
             .ok_or_else(|| Error::Rejected {
-                node: self.addr.clone(),
+                node: current.addr.clone(),
                 code: "ERR".to_owned(),
                 message: "INFO server has no run_id: is this a Redis server?".to_owned(),
             })
     }
+}
+
+impl Inner {
+    /// Asks the sentinels for the master and switches to it if it is another one; true
+    /// if the connection now goes elsewhere than it did at `seen` (its epoch). One caller
+    /// asks at a time; one that waited finds the switch done.
+    async fn switch(&self, seen: u64) -> Result<bool, Error> {
+        let Some(url) = &self.sentinel else {
+            return Ok(false);
+        };
+        let _asking = self.resolving.lock().await;
+        let current = read(&self.current).clone();
+        if current.epoch != seen {
+            return Ok(true); // someone switched meanwhile
+        }
+        let (addr, client) = sentinel::resolve(url, self.call_timeout).await?;
+        if addr == current.addr && current.epoch != 0 {
+            return Ok(false);
+        }
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(self.timeouts))
+            .map_err(|e| map_error(&addr, &e))?;
+        if current.epoch != 0 {
+            tracing::warn!(
+                service = %url.service,
+                from = %current.addr,
+                to = %addr,
+                "the Sentinel-managed master moved; following it"
+            );
+        }
+        *write(&self.current) = Current {
+            addr,
+            client,
+            conn,
+            epoch: current.epoch + 1,
+        };
+        Ok(true)
+    }
+}
+
+/// Follows `+switch-master` announcements of the node's service, one sentinel at a time,
+/// until the node is dropped.
+fn watch_switches(inner: &Arc<Inner>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return; // no runtime: errors on the old master make the node ask again
+    };
+    let weak = Arc::downgrade(inner);
+    let closed = inner.closed.clone();
+    let Some(url) = inner.sentinel.clone() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut next = 0;
+        loop {
+            tokio::select! {
+                () = closed.cancelled() => return,
+                i = sentinel::switch_announced(&url, next, Duration::from_millis(500)) => next = i,
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            let seen = read(&inner.current).epoch;
+            if let Err(e) = inner.switch(seen).await {
+                tracing::debug!(service = %url.service, error = %e, "asking the sentinels after a switch failed");
+            }
+        }
+    });
+}
+
+/// Whether an error says that a Sentinel node's master may be another one now: it was
+/// demoted (`READONLY`), lost its master role (`MASTERDOWN`), or is gone.
+fn master_may_have_moved(e: &RedisError) -> bool {
+    matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || matches!(e.kind(), ErrorKind::Io)
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn timed_out(addr: &str, after: Duration) -> Error {

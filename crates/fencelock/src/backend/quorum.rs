@@ -219,7 +219,7 @@ impl Quorum {
                     let same_as = known.and_then(|id| same_server(nodes, i, &id));
                     match (outcome, quarantined) {
                         (AcquireOutcome::Acquired { .. }, _) if same_as.is_some() => {
-                            let other = same_as.map_or("", |j| nodes[j].addr());
+                            let other = same_as.map_or_else(String::new, |j| nodes[j].addr());
                             tracing::error!(
                                 node = node.addr(),
                                 other,

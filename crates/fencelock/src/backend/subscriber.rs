@@ -44,8 +44,12 @@ pub(crate) struct Subscriber {
     inner: Arc<Inner>,
 }
 
+/// Where the pub/sub connection goes: asked at every (re)connection, so that a
+/// Sentinel node's subscriber follows its master. `None` once the node is gone.
+pub(crate) type Source = Arc<dyn Fn() -> Option<redis::Client> + Send + Sync>;
+
 struct Inner {
-    client: redis::Client,
+    source: Source,
     timeouts: Timeouts,
     /// Channels with at least one waiter (or an unsubscribe still in flight).
     channels: Mutex<HashMap<String, Arc<Channel>>>,
@@ -156,10 +160,10 @@ pub(crate) struct SubscriberStats {
 }
 
 impl Subscriber {
-    pub fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub fn new(source: Source, timeouts: Timeouts) -> Self {
         Self {
             inner: Arc::new(Inner {
-                client,
+                source,
                 timeouts,
                 channels: Mutex::new(HashMap::new()),
                 conn: Mutex::new(None),
@@ -306,7 +310,8 @@ impl Inner {
         if let Some(conn) = lock(&self.conn).clone() {
             return Ok((conn, None));
         }
-        let pubsub = tokio::time::timeout(self.timeouts.connect, self.client.get_async_pubsub())
+        let client = (self.source)().ok_or_else(|| io_timeout("the node is gone"))?;
+        let pubsub = tokio::time::timeout(self.timeouts.connect, client.get_async_pubsub())
             .await
             .map_err(|_| io_timeout("connecting for pub/sub"))??;
         let (sink, stream) = pubsub.split();
@@ -490,7 +495,8 @@ mod tests {
             connect: Duration::from_secs(2),
             response: Duration::from_secs(2),
         };
-        Subscriber::new(redis::Client::open(r.url()).unwrap(), timeouts)
+        let client = redis::Client::open(r.url()).unwrap();
+        Subscriber::new(Arc::new(move || Some(client.clone())), timeouts)
     }
 
     async fn woken(s: &Subscription, who: &str) {

@@ -1,0 +1,365 @@
+//! Sentinel-managed masters: the `redis+sentinel://` URL, finding the master through the
+//! sentinels and checking it with `ROLE`, and following failovers.
+//!
+//! The driver's own Sentinel support resolves the master once; a lock client must follow
+//! it. A Sentinel node ([`super::node::Node`]) asks the sentinels again when the master
+//! it talks to answers `READONLY` (it was demoted) or `MASTERDOWN`, or cannot be reached,
+//! and when a sentinel announces `+switch-master` for its service (a task subscribed on
+//! one sentinel at a time).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+
+use super::node::redact;
+use crate::error::{Error, UnavailableReason};
+
+/// A parsed `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/DB]`
+/// URL, with the sentinels' own credentials in the query
+/// (`?sentinel_username=...&sentinel_password=...`, when they differ from the master's).
+#[derive(Clone)]
+pub(crate) struct SentinelUrl {
+    pub sentinels: Vec<(String, u16)>,
+    pub service: String,
+    db: i64,
+    username: Option<String>,
+    password: Option<String>,
+    sentinel_username: Option<String>,
+    sentinel_password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+/// The URL schemes of a Sentinel-managed master.
+const SCHEMES: [&str; 1] = ["redis+sentinel://"];
+
+impl SentinelUrl {
+    /// `Ok(None)` when `url` is not a Sentinel URL.
+    pub fn parse(url: &str) -> Result<Option<Self>, Error> {
+        let Some(rest) = SCHEMES.iter().find_map(|s| url.strip_prefix(s)) else {
+            return Ok(None);
+        };
+        let bad = |why: &str| {
+            Error::invalid(
+                "Redis URL",
+                format!(
+                    "{} does not parse ({why}); expected \
+                     redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/DB]",
+                    redact(url)
+                ),
+            )
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((u, r)) => (Some(u), r),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("no service name"))?;
+        let mut parts = path.split('/');
+        let service = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("no service name"))?;
+        let db = match parts.next() {
+            None | Some("") => 0,
+            Some(db) => db.parse().map_err(|_| bad("the database is not a number"))?,
+        };
+        if parts.next().is_some() {
+            return Err(bad("too many path parts"));
+        }
+        let mut sentinels = Vec::new();
+        for host in hosts.split(',') {
+            let (h, p) = host.rsplit_once(':').ok_or_else(|| bad("a sentinel without a port"))?;
+            let port = p.parse().map_err(|_| bad("a sentinel port is not a number"))?;
+            if h.is_empty() {
+                return Err(bad("a sentinel without a host"));
+            }
+            sentinels.push((h.trim_matches(['[', ']']).to_owned(), port));
+        }
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(u) => match u.split_once(':') {
+                Some((user, pass)) => (
+                    Some(decode(user)).filter(|s| !s.is_empty()),
+                    Some(decode(pass)),
+                ),
+                None => (Some(decode(u)).filter(|s| !s.is_empty()), None),
+            },
+        };
+        let mut sentinel_username = None;
+        let mut sentinel_password = None;
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("sentinel_username", v)) => sentinel_username = Some(decode(v)),
+                Some(("sentinel_password", v)) => sentinel_password = Some(decode(v)),
+                _ => return Err(bad("an unknown query parameter")),
+            }
+        }
+        Ok(Some(Self {
+            sentinels,
+            service: service.to_owned(),
+            db,
+            username,
+            password,
+            sentinel_username,
+            sentinel_password,
+        }))
+    }
+
+    /// For messages: `service "mymaster" (sentinels h:p,h:p)`, never a password.
+    pub fn label(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect();
+        format!(
+            "service {:?} (sentinels {})",
+            self.service,
+            sentinels.join(",")
+        )
+    }
+
+    /// How to reach the master at `host:port`, with the master's credentials.
+    pub fn master(&self, host: &str, port: u16) -> Result<redis::Client, Error> {
+        client(
+            ConnectionAddr::Tcp(host.to_owned(), port),
+            redis_info(self.db, &self.username, &self.password),
+        )
+    }
+
+    fn sentinel(&self, i: usize) -> Result<redis::Client, Error> {
+        let (host, port) = &self.sentinels[i];
+        client(
+            ConnectionAddr::Tcp(host.clone(), *port),
+            redis_info(0, &self.sentinel_username, &self.sentinel_password),
+        )
+    }
+
+    fn sentinel_addr(&self, i: usize) -> String {
+        let (h, p) = &self.sentinels[i];
+        format!("{h}:{p}")
+    }
+}
+
+fn redis_info(db: i64, username: &Option<String>, password: &Option<String>) -> RedisConnectionInfo {
+    let mut info = RedisConnectionInfo::default().set_db(db);
+    if let Some(u) = username {
+        info = info.set_username(u.clone());
+    }
+    if let Some(p) = password {
+        info = info.set_password(p.clone());
+    }
+    info
+}
+
+fn client(addr: ConnectionAddr, redis: RedisConnectionInfo) -> Result<redis::Client, Error> {
+    addr.into_connection_info()
+        .map(|info| info.set_redis_settings(redis))
+        .and_then(redis::Client::open)
+        .map_err(|e| Error::invalid("Redis URL", e.to_string()))
+}
+
+/// Percent-decoding for the user name and password parts of a URL.
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+/// Asks every sentinel for the master of the service, at once, each within `within`,
+/// and checks the answer with `ROLE`. Returns the master's `host:port` and a client for
+/// it.
+///
+/// Errors, each one line: every sentinel down ([`Error::Unavailable`]); no sentinel
+/// knows the service, or the sentinels disagree with no majority ([`Error::Rejected`]);
+/// the master they name is not a master (yet): a failover in progress
+/// ([`Error::Unavailable`], retry).
+pub(crate) async fn resolve(
+    url: &SentinelUrl,
+    within: Duration,
+) -> Result<(String, redis::Client), Error> {
+    let asks = (0..url.sentinels.len()).map(|i| async move {
+        let client = url.sentinel(i)?;
+        let ask = async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&url.service)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match tokio::time::timeout(within, ask).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(Error::Unavailable {
+                node: url.sentinel_addr(i),
+                reason: UnavailableReason::Io,
+                detail: format!("sentinel: {e}"),
+                source: None,
+            }),
+            Err(_) => Err(Error::Unavailable {
+                node: url.sentinel_addr(i),
+                reason: UnavailableReason::TimedOut,
+                detail: "the sentinel did not answer".to_owned(),
+                source: None,
+            }),
+        }
+    });
+    let answers = join_all(asks).await;
+    let answered = answers.iter().filter(|a| a.is_ok()).count();
+    if answered == 0 {
+        return Err(Error::Unavailable {
+            node: url.label(),
+            reason: UnavailableReason::Refused,
+            detail: "every sentinel is down or unreachable".to_owned(),
+            source: None,
+        });
+    }
+    let mut votes: HashMap<(String, u16), usize> = HashMap::new();
+    for (host, port) in answers.into_iter().flatten().flatten() {
+        *votes.entry((host, port)).or_default() += 1;
+    }
+    if votes.is_empty() {
+        return Err(Error::Rejected {
+            node: url.label(),
+            code: "NOSERVICE".to_owned(),
+            message: format!(
+                "no sentinel knows the service {:?}: check the name in the URL",
+                url.service
+            ),
+        });
+    }
+    let mut candidates: Vec<((String, u16), usize)> = votes.into_iter().collect();
+    candidates.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    if candidates.len() > 1 && candidates[0].1 * 2 <= answered {
+        let named: Vec<String> = candidates
+            .iter()
+            .map(|((h, p), n)| format!("{h}:{p} ({n})"))
+            .collect();
+        return Err(Error::Rejected {
+            node: url.label(),
+            code: "SENTINELS".to_owned(),
+            message: format!(
+                "the sentinels disagree on the master, with no majority: {}",
+                named.join(", ")
+            ),
+        });
+    }
+    let ((host, port), _) = candidates.swap_remove(0);
+    let addr = format!("{host}:{port}");
+    let master = url.master(&host, port)?;
+    let role = async {
+        let mut conn = master.get_multiplexed_async_connection().await?;
+        redis::cmd("ROLE")
+            .query_async::<redis::Value>(&mut conn)
+            .await
+    };
+    let role = match tokio::time::timeout(within, role).await {
+        Ok(Ok(redis::Value::Array(items))) => match items.first() {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(redis::Value::SimpleString(s)) => s.clone(),
+            _ => String::new(),
+        },
+        Ok(Ok(_)) => String::new(),
+        Ok(Err(e)) => {
+            return Err(Error::Unavailable {
+                node: addr,
+                reason: UnavailableReason::Io,
+                detail: format!("the master the sentinels name: {e}"),
+                source: None,
+            });
+        }
+        Err(_) => {
+            return Err(Error::Unavailable {
+                node: addr,
+                reason: UnavailableReason::TimedOut,
+                detail: "the master the sentinels name did not answer ROLE".to_owned(),
+                source: None,
+            });
+        }
+    };
+    if role != "master" {
+        return Err(Error::Unavailable {
+            node: addr,
+            reason: UnavailableReason::Io,
+            detail: format!(
+                "the sentinels name it master of {:?}, but it says {role:?}: a failover in progress?",
+                url.service
+            ),
+            source: None,
+        });
+    }
+    Ok((addr, master))
+}
+
+/// Waits for the next `+switch-master` of `url`'s service on one sentinel after another,
+/// returning when one announces a switch (or a sentinel connection ends, when the switch
+/// may have been missed). Never returns an error: an unreachable sentinel is skipped
+/// after a pause.
+pub(crate) async fn switch_announced(url: &SentinelUrl, start: usize, pause: Duration) -> usize {
+    use futures_util::StreamExt;
+    let mut i = start % url.sentinels.len();
+    loop {
+        if let Ok(client) = url.sentinel(i)
+            && let Ok(Ok(mut pubsub)) =
+                tokio::time::timeout(pause * 10, client.get_async_pubsub()).await
+            && pubsub.subscribe("+switch-master").await.is_ok()
+        {
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let payload: String = msg.get_payload().unwrap_or_default();
+                if payload.split(' ').next() == Some(url.service.as_str()) {
+                    return i;
+                }
+            }
+            // The sentinel went away: a switch may have happened meanwhile.
+            return i + 1;
+        }
+        i = (i + 1) % url.sentinels.len();
+        tokio::time::sleep(pause).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_parse_with_their_credentials_apart() {
+        let u = SentinelUrl::parse(
+            "redis+sentinel://app:s%40cret@10.0.0.1:26379,10.0.0.2:26379/orders/2?sentinel_password=sp",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            u.sentinels,
+            [("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26379)]
+        );
+        assert_eq!(u.service, "orders");
+        assert_eq!(u.db, 2);
+        assert_eq!(u.username.as_deref(), Some("app"));
+        assert_eq!(u.password.as_deref(), Some("s@cret"));
+        assert_eq!(u.sentinel_password.as_deref(), Some("sp"));
+        assert!(!u.label().contains("cret") && !format!("{u:?}").contains("sp\""));
+        assert!(SentinelUrl::parse("redis://h:1").unwrap().is_none());
+        for bad in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h/svc",
+            "redis+sentinel://h:x/svc",
+            "redis+sentinel://h:1/svc/x",
+            "redis+sentinel://h:1/svc?what=1",
+        ] {
+            let e = SentinelUrl::parse(bad).err();
+            assert!(
+                matches!(e, Some(Error::InvalidArgument { .. })),
+                "{bad}: {e:?}"
+            );
+        }
+    }
+}
