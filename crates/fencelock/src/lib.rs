@@ -31,7 +31,7 @@
 //! |---|---|
 //! | **Guaranteed** | While a guard's lease lasts, no other owner holds the same lock on that Redis node. |
 //! | **Guaranteed** | A holder never deletes or extends a lock it no longer holds. |
-//! | **Guaranteed** | Fencing tokens of one lock name strictly increase with every grant, while the counter key survives (and across its loss, see [`FencingToken`]). |
+//! | **Guaranteed** | Fencing tokens of one lock name strictly increase with every grant: each is the counter plus one and at least the server clock in µs, so across the counter's loss or a failover too, while the server clocks do not step back (see [`FencingToken`]). |
 //! | **Guaranteed** | A crashed holder blocks others for at most one lease; a live one keeps its lock while its guard lives (watchdog renewal). |
 //! | **Guaranteed** | The holder hears of a lost lease ([`LockGuard::lost`]) before [`LockGuard::valid_until`]. |
 //! | **Guaranteed** | A waiter is woken by the release; a lost notification costs it at most the holder's remaining lease. |

@@ -47,11 +47,15 @@ impl fmt::Debug for HolderToken {
 /// "usually exclusive" into "a late holder cannot corrupt data": a holder that paused past
 /// its lease (GC, swap, SIGSTOP) still holds an old token, and its late write is refused.
 ///
-/// Tokens come from a counter key next to the lock key that never expires. A missing
-/// counter (first use, `FLUSHALL`, a restart without persistence) is seeded from the
-/// Redis server's clock in microseconds, so tokens keep increasing across such a wipe as
-/// long as the server clock does not step backwards and the lock was not granted more
-/// than once per microsecond on average. Tokens of different lock names are unrelated.
+/// Tokens come from a counter key next to the lock key, and every new token is the
+/// counter plus one **and at least the Redis server's clock in microseconds**. So tokens
+/// keep increasing when the counter is lost (`FLUSHALL`, a restart without persistence)
+/// or older than the last grants (a replica promoted after missing them, in a Sentinel
+/// failover or a Cluster one), and tokens minted by different Redlock nodes stay
+/// comparable, as long as the servers' clocks do not step backwards (and agree with each
+/// other better than the time between two grants, across a failover or between Redlock
+/// nodes) and the lock is not granted more than once per microsecond on average. Tokens
+/// of different lock names are unrelated.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct FencingToken(u64);
 

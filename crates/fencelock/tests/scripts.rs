@@ -47,7 +47,7 @@ const THEIRS: &str = "ffffffffffffffffffffffffffffffff";
 
 /// acquire.lua as one node uses it: counter + 1, no identity.
 fn acquire_raw(r: &RedisServer, token: &str, ttl_ms: &str) -> Reply {
-    r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, token, ttl_ms, "0", "0"])
+    r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, token, ttl_ms, "0"])
 }
 
 fn acquire(r: &RedisServer, token: &str, ttl_ms: &str) -> Vec<Reply> {
@@ -143,13 +143,35 @@ fn acquire_again_with_own_token_returns_the_same_grant_and_resets_ttl() {
 #[test]
 fn acquire_again_with_own_token_after_counter_wipe_mints_a_higher_fence() {
     let r = RedisServer::start();
-    r.cmd(&["SET", FENCE, "41"]);
+    // A counter ahead of the clock (another node's, say) goes up by one.
+    let ahead = (r.server_time().as_micros() as i64 + 3_600_000_000).to_string();
+    r.cmd(&["SET", FENCE, &ahead]);
     let first = ints(&acquire(&r, MINE, "5000"));
-    assert_eq!(first, vec![1, 42]);
+    assert_eq!(first, vec![1, ahead.parse::<i64>().unwrap() + 1]);
     r.cmd(&["DEL", FENCE]);
     let again = ints(&acquire(&r, MINE, "5000"));
     assert_eq!(again[0], 2);
-    assert!(again[1] > 42, "{again:?}");
+    assert!(
+        again[1] > r.server_time().as_micros() as i64 - 1_000_000,
+        "{again:?}"
+    );
+}
+
+#[test]
+fn tokens_are_at_least_the_server_clock_so_a_counter_left_behind_cannot_lower_them() {
+    // A replica promoted after missing the last grants holds an older counter: the
+    // clock floor keeps the next token above every token granted before it.
+    let r = RedisServer::start();
+    let before = ints(&acquire(&r, THEIRS, "1"));
+    wait_until_absent(&r, LOCK);
+    r.cmd(&["SET", FENCE, "7"]); // the counter a stale replica would hold
+    let after = ints(&acquire(&r, MINE, "10000"));
+    assert!(after[1] > before[1], "{before:?} then {after:?}");
+    let now_us = r.server_time().as_micros() as i64;
+    assert!(
+        after[1] <= now_us && after[1] > now_us - 60_000_000,
+        "{after:?}"
+    );
 }
 
 #[test]
@@ -174,7 +196,8 @@ fn acquire_after_expiry_takes_the_lock_with_a_higher_fence() {
     let first = ints(&acquire(&r, THEIRS, "1"));
     wait_until_absent(&r, LOCK);
     let second = ints(&acquire(&r, MINE, "10000"));
-    assert_eq!(second, vec![1, first[1] + 1]);
+    assert_eq!(second[0], 1);
+    assert!(second[1] > first[1], "{first:?} then {second:?}");
     assert_eq!(get(&r, LOCK).as_deref(), Some(MINE));
 }
 
@@ -624,7 +647,7 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
 fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_counter() {
     let r = RedisServer::start();
     r.cmd(&["SET", FENCE, "5"]);
-    let reply = r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, MINE, "10000", "1", "1"]);
+    let reply = r.cmd(&["EVAL", &ACQUIRE, "2", LOCK, FENCE, MINE, "10000", "1"]);
     let items = reply.as_array().unwrap();
     assert_eq!(items.len(), 4, "{reply:?}");
     assert_eq!(items[0].as_int(), Some(1));
@@ -664,7 +687,7 @@ fn holder_info_lives_and_dies_with_the_lease() {
     let r = RedisServer::start();
     let info = r#"{"host":"h","pid":7}"#;
     let acquired = r.cmd(&[
-        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, MINE, "5000", "0", "0", info,
+        "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, MINE, "5000", "0", info,
     ]);
     assert_eq!(acquired.as_array().unwrap()[0].as_int(), Some(1));
     assert_eq!(get(&r, INFO).as_deref(), Some(info));

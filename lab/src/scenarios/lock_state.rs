@@ -17,18 +17,21 @@ use crate::outcomes::Outcome;
 
 pub const COUNTER_REWOUND: Scenario = Scenario {
     name: "counter-rewound",
-    what: "A acquires and writes; the lock's fencing counter is set back to 1 by hand; \
-        B acquires and writes",
+    what: "the lock's fencing counter is set an hour ahead of the server clock (as a \
+        node whose clock ran ahead would leave it); A acquires and writes; the counter is set \
+        back to 1 by hand; B acquires and writes",
     expected: "**positive control**: C4 flags B's lower token; the fence rejects B's write (C2 \
         holds)",
     run: |lab, tag, _| lab.counter_rewound(tag),
 };
 
 impl Lab {
-    /// Positive control of C4 (and C2 at work): A acquires and writes; the lock's fencing
-    /// counter is set back to 1 by hand (a restored backup, a counter reset); B acquires
-    /// with a lower token than A's. C4 must flag it, and the fenced resource rejects B's
-    /// write.
+    /// Positive control of C4 (and C2 at work): the counter is set an hour ahead of the
+    /// server clock, A acquires and writes; the counter is set back to 1 by hand (a
+    /// restored backup, a counter reset); B acquires with a lower token than A's (every
+    /// token is at least the server clock, so only a counter that ran ahead of the clock
+    /// can be rewound below a token handed out). C4 must flag it, and the fenced resource
+    /// rejects B's write.
     fn counter_rewound(&self, tag: &str) -> Result<Outcome, String> {
         let rt = runtime()?;
         let client = rt
@@ -42,9 +45,12 @@ impl Lab {
             let path = self.dir.join(format!("{tag}-p{p}.jsonl"));
             let mut w = HistoryWriter::create(&path).map_err(|e| e.to_string())?;
             histories.push(path);
-            if p == 2 {
-                self.lock
-                    .cmd(&["SET", &format!("fencelock:{{{lock}}}:fence"), "1"]);
+            let counter = format!("fencelock:{{{lock}}}:fence");
+            if p == 1 {
+                let ahead = self.lock.server_time().as_micros() + 3_600_000_000;
+                self.lock.cmd(&["SET", &counter, &ahead.to_string()]);
+            } else {
+                self.lock.cmd(&["SET", &counter, "1"]);
             }
             w.append(&Event::now(p, Op::Acquire, Phase::Invoke))
                 .map_err(|e| e.to_string())?;
@@ -67,7 +73,7 @@ impl Lab {
         let (mut o, _) = self.judge(
             tag,
             &histories,
-            "the fencing counter set back to 1 between two holders".into(),
+            "the fencing counter set an hour ahead, then back to 1 between two holders".into(),
         )?;
         o.expect_clean(&[1, 2, 3, 5]);
         o.expect_detected(4, "B's token below A's");

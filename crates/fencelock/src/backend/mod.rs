@@ -186,9 +186,7 @@ impl Backend {
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
         let q = &self.quorum;
         let invocation = |identify| match req.mode {
-            Mode::Plain => {
-                scripts::acquire(req.keys, req.token, req.ttl, q.floor(), identify, req.info)
-            }
+            Mode::Plain => scripts::acquire(req.keys, req.token, req.ttl, identify, req.info),
             Mode::Fair { waiter_timeout } => scripts::fair_acquire(
                 req.keys,
                 req.token,

@@ -307,8 +307,9 @@ impl Inner {
         if addr == current.addr && current.epoch != 0 {
             return Ok(false);
         }
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config(self.timeouts))
-            .map_err(|e| map_error(&addr, &e))?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(self.timeouts))
+                .map_err(|e| map_error(&addr, &e))?;
         if current.epoch != 0 {
             tracing::warn!(
                 service = %url.service,
@@ -364,11 +365,13 @@ fn master_may_have_moved(e: &RedisError) -> bool {
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn timed_out(addr: &str, after: Duration) -> Error {

@@ -19,8 +19,8 @@
 //!   use, at least the configured one) may have lost keys it held, so its grant does not
 //!   count until the quarantine has passed: the "delayed restart" rule, enforced by the
 //!   client.
-//! - **Fencing**: each Redlock node's counter is kept at or above its clock in
-//!   microseconds and increases with each grant there; the grant carries the highest
+//! - **Fencing**: each node's counter is kept at or above its clock in microseconds and
+//!   increases with each grant there; the grant carries the highest
 //!   token among the granting nodes, and release raises every node's counter to it. So
 //!   tokens increase across holders while any majority keeps its counters, and across a
 //!   wipe of a majority as long as the nodes' clocks agree better than the time between
@@ -131,11 +131,6 @@ impl Quorum {
                 (ttl / 20).clamp(Duration::from_millis(5), self.response_timeout)
             })
         })
-    }
-
-    /// Redlock: whether new tokens must be at least each node's clock in µs.
-    pub fn floor(&self) -> bool {
-        self.is_redlock()
     }
 
     /// Whether `node` must say who it is with its answer: with restart protection on,

@@ -65,18 +65,27 @@ impl SentinelUrl {
         };
         let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("no service name"))?;
         let mut parts = path.split('/');
-        let service = parts.next().filter(|s| !s.is_empty()).ok_or_else(|| bad("no service name"))?;
+        let service = parts
+            .next()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| bad("no service name"))?;
         let db = match parts.next() {
             None | Some("") => 0,
-            Some(db) => db.parse().map_err(|_| bad("the database is not a number"))?,
+            Some(db) => db
+                .parse()
+                .map_err(|_| bad("the database is not a number"))?,
         };
         if parts.next().is_some() {
             return Err(bad("too many path parts"));
         }
         let mut sentinels = Vec::new();
         for host in hosts.split(',') {
-            let (h, p) = host.rsplit_once(':').ok_or_else(|| bad("a sentinel without a port"))?;
-            let port = p.parse().map_err(|_| bad("a sentinel port is not a number"))?;
+            let (h, p) = host
+                .rsplit_once(':')
+                .ok_or_else(|| bad("a sentinel without a port"))?;
+            let port = p
+                .parse()
+                .map_err(|_| bad("a sentinel port is not a number"))?;
             if h.is_empty() {
                 return Err(bad("a sentinel without a host"));
             }
@@ -148,7 +157,11 @@ impl SentinelUrl {
     }
 }
 
-fn redis_info(db: i64, username: &Option<String>, password: &Option<String>) -> RedisConnectionInfo {
+fn redis_info(
+    db: i64,
+    username: &Option<String>,
+    password: &Option<String>,
+) -> RedisConnectionInfo {
     let mut info = RedisConnectionInfo::default().set_db(db);
     if let Some(u) = username {
         info = info.set_username(u.clone());
@@ -339,7 +352,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             u.sentinels,
-            [("10.0.0.1".to_owned(), 26379), ("10.0.0.2".to_owned(), 26379)]
+            [
+                ("10.0.0.1".to_owned(), 26379),
+                ("10.0.0.2".to_owned(), 26379)
+            ]
         );
         assert_eq!(u.service, "orders");
         assert_eq!(u.db, 2);

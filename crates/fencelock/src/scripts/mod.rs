@@ -199,13 +199,12 @@ fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 
-/// `floor`: tokens at least the server clock in µs; `identify`: report run id and uptime;
-/// `info`: the holder info to store with the grant ("" for none).
+/// `identify`: report run id and uptime; `info`: the holder info to store with the
+/// grant ("" for none).
 pub(crate) fn acquire(
     keys: &LockKeys,
     token: &HolderToken,
     ttl: Duration,
-    floor: bool,
     identify: bool,
     info: &str,
 ) -> ScriptInvocation<'static> {
@@ -214,7 +213,6 @@ pub(crate) fn acquire(
         .key(keys.fence())
         .arg(token.as_str())
         .arg(ms(ttl))
-        .arg(flag(floor))
         .arg(flag(identify));
     if !info.is_empty() {
         inv.key(keys.holder_info()).arg(info);

@@ -6,12 +6,12 @@
 --   bad_type: the Redis type found (or "string" for a string that is not an integer of
 --   at most 18 digits) when the key holds something fencelock did not write; check it
 --   before any write
--- next_fence(key, value, floor) -> the new token, stored in the counter: value + 1, and
---   at least the server clock in microseconds when `floor` is true (Redlock: tokens
---   minted on different nodes stay comparable) or the counter is missing (first use,
---   FLUSHALL, a restart without persistence: the clock seeds it, so tokens keep
---   increasing across a wipe unless the lock was granted more than once per
---   microsecond on average)
+-- next_fence(key, value) -> the new token, stored in the counter: value + 1, and at
+--   least the server clock in microseconds. So tokens keep increasing when the counter
+--   is lost (FLUSHALL, a restart without persistence) or older than the last grants (a
+--   replica promoted after missing them), and tokens minted on different Redlock nodes
+--   stay comparable: as long as the server clocks do not step back, and the lock is not
+--   granted more than once per microsecond on average
 
 local function read_counter(key)
   local kind = redis.call('TYPE', key).ok
@@ -27,10 +27,7 @@ local function read_counter(key)
   return tonumber(raw), nil
 end
 
-local function next_fence(key, value, floor)
-  if value ~= nil and not floor then
-    return redis.call('INCR', key)
-  end
+local function next_fence(key, value)
   local fence = math.max((value or 0) + 1, server_us())
   redis.call('SET', key, string.format('%d', fence))
   return fence

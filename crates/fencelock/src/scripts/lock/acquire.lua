@@ -7,13 +7,11 @@
 --                          itself, with the lock key's expiry
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
--- ARGV[3]  "1": a new token is at least the server clock in microseconds (Redlock:
---          tokens minted on different nodes stay comparable); "0": the counter + 1
--- ARGV[4]  "1": also say who the server is, its run id and uptime (Redlock: two names
+-- ARGV[3]  "1": also say who the server is, its run id and uptime (Redlock: two names
 --          of one server must not vote twice, and restart protection); "0": do not
--- ARGV[5]  holder info, with KEYS[3]
+-- ARGV[4]  holder info, with KEYS[3]
 --
--- Reply {code, value}, or with ARGV[4] "1" {code, value, run_id, uptime_s}:
+-- Reply {code, value}, or with ARGV[3] "1" {code, value, run_id, uptime_s}:
 --   code 1  acquired now; value is the new fencing token
 --   code 2  the key already held this token (a retried acquire whose first reply was
 --           lost): the same grant, its expiry reset to ttl; value is the token already
@@ -28,13 +26,12 @@ local counter, bad = read_counter(KEYS[2])
 if bad then
   return wrong_type(KEYS[2], bad)
 end
-local floor = ARGV[3] == '1'
 
 local function reply(code, value)
   if code ~= 0 and KEYS[3] then
-    redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[2])
+    redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2])
   end
-  if ARGV[4] ~= '1' then
+  if ARGV[3] ~= '1' then
     return {code, value}
   end
   local info = redis.call('INFO', 'server')
@@ -44,7 +41,7 @@ local function reply(code, value)
 end
 
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return reply(1, next_fence(KEYS[2], counter, floor))
+  return reply(1, next_fence(KEYS[2], counter))
 end
 
 local kind, holder = lock_holder(KEYS[1])
@@ -56,7 +53,7 @@ if kind == 'plain' and holder == ARGV[1] then
   if counter == nil then
     -- The counter vanished while we held the lock: our first token is unknowable, so
     -- mint a fresh one, which is higher than any token handed out before.
-    return reply(2, next_fence(KEYS[2], counter, floor))
+    return reply(2, next_fence(KEYS[2], counter))
   end
   return reply(2, counter)
 end

@@ -29,7 +29,7 @@ local pttl = redis.call('PTTL', KEYS[1])
 if kind == 'none' then
   return {kind, '', pttl, counter and string.format('%d', counter) or ''}
 end
-local fence = next_fence(KEYS[2], counter, false)
+local fence = next_fence(KEYS[2], counter)
 redis.call('DEL', KEYS[1], KEYS[4])
 -- Every waiter: plain and reentrant ones on the empty message, fair ones on their token
 -- (the head of the line).

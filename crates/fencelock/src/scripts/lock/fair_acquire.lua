@@ -56,7 +56,7 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   on_grant()
   if counter == nil then
-    return {2, next_fence(KEYS[2], counter, false)}
+    return {2, next_fence(KEYS[2], counter)}
   end
   return {2, counter}
 end
@@ -65,7 +65,7 @@ local head = redis.call('LINDEX', KEYS[3], 0)
 if kind == 'none' and (not head or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   on_grant()
-  return {1, next_fence(KEYS[2], counter, false)}
+  return {1, next_fence(KEYS[2], counter)}
 end
 
 if ARGV[5] == '1' then

@@ -24,7 +24,7 @@ end
 local kind, holder = lock_holder(KEYS[1])
 local hold = 'hold:' .. ARGV[2]
 if kind == 'none' then
-  local fence = next_fence(KEYS[2], counter, false)
+  local fence = next_fence(KEYS[2], counter)
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, hold, '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {1, fence}
