@@ -139,6 +139,7 @@ pub(crate) fn exit_code(failure: &Failure) -> u8 {
         Failure::Lock(Error::Unavailable { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::Rejected { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::WrongType { .. }) => EX_UNAVAILABLE,
+        Failure::Lock(Error::Unreplicated { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::Held { .. }) => EX_TEMPFAIL,
         Failure::Lock(Error::NoQuorum { .. }) => EX_UNAVAILABLE,
         Failure::Interrupted(signal) => signal_exit_code(*signal),

@@ -198,6 +198,9 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     if args.fair {
         lock = lock.fair();
     }
+    if args.replicas > 0 {
+        lock = lock.replicas(args.replicas);
+    }
     let acquiring = lock.acquire();
     tokio::pin!(acquiring);
     // On a terminal, a line that says what the wait is waiting for.

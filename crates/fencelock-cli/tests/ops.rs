@@ -294,3 +294,16 @@ fn a_redlock_node_in_restart_quarantine_is_named_with_the_option_that_turns_it_o
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+#[test]
+fn replicas_n_refuses_a_grant_no_replica_acknowledged_with_69() {
+    let redis = RedisServer::start(); // a master without replicas
+    let out = fencelock(
+        &redis,
+        &["run", "--replicas", "1", "--ttl", "1s", "r", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let text = stderr(&out);
+    assert!(text.contains("0 of 1 replicas"), "{text}");
+    assert!(!redis.exists("fencelock:{r}"), "released again");
+}

@@ -111,6 +111,25 @@ pub enum Error {
         nodes: Vec<NodeReport>,
     },
 
+    /// The lock was granted, but fewer replicas than asked for
+    /// ([`LockBuilder::replicas`](crate::LockBuilder::replicas)) acknowledged the grant in
+    /// time: a failover now could lose it, so it was released again. Retrying may help
+    /// once the replicas catch up.
+    #[error(
+        "lock {name:?} was granted, but only {acknowledged} of {wanted} replicas acknowledged it within {}; it was released again, since a failover now could lose it: check the replicas' link (INFO replication) or ask for fewer",
+        HumanDuration(*within)
+    )]
+    Unreplicated {
+        /// The lock name.
+        name: String,
+        /// How many replicas were asked for.
+        wanted: u32,
+        /// How many acknowledged.
+        acknowledged: u32,
+        /// How long the grant waited for them.
+        within: Duration,
+    },
+
     /// The caller's lease ended before the caller released or extended it: the work done
     /// under it may have overlapped with another holder's.
     #[error(

@@ -100,6 +100,8 @@ pub struct LockBuilder {
     retry: Retry,
     /// What the holder says about itself.
     info: String,
+    /// Replicas that must acknowledge a grant.
+    replicas: u32,
 }
 
 impl LockBuilder {
@@ -115,6 +117,7 @@ impl LockBuilder {
             owner: None,
             retry: Retry::default(),
             info: String::new(),
+            replicas: 0,
         }
     }
 
@@ -252,6 +255,24 @@ impl LockBuilder {
         self
     }
 
+    /// How many replicas of the node must acknowledge a grant before it counts (default
+    /// 0: none). After the grant, `WAIT replicas` runs for up to a tenth of the lease (at
+    /// most 1 s); a grant that fewer replicas acknowledged is released again and
+    /// reported as [`Error::Unreplicated`].
+    ///
+    /// What it shrinks: the window in which a failover to a replica loses a fresh grant
+    /// (replication is asynchronous; without it, a grant the master acknowledged may not
+    /// have reached any replica when the master dies). What it cannot fix: a replica
+    /// that acknowledged can still be passed over by the failover, and a renewal or a
+    /// release is not waited for, so a failover can still lose the lease's later state
+    /// (the fencing token, which is at least the server clock, keeps working across it).
+    /// A server that refuses `WAIT` (some managed services) gives [`Error::Rejected`]
+    /// saying so. One node only: Redlock refuses it with [`Error::InvalidArgument`].
+    pub fn replicas(mut self, replicas: u32) -> Self {
+        self.replicas = replicas;
+        self
+    }
+
     /// How to pace attempts while waiting when release notifications are unavailable
     /// (default [`Retry::default`]).
     pub fn retry(mut self, retry: Retry) -> Self {
@@ -376,6 +397,13 @@ impl LockBuilder {
             Error::check_range("maximum hold", max_hold, MIN_LEASE, MAX_HOLD)?;
         }
         self.retry.validate()?;
+        if self.replicas > 0 && self.shared.backend.is_redlock() {
+            return Err(Error::invalid(
+                "replicas",
+                "replica acknowledgement is for one node (a master with replicas); Redlock \
+                 nodes are independent masters",
+            ));
+        }
         if self.info.len() > 4096 {
             return Err(Error::invalid(
                 "holder info",
@@ -398,6 +426,7 @@ impl LockBuilder {
             wait,
             retry: self.retry,
             info: &self.info,
+            replicas: self.replicas,
         };
         let granted = acquire::acquire(&self.shared, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped

@@ -40,6 +40,8 @@ pub(crate) struct Request<'a> {
     pub retry: Retry,
     /// What the holder says about itself ("" for nothing).
     pub info: &'a str,
+    /// Replicas that must acknowledge a grant (0: none asked for).
+    pub replicas: u32,
 }
 
 /// A lock that was granted.
@@ -109,6 +111,25 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
                 if let (Some(w), Some(marks)) = (&waiter, &marks) {
                     w.settle(marks);
                 }
+                if req.replicas > 0 {
+                    // The grant counts only once enough replicas have it: a failover
+                    // before that could lose it.
+                    let acked = backend
+                        .wait_replicas(req.replicas, replica_wait(req.ttl))
+                        .await;
+                    if !matches!(acked, Ok((n, _)) if n >= req.replicas) {
+                        pending.withdraw().await;
+                        return Err(match acked {
+                            Ok((acknowledged, within)) => Error::Unreplicated {
+                                name: req.name.to_owned(),
+                                wanted: req.replicas,
+                                acknowledged,
+                                within,
+                            },
+                            Err(e) => e,
+                        });
+                    }
+                }
                 return Ok(pending.granted(fence, sent_at, valid_until));
             }
             Ok(Attempt::Held { blocked_by, nodes }) => {
@@ -169,6 +190,12 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
         }
         attempt = attempt.saturating_add(1);
     }
+}
+
+/// How long a grant may wait for its replicas: a tenth of the lease, at most 1 s, at
+/// least 10 ms.
+fn replica_wait(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// What the last attempt found.

@@ -396,6 +396,24 @@ impl Backend {
             .collect()
     }
 
+    /// Waits for `replicas` replicas to acknowledge the writes sent so far on the node's
+    /// connection (a grant just made), up to `within`; how many did, and how long it
+    /// waited.
+    pub async fn wait_replicas(
+        &self,
+        replicas: u32,
+        within: Duration,
+    ) -> Result<(u32, Duration), Error> {
+        match self.only_node() {
+            Some(node) => node.wait_replicas(replicas, within).await,
+            None => Err(Error::invalid(
+                "replicas",
+                "replica acknowledgement is for one node (a master with replicas); Redlock \
+                 nodes are independent masters",
+            )),
+        }
+    }
+
     /// What each node holds for the lock (read-only).
     pub async fn inspect(&self, keys: &LockKeys) -> Vec<Result<Inspected, Error>> {
         let invocation = scripts::inspect(keys);

@@ -267,6 +267,43 @@ impl Node {
         }
     }
 
+    /// `WAIT replicas timeout`: how many replicas acknowledged this connection's writes so
+    /// far, waiting up to `within` (at most three quarters of the response timeout) for
+    /// `replicas` of them; and how long that was. A server that refuses `WAIT` (some
+    /// managed services do) gives [`Error::Rejected`] saying so.
+    pub async fn wait_replicas(
+        &self,
+        replicas: u32,
+        within: Duration,
+    ) -> Result<(u32, Duration), Error> {
+        let within = within.min(self.inner.timeouts.response * 3 / 4);
+        let current = self.current().await?;
+        let mut conn = current.conn.clone();
+        let wait = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(within.as_millis() as u64)
+            .to_owned();
+        let bound = within + self.inner.timeouts.response;
+        match tokio::time::timeout(bound, wait.query_async::<i64>(&mut conn)).await {
+            Ok(Ok(n)) => Ok((u32::try_from(n).unwrap_or(0), within)),
+            Ok(Err(e))
+                if e.code().is_some() && !matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) =>
+            {
+                Err(Error::Rejected {
+                    node: current.addr.clone(),
+                    code: e.code().unwrap_or("ERR").to_owned(),
+                    message: format!(
+                        "the server refuses WAIT ({}), so replica acknowledgement cannot be \
+                         checked there: ask for no replicas",
+                        e.detail().unwrap_or_default()
+                    ),
+                })
+            }
+            Ok(Err(e)) => Err(map_error(&current.addr, &e)),
+            Err(_) => Err(timed_out(&current.addr, bound)),
+        }
+    }
+
     /// Asks the server who it is: its run id, random for every start of a server
     /// process. Two nodes with one run id are one server.
     pub async fn run_id(&self, within: Duration) -> Result<String, Error> {
