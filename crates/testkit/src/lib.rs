@@ -59,5 +59,5 @@ mod wait;
 
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
-pub use server::{RedisServer, ServerBuilder, free_port};
+pub use server::{RedisServer, ServerBuilder, free_cluster_port, free_port};
 pub use wait::eventually;
