@@ -26,6 +26,11 @@
 //! polls, bounded, for state that no event announces (a server-side count, a
 //! client's statistics).
 //!
+//! [`SentinelGroup`] (a master, replicas and three sentinels) is a whole
+//! deployment of such servers, with its own faults: killing or pausing the
+//! master and waiting for the sentinels' failover, or a graceful
+//! `SENTINEL FAILOVER`.
+//!
 //! [`FaultProxy`] sits between a client and a server and injects network
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
 //! (client, node) link composes into partitions, see [`proxy`].
@@ -54,10 +59,12 @@ pub mod history;
 pub mod monitor;
 pub mod proxy;
 mod resp;
+pub mod sentinel;
 mod server;
 mod wait;
 
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
+pub use sentinel::{SentinelBuilder, SentinelGroup};
 pub use server::{RedisServer, ServerBuilder, free_cluster_port, free_port};
 pub use wait::eventually;
