@@ -26,10 +26,12 @@
 //! polls, bounded, for state that no event announces (a server-side count, a
 //! client's statistics).
 //!
-//! [`SentinelGroup`] (a master, replicas and three sentinels) is a whole
-//! deployment of such servers, with its own faults: killing or pausing the
-//! master and waiting for the sentinels' failover, or a graceful
-//! `SENTINEL FAILOVER`.
+//! [`SentinelGroup`] (a master, replicas and three sentinels) and
+//! [`Cluster`] (masters with replicas, created by `redis-cli --cluster
+//! create`) are whole deployments of such servers, with their own faults:
+//! killing or pausing the master and waiting for the failover, a graceful
+//! `SENTINEL FAILOVER`, and moving a cluster slot with its keys
+//! ([`Cluster::migrate_slot`]).
 //!
 //! [`FaultProxy`] sits between a client and a server and injects network
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
@@ -55,6 +57,7 @@
 #![allow(unsafe_code)]
 
 pub mod checkers;
+pub mod cluster;
 pub mod history;
 pub mod monitor;
 pub mod proxy;
@@ -63,6 +66,7 @@ pub mod sentinel;
 mod server;
 mod wait;
 
+pub use cluster::{Cluster, ClusterBuilder, SlotMigration};
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
 pub use sentinel::{SentinelBuilder, SentinelGroup};

@@ -1050,6 +1050,32 @@ fn redis_binary() -> PathBuf {
         .unwrap_or_else(|msg| panic!("{msg}"))
 }
 
+/// `$REDIS_CLI` if set, else the `redis-cli` next to the `redis-server` in
+/// use, else `redis-cli` on `$PATH`; panics if missing.
+pub(crate) fn redis_cli_binary() -> PathBuf {
+    const CLI_NOT_FOUND: &str =
+        "redis-cli not found: install it (apt-get install -y redis-tools) or set REDIS_CLI";
+    if let Some(p) = std::env::var_os("REDIS_CLI").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(
+            is_executable(&p),
+            "{CLI_NOT_FOUND} (REDIS_CLI={} is not an executable file)",
+            p.display()
+        );
+        return p;
+    }
+    let sibling = redis_binary().with_file_name("redis-cli");
+    if is_executable(&sibling) {
+        return sibling;
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("redis-cli"))
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| panic!("{CLI_NOT_FOUND}"))
+}
+
 fn find_redis_server(
     env_override: Option<OsString>,
     path: Option<OsString>,
