@@ -307,7 +307,10 @@ impl SentinelGroup {
         &self.sentinels
     }
 
-    /// One sentinel by index, to kill, pause or restart it.
+    /// One sentinel by index, to kill, pause or restart it. Queries of the
+    /// group skip sentinels that are paused or do not answer. A sentinel
+    /// paused for more than 2 s enters TILT mode when resumed and takes part
+    /// in no failover for the next 30 s.
     ///
     /// # Panics
     /// If there is no sentinel `i`.
