@@ -26,6 +26,13 @@
 //! polls, bounded, for state that no event announces (a server-side count, a
 //! client's statistics).
 //!
+//! [`SentinelGroup`] (a master, replicas and three sentinels) and
+//! [`Cluster`] (masters with replicas, created by `redis-cli --cluster
+//! create`) are whole deployments of such servers, with their own faults:
+//! killing or pausing the master and waiting for the failover, a graceful
+//! `SENTINEL FAILOVER`, and moving a cluster slot with its keys
+//! ([`Cluster::migrate_slot`]).
+//!
 //! [`FaultProxy`] sits between a client and a server and injects network
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
 //! (client, node) link composes into partitions, see [`proxy`].
@@ -50,14 +57,18 @@
 #![allow(unsafe_code)]
 
 pub mod checkers;
+pub mod cluster;
 pub mod history;
 pub mod monitor;
 pub mod proxy;
 mod resp;
+pub mod sentinel;
 mod server;
 mod wait;
 
+pub use cluster::{Cluster, ClusterBuilder, SlotMigration};
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
-pub use server::{RedisServer, ServerBuilder, free_port};
+pub use sentinel::{SentinelBuilder, SentinelGroup};
+pub use server::{RedisServer, ServerBuilder, free_cluster_port, free_port};
 pub use wait::eventually;

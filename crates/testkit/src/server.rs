@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,11 @@ const SIGNAL_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const LOG_FILE: &str = "redis.log";
 /// Where the server's stderr goes, inside its directory.
 const STDERR_FILE: &str = "redis.stderr";
+/// The config file written by [`ServerBuilder::config_file`], inside the
+/// server's directory.
+const CONFIG_FILE: &str = "redis.conf";
+/// Redis Cluster's bus listens on the client port plus this offset.
+const CLUSTER_BUS_OFFSET: u16 = 10000;
 
 const NOT_FOUND: &str =
     "redis-server not found: install it (apt-get install -y redis-server) or set REDIS_SERVER";
@@ -53,10 +59,91 @@ pub fn free_port() -> u16 {
         .unwrap_or_else(|e| panic!("testkit: cannot bind 127.0.0.1:0 to find a free port: {e}"))
 }
 
+/// Returns a TCP port `P` on 127.0.0.1 such that both `P` and `P + 10000`
+/// (Redis Cluster's bus port) were free a moment ago, for servers started
+/// with `--cluster-enabled yes` (see [`ServerBuilder::port_source`]).
+///
+/// The kernel's ephemeral ports (`/proc/sys/net/ipv4/ip_local_port_range`,
+/// 32768-60999 by default) are avoided for both: a bus port in that range
+/// may be taken at any moment by some outgoing connection, and one above
+/// 65535 does not exist. With the default range `P` lies in 10000-22767.
+/// Candidates are drawn at random (so parallel tests and other test
+/// processes rarely collide) and checked by binding both ports; the race
+/// that remains is handled by [`RedisServer::start`]'s retry on a new port.
+///
+/// # Panics
+/// If no such pair is found after many attempts.
+pub fn free_cluster_port() -> u16 {
+    let ephemeral = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut it = text.split_whitespace().map(|n| n.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    let (lo, hi) = cluster_port_range(ephemeral);
+    for _ in 0..1000 {
+        let port = lo + (next_random() % u64::from(hi - lo + 1)) as u16;
+        let both_free = TcpListener::bind(("127.0.0.1", port))
+            .and_then(|a| {
+                TcpListener::bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET)).map(|b| (a, b))
+            })
+            .is_ok();
+        if both_free {
+            return port;
+        }
+    }
+    panic!("testkit: found no free port P in {lo}-{hi} with P + 10000 free as well")
+}
+
+/// The range to draw cluster ports from: ports `P >= 10000` where neither
+/// `P` nor `P + 10000` is in the ephemeral range `(elo, ehi)` and
+/// `P + 10000 <= 65535`; the largest such stretch, or all of
+/// 10000-55535 if the ephemeral range leaves none worth having.
+fn cluster_port_range((elo, ehi): (u16, u16)) -> (u16, u16) {
+    const LO: u32 = 10000;
+    const HI: u32 = 65535 - CLUSTER_BUS_OFFSET as u32;
+    let off = u32::from(CLUSTER_BUS_OFFSET);
+    let (elo, ehi) = (u32::from(elo), u32::from(ehi));
+    // Below the ephemeral range (bus port too), or above it.
+    let below = (LO, elo.saturating_sub(off + 1).min(HI));
+    let above = ((ehi + 1).max(LO), HI);
+    let len = |(a, b): (u32, u32)| b.saturating_sub(a) + u32::from(b >= a);
+    let best = if len(below) >= len(above) {
+        below
+    } else {
+        above
+    };
+    let best = if len(best) >= 1000 { best } else { (LO, HI) };
+    (best.0 as u16, best.1 as u16)
+}
+
+/// A cheap pseudo-random number (splitmix64 over the clock, the pid and a
+/// counter): enough to spread port picks, no dependency needed.
+fn next_random() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut z = nanos
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_mul(3);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 #[derive(Clone, Debug, Default)]
 struct Config {
     extra_args: Vec<String>,
     persistence: bool,
+    /// Contents of a config file passed as the first argument.
+    config_file: Option<String>,
+    /// How to pick a port; `None`: [`free_port`].
+    port_source: Option<fn() -> u16>,
 }
 
 impl Config {
@@ -116,6 +203,27 @@ impl ServerBuilder {
         self
     }
 
+    /// A config file for the server: `contents` is written to `redis.conf`
+    /// in the server's directory before it first starts, and its path is
+    /// passed as the first argument (so testkit's own arguments and
+    /// [`arg`](Self::arg)s override it). Sentinels need one
+    /// (`.config_file("sentinel monitor ...").arg("--sentinel")`): they
+    /// rewrite it with what they learn. A [`restart`](RedisServer::restart)
+    /// reads the file as the server left it.
+    pub fn config_file(mut self, contents: impl Into<String>) -> Self {
+        self.config.config_file = Some(contents.into());
+        self
+    }
+
+    /// How to pick the server's port (and a new one if the server exits at
+    /// start, e.g. because another process took the port): [`free_port`] by
+    /// default; [`free_cluster_port`] for `--cluster-enabled yes`, whose bus
+    /// port (port + 10000) must be free as well.
+    pub fn port_source(mut self, pick: fn() -> u16) -> Self {
+        self.config.port_source = Some(pick);
+        self
+    }
+
     /// Starts the server and waits until it answers `PING`.
     ///
     /// Start it from the thread that will own it (normally the test's own
@@ -125,8 +233,27 @@ impl ServerBuilder {
     /// If `redis-server` cannot be found, or does not come up (the message
     /// includes the tail of its log file).
     pub fn start(self) -> RedisServer {
-        Launch::begin(redis_binary(), self.config, free_port).finish()
+        self.launch(redis_binary()).finish()
     }
+
+    /// Spawns the server without waiting for it.
+    fn launch(self, binary: PathBuf) -> Launch {
+        let next_port = self.config.port_source.unwrap_or(free_port);
+        Launch::begin(binary, self.config, next_port)
+    }
+}
+
+/// Starts several servers, each configured by its builder: all are spawned
+/// first (from the calling thread, see `PDEATHSIG` on [`RedisServer`]) and
+/// boot concurrently, then each is waited for. If one fails, the panic drops
+/// (kills) all the others.
+pub(crate) fn start_all(builders: Vec<ServerBuilder>) -> Vec<RedisServer> {
+    let binary = redis_binary();
+    let launches: Vec<Launch> = builders
+        .into_iter()
+        .map(|b| b.launch(binary.clone()))
+        .collect();
+    launches.into_iter().map(Launch::finish).collect()
 }
 
 /// A real `redis-server` child process on a free loopback port with its own
@@ -182,11 +309,7 @@ impl RedisServer {
     /// directories). They boot concurrently but are all spawned from the
     /// calling thread (see `PDEATHSIG` in the type docs).
     pub fn start_many(n: usize) -> Vec<RedisServer> {
-        let binary = redis_binary();
-        let launches: Vec<Launch> = (0..n)
-            .map(|_| Launch::begin(binary.clone(), Config::default(), free_port))
-            .collect();
-        launches.into_iter().map(Launch::finish).collect()
+        start_all((0..n).map(|_| Self::builder()).collect())
     }
 
     /// The TCP port the server listens on (stable across [`restart`](Self::restart)).
@@ -219,6 +342,21 @@ impl RedisServer {
     /// Path of the server's log file.
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join(LOG_FILE)
+    }
+
+    /// Path of the config file given with [`ServerBuilder::config_file`]
+    /// (as the server may have rewritten it), `None` without one.
+    pub fn config_path(&self) -> Option<PathBuf> {
+        self.config
+            .config_file
+            .as_ref()
+            .map(|_| self.dir.path().join(CONFIG_FILE))
+    }
+
+    /// Whether the server is paused by [`pause`](Self::pause) (and not
+    /// resumed, killed or restarted since).
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// Freezes the server with `SIGSTOP` and waits until the kernel reports
@@ -487,6 +625,24 @@ impl RedisServer {
         Ok(replies.pop().expect("one reply"))
     }
 
+    /// Non-panicking [`cmd_as`](Self::cmd_as): `AUTH password`, then
+    /// `args`, on one fresh connection with `timeout` for connect, write and
+    /// read. If `AUTH` fails, its error reply is returned instead.
+    ///
+    /// # Errors
+    /// As [`try_cmd`](Self::try_cmd).
+    pub fn try_cmd_as(
+        &self,
+        password: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> io::Result<Reply> {
+        let mut replies = self.exchange(&[&["AUTH", password], args], timeout)?;
+        let reply = replies.pop().expect("two replies");
+        let auth = replies.pop().expect("two replies");
+        Ok(if auth.is_error() { auth } else { reply })
+    }
+
     fn exchange(&self, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<Reply>> {
         assert!(
             cmds.iter().all(|c| !c.is_empty()),
@@ -605,6 +761,11 @@ impl Launch {
             .prefix("testkit-redis-")
             .tempdir()
             .unwrap_or_else(|e| panic!("testkit: cannot create a temporary directory: {e}"));
+        if let Some(contents) = &config.config_file {
+            let path = dir.path().join(CONFIG_FILE);
+            fs::write(&path, contents)
+                .unwrap_or_else(|e| panic!("testkit: cannot write {}: {e}", path.display()));
+        }
         let port = next_port();
         let child = spawn(&binary, &config, port, dir.path());
         Launch {
@@ -672,6 +833,9 @@ impl std::fmt::Display for StartError {
 
 fn spawn(binary: &Path, config: &Config, port: u16, dir: &Path) -> Child {
     let mut cmd = Command::new(binary);
+    if config.config_file.is_some() {
+        cmd.arg(dir.join(CONFIG_FILE));
+    }
     cmd.arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1"])
@@ -696,6 +860,19 @@ fn spawn(binary: &Path, config: &Config, port: u16, dir: &Path) -> Child {
         .stdout(Stdio::null())
         .stderr(stderr)
         .process_group(0);
+    die_with_parent(&mut cmd);
+    cmd.spawn().unwrap_or_else(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            panic!("{NOT_FOUND} (tried {})", binary.display());
+        }
+        panic!("testkit: cannot spawn {}: {e}", binary.display())
+    })
+}
+
+/// Makes the child that `cmd` spawns ask the kernel for `SIGKILL` when the
+/// spawning thread dies (`PR_SET_PDEATHSIG`, see [`RedisServer`]); the spawn
+/// fails if the parent is already gone.
+pub(crate) fn die_with_parent(cmd: &mut Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs in the forked child before exec; it only makes
     // async-signal-safe syscalls (prctl, getppid) and allocates nothing.
@@ -718,12 +895,6 @@ fn spawn(binary: &Path, config: &Config, port: u16, dir: &Path) -> Child {
             Ok(())
         });
     }
-    cmd.spawn().unwrap_or_else(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            panic!("{NOT_FOUND} (tried {})", binary.display());
-        }
-        panic!("testkit: cannot spawn {}: {e}", binary.display())
-    })
 }
 
 /// Polls until the child answers `PING` on `port` *and* owns the listening
@@ -842,7 +1013,7 @@ fn process_state(pid: u32) -> Option<char> {
 
 /// The value of `field` in the text of an `INFO` reply: what follows
 /// `field:` on its line (`# Section` headers and blank lines never match).
-fn info_value<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+pub(crate) fn info_value<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     info.lines().find_map(|line| {
         line.strip_prefix(field)
             .and_then(|rest| rest.strip_prefix(':'))
@@ -877,6 +1048,32 @@ fn log_tail(dir: &Path) -> String {
 fn redis_binary() -> PathBuf {
     find_redis_server(std::env::var_os("REDIS_SERVER"), std::env::var_os("PATH"))
         .unwrap_or_else(|msg| panic!("{msg}"))
+}
+
+/// `$REDIS_CLI` if set, else the `redis-cli` next to the `redis-server` in
+/// use, else `redis-cli` on `$PATH`; panics if missing.
+pub(crate) fn redis_cli_binary() -> PathBuf {
+    const CLI_NOT_FOUND: &str =
+        "redis-cli not found: install it (apt-get install -y redis-tools) or set REDIS_CLI";
+    if let Some(p) = std::env::var_os("REDIS_CLI").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(
+            is_executable(&p),
+            "{CLI_NOT_FOUND} (REDIS_CLI={} is not an executable file)",
+            p.display()
+        );
+        return p;
+    }
+    let sibling = redis_binary().with_file_name("redis-cli");
+    if is_executable(&sibling) {
+        return sibling;
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("redis-cli"))
+        .find(|p| is_executable(p))
+        .unwrap_or_else(|| panic!("{CLI_NOT_FOUND}"))
 }
 
 fn find_redis_server(
@@ -965,6 +1162,22 @@ mod tests {
         assert_ne!(server.port(), other.port());
         assert!(server.cmd(&["GET", "owner"]).is_nil());
         assert_eq!(other.cmd(&["GET", "owner"]).as_str(), Some("other"));
+    }
+
+    #[test]
+    fn cluster_ports_avoid_the_ephemeral_range_for_the_bus_port_too() {
+        // Linux's default ephemeral range: below it, bus port included.
+        assert_eq!(cluster_port_range((32768, 60999)), (10000, 22767));
+        // IANA's: below it still.
+        assert_eq!(cluster_port_range((49152, 65535)), (10000, 39151));
+        // A low range: above it.
+        assert_eq!(cluster_port_range((1024, 20000)), (20001, 55535));
+        // Everything ephemeral: anything with a bus port <= 65535.
+        assert_eq!(cluster_port_range((1024, 65535)), (10000, 55535));
+        for _ in 0..20 {
+            let port = free_cluster_port();
+            assert!((10000..=55535).contains(&port), "{port}");
+        }
     }
 
     #[test]

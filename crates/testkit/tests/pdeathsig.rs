@@ -74,3 +74,67 @@ fn server_dies_with_a_sigkilled_test_process() {
     // The child could not clean up its temp dir; do it for it.
     let _ = std::fs::remove_dir_all(dir);
 }
+
+const RIGS_CHILD_ENV: &str = "TESTKIT_PDEATHSIG_RIGS_CHILD";
+const RIGS_TEST_NAME: &str = "sentinel_group_and_cluster_die_with_a_sigkilled_test_process";
+
+/// The same for the processes of a `SentinelGroup` and a `Cluster`: every
+/// data node, sentinel and cluster node dies with the test process.
+#[test]
+fn sentinel_group_and_cluster_die_with_a_sigkilled_test_process() {
+    if std::env::var_os(RIGS_CHILD_ENV).is_some() {
+        let group = testkit::SentinelGroup::start();
+        let cluster = testkit::Cluster::builder().replicas_per_master(0).start();
+        let servers = group
+            .sentinels()
+            .iter()
+            .chain(group.nodes())
+            .chain(cluster.nodes());
+        for s in servers {
+            println!("REDIS={} {}", s.pid(), s.dir().display());
+        }
+        println!("REDIS_END");
+        let _ = std::io::stdin().read_line(&mut String::new());
+        return;
+    }
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", RIGS_TEST_NAME, "--nocapture", "--test-threads=1"])
+        .env(RIGS_CHILD_ENV, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut servers: Vec<(u32, String)> = Vec::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.ends_with("REDIS_END") {
+            break;
+        }
+        if let Some((_, server)) = line.split_once("REDIS=") {
+            let (pid, dir) = server.split_once(' ').unwrap();
+            servers.push((pid.parse().unwrap(), dir.to_owned()));
+        }
+    }
+    assert_eq!(servers.len(), 5 + 3, "child exited before reporting");
+    assert!(servers.iter().all(|&(pid, _)| !dead(pid)));
+
+    child.kill().unwrap(); // SIGKILL: no Drop runs in the child
+    child.wait().unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (pid, _) in &servers {
+        while !dead(*pid) {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server {pid} outlived its SIGKILLed parent"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // The child could not clean up its temp dirs; do it for it.
+    for (_, dir) in servers {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -439,3 +439,79 @@ fn script_calls_counts_eval_and_evalsha() {
     server.cmd(&["CONFIG", "RESETSTAT"]);
     assert_eq!(server.script_calls(), 0);
 }
+
+#[test]
+fn config_file_comes_first_and_survives_restart() {
+    let mut server = RedisServer::builder()
+        .config_file("maxmemory-policy allkeys-lru\nhz 50\n")
+        .arg("--hz")
+        .arg("20")
+        .start();
+    let path = server.config_path().unwrap();
+    assert_eq!(path, server.dir().join("redis.conf"));
+    let config = |s: &RedisServer, name: &str| {
+        s.cmd(&["CONFIG", "GET", name]).as_array().unwrap()[1]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(config(&server, "maxmemory-policy"), "allkeys-lru");
+    // Arguments override the file.
+    assert_eq!(config(&server, "hz"), "20");
+    // The server may rewrite its file; a restart reads it as left.
+    server.cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-ttl"]);
+    assert_eq!(server.cmd(&["CONFIG", "REWRITE"]).as_str(), Some("OK"));
+    server.restart();
+    assert_eq!(config(&server, "maxmemory-policy"), "volatile-ttl");
+
+    assert_eq!(RedisServer::start().config_path(), None);
+}
+
+#[test]
+fn port_source_picks_the_port_and_cluster_ports_leave_the_bus_port_free() {
+    let server = RedisServer::builder()
+        .port_source(testkit::free_cluster_port)
+        .args(["--cluster-enabled", "yes"])
+        .start();
+    let port = server.port();
+    assert!((10000..=55535).contains(&port), "{port}");
+    assert_eq!(
+        server.info_field("cluster", "cluster_enabled").as_deref(),
+        Some("1")
+    );
+    // The cluster bus listens on port + 10000.
+    assert!(TcpStream::connect(("127.0.0.1", port + 10000)).is_ok());
+}
+
+#[test]
+fn is_paused_and_try_cmd_as() {
+    let mut server = RedisServer::builder()
+        .arg("--requirepass")
+        .arg("pw")
+        .start();
+    assert!(!server.is_paused());
+    let timeout = Duration::from_millis(200);
+    assert_eq!(
+        server
+            .try_cmd_as("pw", &["PING"], timeout)
+            .unwrap()
+            .as_str(),
+        Some("PONG")
+    );
+    assert!(
+        server
+            .try_cmd_as("wrong", &["PING"], timeout)
+            .unwrap()
+            .as_error()
+            .unwrap()
+            .starts_with("WRONGPASS")
+    );
+    server.pause();
+    assert!(server.is_paused());
+    assert!(server.try_cmd_as("pw", &["PING"], timeout).is_err());
+    server.resume();
+    assert!(!server.is_paused());
+    server.pause();
+    server.kill();
+    assert!(!server.is_paused());
+}
