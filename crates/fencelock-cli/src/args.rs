@@ -133,14 +133,34 @@ pub(crate) struct Connection {
         value_name = "URL",
         env = "FENCELOCK_REDIS",
         hide_env_values = true,
-        value_delimiter = ',',
         default_value = "redis://127.0.0.1:6379"
     )]
-    pub(crate) redis: Vec<String>,
+    redis: Vec<String>,
 
     /// Prefix of the Redis keys: the lock key is PREFIX:{NAME}.
     #[arg(long, value_name = "PREFIX", default_value = "fencelock")]
     pub(crate) prefix: String,
+}
+
+impl Connection {
+    /// The URLs given: each `--redis`, and each URL of a comma-separated list (a comma
+    /// starts a new URL only where a scheme follows, so the sentinels' or a cluster's
+    /// `host:port,host:port` list stays in one URL).
+    pub(crate) fn urls(&self) -> Vec<String> {
+        let mut urls: Vec<String> = Vec::new();
+        for value in &self.redis {
+            for (i, part) in value.split(',').enumerate() {
+                match urls.last_mut() {
+                    Some(last) if i > 0 && !part.contains("://") => {
+                        last.push(',');
+                        last.push_str(part);
+                    }
+                    _ => urls.push(part.trim().to_owned()),
+                }
+            }
+        }
+        urls
+    }
 }
 
 /// `fencelock status`.
@@ -365,6 +385,33 @@ mod tests {
         .unwrap();
         assert_eq!(args.max_hold, Some(Duration::from_millis(10)));
         assert_eq!(args.kill_grace, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_comma_starts_a_new_url_only_before_a_scheme() {
+        let urls = |values: &[&str]| {
+            Connection {
+                redis: values.iter().map(|v| (*v).to_owned()).collect(),
+                prefix: String::new(),
+            }
+            .urls()
+        };
+        assert_eq!(
+            urls(&["redis://a:1,redis://b:2", "redis://c:3"]),
+            ["redis://a:1", "redis://b:2", "redis://c:3"]
+        );
+        assert_eq!(
+            urls(&["redis+sentinel://a:1,b:2,c:3/svc"]),
+            ["redis+sentinel://a:1,b:2,c:3/svc"]
+        );
+        assert_eq!(
+            urls(&["redis+sentinel://a:1,b:2/s1,redis+sentinel://c:3,d:4/s2,redis://e:5"]),
+            [
+                "redis+sentinel://a:1,b:2/s1",
+                "redis+sentinel://c:3,d:4/s2",
+                "redis://e:5"
+            ]
+        );
     }
 
     #[test]

@@ -170,7 +170,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
     let connection = &args.connection;
-    let builder = Client::redlock(connection.redis.iter().map(String::as_str))
+    let builder = Client::redlock(connection.urls())
         .prefix(connection.prefix.as_str())
         .restart_protection(protection);
     // One node: lazily, so that a node down now (a restart, a failover) is retried for
@@ -178,7 +178,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     // connects tolerate a minority down anyway, and ask every node who it is, to refuse
     // one server named twice.
     let connecting = async {
-        match connection.redis.len() {
+        match connection.urls().len() {
             1 => builder.connect_lazy().await,
             _ => builder.connect().await,
         }

@@ -45,7 +45,7 @@ fn hostname() -> String {
 
 /// A client for `connection`, made lazily (nothing is sent until the first command).
 pub(crate) async fn client(connection: &Connection) -> Result<Client, Failure> {
-    Client::redlock(connection.redis.iter().map(String::as_str))
+    Client::redlock(connection.urls())
         .prefix(connection.prefix.as_str())
         .restart_protection(None)
         .connect_lazy()

@@ -307,3 +307,30 @@ fn replicas_n_refuses_a_grant_no_replica_acknowledged_with_69() {
     assert!(text.contains("0 of 1 replicas"), "{text}");
     assert!(!redis.exists("fencelock:{r}"), "released again");
 }
+
+#[test]
+fn run_and_status_take_a_sentinel_url() {
+    let group = testkit::SentinelGroup::start();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--redis",
+            &group.url(),
+            "s",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_TOKEN",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).trim().parse::<u64>().is_ok(), "{out:?}");
+    let status = Command::new(BIN)
+        .args(["--json", "status", "--redis", &group.url(), "s"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(stdout(&status).trim()).unwrap();
+    assert_eq!(v["nodes"][0]["node"], group.master_addr());
+}
