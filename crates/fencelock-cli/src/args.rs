@@ -2,6 +2,7 @@
 //! library's limits, and clap's errors squeezed into one line.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -122,7 +123,8 @@ pub(crate) enum Command {
 }
 
 /// Where the locks live: the options every subcommand that talks to Redis takes.
-#[derive(Debug, Args)]
+/// (Its `Debug` shows no URL or password.)
+#[derive(Args)]
 pub(crate) struct Connection {
     /// Redis server URL: redis://[user:password@]host[:port][/db], or
     /// redis+unix:///path/to/socket[?db=N]. Give it an odd number of times, at least 3
@@ -140,6 +142,60 @@ pub(crate) struct Connection {
     /// Prefix of the Redis keys: the lock key is PREFIX:{NAME}.
     #[arg(long, value_name = "PREFIX", default_value = "fencelock")]
     pub(crate) prefix: String,
+
+    /// ACL user to log in as (instead of the URL's).
+    #[arg(long, value_name = "USER", env = "FENCELOCK_USER")]
+    pub(crate) user: Option<String>,
+
+    /// Password to log in with (instead of the URL's). Prefer FENCELOCK_PASSWORD or
+    /// --password-file: a command line is visible to every user of the machine.
+    #[arg(
+        long = "pass",
+        short = 'a',
+        value_name = "PASSWORD",
+        env = "FENCELOCK_PASSWORD",
+        hide_env_values = true,
+        conflicts_with = "password_file"
+    )]
+    pub(crate) pass: Option<String>,
+
+    /// Read the password from FILE (its first line).
+    #[arg(long, value_name = "FILE", env = "FENCELOCK_PASSWORD_FILE")]
+    pub(crate) password_file: Option<PathBuf>,
+
+    /// TLS (rediss:// URLs): trust the CA certificate(s) in this PEM file instead of the
+    /// system's roots.
+    #[arg(long, value_name = "FILE", env = "FENCELOCK_CACERT")]
+    pub(crate) cacert: Option<PathBuf>,
+
+    /// TLS: client certificate (PEM) for servers that require one; needs --key.
+    #[arg(long, value_name = "FILE", env = "FENCELOCK_CERT", requires = "key")]
+    pub(crate) cert: Option<PathBuf>,
+
+    /// TLS: private key (PEM) of the --cert certificate.
+    #[arg(long, value_name = "FILE", env = "FENCELOCK_KEY", requires = "cert")]
+    pub(crate) key: Option<PathBuf>,
+
+    /// TLS: do not verify the server's certificate or host name. Anyone on the path can
+    /// then pose as the server.
+    #[arg(long, env = "FENCELOCK_INSECURE")]
+    pub(crate) insecure: bool,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("urls", &self.redis.len())
+            .field("prefix", &self.prefix)
+            .field("user", &self.user)
+            .field("pass", &self.pass.as_ref().map(|_| "<redacted>"))
+            .field("password_file", &self.password_file)
+            .field("cacert", &self.cacert)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("insecure", &self.insecure)
+            .finish()
+    }
 }
 
 impl Connection {
@@ -393,6 +449,13 @@ mod tests {
             Connection {
                 redis: values.iter().map(|v| (*v).to_owned()).collect(),
                 prefix: String::new(),
+                user: None,
+                pass: None,
+                password_file: None,
+                cacert: None,
+                cert: None,
+                key: None,
+                insecure: false,
             }
             .urls()
         };

@@ -49,7 +49,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use fencelock::{Client, Error, LockGuard, LossCause};
+use fencelock::{Error, LockGuard, LossCause};
 
 use args::{Cli, Command, RunArgs, one_line};
 use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
@@ -170,9 +170,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
     let connection = &args.connection;
-    let builder = Client::redlock(connection.urls())
-        .prefix(connection.prefix.as_str())
-        .restart_protection(protection);
+    let builder = ops::builder(connection)?.restart_protection(protection);
     // One node: lazily, so that a node down now (a restart, a failover) is retried for
     // the whole --wait by the acquire, which then says it was unreachable. Redlock
     // connects tolerate a minority down anyway, and ask every node who it is, to refuse

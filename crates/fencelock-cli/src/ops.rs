@@ -4,7 +4,7 @@
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencelock::{BreakOutcome, Client, Error, Holder, LockState, LockStatus};
+use fencelock::{BreakOutcome, Client, ClientBuilder, Error, Holder, LockState, LockStatus};
 use serde_json::{Value, json};
 
 use crate::args::{BreakArgs, Connection, ListArgs, StatusArgs};
@@ -43,10 +43,86 @@ fn hostname() -> String {
     }
 }
 
+/// A client builder for `connection`: its URLs, key prefix, credentials and TLS files.
+/// Warns (once) when the command line holds a password.
+pub(crate) fn builder(connection: &Connection) -> Result<ClientBuilder, Failure> {
+    warn_password_on_command_line();
+    let mut builder = Client::redlock(connection.urls()).prefix(connection.prefix.as_str());
+    if let Some(user) = &connection.user {
+        builder = builder.username(user.as_str());
+    }
+    if let Some(file) = &connection.password_file {
+        let text = std::fs::read_to_string(file).map_err(|e| {
+            Failure::Usage(format!(
+                "--password-file {}: cannot read it: {e}",
+                file.display()
+            ))
+        })?;
+        builder = builder.password(text.lines().next().unwrap_or(""));
+    } else if let Some(pass) = &connection.pass {
+        builder = builder.password(pass.as_str());
+    }
+    if let Some(ca) = &connection.cacert {
+        builder = builder.tls_ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&connection.cert, &connection.key) {
+        builder = builder.tls_client_cert(cert, key);
+    }
+    Ok(builder.tls_insecure_skip_verify(connection.insecure))
+}
+
+/// The one-time warning for a password written on fencelock's own command line (with
+/// --pass/-a, or in a --redis URL): `ps` shows it to every user of the machine.
+fn warn_password_on_command_line() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if password_in_args(std::env::args_os().skip(1)) {
+        ONCE.call_once(|| {
+            warn(format_args!(
+                "a password on the command line is visible to every user of this machine \
+                 (ps, /proc); give it in FENCELOCK_PASSWORD or --password-file FILE instead"
+            ));
+        });
+    }
+}
+
+/// Whether fencelock's arguments (not COMMAND's, after `--`) hold a password.
+fn password_in_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .take_while(|a| a != "--")
+        .collect();
+    args.iter().enumerate().any(|(i, arg)| {
+        let value = |flag: &str| -> Option<&str> {
+            if arg == flag {
+                args.get(i + 1).map(String::as_str)
+            } else {
+                arg.strip_prefix(flag)?.strip_prefix('=')
+            }
+        };
+        arg == "-a"
+            || arg == "--pass"
+            || arg.starts_with("--pass=")
+            || (arg.starts_with("-a") && !arg.starts_with("--"))
+            || value("--redis").is_some_and(url_has_password)
+    })
+}
+
+/// Whether a URL (or a comma-separated list) carries a password.
+fn url_has_password(url: &str) -> bool {
+    url.split(',').any(|url| {
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        let authority = rest.split(['/', '?']).next().unwrap_or("");
+        let userinfo_has_password = authority
+            .rsplit_once('@')
+            .is_some_and(|(userinfo, _)| userinfo.contains(':'));
+        userinfo_has_password || url.contains("sentinel_password=")
+    })
+}
+
 /// A client for `connection`, made lazily (nothing is sent until the first command).
 pub(crate) async fn client(connection: &Connection) -> Result<Client, Failure> {
-    Client::redlock(connection.urls())
-        .prefix(connection.prefix.as_str())
+    builder(connection)?
         .restart_protection(None)
         .connect_lazy()
         .await
@@ -347,4 +423,41 @@ pub(crate) fn status_json(status: &LockStatus) -> Value {
         .iter()
         .any(|n| n.state.as_ref().is_ok_and(|s| s.holder.is_some()));
     json!({ "name": status.name, "held": held, "nodes": nodes })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn has_password(args: &[&str]) -> bool {
+        password_in_args(args.iter().map(std::ffi::OsString::from))
+    }
+
+    #[test]
+    fn a_password_on_the_command_line_is_noticed() {
+        for args in [
+            &["run", "--pass", "x", "job", "--", "true"][..],
+            &["run", "-a", "x", "job", "--", "true"],
+            &["run", "-ax", "job", "--", "true"],
+            &["run", "--pass=x", "job", "--", "true"],
+            &["status", "--redis", "redis://u:pw@h:1", "job"],
+            &["status", "--redis=redis://:pw@h:1/0", "job"],
+            &[
+                "list",
+                "--redis",
+                "redis+sentinel://h:1/s?sentinel_password=pw",
+            ],
+            &["list", "--redis", "redis://h:1,redis://:pw@h:2,redis://h:3"],
+        ] {
+            assert!(has_password(args), "{args:?}");
+        }
+        for args in [
+            &["run", "job", "--", "mysql", "-a", "--pass", "x"][..],
+            &["status", "--redis", "redis://u@h:1", "job"],
+            &["status", "--redis", "redis://h:1/0?x=a:b@c", "job"],
+            &["run", "--password-file", "/run/secret", "job", "--", "true"],
+        ] {
+            assert!(!has_password(args), "{args:?}");
+        }
+    }
 }

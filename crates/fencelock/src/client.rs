@@ -7,7 +7,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Broken, LockStatus};
 use crate::algorithms::watchdog::Watchdog;
-use crate::backend::{Backend, Timeouts, redact};
+use std::path::PathBuf;
+
+use crate::backend::{Access, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
 use crate::error::Error;
 use crate::keys;
@@ -95,6 +97,7 @@ impl Client {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            access: Access::default(),
         }
     }
 
@@ -243,6 +246,7 @@ pub struct ClientBuilder {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    access: Access,
 }
 
 impl std::fmt::Debug for ClientBuilder {
@@ -255,6 +259,9 @@ impl std::fmt::Debug for ClientBuilder {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("node_timeout", &self.node_timeout)
+            .field("restart_protection", &self.restart_protection)
+            .field("access", &self.access)
             .finish()
     }
 }
@@ -297,6 +304,46 @@ impl ClientBuilder {
     /// you accept two holders after a crash and restart.
     pub fn restart_protection(mut self, quarantine: Option<Duration>) -> Self {
         self.restart_protection = quarantine;
+        self
+    }
+
+    /// The ACL user to log in as on every node, instead of the one in the URLs (for a
+    /// Sentinel URL: on the master; the sentinels' own user goes in the URL's
+    /// `sentinel_username`). See the README's ACL section for the least privilege a
+    /// fencelock user needs.
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.access.username = Some(username.into());
+        self
+    }
+
+    /// The password to log in with on every node, instead of the one in the URLs, so that
+    /// it need not be written into a URL. Never shown: not in errors, `Debug` output or
+    /// traces.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.access.password = Some(password.into());
+        self
+    }
+
+    /// TLS (`rediss://` URLs): trust the CA certificate(s) in this PEM file instead of
+    /// the system's roots (default: the system's roots). Read when the client connects;
+    /// an unreadable file is [`Error::InvalidArgument`].
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.access.tls.ca_file = Some(path.into());
+        self
+    }
+
+    /// TLS: present this client certificate and key (PEM files) to servers that ask for
+    /// one (mutual TLS, `tls-auth-clients yes`). Default: none.
+    pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.access.tls.client = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// TLS: skip verifying the server's certificate and host name (default `false`).
+    /// Anyone on the path can then pose as the server: only for tests, or a server
+    /// reached through a tunnel you trust.
+    pub fn tls_insecure_skip_verify(mut self, skip: bool) -> Self {
+        self.access.tls.insecure = skip;
         self
     }
 
@@ -344,7 +391,7 @@ impl ClientBuilder {
             response: self.response_timeout,
         };
         let backend = match self.urls.len() {
-            1 => Backend::single(&self.urls[0], timeouts, eager).await?,
+            1 => Backend::single(&self.urls[0], timeouts, &self.access, eager).await?,
             n if n >= 3 && n % 2 == 1 => {
                 for (i, url) in self.urls.iter().enumerate() {
                     if self.urls[..i].contains(url) {
@@ -357,6 +404,7 @@ impl ClientBuilder {
                 Backend::redlock(
                     &self.urls,
                     timeouts,
+                    &self.access,
                     self.node_timeout,
                     self.restart_protection,
                     eager,

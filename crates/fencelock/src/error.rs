@@ -37,8 +37,9 @@ pub enum Error {
     /// [`TimedOut`](UnavailableReason::TimedOut)), after fencelock took it back: another
     /// client may have held the lock by then.
     #[error(
-        "Redis node {node} is unavailable ({reason}{}{detail}); check that it is running and reachable, and the URL",
-        if detail.is_empty() { "" } else { ": " }
+        "Redis node {node} is unavailable ({reason}{}{detail}){}",
+        if detail.is_empty() { "" } else { ": " },
+        reason.advice()
     )]
     Unavailable {
         /// The node, as `host:port` (never with credentials).
@@ -298,6 +299,18 @@ pub enum UnavailableReason {
     TimedOut,
     /// The connection broke or another I/O error happened.
     Io,
+    /// The TLS handshake failed: a certificate problem, named in the detail.
+    Tls,
+}
+
+impl UnavailableReason {
+    /// What to check, after the message (the TLS detail says it already).
+    fn advice(self) -> &'static str {
+        match self {
+            Self::Tls => "",
+            _ => "; check that it is running and reachable, and the URL",
+        }
+    }
 }
 
 impl fmt::Display for UnavailableReason {
@@ -306,6 +319,7 @@ impl fmt::Display for UnavailableReason {
             Self::Refused => "connection refused",
             Self::TimedOut => "timed out",
             Self::Io => "connection error",
+            Self::Tls => "TLS handshake failed",
         })
     }
 }

@@ -10,6 +10,7 @@
 //! Below it: [`node`] (one connection, its timeouts, the mapping of driver errors to
 //! fencelock's [`Error`]) and [`subscriber`] (one pub/sub connection per client and node).
 
+pub(crate) mod access;
 pub(crate) mod node;
 pub(crate) mod quorum;
 pub(crate) mod sentinel;
@@ -27,6 +28,7 @@ use crate::scripts::{
     replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed},
 };
 use crate::token::{FencingToken, HolderToken};
+pub(crate) use access::Access;
 pub(crate) use node::{Node, Timeouts, redact};
 use quorum::{Confirmation, Quorum, Verdict, lease_end};
 use subscriber::{Subscription, Wake};
@@ -126,9 +128,14 @@ const IDENTIFY_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl Backend {
     /// Sets up one node at `url`; `eager`: connect now.
-    pub async fn single(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
+    pub async fn single(
+        url: &str,
+        timeouts: Timeouts,
+        access: &Access,
+        eager: bool,
+    ) -> Result<Self, Error> {
         Ok(Self {
-            nodes: vec![Node::open(url, timeouts, eager).await?],
+            nodes: vec![Node::open(url, timeouts, access, eager).await?],
             quorum: Quorum::single(timeouts.response),
         })
     }
@@ -141,13 +148,14 @@ impl Backend {
     pub async fn redlock(
         urls: &[String],
         timeouts: Timeouts,
+        access: &Access,
         node_timeout: Option<Duration>,
         quarantine: Option<Duration>,
         identify: bool,
     ) -> Result<Self, Error> {
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
-            nodes.push(Node::open(url, timeouts, false).await?);
+            nodes.push(Node::open(url, timeouts, access, false).await?);
         }
         if identify {
             let within = node_timeout

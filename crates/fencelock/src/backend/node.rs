@@ -8,6 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
 use tokio_util::sync::CancellationToken;
 
+use super::access::{self, Access};
 use super::sentinel::{self, SentinelUrl};
 use super::subscriber::Subscriber;
 use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
@@ -102,22 +103,17 @@ impl Node {
     /// `redis+sentinel://`). `eager`: connect now (for Sentinel: find the master now),
     /// failing fast when nothing answers; otherwise the first call connects (a Redlock
     /// node, a minority of which may be down when the client starts, or a lazy client).
-    pub async fn open(url: &str, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
+    pub async fn open(
+        url: &str,
+        timeouts: Timeouts,
+        access: &Access,
+        eager: bool,
+    ) -> Result<Self, Error> {
         let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
-        let sentinel = SentinelUrl::parse(url)?;
+        let sentinel = SentinelUrl::parse(url, access)?;
         let (addr, client) = match &sentinel {
             None => {
-                let client = redis::Client::open(url).map_err(|e| {
-                    Error::invalid(
-                        "Redis URL",
-                        format!(
-                            "{} does not parse ({}); expected redis://[user:password@]host[:port][/db], \
-                             redis+unix:///path or redis+sentinel://host:port[,...]/SERVICE",
-                            redact(url),
-                            e.detail().unwrap_or(e.category())
-                        ),
-                    )
-                })?;
+                let client = access::client_for_url(url, access)?;
                 (client.get_connection_info().addr().to_string(), client)
             }
             Some(s) if eager => sentinel::resolve(s, call_timeout).await?,
@@ -422,6 +418,14 @@ fn timed_out(addr: &str, after: Duration) -> Error {
 
 /// Sorts a driver error into the variant the caller acts on.
 fn map_error(addr: &str, e: &RedisError) -> Error {
+    if let Some(problem) = access::certificate_problem(e) {
+        return Error::Unavailable {
+            node: addr.to_owned(),
+            reason: UnavailableReason::Tls,
+            detail: problem,
+            source: None,
+        };
+    }
     if let Some((key, found)) = replies::wrong_type(e) {
         return Error::WrongType {
             node: addr.to_owned(),

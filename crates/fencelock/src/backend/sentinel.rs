@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
+use super::access::{self, Access, TlsSettings};
 use super::node::redact;
 use crate::error::{Error, UnavailableReason};
 
@@ -28,6 +29,8 @@ pub(crate) struct SentinelUrl {
     password: Option<String>,
     sentinel_username: Option<String>,
     sentinel_password: Option<String>,
+    /// `rediss+sentinel://`: the sentinels and the master over TLS, with these settings.
+    tls: Option<TlsSettings>,
 }
 
 impl std::fmt::Debug for SentinelUrl {
@@ -36,13 +39,15 @@ impl std::fmt::Debug for SentinelUrl {
     }
 }
 
-/// The URL schemes of a Sentinel-managed master.
-const SCHEMES: [&str; 1] = ["redis+sentinel://"];
-
 impl SentinelUrl {
-    /// `Ok(None)` when `url` is not a Sentinel URL.
-    pub fn parse(url: &str) -> Result<Option<Self>, Error> {
-        let Some(rest) = SCHEMES.iter().find_map(|s| url.strip_prefix(s)) else {
+    /// `Ok(None)` when `url` is not a Sentinel URL (`redis+sentinel://`, or
+    /// `rediss+sentinel://` for TLS with `tls`).
+    pub fn parse(url: &str, access: &Access) -> Result<Option<Self>, Error> {
+        let (rest, tls) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            (rest, None)
+        } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+            (rest, Some(access.tls.clone()))
+        } else {
             return Ok(None);
         };
         let bad = |why: &str| {
@@ -114,10 +119,11 @@ impl SentinelUrl {
             sentinels,
             service: service.to_owned(),
             db,
-            username,
-            password,
+            username: access.username.clone().or(username),
+            password: access.password.clone().or(password),
             sentinel_username,
             sentinel_password,
+            tls,
         }))
     }
 
@@ -137,18 +143,43 @@ impl SentinelUrl {
 
     /// How to reach the master at `host:port`, with the master's credentials.
     pub fn master(&self, host: &str, port: u16) -> Result<redis::Client, Error> {
-        client(
-            ConnectionAddr::Tcp(host.to_owned(), port),
+        self.client(
+            host,
+            port,
             redis_info(self.db, &self.username, &self.password),
         )
     }
 
     fn sentinel(&self, i: usize) -> Result<redis::Client, Error> {
         let (host, port) = &self.sentinels[i];
-        client(
-            ConnectionAddr::Tcp(host.clone(), *port),
+        self.client(
+            host,
+            *port,
             redis_info(0, &self.sentinel_username, &self.sentinel_password),
         )
+    }
+
+    fn client(
+        &self,
+        host: &str,
+        port: u16,
+        redis: RedisConnectionInfo,
+    ) -> Result<redis::Client, Error> {
+        let addr = match &self.tls {
+            None => ConnectionAddr::Tcp(host.to_owned(), port),
+            Some(_) => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+        };
+        let info = addr
+            .into_connection_info()
+            .map_err(|e| Error::invalid("Redis URL", e.to_string()))?
+            .set_redis_settings(redis);
+        let none = TlsSettings::default();
+        access::client(info, self.tls.as_ref().unwrap_or(&none))
     }
 
     fn sentinel_addr(&self, i: usize) -> String {
@@ -170,13 +201,6 @@ fn redis_info(
         info = info.set_password(p.clone());
     }
     info
-}
-
-fn client(addr: ConnectionAddr, redis: RedisConnectionInfo) -> Result<redis::Client, Error> {
-    addr.into_connection_info()
-        .map(|info| info.set_redis_settings(redis))
-        .and_then(redis::Client::open)
-        .map_err(|e| Error::invalid("Redis URL", e.to_string()))
 }
 
 /// Percent-decoding for the user name and password parts of a URL.
@@ -347,6 +371,7 @@ mod tests {
     fn sentinel_urls_parse_with_their_credentials_apart() {
         let u = SentinelUrl::parse(
             "redis+sentinel://app:s%40cret@10.0.0.1:26379,10.0.0.2:26379/orders/2?sentinel_password=sp",
+            &Access::default(),
         )
         .unwrap()
         .unwrap();
@@ -363,7 +388,8 @@ mod tests {
         assert_eq!(u.password.as_deref(), Some("s@cret"));
         assert_eq!(u.sentinel_password.as_deref(), Some("sp"));
         assert!(!u.label().contains("cret") && !format!("{u:?}").contains("sp\""));
-        assert!(SentinelUrl::parse("redis://h:1").unwrap().is_none());
+        let plain = Access::default();
+        assert!(SentinelUrl::parse("redis://h:1", &plain).unwrap().is_none());
         for bad in [
             "redis+sentinel://h:1",
             "redis+sentinel://h/svc",
@@ -371,7 +397,7 @@ mod tests {
             "redis+sentinel://h:1/svc/x",
             "redis+sentinel://h:1/svc?what=1",
         ] {
-            let e = SentinelUrl::parse(bad).err();
+            let e = SentinelUrl::parse(bad, &plain).err();
             assert!(
                 matches!(e, Some(Error::InvalidArgument { .. })),
                 "{bad}: {e:?}"

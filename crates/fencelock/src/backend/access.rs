@@ -1,0 +1,210 @@
+//! How to reach and log into a node: credentials given apart from the URL, and TLS for
+//! `rediss://` URLs. One TLS stack, rustls with ring as its crypto provider, which
+//! fencelock installs itself (so no build of the workspace can end up without one and
+//! panic); server verification against the system roots or a CA file, client
+//! certificates, host name checks on unless skipped by name; and certificate problems
+//! said in one line.
+
+use std::path::PathBuf;
+use std::sync::Once;
+
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::error::Error;
+
+/// A client's TLS settings (see the `tls_*` methods of
+/// [`ClientBuilder`](crate::ClientBuilder)).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsSettings {
+    /// PEM file of the CA to trust instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM files of a client certificate and its key (mutual TLS).
+    pub client: Option<(PathBuf, PathBuf)>,
+    /// Skip the verification of the server's certificate and name.
+    pub insecure: bool,
+}
+
+/// A client's TLS settings and the credentials that override a URL's.
+#[derive(Clone, Default)]
+pub(crate) struct Access {
+    /// TLS for `rediss://` URLs.
+    pub tls: TlsSettings,
+    /// The ACL user to log in as, instead of the URL's.
+    pub username: Option<String>,
+    /// The password to log in with, instead of the URL's.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("tls", &self.tls)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Access {
+    /// `redis` with this access's credentials in place of its own, where given.
+    pub fn login(&self, mut redis: RedisConnectionInfo) -> RedisConnectionInfo {
+        if let Some(user) = &self.username {
+            redis = redis.set_username(user);
+        }
+        if let Some(password) = &self.password {
+            redis = redis.set_password(password);
+        }
+        redis
+    }
+}
+
+impl TlsSettings {
+    fn given(&self) -> bool {
+        self.ca_file.is_some() || self.client.is_some() || self.insecure
+    }
+
+    fn read(path: &PathBuf, what: &'static str) -> Result<Vec<u8>, Error> {
+        std::fs::read(path)
+            .map_err(|e| Error::invalid(what, format!("cannot read {}: {e}", path.display())))
+    }
+
+    /// A PEM file of certificates, checked to hold at least one.
+    fn read_certificates(path: &PathBuf, what: &'static str) -> Result<Vec<u8>, Error> {
+        let pem = Self::read(path, what)?;
+        let mut certificates = CertificateDer::pem_slice_iter(&pem);
+        match certificates.next() {
+            Some(Ok(_)) if certificates.all(|c| c.is_ok()) => Ok(pem),
+            _ => Err(Error::invalid(
+                what,
+                format!("{} holds no PEM certificate", path.display()),
+            )),
+        }
+    }
+
+    /// The certificates to build the client with, read from their files.
+    fn certificates(&self) -> Result<redis::TlsCertificates, Error> {
+        let root_cert = match &self.ca_file {
+            Some(path) => Some(Self::read_certificates(path, "TLS CA file")?),
+            None => None,
+        };
+        let client_tls = match &self.client {
+            Some((cert, key)) => {
+                let client_key = Self::read(key, "TLS client key")?;
+                if PrivateKeyDer::from_pem_slice(&client_key).is_err() {
+                    return Err(Error::invalid(
+                        "TLS client key",
+                        format!("{} holds no PEM private key", key.display()),
+                    ));
+                }
+                Some(redis::ClientTlsConfig {
+                    client_cert: Self::read_certificates(cert, "TLS client certificate")?,
+                    client_key,
+                })
+            }
+            None => None,
+        };
+        Ok(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
+}
+
+/// Installs rustls's ring provider as the process's default, once (a provider another
+/// part of the program installed first is kept).
+fn install_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A driver client for `info`, with TLS as `tls` says when the address is a TLS one;
+/// TLS settings for a plain address are a mistake worth saying.
+pub(crate) fn client(info: ConnectionInfo, tls: &TlsSettings) -> Result<redis::Client, Error> {
+    let bad = |e: redis::RedisError| Error::invalid("Redis URL", e.to_string());
+    let addr = info.addr().clone();
+    let ConnectionAddr::TcpTls {
+        host,
+        port,
+        tls_params,
+        ..
+    } = addr
+    else {
+        if tls.given() {
+            return Err(Error::invalid(
+                "TLS settings",
+                "TLS settings were given for a URL without TLS: use rediss:// (or \
+                 rediss+sentinel://)",
+            ));
+        }
+        return redis::Client::open(info).map_err(bad);
+    };
+    install_provider();
+    let info = info.set_addr(ConnectionAddr::TcpTls {
+        host,
+        port,
+        insecure: tls.insecure,
+        tls_params,
+    });
+    redis::Client::build_with_tls(info, tls.certificates()?).map_err(bad)
+}
+
+/// `client` for a URL, logging in as `access` says.
+pub(crate) fn client_for_url(url: &str, access: &Access) -> Result<redis::Client, Error> {
+    let info = url.into_connection_info().map_err(|e| {
+        Error::invalid(
+            "Redis URL",
+            format!(
+                "{} does not parse ({}); expected redis[s]://[user:password@]host[:port][/db], \
+                 redis+unix:///path or redis[s]+sentinel://host:port[,...]/SERVICE",
+                super::node::redact(url),
+                e.detail().unwrap_or(e.category())
+            ),
+        )
+    })?;
+    let redis = access.login(info.redis_settings().clone());
+    client(info.set_redis_settings(redis), &access.tls)
+}
+
+/// A certificate problem in a driver error, as one line naming it and what to do.
+pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    let says = |needle: &str| text.contains(needle);
+    let problem = if says("InvalidClientConfig") || says("Unable to build client with TLS") {
+        let why = text.rsplit(": ").next().unwrap_or_default();
+        return Some(format!(
+            "the TLS settings cannot be used ({why}): check the certificate files (PEM, X.509 \
+             version 3)"
+        ));
+    } else if says("UnknownIssuer") || says("unknown issuer") {
+        "the server's certificate is signed by a CA this client does not trust: give the CA \
+         (--cacert FILE, or ClientBuilder::tls_ca_file)"
+    } else if says("NotValidForName") || says("not valid for name") {
+        "the server's certificate is not valid for the host name in the URL: connect by a \
+         name the certificate lists"
+    } else if says("Expired") || says("expired") {
+        "the server's certificate has expired (or is not valid yet): renew it, or check the \
+         clocks"
+    } else if says("CertificateRequired") || says("certificate required") {
+        "the server requires a client certificate: give one (--cert FILE --key FILE, or \
+         ClientBuilder::tls_client_cert)"
+    } else if says("InvalidCertificate") || says("invalid peer certificate") {
+        let why = text.rsplit(": ").next().unwrap_or_default();
+        return Some(format!("the server's certificate was refused ({why})"));
+    } else if says("CorruptMessage") || says("InvalidContentType") || says("received corrupt") {
+        "the server did not answer with TLS: is it a TLS port? (rediss:// needs one)"
+    } else {
+        return None;
+    };
+    Some(problem.to_owned())
+}
