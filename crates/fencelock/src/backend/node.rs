@@ -125,12 +125,12 @@ impl Node {
                 ConnectionManager::new_with_config(client.clone(), manager_config(timeouts));
             match tokio::time::timeout(call_timeout, connecting).await {
                 Ok(Ok(conn)) => conn,
-                Ok(Err(e)) => return Err(map_error(&addr, &e)),
+                Ok(Err(e)) => return Err(map_error(&addr, &client, &e)),
                 Err(_) => return Err(timed_out(&addr, call_timeout)),
             }
         } else {
             ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeouts))
-                .map_err(|e| map_error(&addr, &e))?
+                .map_err(|e| map_error(&addr, &client, &e))?
         };
         // A lazy Sentinel node has asked nobody yet: epoch 0 makes the first call ask.
         let epoch = u64::from(eager || sentinel.is_none());
@@ -215,16 +215,16 @@ impl Node {
                     // Ask again; go on only if the sentinels name another master.
                     let moved = self.inner.switch(current.epoch).await.unwrap_or(false);
                     if !moved {
-                        return Err(map_error(&current.addr, &e));
+                        return Err(current.error(&e));
                     }
                     let current = read(&self.inner.current).clone();
                     let mut conn = current.conn.clone();
                     invocation
                         .invoke_async(&mut conn)
                         .await
-                        .map_err(|e| map_error(&current.addr, &e))
+                        .map_err(|e| current.error(&e))
                 }
-                Err(e) => Err(map_error(&current.addr, &e)),
+                Err(e) => Err(current.error(&e)),
             }
         };
         match tokio::time::timeout_at(deadline, attempt).await {
@@ -252,7 +252,7 @@ impl Node {
             let (next, found): (u64, Vec<String>) =
                 match tokio::time::timeout(within, page.query_async(&mut conn)).await {
                     Ok(Ok(reply)) => reply,
-                    Ok(Err(e)) => return Err(map_error(&current.addr, &e)),
+                    Ok(Err(e)) => return Err(current.error(&e)),
                     Err(_) => return Err(timed_out(&current.addr, within)),
                 };
             keys.extend(found);
@@ -295,7 +295,7 @@ impl Node {
                     ),
                 })
             }
-            Ok(Err(e)) => Err(map_error(&current.addr, &e)),
+            Ok(Err(e)) => Err(current.error(&e)),
             Err(_) => Err(timed_out(&current.addr, bound)),
         }
     }
@@ -308,7 +308,7 @@ impl Node {
         let info = redis::cmd("INFO").arg("server").to_owned();
         let text: String = match tokio::time::timeout(within, info.query_async(&mut conn)).await {
             Ok(Ok(text)) => text,
-            Ok(Err(e)) => return Err(map_error(&current.addr, &e)),
+            Ok(Err(e)) => return Err(current.error(&e)),
             Err(_) => return Err(timed_out(&current.addr, within)),
         };
         text.lines()
@@ -342,7 +342,7 @@ impl Inner {
         }
         let conn =
             ConnectionManager::new_lazy_with_config(client.clone(), manager_config(self.timeouts))
-                .map_err(|e| map_error(&addr, &e))?;
+                .map_err(|e| map_error(&addr, &client, &e))?;
         if current.epoch != 0 {
             tracing::warn!(
                 service = %url.service,
@@ -416,8 +416,49 @@ fn timed_out(addr: &str, after: Duration) -> Error {
     }
 }
 
+impl Current {
+    /// A driver error of this connection, sorted (see [`map_error`]).
+    fn error(&self, e: &RedisError) -> Error {
+        map_error(&self.addr, &self.client, e)
+    }
+}
+
+/// Sorts a driver error of `client`'s connection into the variant the caller acts on;
+/// a connection that breaks or times out as a TLS/plain mix-up does gets a hint.
+fn map_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
+    let tls = matches!(
+        client.get_connection_info().addr(),
+        redis::ConnectionAddr::TcpTls { .. }
+    );
+    match sort_error(addr, e) {
+        Error::Unavailable {
+            node,
+            reason: reason @ (UnavailableReason::TimedOut | UnavailableReason::Io),
+            detail,
+            source,
+        } if detail.is_empty() => {
+            let detail = match (tls, reason) {
+                (true, UnavailableReason::TimedOut) => {
+                    "no TLS handshake: if the port is not a TLS port, use redis://"
+                }
+                (false, UnavailableReason::Io) if e.to_string().contains("reset by peer") => {
+                    "if the port is a TLS port (which drops plain connections), use rediss://"
+                }
+                _ => "",
+            };
+            Error::Unavailable {
+                node,
+                reason,
+                detail: detail.to_owned(),
+                source,
+            }
+        }
+        other => other,
+    }
+}
+
 /// Sorts a driver error into the variant the caller acts on.
-fn map_error(addr: &str, e: &RedisError) -> Error {
+fn sort_error(addr: &str, e: &RedisError) -> Error {
     if let Some(problem) = access::certificate_problem(e) {
         return Error::Unavailable {
             node: addr.to_owned(),
