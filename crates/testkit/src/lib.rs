@@ -37,10 +37,10 @@
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
 //! (client, node) link composes into partitions, see [`proxy`].
 //!
-//! [`TlsFiles`] makes certificates for TLS tests with the `openssl` tool: a
-//! CA, a good server certificate for `localhost`, a client certificate, and
-//! bad server certificates (an unknown CA, another name, expired); see
-//! [`tls`].
+//! [`ServerBuilder::tls`] adds a TLS port to a server, serving certificates
+//! that [`TlsFiles`] makes with the `openssl` tool: a CA, a good server
+//! certificate for `localhost`, a client certificate, and bad server
+//! certificates (an unknown CA, another name, expired); see [`tls`].
 //!
 //! For the safety lab, [`history`] is the per-process JSON Lines history
 //! format (timestamps from `CLOCK_MONOTONIC`) and [`checkers`] are the

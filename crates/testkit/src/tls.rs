@@ -1,4 +1,5 @@
-//! Certificates for TLS tests, made with the `openssl` command-line tool.
+//! Certificates for TLS tests, made with the `openssl` command-line tool,
+//! and servers that serve them.
 //!
 //! [`TlsFiles::generate`] makes, in a temporary directory of its own, a CA,
 //! a server certificate for `localhost` signed by it, a client certificate
@@ -6,6 +7,22 @@
 //! client trusting the CA must refuse: one from an unrelated CA, one for
 //! another name, and one that has expired. [`TlsFiles::shared`] makes them
 //! once per test process.
+//!
+//! [`ServerBuilder::tls`](crate::ServerBuilder::tls) starts a server with a
+//! TLS port next to its plain one ([`RedisServer::tls_port`],
+//! [`RedisServer::tls_url`]); testkit itself ([`RedisServer::cmd`], the
+//! readiness checks) keeps talking plain RESP on the plain port.
+//!
+//! ```
+//! use testkit::{ClientAuth, RedisServer, TlsFiles};
+//!
+//! let files = TlsFiles::shared();
+//! let server = RedisServer::builder().tls(files, ClientAuth::No).start();
+//! let url = server.tls_url().unwrap(); // "rediss://localhost:PORT"
+//! assert!(url.starts_with("rediss://localhost:"));
+//! // A client trusting `files.ca_cert()` can connect to `url`.
+//! assert_eq!(server.cmd(&["PING"]).as_str(), Some("PONG")); // plain port
+//! ```
 //!
 //! # What the certificates are
 //!
@@ -31,6 +48,10 @@
 //! `-days` (their `-not_before`/`-not_after` came in a later 3.x release),
 //! and `x509 -days -1` makes a certificate whose validity ends a day before
 //! it begins.
+//!
+//! [`RedisServer::cmd`]: crate::RedisServer::cmd
+//! [`RedisServer::tls_port`]: crate::RedisServer::tls_port
+//! [`RedisServer::tls_url`]: crate::RedisServer::tls_url
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -151,6 +172,11 @@ impl TlsFiles {
     /// exits and is removed then (an `atexit` handler, which runs when the
     /// test harness exits normally, tests failed or not). A process killed by
     /// a signal leaves it behind; the PID in its name tells whose it was.
+    ///
+    /// Nothing writes to the files once they are made, and servers keep
+    /// copies of what they serve (see
+    /// [`ServerBuilder::tls_with`](crate::ServerBuilder::tls_with)), so one
+    /// set serves any number of tests and threads.
     ///
     /// # Panics
     /// As [`generate`](Self::generate).
