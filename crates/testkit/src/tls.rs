@@ -49,6 +49,27 @@
 //! and `x509 -days -1` makes a certificate whose validity ends a day before
 //! it begins.
 //!
+//! # How clients fail (observed with redis-server and redis-cli 7.0.15, OpenSSL 3.0)
+//!
+//! | Mistake | `redis-cli --tls --cacert ca.crt -h localhost -p P ping` prints | The server logs (`Error accepting a client connection: ...`) |
+//! |---------|-------------------------------------------------|-----------------|
+//! | server cert from an unknown CA | `Could not connect to Redis at localhost:P: SSL_connect failed: certificate verify failed` | `error:0A000418:SSL routines::tlsv1 alert unknown ca` |
+//! | expired server cert | the same `certificate verify failed` line | `error:0A000415:SSL routines::sslv3 alert certificate expired` |
+//! | server cert for another name | nothing: `PONG` (redis-cli checks the chain and the dates, not the name) | nothing |
+//! | no `--cacert` (the CA is not in the system's store) | the same `certificate verify failed` line | `tlsv1 alert unknown ca` |
+//! | no client cert, `tls-auth-clients yes` | `Error: Server closed the connection` or `Error: Connection reset by peer`, either (TLS 1.3: the client's side of the handshake succeeds; the refusal arrives as the reply is read) | `error:0A0000C7:SSL routines::peer did not return a certificate` |
+//! | client cert from another CA, `tls-auth-clients yes` | the same two, either | `error:0A000086:SSL routines::certificate verify failed` |
+//! | plain RESP (no `--tls`) to the TLS port | `Error: Connection reset by peer` | `error:0A00010B:SSL routines::wrong version number` |
+//!
+//! redis-cli cannot tell the certificate mistakes apart; a client that
+//! checks names and reports the verification result can. `openssl s_client
+//! -CAfile ca.crt -verify_hostname localhost -verify_return_error` says
+//! `Verification error: unable to get local issuer certificate` (code 20),
+//! `certificate has expired` (10) and `hostname mismatch` (62) for the three
+//! mistakes, and `tlsv13 alert certificate required` (alert 116) for the
+//! missing client certificate; against the wrong-name certificate the
+//! server then logs `sslv3 alert bad certificate`.
+//!
 //! [`RedisServer::cmd`]: crate::RedisServer::cmd
 //! [`RedisServer::tls_port`]: crate::RedisServer::tls_port
 //! [`RedisServer::tls_url`]: crate::RedisServer::tls_url
@@ -88,7 +109,8 @@ impl ClientAuth {
 
 /// A CA, certificates and keys for TLS tests (PEM files), in a temporary
 /// directory of their own that is removed on drop. See the [module
-/// docs](self) for what each certificate is.
+/// docs](self) for what each certificate is and how clients fail with the
+/// bad ones.
 ///
 /// ```
 /// let files = testkit::TlsFiles::generate();
