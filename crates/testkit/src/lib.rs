@@ -37,6 +37,11 @@
 //! faults (delay, blackhole, dropped replies, resets); one proxy per
 //! (client, node) link composes into partitions, see [`proxy`].
 //!
+//! [`ServerBuilder::tls`] adds a TLS port to a server, serving certificates
+//! that [`TlsFiles`] makes with the `openssl` tool: a CA, a good server
+//! certificate for `localhost`, a client certificate, and bad server
+//! certificates (an unknown CA, another name, expired); see [`tls`].
+//!
 //! For the safety lab, [`history`] is the per-process JSON Lines history
 //! format (timestamps from `CLOCK_MONOTONIC`) and [`checkers`] are the
 //! linear safety checkers (C1-C6) run over the merged history;
@@ -53,7 +58,8 @@
 // `prctl(PR_SET_PDEATHSIG)` in the forked child, and in the fault proxy
 // `setsockopt(SO_LINGER)` (RST on close) and `poll` (accept with a timeout),
 // and in the history `clock_gettime(CLOCK_MONOTONIC)` (std's `Instant` does
-// not expose its raw value, which must be comparable across processes).
+// not expose its raw value, which must be comparable across processes), and
+// `atexit` to remove the shared TLS files' directory when the process exits.
 #![allow(unsafe_code)]
 
 pub mod checkers;
@@ -64,6 +70,7 @@ pub mod proxy;
 mod resp;
 pub mod sentinel;
 mod server;
+pub mod tls;
 mod wait;
 
 pub use cluster::{Cluster, ClusterBuilder, SlotMigration};
@@ -71,4 +78,5 @@ pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
 pub use sentinel::{SentinelBuilder, SentinelGroup};
 pub use server::{RedisServer, ServerBuilder, free_cluster_port, free_port};
+pub use tls::{ClientAuth, TlsFiles};
 pub use wait::eventually;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 use crate::resp::{Reply, encode_command, read_reply};
+use crate::tls::{ClientAuth, TlsFiles};
 
 /// How long `start` waits for a freshly spawned server to answer `PING`.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,6 +39,9 @@ const STDERR_FILE: &str = "redis.stderr";
 /// The config file written by [`ServerBuilder::config_file`], inside the
 /// server's directory.
 const CONFIG_FILE: &str = "redis.conf";
+/// The directory inside the server's directory that holds the copies of
+/// what it serves over TLS (see [`ServerBuilder::tls_with`]).
+const TLS_DIR: &str = "tls";
 /// Redis Cluster's bus listens on the client port plus this offset.
 const CLUSTER_BUS_OFFSET: u16 = 10000;
 
@@ -144,6 +148,26 @@ struct Config {
     config_file: Option<String>,
     /// How to pick a port; `None`: [`free_port`].
     port_source: Option<fn() -> u16>,
+    /// A TLS port besides the plain one.
+    tls: Option<TlsConfig>,
+}
+
+/// What [`ServerBuilder::tls_with`] asked for: the files are copied into the
+/// server's directory when it is created.
+#[derive(Clone, Debug)]
+struct TlsConfig {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    clients: ClientAuth,
+}
+
+impl TlsConfig {
+    /// The copies in the server's directory: (certificate, key, CA).
+    fn copies(dir: &Path) -> [PathBuf; 3] {
+        let tls = dir.join(TLS_DIR);
+        ["server.crt", "server.key", "ca.crt"].map(|name| tls.join(name))
+    }
 }
 
 impl Config {
@@ -224,6 +248,58 @@ impl ServerBuilder {
         self
     }
 
+    /// A TLS port as well, serving the good certificate of `files`
+    /// ([`TlsFiles::server_cert`], valid for `localhost` and `127.0.0.1`) and
+    /// trusting `files`' CA for client certificates; see
+    /// [`tls_with`](Self::tls_with).
+    ///
+    /// ```
+    /// use testkit::{ClientAuth, RedisServer, TlsFiles};
+    ///
+    /// let server = RedisServer::builder()
+    ///     .tls(TlsFiles::shared(), ClientAuth::Yes)
+    ///     .start();
+    /// assert_ne!(server.tls_port(), Some(server.port()));
+    /// ```
+    pub fn tls(self, files: &TlsFiles, clients: ClientAuth) -> Self {
+        self.tls_with(files, files.server_cert(), files.server_key(), clients)
+    }
+
+    /// A TLS port as well, on another free port ([`RedisServer::tls_port`],
+    /// [`RedisServer::tls_url`]), serving certificate `cert` with its key
+    /// `key` (e.g. [`TlsFiles::expired_server_cert`] and
+    /// [`TlsFiles::expired_server_key`]), trusting [`TlsFiles::ca_cert`] for
+    /// client certificates, and asking clients for one as `clients` says:
+    /// `--tls-port P --tls-cert-file --tls-key-file --tls-ca-cert-file
+    /// --tls-auth-clients`, before the [`arg`](Self::arg)s (which can
+    /// override them).
+    ///
+    /// The plain port stays open: testkit's own client ([`RedisServer::cmd`]
+    /// and the rest) and its readiness checks use it. Replication and
+    /// cluster links stay plain too.
+    ///
+    /// The three files are copied into the server's directory when it
+    /// starts, so the server does not depend on `files` living on (a
+    /// [`restart`](RedisServer::restart) serves the same copies).
+    ///
+    /// # Panics
+    /// [`start`](Self::start) panics if a file cannot be copied.
+    pub fn tls_with(
+        mut self,
+        files: &TlsFiles,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+        clients: ClientAuth,
+    ) -> Self {
+        self.config.tls = Some(TlsConfig {
+            cert: cert.as_ref().to_owned(),
+            key: key.as_ref().to_owned(),
+            ca: files.ca_cert(),
+            clients,
+        });
+        self
+    }
+
     /// Starts the server and waits until it answers `PING`.
     ///
     /// Start it from the thread that will own it (normally the test's own
@@ -287,6 +363,8 @@ pub struct RedisServer {
     child: Option<Child>,
     pid: u32,
     port: u16,
+    /// The TLS port, with [`ServerBuilder::tls_with`].
+    tls_port: Option<u16>,
     paused: bool,
     binary: PathBuf,
     config: Config,
@@ -325,6 +403,23 @@ impl RedisServer {
     /// `"redis://127.0.0.1:PORT"`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The TLS port of a server started with [`ServerBuilder::tls`] or
+    /// [`tls_with`](ServerBuilder::tls_with) (a free port other than
+    /// [`port`](Self::port), stable across [`restart`](Self::restart)),
+    /// `None` without TLS.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// `"rediss://localhost:TLS_PORT"`, `None` without TLS. The host is
+    /// `localhost` (which `/etc/hosts` maps to 127.0.0.1) rather than the
+    /// address, as clients check the name in the certificate and the good
+    /// one ([`TlsFiles::server_cert`]) names `localhost` (and
+    /// `IP:127.0.0.1`, for clients that check addresses).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("rediss://localhost:{p}"))
     }
 
     /// Process id of the current (or, after [`kill`](Self::kill), the last)
@@ -413,11 +508,18 @@ impl RedisServer {
         let bind_deadline = Instant::now() + RESTART_BIND_WINDOW;
         let mut failures = Vec::new();
         loop {
-            let mut child = spawn(&self.binary, &self.config, self.port, self.dir.path());
+            let mut child = spawn(
+                &self.binary,
+                &self.config,
+                self.port,
+                self.tls_port,
+                self.dir.path(),
+            );
             let ready_deadline = Instant::now() + READY_TIMEOUT;
             match wait_ready(
                 &mut child,
                 self.port,
+                self.tls_port,
                 self.config.password(),
                 ready_deadline,
             ) {
@@ -766,13 +868,18 @@ impl Launch {
             fs::write(&path, contents)
                 .unwrap_or_else(|e| panic!("testkit: cannot write {}: {e}", path.display()));
         }
+        if let Some(tls) = &config.tls {
+            copy_tls_files(tls, dir.path());
+        }
         let port = next_port();
-        let child = spawn(&binary, &config, port, dir.path());
+        let tls_port = config.tls.as_ref().map(|_| free_tls_port(port));
+        let child = spawn(&binary, &config, port, tls_port, dir.path());
         Launch {
             server: RedisServer {
                 pid: child.id(),
                 child: Some(child),
                 port,
+                tls_port,
                 paused: false,
                 binary,
                 config,
@@ -789,20 +896,25 @@ impl Launch {
         for attempt in 1..=START_ATTEMPTS {
             if attempt > 1 {
                 s.port = (self.next_port)();
-                let child = spawn(&s.binary, &s.config, s.port, s.dir.path());
+                s.tls_port = s.tls_port.map(|_| free_tls_port(s.port));
+                let child = spawn(&s.binary, &s.config, s.port, s.tls_port, s.dir.path());
                 s.pid = child.id();
                 s.child = Some(child);
             }
             let child = s.child.as_mut().expect("just spawned");
             let deadline = Instant::now() + READY_TIMEOUT;
-            match wait_ready(child, s.port, s.config.password(), deadline) {
+            let ports = match s.tls_port {
+                Some(tls) => format!("port {} (TLS {tls})", s.port),
+                None => format!("port {}", s.port),
+            };
+            match wait_ready(child, s.port, s.tls_port, s.config.password(), deadline) {
                 Ok(()) => return self.server,
                 Err(err @ StartError::Exited(_)) => {
-                    failures.push(format!("port {}: {err}", s.port));
+                    failures.push(format!("{ports}: {err}"));
                 }
                 Err(err @ StartError::TimedOut) => {
                     s.kill();
-                    failures.push(format!("port {}: {err}", s.port));
+                    failures.push(format!("{ports}: {err}"));
                     break;
                 }
             }
@@ -831,7 +943,56 @@ impl std::fmt::Display for StartError {
     }
 }
 
-fn spawn(binary: &Path, config: &Config, port: u16, dir: &Path) -> Child {
+/// Copies what [`TlsConfig`] names into the server's directory (see
+/// [`TlsConfig::copies`]).
+fn copy_tls_files(tls: &TlsConfig, dir: &Path) {
+    let tls_dir = dir.join(TLS_DIR);
+    fs::create_dir_all(&tls_dir)
+        .unwrap_or_else(|e| panic!("testkit: cannot create {}: {e}", tls_dir.display()));
+    for (from, to) in [&tls.cert, &tls.key, &tls.ca]
+        .into_iter()
+        .zip(TlsConfig::copies(dir))
+    {
+        fs::copy(from, &to).unwrap_or_else(|e| {
+            panic!(
+                "testkit: cannot copy TLS file {} to {}: {e}",
+                from.display(),
+                to.display()
+            )
+        });
+    }
+}
+
+/// A free port for TLS, other than the plain `port` and its cluster bus
+/// port.
+fn free_tls_port(port: u16) -> u16 {
+    loop {
+        let tls = free_port();
+        if tls != port && Some(tls) != port.checked_add(CLUSTER_BUS_OFFSET) {
+            return tls;
+        }
+    }
+}
+
+/// `--tls-port ... --tls-auth-clients ...` for a TLS port on `tls_port`,
+/// serving the copies in `dir`.
+fn tls_args(tls: &TlsConfig, tls_port: u16, dir: &Path) -> Vec<OsString> {
+    let [cert, key, ca] = TlsConfig::copies(dir);
+    let mut args: Vec<OsString> = vec!["--tls-port".into(), tls_port.to_string().into()];
+    for (flag, path) in [
+        ("--tls-cert-file", cert),
+        ("--tls-key-file", key),
+        ("--tls-ca-cert-file", ca),
+    ] {
+        args.push(flag.into());
+        args.push(path.into());
+    }
+    args.push("--tls-auth-clients".into());
+    args.push(tls.clients.as_arg().into());
+    args
+}
+
+fn spawn(binary: &Path, config: &Config, port: u16, tls_port: Option<u16>, dir: &Path) -> Child {
     let mut cmd = Command::new(binary);
     if config.config_file.is_some() {
         cmd.arg(dir.join(CONFIG_FILE));
@@ -848,6 +1009,9 @@ fn spawn(binary: &Path, config: &Config, port: u16, dir: &Path) -> Child {
         cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
     } else {
         cmd.args(["--appendonly", "no"]);
+    }
+    if let (Some(tls), Some(tls_port)) = (&config.tls, tls_port) {
+        cmd.args(tls_args(tls, tls_port, dir));
     }
     // stderr goes to a file rather than /dev/null: redis reports bad
     // arguments there (before it opens its log file), and the start-up panic
@@ -899,10 +1063,12 @@ pub(crate) fn die_with_parent(cmd: &mut Command) {
 
 /// Polls until the child answers `PING` on `port` *and* owns the listening
 /// socket (so a different server that grabbed the same port is not mistaken
-/// for ours), the child exits, or the deadline passes.
+/// for ours) and the one on `tls_port` if any, the child exits, or the
+/// deadline passes.
 fn wait_ready(
     child: &mut Child,
     port: u16,
+    tls_port: Option<u16>,
     password: Option<&str>,
     deadline: Instant,
 ) -> Result<(), StartError> {
@@ -910,7 +1076,10 @@ fn wait_ready(
         if let Ok(Some(status)) = child.try_wait() {
             return Err(StartError::Exited(status));
         }
-        if probe(port, password) && owns_listener(child.id(), port) {
+        if probe(port, password)
+            && owns_listener(child.id(), port)
+            && tls_port.is_none_or(|tls| owns_listener(child.id(), tls))
+        {
             // Re-check: if it lost a bind race it may have just exited.
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(StartError::Exited(status));
@@ -1177,6 +1346,43 @@ mod tests {
         for _ in 0..20 {
             let port = free_cluster_port();
             assert!((10000..=55535).contains(&port), "{port}");
+        }
+    }
+
+    #[test]
+    fn tls_args_name_the_copies_in_the_server_dir() {
+        let tls = TlsConfig {
+            cert: "/elsewhere/expired-server.crt".into(),
+            key: "/elsewhere/expired-server.key".into(),
+            ca: "/elsewhere/ca.crt".into(),
+            clients: ClientAuth::Optional,
+        };
+        let args = tls_args(&tls, 7001, Path::new("/srv/d"));
+        let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            args,
+            [
+                "--tls-port",
+                "7001",
+                "--tls-cert-file",
+                "/srv/d/tls/server.crt",
+                "--tls-key-file",
+                "/srv/d/tls/server.key",
+                "--tls-ca-cert-file",
+                "/srv/d/tls/ca.crt",
+                "--tls-auth-clients",
+                "optional",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_tls_port_is_neither_the_port_nor_its_bus_port() {
+        for _ in 0..50 {
+            let port = free_port();
+            let tls = free_tls_port(port);
+            assert_ne!(tls, port);
+            assert_ne!(Some(tls), port.checked_add(CLUSTER_BUS_OFFSET));
         }
     }
 
