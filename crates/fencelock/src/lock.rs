@@ -351,7 +351,7 @@ impl LockBuilder {
             Err(e @ Error::LeaseLost { .. }) => Err(e),
             Err(e) => {
                 // The lease held until now; the key expires by itself.
-                tracing::warn!(lock = %self.name, error = %e, "release after the work failed");
+                tracing::warn!(lock = self.name.as_str(), error = %e, "release after the work failed");
                 Ok(output)
             }
         }

@@ -68,8 +68,9 @@
 //! | "woken" (a waiter's pause ended) | trace | `by` |
 //! | "acquire attempt failed; retrying" (a node unreachable, or no quorum) | debug | `attempt`, `error` (Redlock: per node) |
 //! | "lock acquired" / "lock not acquired" / "acquire cancelled" (the outcome) | debug | `outcome`, `attempts`, `elapsed_ms`, `waited_ms` (if it waited), `fencing_token` (if acquired), `handoff` (if acquired: whether an attempt had found it held), `blocked_by` and (Redlock) `nodes`, or `error` (if not) |
-//! | "lock released" | debug | `lock`, `outcome`, `fencing_token`, `elapsed_ms`, `error` (if it failed) |
-//! | "lock released in the background" / "background release failed; ..." | debug / warn | `lock`, `fencing_token`, `error` |
+//! | "lock released" / "release failed" ([`LockGuard::release`](crate::LockGuard::release)) | debug | `lock`, `outcome`, `fencing_token`, `elapsed_ms`, `error` (if it failed) |
+//! | "lock released in the background" (a dropped guard) / "background release failed; ..." | debug / warn | `lock`, `fencing_token`, `error` |
+//! | "release after the work failed" ([`LockBuilder::run`](crate::LockBuilder::run)) | warn | `lock`, `error` |
 //! | "renewal batch" | debug | `leases`, `nodes`, `renewed`, `lost`, `unknown`, `elapsed_ms` |
 //! | "lease lost: ..." | warn | `lock`, `cause` (the label above) |
 //!

@@ -15,6 +15,7 @@ use fencelock::observe::{
     WAITER_WAKEUPS,
 };
 use fencelock::{Client, Error, LossCause};
+use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use testkit::RedisServer;
 
@@ -43,6 +44,8 @@ struct Recorded {
     counters: HashMap<Id, u64>,
     gauges: HashMap<Id, f64>,
     histograms: HashMap<Id, Vec<f64>>,
+    /// The unit each metric was described with (`observe::describe`).
+    units: HashMap<String, Unit>,
 }
 
 impl Recorded {
@@ -52,12 +55,16 @@ impl Recorded {
             counters: HashMap::new(),
             gauges: HashMap::new(),
             histograms: HashMap::new(),
+            units: HashMap::new(),
         }
     }
 
     fn refresh(&mut self) {
-        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+        for (key, unit, _, value) in self.snapshotter.snapshot().into_vec() {
             let key = key.key();
+            if let Some(unit) = unit {
+                self.units.insert(key.name().to_owned(), unit);
+            }
             let labels: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
             let id = id(key.name(), &labels);
             match value {
@@ -114,6 +121,7 @@ fn metrics_follow_acquires_waits_handoffs_releases_and_losses() {
     let mut m = Recorded::new(recorder.snapshotter());
     metrics::with_local_recorder(&recorder, || {
         runtime().block_on(async {
+            fencelock::observe::describe();
             let c = Client::connect(&r.url()).await.unwrap();
 
             // Uncontended: one acquire, one release, nothing waited.
@@ -135,6 +143,9 @@ fn metrics_follow_acquires_waits_handoffs_releases_and_losses() {
                 m.histogram(RELEASE_DURATION, &[outcome("released")]).len(),
                 1
             );
+            // Described with their units.
+            assert_eq!(m.units.get(ACQUIRE_DURATION), Some(&Unit::Seconds));
+            assert_eq!(m.units.get(RELEASES), Some(&Unit::Count));
 
             // Contention: a single attempt fails fast, a short wait runs out.
             let holder = c.lock("obs:busy").try_acquire().await.unwrap();
