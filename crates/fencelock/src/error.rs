@@ -416,7 +416,8 @@ impl fmt::Display for NodeOutcome {
     }
 }
 
-struct NodeList<'a>(&'a [NodeReport]);
+/// Each node and what it answered, for messages: `host:port what, ...`.
+pub(crate) struct NodeList<'a>(pub &'a [NodeReport]);
 
 impl fmt::Display for NodeList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

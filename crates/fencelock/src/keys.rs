@@ -44,6 +44,11 @@ impl LockKeys {
         Ok(Self { lock })
     }
 
+    /// The lock name, as it sits in the key's hash tag: what logs call the lock.
+    pub fn name(&self) -> &str {
+        name_in(&self.lock)
+    }
+
     /// The fencing counter: never expires.
     pub fn fence(&self) -> String {
         format!("{}:fence", self.lock)
@@ -69,6 +74,15 @@ impl LockKeys {
     /// The pub/sub channel releases are announced on.
     pub fn channel(&self) -> String {
         format!("{}:released", self.lock)
+    }
+}
+
+/// The lock name inside a lock key: between the braces of its hash tag (neither the
+/// prefix nor the name may contain a brace). The key itself if it has no hash tag.
+pub(crate) fn name_in(key: &str) -> &str {
+    match (key.find('{'), key.rfind('}')) {
+        (Some(open), Some(close)) if open < close => &key[open + 1..close],
+        _ => key,
     }
 }
 
@@ -205,6 +219,8 @@ mod tests {
     fn keys_share_one_hash_tag() {
         let k = LockKeys::new("fencelock", "orders:42").unwrap();
         assert_eq!(k.lock, "fencelock:{orders:42}");
+        assert_eq!(k.name(), "orders:42");
+        assert_eq!(LockKeys::new("", "a:b").unwrap().name(), "a:b");
         assert_eq!(k.fence(), "fencelock:{orders:42}:fence");
         assert_eq!(k.queue(), "fencelock:{orders:42}:queue");
         assert_eq!(k.waiters(), "fencelock:{orders:42}:waiters");

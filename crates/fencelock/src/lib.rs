@@ -81,6 +81,18 @@
 //!    [`LockGuard`] (`lock.rs`), [`DelayQueue`] (`delay_queue.rs`), [`Error`]
 //!    (`error.rs`), [`keys`] and [`limits`]; `shared.rs` holds what a client's locks
 //!    and queues share.
+//!
+//! Beside them, [`observe`] (`observe.rs`): the names, units and labels of the metrics
+//! and the fields of the tracing spans and events that the acquire engine, the
+//! watchdog and the guards emit.
+//!
+//! # Observability
+//! fencelock emits [`tracing`] spans and events (an `acquire` span per acquire; the
+//! outcome, waits, renewal batches and releases at `debug`; lost leases at `warn`) and
+//! [`metrics`] (acquire latency, wait time, contention, handoffs, renewal batches,
+//! releases, leases lost by cause) through the `metrics` facade, free when no recorder
+//! is installed. Holder tokens and passwords are never logged. [`observe`] lists every
+//! name; `examples/prometheus.rs` exports them for Prometheus.
 
 mod admin;
 mod algorithms;
@@ -91,6 +103,7 @@ mod error;
 pub mod keys;
 pub mod limits;
 mod lock;
+pub mod observe;
 mod scripts;
 mod shared;
 mod token;

@@ -14,7 +14,8 @@ use crate::limits::{
     DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, MAX_HOLD, MAX_LEASE, MAX_WAITER_TIMEOUT, MIN_LEASE,
     MIN_WAITER_TIMEOUT,
 };
-use crate::shared::Shared;
+use crate::observe::{self, ReleaseKind, ReleaseOutcome};
+use crate::shared::{Shared, Withdrawn};
 use crate::token::{FencingToken, HolderToken};
 
 /// How to take one named lock: its TTL, how long to wait, in which order waiters are
@@ -385,7 +386,7 @@ impl LockBuilder {
             Err(e @ Error::LeaseLost { .. }) => Err(e),
             Err(e) => {
                 // The lease held until now; the key expires by itself.
-                tracing::warn!(lock = %self.name, error = %e, "release after the work failed");
+                tracing::warn!(lock = self.name.as_str(), error = %e, "release after the work failed");
                 Ok(output)
             }
         }
@@ -678,6 +679,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         // No renewal is sent for this lease from here on.
         self.lease = None;
+        let started = Instant::now();
         let result = self
             .shared
             .backend
@@ -693,6 +695,19 @@ impl LockGuard {
         if !matches!(result, Err(Error::Unavailable { .. })) {
             self.held = false;
         }
+        let elapsed = started.elapsed();
+        let outcome = ReleaseOutcome::of(&result);
+        observe::released(ReleaseKind::Release, outcome, Some(elapsed));
+        let (lock, fencing_token) = (self.name.as_str(), self.fence.get());
+        let (outcome, elapsed_ms) = (outcome.as_str(), observe::ms(elapsed));
+        match &result {
+            Ok(()) => {
+                tracing::debug!(lock, outcome, fencing_token, elapsed_ms, "lock released");
+            }
+            Err(e) => {
+                tracing::debug!(lock, outcome, fencing_token, elapsed_ms, error = %e, "release failed");
+            }
+        }
         result
     }
 }
@@ -702,6 +717,7 @@ impl Drop for LockGuard {
         self.lease = None; // stop renewing before anything else
         if self.held {
             self.shared.abandon_in_background(
+                Withdrawn::Guard,
                 &self.keys,
                 &self.token,
                 &self.mode,

@@ -8,6 +8,7 @@ use tokio_util::task::TaskTracker;
 use crate::algorithms::watchdog::Watchdog;
 use crate::backend::{Backend, Mode};
 use crate::keys::LockKeys;
+use crate::observe::{self, ReleaseKind, ReleaseOutcome};
 use crate::token::HolderToken;
 
 /// A client's internals, behind an `Arc`.
@@ -37,12 +38,22 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// What a background release withdraws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Withdrawn {
+    /// The lock of a guard dropped unreleased: counted as a release (kind `drop`).
+    Guard,
+    /// What an acquire that ended without the lock may have left behind.
+    Acquire,
+}
+
 impl Shared {
     /// Withdraws a token (its grant, its queue place) without waiting. Never blocks or
     /// panics; without a Tokio runtime it does nothing, and the key expires after its
     /// lease (a queue place after the waiter timeout).
     pub fn abandon_in_background(
         &self,
+        what: Withdrawn,
         keys: &LockKeys,
         token: &HolderToken,
         mode: &Mode,
@@ -50,15 +61,31 @@ impl Shared {
         fence: u64,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %keys.lock, "no Tokio runtime to release the lock in; it expires after its lease");
+            if what == Withdrawn::Guard {
+                observe::released(ReleaseKind::Drop, ReleaseOutcome::Error, None);
+            }
+            tracing::warn!(
+                lock = keys.name(),
+                "no Tokio runtime to release the lock in; it expires after its lease"
+            );
             return;
         };
         let backend = self.backend.clone();
         let (keys, token, mode) = (keys.clone(), token.clone(), mode.clone());
         self.background.spawn_on(
             async move {
-                if let Err(e) = backend.abandon(&keys, &token, &mode, ttl, fence).await {
-                    tracing::warn!(key = %keys.lock, error = %e, "background release failed; the key expires after its lease");
+                let result = backend.abandon(&keys, &token, &mode, ttl, fence).await;
+                if what == Withdrawn::Guard {
+                    observe::released(ReleaseKind::Drop, ReleaseOutcome::of(&result), None);
+                }
+                match result {
+                    Ok(()) if what == Withdrawn::Guard => {
+                        tracing::debug!(lock = keys.name(), fencing_token = fence, "lock released in the background");
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::warn!(lock = keys.name(), error = %e, "background release failed; the key expires after its lease");
+                    }
                 }
             },
             &runtime,

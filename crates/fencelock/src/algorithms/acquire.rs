@@ -19,13 +19,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::select_all;
+use tracing::Instrument;
 
 use crate::algorithms::retry::Retry;
 use crate::backend::subscriber::{Subscription, next_waiter_id};
 use crate::backend::{AcquireRequest, Attempt, Backend, Mode};
-use crate::error::{Blocker, Error};
+use crate::error::{Blocker, Error, NodeList, NodeReport};
 use crate::keys::LockKeys;
-use crate::shared::Shared;
+use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
+use crate::shared::{Shared, Withdrawn};
 use crate::token::{FencingToken, HolderToken};
 
 /// What to acquire, and how long to wait for it.
@@ -55,18 +57,52 @@ pub(crate) struct Granted {
     pub valid_until: Instant,
 }
 
-/// Takes the lock as `req` says.
+/// Takes the lock as `req` says, inside an `acquire` span, and reports the outcome
+/// (tracing event and metrics, see [`observe`](crate::observe)).
 ///
 /// Errors: [`Error::Held`] when the wait ran out (at once with a zero wait), an
 /// unreachable node's error when the wait ran out while it was unreachable, and any
 /// other error at once.
 ///
 /// Cancel safety: dropping the future withdraws in the background whatever it may have
-/// written ([`Pending`]).
+/// written ([`Pending`]), and reports the acquire as cancelled.
 pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Granted, Error> {
-    let started = Instant::now();
-    let deadline = req.wait.map(|w| started + w);
     let waits = req.wait != Some(Duration::ZERO);
+    let span = tracing::debug_span!(
+        "acquire",
+        lock = req.name,
+        mode = req.mode.label().as_str(),
+        waits,
+        outcome = tracing::field::Empty,
+        fencing_token = tracing::field::Empty,
+        elapsed_ms = tracing::field::Empty,
+    );
+    let mut report = Report {
+        mode: req.mode.label(),
+        started: Instant::now(),
+        span,
+        attempts: 0,
+        waiting_since: None,
+        contended: false,
+        done: false,
+    };
+    let span = report.span.clone();
+    let result = attempts(shared, req, waits, &mut report)
+        .instrument(span)
+        .await;
+    report.finish(&result);
+    result
+}
+
+/// The attempts of one acquire, until its outcome.
+async fn attempts(
+    shared: &Arc<Shared>,
+    req: Request<'_>,
+    waits: bool,
+    report: &mut Report,
+) -> Result<Granted, Error> {
+    let started = report.started;
+    let deadline = req.wait.map(|w| started + w);
     let fair_timeout = match req.mode {
         Mode::Fair { waiter_timeout } => Some(waiter_timeout),
         _ => None,
@@ -91,6 +127,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
         pending.maybe_written = true;
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
+        report.attempts = attempt.saturating_add(1);
         let outcome = backend
             .acquire(&AcquireRequest {
                 name: req.name,
@@ -136,6 +173,7 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
                 // A definite answer (a failed Redlock quorum was already taken back
                 // everywhere); only an earlier unanswered attempt is still a maybe.
                 pending.maybe_written = unanswered;
+                report.held(waits, attempt, blocked_by, &nodes);
                 // The lock is someone else's: their release will wake a waiter. An
                 // attempt that failed on an error settles nothing, so if this wait ends
                 // on that error the wake passes to the next waiter.
@@ -169,7 +207,8 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
                     pending.withdraw().await;
                     return Err(e);
                 }
-                tracing::debug!(lock = req.name, error = %e, "acquire attempt failed; retrying");
+                report.waiting_since.get_or_insert_with(Instant::now);
+                tracing::debug!(attempt = attempt + 1, error = %e, "acquire attempt failed; retrying");
                 Found::Unreachable
             }
             Err(e) => {
@@ -184,10 +223,15 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
             notified_everywhere: waiter.as_ref().is_some_and(|w| w.everywhere),
             left: deadline.map(|d| d.saturating_duration_since(Instant::now())),
         });
-        match &waiter {
+        let woken_by = match &waiter {
             Some(w) => w.wait(pause).await,
-            None => tokio::time::sleep(pause).await,
-        }
+            None => {
+                tokio::time::sleep(pause).await;
+                WokenBy::Timer
+            }
+        };
+        observe::woken(woken_by);
+        tracing::trace!(by = woken_by.as_str(), "woken");
         attempt = attempt.saturating_add(1);
     }
 }
@@ -196,6 +240,117 @@ pub(crate) async fn acquire(shared: &Arc<Shared>, req: Request<'_>) -> Result<Gr
 /// least 10 ms.
 fn replica_wait(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// What an acquire tells about itself: its span, and at the end the outcome event and
+/// metrics. Dropped before [`finish`](Self::finish) (the acquire's future was dropped),
+/// it reports the acquire as cancelled.
+struct Report {
+    mode: ModeLabel,
+    started: Instant,
+    span: tracing::Span,
+    /// Attempts sent so far.
+    attempts: u32,
+    /// When an attempt first found the lock held or a node unreachable, and the acquire
+    /// waited on.
+    waiting_since: Option<Instant>,
+    /// Whether an attempt found the lock held.
+    contended: bool,
+    done: bool,
+}
+
+impl Report {
+    /// Attempt number `attempt` (from 0) found the lock held.
+    fn held(&mut self, waits: bool, attempt: u32, blocked_by: Blocker, nodes: &[NodeReport]) {
+        observe::contended(self.mode);
+        let first = !self.contended;
+        self.contended = true;
+        if !waits {
+            return;
+        }
+        if first {
+            self.waiting_since.get_or_insert_with(Instant::now);
+            if nodes.is_empty() {
+                tracing::debug!(%blocked_by, "waiting for the lock to be released");
+            } else {
+                tracing::debug!(%blocked_by, nodes = %NodeList(nodes), "waiting for the lock to be released");
+            }
+        } else {
+            tracing::trace!(attempt = attempt + 1, %blocked_by, "lock still held");
+        }
+    }
+
+    /// The acquire ended with `result`.
+    fn finish(&mut self, result: &Result<Granted, Error>) {
+        self.done = true;
+        self.report(
+            AcquireOutcome::of(result),
+            result.as_ref().err(),
+            result.as_ref().ok(),
+        );
+    }
+
+    fn report(&self, outcome: AcquireOutcome, error: Option<&Error>, granted: Option<&Granted>) {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.started);
+        let waited = self.waiting_since.map(|t| now.saturating_duration_since(t));
+        // The lock was held when this acquire first asked, and it got it: handed over.
+        let handoff = granted.is_some() && self.contended;
+        observe::acquire_ended(self.mode, outcome, elapsed, waited, handoff);
+        let span = &self.span;
+        span.record("outcome", outcome.as_str());
+        span.record("elapsed_ms", observe::ms(elapsed));
+        let _in = span.enter();
+        let (attempts, elapsed_ms, waited_ms) =
+            (self.attempts, observe::ms(elapsed), waited.map(observe::ms));
+        let outcome = outcome.as_str();
+        match (granted, error) {
+            (Some(g), _) => {
+                span.record("fencing_token", g.fence.get());
+                tracing::debug!(
+                    outcome,
+                    fencing_token = g.fence.get(),
+                    attempts,
+                    elapsed_ms,
+                    waited_ms,
+                    handoff,
+                    "lock acquired"
+                );
+            }
+            (
+                None,
+                Some(Error::Held {
+                    blocked_by, nodes, ..
+                }),
+            ) => {
+                if nodes.is_empty() {
+                    tracing::debug!(outcome, attempts, elapsed_ms, waited_ms, %blocked_by, "lock not acquired");
+                } else {
+                    tracing::debug!(outcome, attempts, elapsed_ms, waited_ms, %blocked_by, nodes = %NodeList(nodes), "lock not acquired");
+                }
+            }
+            (None, Some(e)) => {
+                tracing::debug!(outcome, attempts, elapsed_ms, waited_ms, error = %e, "lock not acquired");
+            }
+            (None, None) => {
+                tracing::debug!(
+                    outcome,
+                    attempts,
+                    elapsed_ms,
+                    waited_ms,
+                    "acquire cancelled"
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        if !self.done {
+            self.report(AcquireOutcome::Cancelled, None, None);
+        }
+    }
 }
 
 /// What the last attempt found.
@@ -285,15 +440,16 @@ impl Waiter {
         }
     }
 
-    /// Sleeps until a release notification from any node, or `pause`.
-    async fn wait(&self, pause: Duration) {
+    /// Sleeps until a release notification from any node, or `pause`; says which.
+    async fn wait(&self, pause: Duration) -> WokenBy {
         if self.subscriptions.is_empty() {
-            return tokio::time::sleep(pause).await;
+            tokio::time::sleep(pause).await;
+            return WokenBy::Timer;
         }
         let any_release = select_all(self.subscriptions.iter().map(|s| Box::pin(s.notified())));
         tokio::select! {
-            _ = any_release => {}
-            () = tokio::time::sleep(pause) => {}
+            _ = any_release => WokenBy::Notification,
+            () = tokio::time::sleep(pause) => WokenBy::Timer,
         }
     }
 }
@@ -347,7 +503,7 @@ impl Pending {
                 self.queued = false;
             }
             Err(e) => {
-                tracing::debug!(key = %self.keys.lock, error = %e, "withdrawing an acquire failed; retrying in the background");
+                tracing::debug!(error = %e, "withdrawing an acquire failed; retrying in the background");
             }
         }
     }
@@ -356,8 +512,14 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if self.owes_cleanup() {
-            self.shared
-                .abandon_in_background(&self.keys, &self.token, &self.mode, self.ttl, 0);
+            self.shared.abandon_in_background(
+                Withdrawn::Acquire,
+                &self.keys,
+                &self.token,
+                &self.mode,
+                self.ttl,
+                0,
+            );
         }
     }
 }

@@ -29,7 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Renewal};
 use crate::error::LossCause;
+use crate::keys::name_in;
 use crate::limits::RENEWAL_BATCH;
+use crate::observe;
 
 /// The watchdog of one client.
 #[derive(Clone)]
@@ -159,11 +161,15 @@ impl Watchdog {
         if leases.task.as_ref().is_none_or(|t| t.is_finished()) {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => leases.task = Some(rt.spawn(run(Arc::downgrade(&self.inner)))),
-                Err(_) => tracing::warn!("no Tokio runtime: the lease is not renewed"),
+                Err(_) => tracing::warn!(
+                    lock = name_in(&lease.key),
+                    "no Tokio runtime: the lease is not renewed"
+                ),
             }
         }
         self.inner.wake_before(&leases, first_event);
         drop(leases);
+        observe::lease_held(true);
         Registration {
             inner: Arc::downgrade(&self.inner),
             id,
@@ -245,6 +251,7 @@ impl Drop for Registration {
         if let Some(inner) = self.inner.upgrade() {
             lock(&inner.leases).by_id.remove(&self.id);
         }
+        observe::lease_held(false);
     }
 }
 
@@ -253,9 +260,16 @@ impl Lease {
         lock(&self.state).valid_until
     }
 
+    /// Fires the loss signal with `cause` (the first cause sticks), and reports the loss
+    /// once.
     pub fn lose(&self, cause: LossCause) {
         if self.cause.set(cause).is_ok() {
-            tracing::warn!(key = %self.key, %cause, "lease lost");
+            observe::lease_lost(cause);
+            tracing::warn!(
+                lock = name_in(&self.key),
+                cause = observe::cause_label(cause),
+                "lease lost: {cause}"
+            );
         }
         self.lost.cancel();
     }
@@ -373,6 +387,25 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
         .map(|(l, ttl, _)| (l.key.as_str(), l.token.as_str(), *ttl))
         .collect();
     let renewals = inner.backend.renew(&leases).await;
+    let elapsed = sent_at.elapsed();
+    let (mut renewed, mut lost, mut unknown) = (0u64, 0u64, 0u64);
+    for r in &renewals {
+        match r {
+            Renewal::Renewed { .. } => renewed += 1,
+            Renewal::Lost(_) => lost += 1,
+            Renewal::Unknown => unknown += 1,
+        }
+    }
+    observe::renewal_batch(batch.len(), elapsed, renewed, lost, unknown);
+    tracing::debug!(
+        leases = batch.len(),
+        nodes = inner.backend.nodes().len(),
+        renewed,
+        lost,
+        unknown,
+        elapsed_ms = observe::ms(elapsed),
+        "renewal batch"
+    );
     for ((lease, ttl, capped), renewal) in batch.iter().zip(renewals) {
         let mut st = lock(&lease.state);
         st.in_flight = false;

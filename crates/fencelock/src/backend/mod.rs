@@ -23,6 +23,7 @@ use redis::{FromRedisValue, ScriptInvocation};
 
 use crate::error::{Blocker, Error, LossCause, NodeReport};
 use crate::keys::LockKeys;
+use crate::observe::ModeLabel;
 use crate::scripts::{
     self,
     replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed},
@@ -46,6 +47,15 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
+    /// The `mode` label of metrics and spans.
+    pub fn label(&self) -> ModeLabel {
+        match self {
+            Mode::Plain => ModeLabel::Plain,
+            Mode::Fair { .. } => ModeLabel::Fair,
+            Mode::Reentrant { .. } => ModeLabel::Reentrant,
+        }
+    }
+
     /// What the key holds while this mode holds the lock: renewals compare against it.
     pub fn holder_id<'a>(&'a self, token: &'a HolderToken) -> &'a str {
         match self {
@@ -224,7 +234,7 @@ impl Backend {
                 .abandon(req.keys, req.token, req.mode, req.ttl, 0)
                 .await
         {
-            tracing::debug!(lock = req.name, error = %e, "taking back a failed attempt failed; the keys expire after their lease");
+            tracing::debug!(error = %e, "taking back a failed attempt failed; the keys expire after their lease");
         }
         match verdict {
             Verdict::Granted { fence, valid_until } => Ok(Attempt::Acquired {
@@ -452,10 +462,11 @@ impl Backend {
         join_all(subscribing)
             .await
             .into_iter()
-            .filter_map(|result| {
+            .zip(&self.nodes)
+            .filter_map(|(result, node)| {
                 result
                     .inspect_err(|e| {
-                        tracing::debug!(error = %e, "no release notifications from a node; its lease bound applies");
+                        tracing::debug!(node = node.addr(), error = %e, "no release notifications from a node; its lease bound applies");
                     })
                     .ok()
             })

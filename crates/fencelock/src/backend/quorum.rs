@@ -161,7 +161,7 @@ impl Quorum {
                     ..
                 })) => {
                     if !fresh {
-                        tracing::debug!(lock = name, "acquire retry found our own token");
+                        tracing::debug!("acquire retry found our own token");
                     }
                     if valid_until > now {
                         (Verdict::Granted { fence, valid_until }, false)
