@@ -219,10 +219,7 @@ impl DelayQueue {
     }
 
     /// Runs one queue script on the client's node.
-    async fn run<T: QueueOutcome>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, Error> {
+    async fn run<T: QueueOutcome>(&self, invocation: &scripts::Call) -> Result<T, Error> {
         let node = self.shared.backend.only_node().ok_or_else(|| {
             Error::invalid("delay queue", "a delay queue lives on one Redis node")
         })?;

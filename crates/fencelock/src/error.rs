@@ -172,7 +172,7 @@ fn rejected_advice(code: &str) -> &'static str {
     match code {
         "NOAUTH" | "WRONGPASS" => ": check the user name and password (redis://user:password@host)",
         "NOPERM" => {
-            ": the Redis user lacks a permission fencelock needs (see the README's ACL section)"
+            ": give the Redis user what the README's ACL line allows (ACL SETUSER fencelock ...)"
         }
         "READONLY" => ": it is a read-only replica; point fencelock at the master",
         "OOM" => ": it is out of memory (maxmemory); free memory or raise the limit",

@@ -19,13 +19,13 @@ pub(crate) mod subscriber;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use redis::{FromRedisValue, ScriptInvocation};
+use redis::FromRedisValue;
 
 use crate::error::{Blocker, Error, LossCause, NodeReport};
 use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
 use crate::scripts::{
-    self,
+    self, Call,
     replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed},
 };
 use crate::token::{FencingToken, HolderToken};
@@ -127,7 +127,7 @@ pub(crate) struct Backend {
 pub(crate) async fn fan_out<'i, T: FromRedisValue>(
     nodes: &[Node],
     within: Option<Duration>,
-    invocation: impl Fn(&Node) -> &'i ScriptInvocation<'static>,
+    invocation: impl Fn(&Node) -> &'i Call,
 ) -> Vec<Result<T, Error>> {
     join_all(nodes.iter().map(|node| node.run(invocation(node), within))).await
 }

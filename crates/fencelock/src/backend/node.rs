@@ -5,14 +5,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, FromRedisValue, RedisError, ScriptInvocation, ServerErrorKind};
+use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 use tokio_util::sync::CancellationToken;
 
 use super::access::{self, Access};
 use super::sentinel::{self, SentinelUrl};
 use super::subscriber::Subscriber;
 use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
-use crate::scripts::replies;
+use crate::scripts::{Call, replies};
 
 /// Timeouts for one node's connection.
 #[derive(Clone, Copy, Debug)]
@@ -201,7 +201,7 @@ impl Node {
     /// outcome.
     pub async fn run<T: FromRedisValue>(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        call: &Call,
         within: Option<Duration>,
     ) -> Result<T, Error> {
         let within = within.unwrap_or(self.inner.call_timeout);
@@ -209,22 +209,22 @@ impl Node {
         let attempt = async {
             let current = self.current().await?;
             let mut conn = current.conn.clone();
-            match invocation.invoke_async(&mut conn).await {
+            match call.invocation().invoke_async(&mut conn).await {
                 Ok(v) => Ok(v),
                 Err(e) if self.inner.sentinel.is_some() && master_may_have_moved(&e) => {
                     // Ask again; go on only if the sentinels name another master.
                     let moved = self.inner.switch(current.epoch).await.unwrap_or(false);
                     if !moved {
-                        return Err(current.error(&e));
+                        return Err(refused(call, current.error(&e)));
                     }
                     let current = read(&self.inner.current).clone();
                     let mut conn = current.conn.clone();
-                    invocation
+                    call.invocation()
                         .invoke_async(&mut conn)
                         .await
-                        .map_err(|e| current.error(&e))
+                        .map_err(|e| refused(call, current.error(&e)))
                 }
-                Err(e) => Err(current.error(&e)),
+                Err(e) => Err(refused(call, current.error(&e))),
             }
         };
         match tokio::time::timeout_at(deadline, attempt).await {
@@ -413,6 +413,30 @@ fn timed_out(addr: &str, after: Duration) -> Error {
         reason: UnavailableReason::TimedOut,
         detail: format!("no answer within {}", HumanDuration(after)),
         source: None,
+    }
+}
+
+/// An ACL refusal of `call`, said so that the user knows what to allow; other errors as
+/// they are.
+fn refused(call: &Call, error: Error) -> Error {
+    match error {
+        Error::Rejected {
+            node,
+            code,
+            message,
+        } => match call.refusal(&message) {
+            Some(message) => Error::Rejected {
+                node,
+                code: "NOPERM".to_owned(),
+                message,
+            },
+            None => Error::Rejected {
+                node,
+                code,
+                message,
+            },
+        },
+        other => other,
     }
 }
 

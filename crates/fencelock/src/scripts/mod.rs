@@ -173,9 +173,88 @@ impl Lua {
         });
         &SCRIPTS[Lua::ALL.iter().position(|l| *l == self).unwrap_or(0)]
     }
+}
 
-    fn invoke(self) -> ScriptInvocation<'static> {
-        self.script().prepare_invoke()
+/// One call of a script: the invocation sent, and what error messages name (the script
+/// and the keys it was given).
+pub(crate) struct Call {
+    lua: Lua,
+    keys: Vec<String>,
+    invocation: ScriptInvocation<'static>,
+}
+
+impl Call {
+    fn new(lua: Lua) -> Self {
+        Self {
+            lua,
+            keys: Vec::new(),
+            invocation: lua.script().prepare_invoke(),
+        }
+    }
+
+    fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
+        let key = key.as_ref();
+        self.invocation.key(key);
+        self.keys.push(key.to_owned());
+        self
+    }
+
+    fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+        self.invocation.arg(arg);
+        self
+    }
+
+    /// What is sent.
+    pub(crate) fn invocation(&self) -> &ScriptInvocation<'static> {
+        &self.invocation
+    }
+
+    /// An ACL refusal of this call, said so that the user knows what to allow: the command
+    /// the server names, or else the command the script's refused line runs, and the keys
+    /// the call was given. `None` for any other error message.
+    pub(crate) fn refusal(&self, message: &str) -> Option<String> {
+        let (file, _, _) = self.lua.parts();
+        let keys = self.keys.join(", ");
+        if message.contains("no permissions to run the") {
+            return Some(format!("{message} (running {file})"));
+        }
+        if message.contains("no permissions to access one of the keys") {
+            return Some(format!(
+                "the Redis user may not access these keys, which {file} was given: {keys}"
+            ));
+        }
+        let command_refused = message.contains("script can't run this command");
+        let key_refused = message.contains("script can't access at least one of the keys");
+        if !command_refused && !key_refused {
+            return None;
+        }
+        // "... script: <sha>, on @user_script:<line>."
+        let line: Option<usize> = message
+            .rsplit("@user_script:")
+            .next()
+            .and_then(|rest| rest.trim_end_matches(['.', ' ']).parse().ok());
+        let source = self.lua.source();
+        let text = line
+            .and_then(|n| source.lines().nth(n.checked_sub(1)?))
+            .map(str::trim)
+            .unwrap_or_default();
+        let command = text
+            .split_once("call('")
+            .and_then(|(_, rest)| rest.split_once('\''))
+            .map(|(command, _)| command.to_owned());
+        let at = match line {
+            Some(n) => format!("{file}, line {n} as sent: {text}"),
+            None => file.to_owned(),
+        };
+        Some(match (command_refused, command) {
+            (true, Some(command)) => format!(
+                "the Redis user may not run {command}, which a fencelock script runs ({at})"
+            ),
+            (true, None) => format!("the Redis user may not run a command of {at}"),
+            (false, _) => format!(
+                "the Redis user may not access a key that {at} touches; the call's keys: {keys}"
+            ),
+        })
     }
 }
 
@@ -207,8 +286,8 @@ pub(crate) fn acquire(
     ttl: Duration,
     identify: bool,
     info: &str,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::Acquire.invoke();
+) -> Call {
+    let mut inv = Call::new(Lua::Acquire);
     inv.key(&keys.lock)
         .key(keys.fence())
         .arg(token.as_str())
@@ -221,12 +300,8 @@ pub(crate) fn acquire(
 }
 
 /// `fence`: the grant's token, raised into the counter (0: none).
-pub(crate) fn release(
-    keys: &LockKeys,
-    token: &HolderToken,
-    fence: u64,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::Release.invoke();
+pub(crate) fn release(keys: &LockKeys, token: &HolderToken, fence: u64) -> Call {
+    let mut inv = Call::new(Lua::Release);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.holder_info())
@@ -238,10 +313,8 @@ pub(crate) fn release(
 
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a
 /// reentrant lock's owner id. Each lease's holder info is renewed with it.
-pub(crate) fn renew<'a>(
-    leases: impl Iterator<Item = (&'a str, &'a str, Duration)>,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::Renew.invoke();
+pub(crate) fn renew<'a>(leases: impl Iterator<Item = (&'a str, &'a str, Duration)>) -> Call {
+    let mut inv = Call::new(Lua::Renew);
     for (key, holder, ttl) in leases {
         inv.key(key)
             .key(format!("{key}:holder"))
@@ -256,8 +329,8 @@ pub(crate) fn reentrant_acquire(
     owner: &str,
     token: &HolderToken,
     ttl: Duration,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::ReentrantAcquire.invoke();
+) -> Call {
+    let mut inv = Call::new(Lua::ReentrantAcquire);
     inv.key(&keys.lock)
         .key(keys.fence())
         .arg(owner)
@@ -266,12 +339,8 @@ pub(crate) fn reentrant_acquire(
     inv
 }
 
-pub(crate) fn reentrant_release(
-    keys: &LockKeys,
-    owner: &str,
-    token: &HolderToken,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::ReentrantRelease.invoke();
+pub(crate) fn reentrant_release(keys: &LockKeys, owner: &str, token: &HolderToken) -> Call {
+    let mut inv = Call::new(Lua::ReentrantRelease);
     inv.key(&keys.lock)
         .arg(owner)
         .arg(token.as_str())
@@ -288,8 +357,8 @@ pub(crate) fn fair_acquire(
     waiter_timeout: Duration,
     join: bool,
     info: &str,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::FairAcquire.invoke();
+) -> Call {
+    let mut inv = Call::new(Lua::FairAcquire);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.queue())
@@ -304,8 +373,8 @@ pub(crate) fn fair_acquire(
     inv
 }
 
-pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> ScriptInvocation<'static> {
-    let mut inv = Lua::FairRelease.invoke();
+pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> Call {
+    let mut inv = Call::new(Lua::FairRelease);
     inv.key(&keys.lock)
         .key(keys.queue())
         .key(keys.waiters())
@@ -315,8 +384,8 @@ pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> ScriptInvoca
     inv
 }
 
-pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> ScriptInvocation<'static> {
-    let mut inv = Lua::FairLeave.invoke();
+pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> Call {
+    let mut inv = Call::new(Lua::FairLeave);
     inv.key(&keys.lock)
         .key(keys.queue())
         .key(keys.waiters())
@@ -327,8 +396,8 @@ pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> ScriptInvocati
 }
 
 /// Reads everything of one lock name; writes nothing.
-pub(crate) fn inspect(keys: &LockKeys) -> ScriptInvocation<'static> {
-    let mut inv = Lua::Inspect.invoke();
+pub(crate) fn inspect(keys: &LockKeys) -> Call {
+    let mut inv = Call::new(Lua::Inspect);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.queue())
@@ -338,8 +407,8 @@ pub(crate) fn inspect(keys: &LockKeys) -> ScriptInvocation<'static> {
 }
 
 /// Breaks the lock, whoever holds it.
-pub(crate) fn break_lock(keys: &LockKeys) -> ScriptInvocation<'static> {
-    let mut inv = Lua::Break.invoke();
+pub(crate) fn break_lock(keys: &LockKeys) -> Call {
+    let mut inv = Call::new(Lua::Break);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.queue())
@@ -354,12 +423,8 @@ fn member(id: u64) -> String {
     format!("{id:020}")
 }
 
-pub(crate) fn queue_push(
-    keys: &QueueKeys,
-    payload: &[u8],
-    delay: Duration,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::QueuePush.invoke();
+pub(crate) fn queue_push(keys: &QueueKeys, payload: &[u8], delay: Duration) -> Call {
+    let mut inv = Call::new(Lua::QueuePush);
     inv.key(&keys.due)
         .key(&keys.items)
         .key(&keys.seq)
@@ -368,12 +433,8 @@ pub(crate) fn queue_push(
     inv
 }
 
-pub(crate) fn queue_take(
-    keys: &QueueKeys,
-    visibility: Duration,
-    receipt: &str,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::QueueTake.invoke();
+pub(crate) fn queue_take(keys: &QueueKeys, visibility: Duration, receipt: &str) -> Call {
+    let mut inv = Call::new(Lua::QueueTake);
     inv.key(&keys.due)
         .key(&keys.in_flight)
         .key(&keys.items)
@@ -384,8 +445,8 @@ pub(crate) fn queue_take(
     inv
 }
 
-pub(crate) fn queue_ack(keys: &QueueKeys, id: u64, receipt: &str) -> ScriptInvocation<'static> {
-    let mut inv = Lua::QueueAck.invoke();
+pub(crate) fn queue_ack(keys: &QueueKeys, id: u64, receipt: &str) -> Call {
+    let mut inv = Call::new(Lua::QueueAck);
     inv.key(&keys.in_flight)
         .key(&keys.items)
         .key(&keys.attempts)
@@ -395,13 +456,8 @@ pub(crate) fn queue_ack(keys: &QueueKeys, id: u64, receipt: &str) -> ScriptInvoc
     inv
 }
 
-pub(crate) fn queue_retry(
-    keys: &QueueKeys,
-    id: u64,
-    receipt: &str,
-    delay: Duration,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::QueueRetry.invoke();
+pub(crate) fn queue_retry(keys: &QueueKeys, id: u64, receipt: &str, delay: Duration) -> Call {
+    let mut inv = Call::new(Lua::QueueRetry);
     inv.key(&keys.due)
         .key(&keys.in_flight)
         .key(&keys.receipts)
@@ -411,13 +467,8 @@ pub(crate) fn queue_retry(
     inv
 }
 
-pub(crate) fn queue_extend(
-    keys: &QueueKeys,
-    id: u64,
-    receipt: &str,
-    visibility: Duration,
-) -> ScriptInvocation<'static> {
-    let mut inv = Lua::QueueExtend.invoke();
+pub(crate) fn queue_extend(keys: &QueueKeys, id: u64, receipt: &str, visibility: Duration) -> Call {
+    let mut inv = Call::new(Lua::QueueExtend);
     inv.key(&keys.in_flight)
         .key(&keys.receipts)
         .arg(member(id))
@@ -426,8 +477,8 @@ pub(crate) fn queue_extend(
     inv
 }
 
-pub(crate) fn queue_counts(keys: &QueueKeys) -> ScriptInvocation<'static> {
-    let mut inv = Lua::QueueCounts.invoke();
+pub(crate) fn queue_counts(keys: &QueueKeys) -> Call {
+    let mut inv = Call::new(Lua::QueueCounts);
     inv.key(&keys.due).key(&keys.in_flight);
     inv
 }
