@@ -104,10 +104,6 @@ fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd(&["EXISTS", key]).as_int() == Some(1)
-}
-
 fn lock_key(name: &str) -> String {
     format!("fencelock:{{{name}}}")
 }
@@ -126,16 +122,6 @@ fn kill(pid: u32, signal: &str) {
     assert!(status.success(), "kill -{signal} {pid} failed");
 }
 
-/// The number of clients connected to `server`, this query's own connection included.
-fn connected_clients(server: &RedisServer) -> i64 {
-    let info = server.cmd(&["INFO", "clients"]);
-    let info = info.as_str().expect("INFO reply");
-    info.lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("connected_clients in INFO")
-}
-
 #[test]
 fn runs_the_command_with_name_and_token_then_releases() {
     let server = RedisServer::start();
@@ -148,12 +134,9 @@ fn runs_the_command_with_name_and_token_then_releases() {
     let (name, token) = run.stdout.trim_end().split_once(' ').expect("two words");
     assert_eq!(name, "job");
     let token: u64 = token.parse().expect("a decimal fencing token");
-    assert!(!exists(&server, &lock_key("job")), "lock left behind");
-    assert!(exists(&server, &fence_key("job")));
-    assert_eq!(
-        server.cmd(&["GET", &fence_key("job")]).as_int(),
-        Some(token as i64)
-    );
+    assert!(!server.exists(&lock_key("job")), "lock left behind");
+    assert!(server.exists(&fence_key("job")));
+    assert_eq!(server.get(&fence_key("job")), Some(token.to_string()));
 
     // Again, with the URL from FENCELOCK_REDIS: the next grant has a higher token.
     let mut cmd = command(&["run", "job", "--", "sh", "-c", script]);
@@ -162,7 +145,7 @@ fn runs_the_command_with_name_and_token_then_releases() {
     assert_eq!(run.code(), Some(0), "{run:#?}");
     let next: u64 = run.stdout.trim_end()["job ".len()..].parse().unwrap();
     assert!(next > token, "{next} should be above {token}");
-    assert!(!exists(&server, &lock_key("job")));
+    assert!(!server.exists(&lock_key("job")));
 }
 
 #[test]
@@ -182,13 +165,10 @@ fn fair_waits_in_the_queue_and_leaves_nothing_behind() {
     });
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
-    assert!(!exists(&server, &lock_key("fq")));
+    assert!(!server.exists(&lock_key("fq")));
+    assert!(!server.exists("fencelock:{fq}:queue"), "queue left behind");
     assert!(
-        !exists(&server, "fencelock:{fq}:queue"),
-        "queue left behind"
-    );
-    assert!(
-        !exists(&server, "fencelock:{fq}:waiters"),
+        !server.exists("fencelock:{fq}:waiters"),
         "waiter entry left behind"
     );
 }
@@ -201,7 +181,7 @@ fn passes_the_exit_code_through_and_releases() {
     let run = fencelock(&["run", "--redis", &url, "seven", "--", "sh", "-c", "exit 7"]);
     assert_eq!(run.code(), Some(7), "{run:#?}");
     assert_eq!(run.stderr, "");
-    assert!(!exists(&server, &lock_key("seven")));
+    assert!(!server.exists(&lock_key("seven")));
 
     let run = fencelock(&[
         "run",
@@ -215,9 +195,9 @@ fn passes_the_exit_code_through_and_releases() {
     ]);
     assert_eq!(run.code(), Some(128 + 9), "{run:#?}");
     assert_eq!(run.stderr, "");
-    assert!(!exists(&server, &lock_key("killed")));
+    assert!(!server.exists(&lock_key("killed")));
     assert!(
-        exists(&server, &fence_key("killed")),
+        server.exists(&fence_key("killed")),
         "the lock was never taken"
     );
 }
@@ -245,8 +225,8 @@ fn a_held_lock_exits_75_and_is_left_untouched() {
     );
     assert!(run.elapsed >= Duration::from_millis(300), "{run:#?}");
 
-    assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
-    assert!(server.cmd(&["PTTL", &key]).as_int().unwrap() > 0);
+    assert_eq!(server.get(&key).as_deref(), Some("other-token"));
+    assert!(server.pttl(&key) > 0);
 }
 
 #[test]
@@ -282,7 +262,7 @@ fn a_wait_rides_out_a_server_that_is_down_and_says_so_when_it_ends() {
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
-    assert!(!exists(&server, &lock_key("job")));
+    assert!(!server.exists(&lock_key("job")));
 }
 
 #[test]
@@ -410,11 +390,8 @@ fn a_command_that_cannot_run_exits_64_and_releases_the_lock() {
     ]);
     let line = run.fails_with(64);
     assert!(line.contains("/nonexistent/bin"), "{line}");
-    assert!(!exists(&server, &lock_key("bad")), "lock left behind");
-    assert!(
-        exists(&server, &fence_key("bad")),
-        "the lock was never taken"
-    );
+    assert!(!server.exists(&lock_key("bad")), "lock left behind");
+    assert!(server.exists(&fence_key("bad")), "the lock was never taken");
 
     // Found but not executable.
     let dir = tempfile::tempdir().unwrap();
@@ -424,7 +401,7 @@ fn a_command_that_cannot_run_exits_64_and_releases_the_lock() {
     let run = fencelock(&["run", "--redis", &server.url(), "bad", "--", script]);
     let line = run.fails_with(64);
     assert!(line.contains("not-executable"), "{line}");
-    assert!(!exists(&server, &lock_key("bad")), "lock left behind");
+    assert!(!server.exists(&lock_key("bad")), "lock left behind");
 }
 
 #[test]
@@ -452,7 +429,7 @@ fn non_utf8_arguments_pass_through_or_are_refused_cleanly() {
         "true".into(),
     ];
     fencelock(&args).fails_with(64);
-    assert_eq!(server.cmd(&["EXISTS", &lock_key("utf")]).as_int(), Some(0));
+    assert!(!server.exists(&lock_key("utf")));
 }
 
 #[test]
@@ -519,7 +496,7 @@ fn concurrent_runs_are_mutually_exclusive() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens not strictly increasing: {tokens:?}"
     );
-    assert!(!exists(&server, &lock_key("race")));
+    assert!(!server.exists(&lock_key("race")));
 }
 
 #[test]
@@ -550,14 +527,14 @@ fn sigterm_is_forwarded_and_the_lock_released() {
             child.try_wait().unwrap().is_none(),
             "fencelock exited early"
         );
-        Path::new(&ready).exists() && exists(&server, &lock_key("sig"))
+        Path::new(&ready).exists() && server.exists(&lock_key("sig"))
     });
 
     kill(child.id(), "TERM");
     let run = finish(child, started);
     assert_eq!(run.code(), Some(3), "{run:#?}");
     assert_eq!(run.stderr, "");
-    assert!(!exists(&server, &lock_key("sig")), "lock left behind");
+    assert!(!server.exists(&lock_key("sig")), "lock left behind");
 }
 
 #[test]
@@ -578,7 +555,7 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     let started = Instant::now();
     let child = command(&args).spawn().expect("spawn fencelock");
     // fencelock catches signals before it connects: once connected, it is waiting.
-    wait_until("fencelock is connected", || connected_clients(&server) >= 2);
+    wait_until("fencelock is connected", || server.connected_clients() >= 2);
 
     kill(child.id(), "TERM");
     let run = finish(child, started);
@@ -586,7 +563,7 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     assert!(line.contains("SIGTERM"), "{line}");
     assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
     assert!(run.status.signal().is_none());
-    assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
+    assert_eq!(server.get(&key).as_deref(), Some("other-token"));
 }
 
 /// Whether process `pid` is gone: no such process, or a zombie (dead, waiting for a
@@ -669,7 +646,7 @@ fn spawn_until_ready(
     let started = Instant::now();
     let mut child = command(args).spawn().expect("spawn fencelock");
     let deadline = started + EVENT_TIMEOUT;
-    while !(ready() && exists(server, &lock_key(name))) {
+    while !(ready() && server.exists(&lock_key(name))) {
         if let Some(status) = child.try_wait().unwrap() {
             panic!("fencelock exited early: {status}");
         }
@@ -702,7 +679,7 @@ fn the_lease_is_renewed_while_the_command_runs() {
     loop {
         let running = child.try_wait().unwrap().is_none();
         let now = started.elapsed();
-        let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+        let pttl = server.pttl(&key);
         if pttl > 0 {
             assert!(pttl <= 600, "the lease is {pttl} ms long");
             first_seen.get_or_insert(now);
@@ -724,7 +701,7 @@ fn the_lease_is_renewed_while_the_command_runs() {
     assert_eq!(run.stderr, "", "{run:#?}");
     assert!(first_seen.is_some(), "the lock key was never seen");
     assert!(seen_late, "the lock key was gone by 1.2 s: {run:#?}");
-    assert!(!exists(&server, &key), "lock left behind");
+    assert!(!server.exists(&key), "lock left behind");
 }
 
 #[test]
@@ -776,7 +753,7 @@ fn a_lost_lease_kills_the_whole_group_within_the_grace_and_exits_76() {
     );
     wait_until("the grandchild is dead", || process_gone(pid));
     assert!(
-        !exists(&server, &lock_key("doomed")),
+        !server.exists(&lock_key("doomed")),
         "the lock was re-created"
     );
 }
@@ -819,7 +796,7 @@ fn a_command_that_stops_on_sigterm_after_a_loss_still_exits_76() {
     assert!(taken.elapsed() < Duration::from_secs(3), "{run:#?}");
     wait_until("the grandchild is dead", || process_gone(pid));
     assert_eq!(
-        server.cmd(&["GET", &key]).as_str(),
+        server.get(&key).as_deref(),
         Some("other-owner"),
         "the other owner's lock was touched"
     );
@@ -850,17 +827,6 @@ fn max_hold_stops_the_command_and_exits_76() {
     );
 }
 
-/// `expired_keys` of the server's `INFO stats`: keys removed because their TTL ran out.
-fn expired_keys(server: &RedisServer) -> i64 {
-    let info = server.cmd(&["INFO", "stats"]);
-    info.as_str()
-        .expect("INFO reply")
-        .lines()
-        .find_map(|l| l.strip_prefix("expired_keys:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("expired_keys in INFO")
-}
-
 #[test]
 fn a_command_that_ends_before_max_hold_exits_with_its_status() {
     let server = RedisServer::start();
@@ -879,7 +845,7 @@ fn a_command_that_ends_before_max_hold_exits_with_its_status() {
     ]);
     assert_eq!(run.code(), Some(0), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
-    assert!(!exists(&server, &lock_key("short")));
+    assert!(!server.exists(&lock_key("short")));
 }
 
 #[test]
@@ -900,8 +866,13 @@ fn at_max_hold_the_command_is_stopped_and_the_lock_released_before_it_expires() 
     assert!(line.contains("--max-hold"), "{line}");
     assert!(run.elapsed >= Duration::from_millis(1600), "{run:#?}");
     // Released by fencelock after COMMAND stopped, not left to expire.
-    assert!(!exists(&server, &lock_key("capped")));
-    assert_eq!(expired_keys(&server), 0, "the lock key expired instead");
+    assert!(!server.exists(&lock_key("capped")));
+    // `expired_keys`: keys removed because their TTL ran out.
+    assert_eq!(
+        server.info_field("stats", "expired_keys").as_deref(),
+        Some("0"),
+        "the lock key expired instead"
+    );
 }
 
 #[test]
@@ -934,7 +905,7 @@ fn forwarded_signals_reach_the_commands_children() {
         dir.path().join("grandchild.pid.term").exists()
     });
     wait_until("the grandchild is dead", || process_gone(pid));
-    assert!(!exists(&server, &lock_key("fwd")), "lock left behind");
+    assert!(!server.exists(&lock_key("fwd")), "lock left behind");
 }
 
 #[test]
@@ -992,11 +963,8 @@ fn several_redis_urls_lock_with_redlock() {
     let token: u64 = run.stdout.trim().parse().expect("a fencing token");
     for s in &servers {
         // Every node's counter was raised to the grant's token, and the lock released.
-        assert_eq!(
-            s.cmd(&["GET", &fence_key("rl")]).as_int(),
-            Some(token as i64)
-        );
-        assert!(!exists(s, &lock_key("rl")));
+        assert_eq!(s.get(&fence_key("rl")), Some(token.to_string()));
+        assert!(!s.exists(&lock_key("rl")));
     }
 
     // The same through a comma-separated FENCELOCK_REDIS, with one node down.

@@ -52,13 +52,6 @@ async fn take_within(
     }
 }
 
-/// The server's clock in ms, as the scripts read it.
-fn server_ms(r: &RedisServer) -> i64 {
-    let reply = r.cmd(&["TIME"]);
-    let t = reply.as_array().expect("TIME is an array");
-    t[0].as_int().unwrap() * 1000 + t[1].as_int().unwrap() / 1000
-}
-
 const SEC: Duration = Duration::from_secs(1);
 
 #[tokio::test]
@@ -250,7 +243,7 @@ async fn extend_keeps_the_item_in_flight() {
     assert!(d.visible_until() > before);
     let deadline = int(&r, &["ZSCORE", INFLIGHT, &member(id)]);
     assert!(
-        deadline - server_ms(&r) > 9_000,
+        deadline - r.server_time().as_millis() as i64 > 9_000,
         "deadline moved to ~10 s from now"
     );
 
@@ -303,8 +296,8 @@ async fn an_item_of_a_killed_consumer_process_is_delivered_again() {
     let mut consumer = spawn_helper("consumer_process", CONSUMER_URL, r.url());
     let deadline = Instant::now() + SEC * 20;
     let marker = loop {
-        if let Some(m) = r.cmd(&["GET", "taken"]).as_str() {
-            break m.to_owned();
+        if let Some(m) = r.get("taken") {
+            break m;
         }
         if let Some(status) = consumer.try_wait().unwrap() {
             panic!("the consumer exited early: {status}");

@@ -12,10 +12,6 @@ use common::{eventually, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_LEASE_HELPER";
 
-fn pttl(r: &RedisServer, key: &str) -> i64 {
-    r.cmd(&["PTTL", key]).as_int().unwrap()
-}
-
 /// A process that holds `name` under a renewed lease of `lease_ms` and never releases.
 fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> common::Helper {
     spawn_helper(
@@ -57,12 +53,12 @@ async fn a_renewed_lease_outlives_its_length_while_the_guard_lives() {
     let first_valid_until = guard.valid_until();
     while started.elapsed() < Duration::from_secs(10) {
         assert_eq!(
-            r.cmd(&["GET", "fencelock:{long}"]).as_str(),
+            r.get("fencelock:{long}").as_deref(),
             Some(guard.holder_token().as_str()),
             "still ours after {:?}",
             started.elapsed()
         );
-        assert!(pttl(&r, "fencelock:{long}") > 0);
+        assert!(r.pttl("fencelock:{long}") > 0);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(guard.loss_cause().is_none());
@@ -79,17 +75,17 @@ async fn the_key_of_a_sigkilled_holder_expires_within_one_lease() {
     let lease = Duration::from_millis(1500);
     let mut holder = lease_holder(&r, "k9", lease.as_millis() as u64);
     eventually("the holder took the lock", Duration::from_secs(10), || {
-        r.cmd(&["EXISTS", "fencelock:{k9}"]).as_int() == Some(1)
+        r.exists("fencelock:{k9}")
     })
     .await;
     // Renewed past its first lease: the watchdog in the other process works.
     tokio::time::sleep(lease + Duration::from_millis(500)).await;
-    assert_eq!(r.cmd(&["EXISTS", "fencelock:{k9}"]).as_int(), Some(1));
+    assert!(r.exists("fencelock:{k9}"));
     holder.kill().unwrap();
     let killed = Instant::now();
     holder.wait().unwrap();
     eventually("the key expired", lease + Duration::from_secs(1), || {
-        r.cmd(&["EXISTS", "fencelock:{k9}"]).as_int() == Some(0)
+        !r.exists("fencelock:{k9}")
     })
     .await;
     assert!(
@@ -169,7 +165,7 @@ async fn run_cancels_the_work_when_the_lease_is_lost() {
         .await
         .unwrap();
     assert!(out > 0);
-    assert_eq!(r.cmd(&["EXISTS", "fencelock:{job}"]).as_int(), Some(0));
+    assert!(!r.exists("fencelock:{job}"));
 }
 
 #[tokio::test]
@@ -216,15 +212,11 @@ async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
     assert_eq!(c.stats().watched_leases, 0, "unregistered synchronously");
     r.resume();
     releasing.await.unwrap().unwrap();
-    assert_eq!(r.cmd(&["EXISTS", "fencelock:{rel}"]).as_int(), Some(0));
+    assert!(!r.exists("fencelock:{rel}"));
     r.cmd(&["CONFIG", "RESETSTAT"]);
     tokio::time::sleep(lease * 3).await; // three lease lengths: nine renewal periods
     assert_eq!(r.script_calls(), 0, "no renewal sent after the release");
-    assert_eq!(
-        r.cmd(&["EXISTS", "fencelock:{rel}"]).as_int(),
-        Some(0),
-        "never re-created"
-    );
+    assert!(!r.exists("fencelock:{rel}"), "never re-created");
 }
 
 #[tokio::test]
@@ -244,7 +236,7 @@ async fn a_maximum_hold_stops_renewals_and_the_lease_runs_out() {
         .unwrap();
     assert_eq!(cause, LossCause::MaxHold);
     eventually("the key expired", Duration::from_secs(3), || {
-        r.cmd(&["EXISTS", "fencelock:{cap}"]).as_int() == Some(0)
+        !r.exists("fencelock:{cap}")
     })
     .await;
     let held = acquired.elapsed();
@@ -375,11 +367,7 @@ async fn max_hold_reports_the_loss_just_before_the_capped_lease_ends() {
         eventually(
             "the capped key expired",
             cap / 5 + Duration::from_millis(200),
-            || {
-                r.cmd(&["EXISTS", &format!("fencelock:{{{name}}}")])
-                    .as_int()
-                    == Some(0)
-            },
+            || !r.exists(&format!("fencelock:{{{name}}}")),
         )
         .await;
     }
@@ -392,13 +380,13 @@ async fn an_extend_to_a_shorter_ttl_is_renewed_before_it_runs_out() {
     let _long = watchdog_asleep_on_a_long_tick(&c).await;
     let mut guard = c.lock("shortened").try_acquire().await.unwrap();
     guard.extend(Duration::from_secs(1)).await.unwrap();
-    assert!(pttl(&r, "fencelock:{shortened}") <= 1000);
+    assert!(r.pttl("fencelock:{shortened}") <= 1000);
     // The watchdog renews a renewed lease to its own length (30 s) again, before the
     // second that the extend asked for runs out.
     eventually(
         "the watchdog renewed the lease",
         Duration::from_millis(900),
-        || pttl(&r, "fencelock:{shortened}") > 1000,
+        || r.pttl("fencelock:{shortened}") > 1000,
     )
     .await;
     assert_eq!(guard.loss_cause(), None);
@@ -416,7 +404,7 @@ async fn an_extend_never_goes_past_the_maximum_hold() {
         .await
         .unwrap();
     guard.extend(Duration::from_secs(60)).await.unwrap();
-    let left = pttl(&r, "fencelock:{capped-extend}");
+    let left = r.pttl("fencelock:{capped-extend}");
     assert!((1..=1500).contains(&left), "extended to {left} ms");
     let cause = tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await

@@ -13,10 +13,6 @@ async fn client(r: &RedisServer) -> Client {
     Client::connect(&r.url()).await.expect("connect")
 }
 
-fn exists(r: &RedisServer, key: &str) -> bool {
-    r.cmd(&["EXISTS", key]).as_int() == Some(1)
-}
-
 #[tokio::test]
 async fn acquire_and_release_round_trip() {
     let r = RedisServer::start();
@@ -24,17 +20,17 @@ async fn acquire_and_release_round_trip() {
     let guard = c.lock("stock:42").try_acquire().await.unwrap();
     assert_eq!(guard.name(), "stock:42");
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{stock:42}"]).as_str(),
+        r.get("fencelock:{stock:42}").as_deref(),
         Some(guard.holder_token().as_str()),
         "the key holds this guard's owner token"
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{stock:42}:fence"]).as_str(),
+        r.get("fencelock:{stock:42}:fence").as_deref(),
         Some(guard.fencing_token().to_string().as_str())
     );
     let first = guard.fencing_token();
     guard.release().await.unwrap();
-    assert!(!exists(&r, "fencelock:{stock:42}"), "released");
+    assert!(!r.exists("fencelock:{stock:42}"), "released");
 
     let guard = c.lock("stock:42").try_acquire().await.unwrap();
     assert!(
@@ -54,12 +50,12 @@ async fn custom_prefix_and_empty_prefix_shape_the_keys() {
         .await
         .unwrap();
     let g = c.lock("a").try_acquire().await.unwrap();
-    assert!(exists(&r, "app:{a}"));
+    assert!(r.exists("app:{a}"));
     g.release().await.unwrap();
     let c = Client::builder(r.url()).prefix("").connect().await.unwrap();
     let g = c.lock("a").try_acquire().await.unwrap();
-    assert!(exists(&r, "{a}"));
-    assert!(exists(&r, "{a}:fence"));
+    assert!(r.exists("{a}"));
+    assert!(r.exists("{a}:fence"));
     g.release().await.unwrap();
 }
 
@@ -173,7 +169,7 @@ async fn a_wait_that_runs_out_reports_how_long_it_waited() {
     }
     assert!(elapsed >= Duration::from_millis(300));
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{t}"]).as_str(),
+        r.get("fencelock:{t}").as_deref(),
         Some(holder.holder_token().as_str()),
         "the holder's key is untouched"
     );
@@ -215,7 +211,7 @@ async fn extend_prolongs_only_a_lease_still_held() {
     let before = g.valid_until();
     g.extend(Duration::from_secs(30)).await.unwrap();
     assert!(g.valid_until() > before);
-    let pttl = r.cmd(&["PTTL", "fencelock:{e}"]).as_int().unwrap();
+    let pttl = r.pttl("fencelock:{e}");
     assert!(pttl > 29_000, "PTTL {pttl}");
     assert!(matches!(
         g.extend(Duration::ZERO).await,
@@ -237,7 +233,7 @@ async fn extend_prolongs_only_a_lease_still_held() {
         until,
         "valid_until only moves on a confirmed extend"
     );
-    assert!(!exists(&r, "fencelock:{e}"));
+    assert!(!r.exists("fencelock:{e}"));
     drop(g);
 
     // Taken by another owner: extend reports it and leaves their key alone.
@@ -250,11 +246,8 @@ async fn extend_prolongs_only_a_lease_still_held() {
         }) => {}
         other => panic!("expected LeaseLost(TakenByOther), got {other:?}"),
     }
-    assert_eq!(
-        r.cmd(&["GET", "fencelock:{e}"]).as_str(),
-        Some("someone-else")
-    );
-    assert!(r.cmd(&["PTTL", "fencelock:{e}"]).as_int().unwrap() <= 5_000);
+    assert_eq!(r.get("fencelock:{e}").as_deref(), Some("someone-else"));
+    assert!(r.pttl("fencelock:{e}") <= 5_000);
 }
 
 #[tokio::test]
@@ -270,7 +263,7 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
         .unwrap();
     let key = "fencelock:{x}";
     eventually("the lease expires", Duration::from_secs(5), || {
-        !exists(&r, key)
+        !r.exists(key)
     })
     .await;
     match g.release().await {
@@ -289,7 +282,7 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
         .await
         .unwrap();
     eventually("the lease expires", Duration::from_secs(5), || {
-        !exists(&r, key)
+        !r.exists(key)
     })
     .await;
     let next = c.lock("x").try_acquire().await.unwrap();
@@ -309,7 +302,7 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
         "the message says what to do: {err}"
     );
     assert_eq!(
-        r.cmd(&["GET", key]).as_str(),
+        r.get(key).as_deref(),
         Some(next.holder_token().as_str()),
         "the next holder's lock survives the late release"
     );
@@ -327,11 +320,11 @@ async fn dropping_a_guard_releases_in_the_background() {
         .try_acquire()
         .await
         .unwrap();
-    assert!(exists(&r, "fencelock:{d}"));
+    assert!(r.exists("fencelock:{d}"));
     drop(g);
     c.flush().await;
     assert!(
-        !exists(&r, "fencelock:{d}"),
+        !r.exists("fencelock:{d}"),
         "released long before the 60 s TTL"
     );
 }
@@ -352,7 +345,7 @@ fn dropping_a_guard_outside_a_runtime_does_not_panic() {
     drop(rt);
     drop(g); // no runtime: nothing to spawn on; the key expires by its TTL
     let deadline = Instant::now() + Duration::from_secs(5);
-    while exists(&r, "fencelock:{n}") {
+    while r.exists("fencelock:{n}") {
         assert!(Instant::now() < deadline, "the key did not expire");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -376,7 +369,7 @@ async fn a_cancelled_wait_leaves_nothing_behind() {
         "no key added by the waiter"
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{c}"]).as_str(),
+        r.get("fencelock:{c}").as_deref(),
         Some(holder.holder_token().as_str())
     );
     holder.release().await.unwrap();
@@ -408,7 +401,7 @@ async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
     eventually(
         "the orphaned key is released",
         Duration::from_secs(5),
-        || !exists(&r, "fencelock:{f}"),
+        || !r.exists("fencelock:{f}"),
     )
     .await;
     // And the lock is free for others well before the 60 s TTL.
@@ -461,7 +454,7 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
     eventually(
         "the maybe-written key is released",
         Duration::from_secs(5),
-        || !exists(&r, "fencelock:{p}"),
+        || !r.exists("fencelock:{p}"),
     )
     .await;
 }
@@ -545,11 +538,11 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
         "exactly one token minted for the retried acquisition"
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{i}:fence"]).as_str(),
+        r.get("fencelock:{i}:fence").as_deref(),
         Some((last_fence + 1).to_string().as_str())
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{i}"]).as_str(),
+        r.get("fencelock:{i}").as_deref(),
         Some(guard.holder_token().as_str())
     );
     guard.release().await.unwrap();
@@ -734,17 +727,13 @@ async fn a_key_of_the_wrong_type_is_reported_and_left_alone() {
         r.cmd(&["HGET", "fencelock:{wt}", "field"]).as_str(),
         Some("value")
     );
-    assert_eq!(r.cmd(&["EXISTS", "fencelock:{wt}:fence"]).as_int(), Some(0));
+    assert!(!r.exists("fencelock:{wt}:fence"));
 
     r.cmd(&["SET", "fencelock:{wc}:fence", "not-a-number"]);
     assert!(
         matches!(c.lock("wc").try_acquire().await, Err(Error::WrongType { found, .. }) if found == "string")
     );
-    assert_eq!(
-        r.cmd(&["EXISTS", "fencelock:{wc}"]).as_int(),
-        Some(0),
-        "no lock left behind"
-    );
+    assert!(!r.exists("fencelock:{wc}"), "no lock left behind");
 }
 
 #[tokio::test]
@@ -775,7 +764,7 @@ async fn a_wait_covers_a_server_that_is_down_and_comes_back() {
         .await
         .unwrap()
         .expect("acquired once the server is back");
-    assert!(exists(&r, "fencelock:{back}"));
+    assert!(r.exists("fencelock:{back}"));
     guard.release().await.unwrap();
 }
 

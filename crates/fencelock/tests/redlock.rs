@@ -20,7 +20,7 @@ async fn redlock(servers: &[RedisServer], protection: Option<Duration>) -> Clien
 }
 
 fn holds(r: &RedisServer, token: &str) -> bool {
-    r.cmd(&["GET", KEY]).as_str() == Some(token)
+    r.get(KEY).as_deref() == Some(token)
 }
 
 #[tokio::test]
@@ -43,9 +43,7 @@ async fn acquires_with_two_of_five_nodes_killed_or_paused() {
     assert_eq!(held, 3);
     g.release().await.unwrap();
     assert!(
-        servers[2..]
-            .iter()
-            .all(|r| r.cmd(&["EXISTS", KEY]).as_int() == Some(0)),
+        servers[2..].iter().all(|r| !r.exists(KEY)),
         "released everywhere"
     );
 
@@ -121,11 +119,7 @@ async fn fails_with_three_of_five_down_naming_each_node() {
         );
     }
     // The two grants were taken back.
-    assert!(
-        servers[3..]
-            .iter()
-            .all(|r| r.cmd(&["EXISTS", KEY]).as_int() == Some(0))
-    );
+    assert!(servers[3..].iter().all(|r| !r.exists(KEY)));
 }
 
 /// Kleppmann's scenario: A holds nodes 0, 1, 2 (3 and 4 missed its grant); node 2
@@ -262,11 +256,7 @@ async fn an_extend_that_misses_quorum_once_releases_nothing() {
     g.extend(Duration::from_secs(20))
         .await
         .expect("the next extend reaches a quorum");
-    assert!(
-        servers
-            .iter()
-            .all(|s| s.cmd(&["PTTL", KEY]).as_int().unwrap() > 15_000)
-    );
+    assert!(servers.iter().all(|s| s.pttl(KEY) > 15_000));
     g.release().await.unwrap();
 }
 
@@ -319,10 +309,10 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let late = servers[4].cmd(&["GET", KEY]);
-    assert_ne!(late.as_str(), Some(a_token.as_str()), "never A's token");
+    let late = servers[4].get(KEY);
+    assert_ne!(late.as_deref(), Some(a_token.as_str()), "never A's token");
     assert!(
-        late.is_nil() || late.as_str() == Some(gb.holder_token().as_str()),
+        late.is_none() || late.as_deref() == Some(gb.holder_token().as_str()),
         "{late:?}"
     );
     assert!(
@@ -332,11 +322,7 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
         "B's majority intact"
     );
     gb.release().await.unwrap();
-    assert!(
-        servers
-            .iter()
-            .all(|s| s.cmd(&["EXISTS", KEY]).as_int() == Some(0))
-    );
+    assert!(servers.iter().all(|s| !s.exists(KEY)));
 }
 
 #[tokio::test]
@@ -478,7 +464,7 @@ async fn a_second_name_of_one_server_unreachable_at_connect_gets_no_vote_later()
         matches!(&nodes[1].outcome, NodeOutcome::Refused(why) if why.contains("same Redis server")),
         "{err}"
     );
-    assert!(!holds(&server, "x") && server.cmd(&["EXISTS", KEY]).as_int() == Some(0));
+    assert!(!holds(&server, "x") && !server.exists(KEY));
 }
 
 #[tokio::test]
@@ -506,9 +492,5 @@ async fn a_release_with_a_stopped_minority_takes_no_longer_than_the_node_timeout
         took < Duration::from_millis(500),
         "the release took {took:?}"
     );
-    assert!(
-        servers[..2]
-            .iter()
-            .all(|s| s.cmd(&["EXISTS", KEY]).as_int() == Some(0))
-    );
+    assert!(servers[..2].iter().all(|s| !s.exists(KEY)));
 }

@@ -212,9 +212,8 @@ async fn a_woken_waiter_dropped_before_its_attempt_hands_the_wake_on() {
         calls + 8,
         "the release and the probe's attempt only: the second waiter was not woken"
     );
-    assert_eq!(
-        r.cmd(&["EXISTS", "fencelock:{baton}"]).as_int(),
-        Some(0),
+    assert!(
+        !r.exists("fencelock:{baton}"),
         "the release woke only the first waiter, which did not run: the lock is free"
     );
 
@@ -272,7 +271,7 @@ async fn waiters_of_one_owner_all_get_the_lock_at_the_release() {
     for g in guards {
         g.release().await.unwrap();
     }
-    assert_eq!(r.cmd(&["EXISTS", "fencelock:{shared}"]).as_int(), Some(0));
+    assert!(!r.exists("fencelock:{shared}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,7 +342,7 @@ async fn a_holder_killed_without_releasing_frees_the_lock_after_its_ttl() {
     eventually(
         "the holder process took the lock",
         Duration::from_secs(10),
-        || r.cmd(&["EXISTS", "fencelock:{crash}"]).as_int() == Some(1),
+        || r.exists("fencelock:{crash}"),
     )
     .await;
     let waiter = tokio::spawn(c.lock("crash").wait(Duration::from_secs(30)).acquire());
@@ -717,7 +716,7 @@ async fn the_queue_keys_of_crashed_waiters_expire_by_themselves() {
         llen(&r, "fencelock:{q}:queue") == 1
     })
     .await;
-    let ttl = r.cmd(&["PTTL", "fencelock:{q}:queue"]).as_int().unwrap();
+    let ttl = r.pttl("fencelock:{q}:queue");
     assert!(
         (1..=2 * 300).contains(&ttl),
         "the queue expires with its waiters' heartbeats: PTTL {ttl}"
@@ -727,9 +726,7 @@ async fn the_queue_keys_of_crashed_waiters_expire_by_themselves() {
     // Nobody calls the fair scripts on this name again: the keys go by themselves,
     // within two waiter timeouts of the last heartbeat.
     eventually("the queue keys expired", Duration::from_secs(2), || {
-        r.cmd(&["EXISTS", "fencelock:{q}:queue", "fencelock:{q}:waiters"])
-            .as_int()
-            == Some(0)
+        !r.exists("fencelock:{q}:queue") && !r.exists("fencelock:{q}:waiters")
     })
     .await;
 }

@@ -57,24 +57,15 @@ fn replay(monitor: Monitor) -> (Vec<Entry>, Touches) {
 /// rightly call the key's state unknown).
 fn wait_until_absent(server: &RedisServer) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    while server.cmd(&["EXISTS", KEY]) != Reply::Int(0) {
+    while server.exists(KEY) {
         assert!(Instant::now() < deadline, "{KEY} did not expire");
         thread::sleep(Duration::from_millis(2));
     }
-    let gone_at = server_time_us(server);
-    let settled = gone_at + MARGIN.as_micros() as u64 + 3_000;
-    while server_time_us(server) < settled {
+    let settled = server.server_time() + MARGIN + Duration::from_millis(3);
+    while server.server_time() < settled {
         assert!(Instant::now() < deadline, "the server's clock stands still");
         thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// The server's wall clock (`TIME`), the clock of its monitor lines.
-fn server_time_us(server: &RedisServer) -> u64 {
-    let reply = server.cmd(&["TIME"]);
-    let parts = reply.as_array().unwrap();
-    let (secs, micros) = (parts[0].as_int().unwrap(), parts[1].as_int().unwrap());
-    (secs * 1_000_000 + micros) as u64
 }
 
 #[test]
