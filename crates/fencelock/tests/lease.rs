@@ -74,9 +74,11 @@ async fn the_key_of_a_sigkilled_holder_expires_within_one_lease() {
     let r = RedisServer::start();
     let lease = Duration::from_millis(1500);
     let mut holder = lease_holder(&r, "k9", lease.as_millis() as u64);
-    eventually("the holder took the lock", Duration::from_secs(10), || {
-        r.exists("fencelock:{k9}")
-    })
+    eventually(
+        "the holder took the lock",
+        Duration::from_secs(10),
+        async || r.exists("fencelock:{k9}"),
+    )
     .await;
     // Renewed past its first lease: the watchdog in the other process works.
     tokio::time::sleep(lease + Duration::from_millis(500)).await;
@@ -84,9 +86,11 @@ async fn the_key_of_a_sigkilled_holder_expires_within_one_lease() {
     holder.kill().unwrap();
     let killed = Instant::now();
     holder.wait().unwrap();
-    eventually("the key expired", lease + Duration::from_secs(1), || {
-        !r.exists("fencelock:{k9}")
-    })
+    eventually(
+        "the key expired",
+        lease + Duration::from_secs(1),
+        async || !r.exists("fencelock:{k9}"),
+    )
     .await;
     assert!(
         killed.elapsed() <= lease + Duration::from_millis(100),
@@ -235,7 +239,7 @@ async fn a_maximum_hold_stops_renewals_and_the_lease_runs_out() {
         .await
         .unwrap();
     assert_eq!(cause, LossCause::MaxHold);
-    eventually("the key expired", Duration::from_secs(3), || {
+    eventually("the key expired", Duration::from_secs(3), async || {
         !r.exists("fencelock:{cap}")
     })
     .await;
@@ -367,7 +371,7 @@ async fn max_hold_reports_the_loss_just_before_the_capped_lease_ends() {
         eventually(
             "the capped key expired",
             cap / 5 + Duration::from_millis(200),
-            || !r.exists(&format!("fencelock:{{{name}}}")),
+            async || !r.exists(&format!("fencelock:{{{name}}}")),
         )
         .await;
     }
@@ -386,7 +390,7 @@ async fn an_extend_to_a_shorter_ttl_is_renewed_before_it_runs_out() {
     eventually(
         "the watchdog renewed the lease",
         Duration::from_millis(900),
-        || r.pttl("fencelock:{shortened}") > 1000,
+        async || r.pttl("fencelock:{shortened}") > 1000,
     )
     .await;
     assert_eq!(guard.loss_cause(), None);

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use fencelock::{Client, Error, NodeOutcome};
 use testkit::RedisServer;
 
+mod common;
+use common::eventually;
+
 const KEY: &str = "fencelock:{rl}";
 
 async fn redlock(servers: &[RedisServer], protection: Option<Duration>) -> Client {
@@ -132,21 +135,25 @@ async fn crash_restart_scenario(
     Vec<RedisServer>,
 ) {
     let mut servers = RedisServer::start_many(5);
+    let up = Instant::now(); // every node has been up at least this long
     if let Some(q) = protection {
-        // Let the nodes be up longer than the quarantine, so only the restart counts.
-        let deadline = Instant::now() + q + Duration::from_secs(5);
-        while servers.iter().any(|s| {
-            let info = s.cmd(&["INFO", "server"]);
-            let up = info
-                .as_str()
-                .unwrap()
-                .lines()
-                .find_map(|l| l.strip_prefix("uptime_in_seconds:"));
-            up.unwrap().trim().parse::<u64>().unwrap() < q.as_secs() + 1
-        }) {
-            assert!(Instant::now() < deadline);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // Let the nodes be up longer than the quarantine, so only the restart counts. As
+        // their uptime cannot be long enough before then, there is nothing to poll for
+        // until that much time has passed; then each node must report it (in whole
+        // seconds).
+        let long_enough = q + Duration::from_secs(1);
+        tokio::time::sleep_until((up + long_enough).into()).await;
+        eventually(
+            "every node reports an uptime past the quarantine",
+            Duration::from_secs(5),
+            async || {
+                servers.iter().all(|s| {
+                    let up = s.info_field("server", "uptime_in_seconds").unwrap();
+                    up.parse::<u64>().unwrap() >= long_enough.as_secs()
+                })
+            },
+        )
+        .await;
     }
     let a = redlock(&servers, protection).await;
     // A lease no longer than the quarantine: restart protection waits out the longest
@@ -297,18 +304,12 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
         .unwrap();
     servers[4].resume();
     // A's acquire, A's release and B's acquire all reach node 4 now.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let calls = servers[4].script_calls();
-        if calls >= 3 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node 4 ran {calls} of the 3 queued scripts"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(
+        "node 4 ran the 3 queued scripts",
+        Duration::from_secs(5),
+        async || servers[4].script_calls() >= 3,
+    )
+    .await;
     let late = servers[4].get(KEY);
     assert_ne!(late.as_deref(), Some(a_token.as_str()), "never A's token");
     assert!(
@@ -343,12 +344,12 @@ async fn a_redlock_waiter_is_woken_by_the_release() {
             .wait(Duration::from_secs(30))
             .acquire(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    // The waiter listens on every node.
-    while c.stats().waiters < 3 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(
+        "the waiter listens on every node",
+        Duration::from_secs(5),
+        async || c.stats().waiters >= 3,
+    )
+    .await;
     let released = Instant::now();
     holder.release().await.unwrap();
     let g = waiter.await.unwrap().unwrap();
