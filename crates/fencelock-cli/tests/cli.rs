@@ -15,9 +15,8 @@ use testkit::RedisServer;
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 /// No single `fencelock` run in these tests may take longer than this.
 const RUN_TIMEOUT: Duration = Duration::from_secs(20);
-/// Bound of every polling loop that waits for an event.
+/// Bound of every wait for an event.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL: Duration = Duration::from_millis(10);
 
 /// What a user sees of one finished `fencelock` run.
 #[derive(Debug)]
@@ -65,19 +64,35 @@ fn run_command(mut cmd: Command) -> Run {
     finish(child, started)
 }
 
-/// Waits (bounded) for a spawned `fencelock` and collects its output.
+/// Kills and reaps a spawned `fencelock` if the test panics while this is alive (a
+/// wait for it that runs out, say): a failing test leaves nothing running.
+struct KillOnPanic<'a>(&'a mut Child);
+
+impl Drop for KillOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Waits (at most [`RUN_TIMEOUT`] from `started`) for a spawned `fencelock` and
+/// collects its output.
 fn finish(mut child: Child, started: Instant) -> Run {
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fencelock did not exit within {RUN_TIMEOUT:?}");
-        }
-        thread::sleep(POLL);
-    };
+    let mut status = None;
+    {
+        let child = KillOnPanic(&mut child);
+        testkit::eventually(
+            &format!("fencelock exited within {RUN_TIMEOUT:?} of its start"),
+            RUN_TIMEOUT.saturating_sub(started.elapsed()),
+            || {
+                status = child.0.try_wait().expect("try_wait");
+                status.is_some()
+            },
+        );
+    }
+    let status = status.expect("exited");
     let elapsed = started.elapsed();
     let mut stdout = String::new();
     let mut stderr = String::new();
@@ -92,15 +107,6 @@ fn finish(mut child: Child, started: Instant) -> Run {
         stdout,
         stderr,
         elapsed,
-    }
-}
-
-/// Polls `condition` until it holds; panics after [`EVENT_TIMEOUT`].
-fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        thread::sleep(POLL);
     }
 }
 
@@ -160,7 +166,7 @@ fn fair_waits_in_the_queue_and_leaves_nothing_behind() {
     ])
     .spawn()
     .expect("spawn fencelock");
-    wait_until("the run queued", || {
+    testkit::eventually("the run queued", EVENT_TIMEOUT, || {
         server.cmd(&["LLEN", "fencelock:{fq}:queue"]).as_int() == Some(1)
     });
     let run = finish(child, started);
@@ -520,15 +526,7 @@ fn sigterm_is_forwarded_and_the_lock_released() {
         "sh",
         ready.to_str().unwrap(),
     ];
-    let started = Instant::now();
-    let mut child = command(&args).spawn().expect("spawn fencelock");
-    wait_until("the command runs under the lock", || {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "fencelock exited early"
-        );
-        Path::new(&ready).exists() && server.exists(&lock_key("sig"))
-    });
+    let (child, started) = spawn_until_ready(&args, &server, "sig", || ready.exists());
 
     kill(child.id(), "TERM");
     let run = finish(child, started);
@@ -555,7 +553,9 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     let started = Instant::now();
     let child = command(&args).spawn().expect("spawn fencelock");
     // fencelock catches signals before it connects: once connected, it is waiting.
-    wait_until("fencelock is connected", || server.connected_clients() >= 2);
+    testkit::eventually("fencelock is connected", EVENT_TIMEOUT, || {
+        server.connected_clients() >= 2
+    });
 
     kill(child.id(), "TERM");
     let run = finish(child, started);
@@ -645,18 +645,18 @@ fn spawn_until_ready(
 ) -> (Child, Instant) {
     let started = Instant::now();
     let mut child = command(args).spawn().expect("spawn fencelock");
-    let deadline = started + EVENT_TIMEOUT;
-    while !(ready() && server.exists(&lock_key(name))) {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("fencelock exited early: {status}");
-        }
-        if Instant::now() >= deadline {
-            // Don't leave it running: a test that fails here should not hang others.
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("timed out waiting until the command runs under the lock");
-        }
-        thread::sleep(POLL);
+    {
+        // Don't leave it running: a test that fails here should not hang others.
+        let child = KillOnPanic(&mut child);
+        testkit::eventually("the command runs under the lock", EVENT_TIMEOUT, || {
+            if ready() && server.exists(&lock_key(name)) {
+                return true;
+            }
+            if let Some(status) = child.0.try_wait().unwrap() {
+                panic!("fencelock exited early: {status}");
+            }
+            false
+        });
     }
     (child, started)
 }
@@ -694,7 +694,7 @@ fn the_lease_is_renewed_while_the_command_runs() {
             break;
         }
         assert!(started.elapsed() < RUN_TIMEOUT, "fencelock did not exit");
-        thread::sleep(POLL);
+        thread::sleep(Duration::from_millis(10));
     }
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
@@ -751,7 +751,9 @@ fn a_lost_lease_kills_the_whole_group_within_the_grace_and_exits_76() {
         after_delete <= Duration::from_millis(300 + 1000 + 1000),
         "{after_delete:?}: {run:#?}"
     );
-    wait_until("the grandchild is dead", || process_gone(pid));
+    testkit::eventually("the grandchild is dead", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
     assert!(
         !server.exists(&lock_key("doomed")),
         "the lock was re-created"
@@ -794,7 +796,9 @@ fn a_command_that_stops_on_sigterm_after_a_loss_still_exits_76() {
     // Well within the default 10 s grace: COMMAND exited on SIGTERM, and what was left
     // of its group got SIGKILL then.
     assert!(taken.elapsed() < Duration::from_secs(3), "{run:#?}");
-    wait_until("the grandchild is dead", || process_gone(pid));
+    testkit::eventually("the grandchild is dead", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
     assert_eq!(
         server.get(&key).as_deref(),
         Some("other-owner"),
@@ -901,10 +905,12 @@ fn forwarded_signals_reach_the_commands_children() {
     // COMMAND's shell died of the forwarded SIGTERM; its child got it too.
     assert_eq!(run.code(), Some(128 + 15), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
-    wait_until("the grandchild got SIGTERM", || {
+    testkit::eventually("the grandchild got SIGTERM", EVENT_TIMEOUT, || {
         dir.path().join("grandchild.pid.term").exists()
     });
-    wait_until("the grandchild is dead", || process_gone(pid));
+    testkit::eventually("the grandchild is dead", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
     assert!(!server.exists(&lock_key("fwd")), "lock left behind");
 }
 
