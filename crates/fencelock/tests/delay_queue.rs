@@ -186,7 +186,11 @@ async fn an_expired_delivery_that_nobody_took_over_can_still_ack() {
     let q = queue(&r).await;
     q.push("x", Duration::ZERO).await.unwrap();
     let d = q.take(Duration::from_millis(50)).await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    let deadline = int(&r, &["ZSCORE", INFLIGHT, &member(d.id())]);
+    eventually("the delivery expired", SEC * 5, async || {
+        r.server_time().as_millis() as i64 > deadline
+    })
+    .await;
     assert!(
         d.ack().await.unwrap(),
         "no take put it back, so nobody else has it"
@@ -233,6 +237,7 @@ async fn extend_keeps_the_item_in_flight() {
     let q = queue(&r).await;
     let id = q.push("long work", Duration::ZERO).await.unwrap();
     let mut d = q.take(Duration::from_millis(200)).await.unwrap().unwrap();
+    let first_deadline = int(&r, &["ZSCORE", INFLIGHT, &member(id)]);
     let before = d.visible_until();
     assert!(d.extend(SEC * 10).await.unwrap());
     assert!(d.visible_until() > before);
@@ -242,7 +247,10 @@ async fn extend_keeps_the_item_in_flight() {
         "deadline moved to ~10 s from now"
     );
 
-    tokio::time::sleep(Duration::from_millis(400)).await; // past the first 200 ms
+    eventually("past the first 200 ms", SEC * 5, async || {
+        r.server_time().as_millis() as i64 > first_deadline
+    })
+    .await;
     assert!(q.take(SEC).await.unwrap().is_none(), "still in flight");
     assert!(d.ack().await.unwrap());
 

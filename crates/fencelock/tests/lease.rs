@@ -2,6 +2,8 @@
 //! lost, stops renewing the moment the guard goes, and batches renewals. Against real
 //! redis-server processes, with real faults (SIGKILL, SIGSTOP, keys changed from outside).
 
+use std::future::Future;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error, LossCause};
@@ -204,19 +206,50 @@ async fn a_paused_redis_fires_the_loss_signal_before_valid_until() {
 #[tokio::test]
 async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
     let mut r = RedisServer::start();
-    let c = Client::connect(&r.url()).await.unwrap();
-    let lease = Duration::from_millis(300); // renewed every 100 ms
+    // Every script loaded: no renewal or release needs a second try after a NOSCRIPT, so
+    // the server runs them in the order they were sent.
+    for (_, source) in fencelock::lua_scripts() {
+        assert!(!r.cmd(&["SCRIPT", "LOAD", &source]).is_error());
+    }
+    // However long a loaded machine makes the fault below, neither the renewal nor the
+    // release behind it times out.
+    let c = Client::builder(r.url())
+        .response_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    // Renewed every 667 ms (sent up to a tick, 333 ms, early). The key expires by the
+    // server's clock, which goes on while Redis is stopped: it must outlive the fault
+    // below for the release to find it.
+    let lease = Duration::from_secs(2);
     let guard = c.lock("rel").lease(lease).try_acquire().await.unwrap();
-    // Stop Redis so the next renewal sits unanswered, then release behind it.
+    r.cmd(&["CONFIG", "RESETSTAT"]);
+    // Stop Redis, and wait until the next renewal has reached it: it sits there unread,
+    // unanswered. The bound leaves the watchdog a loaded machine's delay, and the key
+    // as long again to live.
     r.pause();
-    tokio::time::sleep(Duration::from_millis(150)).await; // the fault lasts past a renewal
+    eventually(
+        "a renewal reached the stopped server",
+        lease / 2,
+        async || r.unread_request_bytes() > 0,
+    )
+    .await;
     assert_eq!(c.stats().watched_leases, 1);
-    let releasing = tokio::spawn(guard.release());
-    tokio::task::yield_now().await;
+    // Release behind it: the release's first poll unregisters the lease.
+    let mut releasing = std::pin::pin!(guard.release());
+    let first_poll = std::future::poll_fn(|cx| Poll::Ready(releasing.as_mut().poll(cx))).await;
+    assert!(
+        first_poll.is_pending(),
+        "released while Redis is stopped: {first_poll:?}"
+    );
     assert_eq!(c.stats().watched_leases, 0, "unregistered synchronously");
     r.resume();
-    releasing.await.unwrap().unwrap();
+    releasing.await.unwrap();
     assert!(!r.exists("fencelock:{rel}"));
+    assert!(
+        r.script_calls() >= 2,
+        "the renewal that waited, then the release, ran"
+    );
     r.cmd(&["CONFIG", "RESETSTAT"]);
     tokio::time::sleep(lease * 3).await; // three lease lengths: nine renewal periods
     assert_eq!(r.script_calls(), 0, "no renewal sent after the release");

@@ -355,12 +355,17 @@ async fn a_cancelled_wait_leaves_nothing_behind() {
     let c = client(&r).await;
     let holder = c.lock("c").try_acquire().await.unwrap();
     let keys_before = r.cmd(&["DBSIZE"]).as_int();
-    let waited = tokio::time::timeout(
-        Duration::from_millis(200),
-        c.lock("c").wait_forever().acquire(),
-    )
-    .await;
-    assert!(waited.is_err(), "still waiting when cancelled");
+    let mut waiting = Box::pin(c.lock("c").wait_forever().acquire());
+    // Cancelled once it waits.
+    tokio::select! {
+        result = &mut waiting => panic!("still waiting when cancelled: {result:?}"),
+        () = eventually(
+            "the waiter waits",
+            Duration::from_secs(5),
+            async || c.stats().waiters == 1,
+        ) => {}
+    }
+    drop(waiting);
     assert_eq!(
         r.cmd(&["DBSIZE"]).as_int(),
         keys_before,
@@ -387,19 +392,30 @@ async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
         .release()
         .await
         .unwrap(); // scripts loaded
+    r.cmd(&["CONFIG", "RESETSTAT"]);
     r.pause();
-    let attempt = c
-        .lock("f")
-        .lease(Duration::from_secs(60))
-        .renew(false)
-        .try_acquire();
-    let cancelled = tokio::time::timeout(Duration::from_millis(100), attempt).await;
-    assert!(cancelled.is_err(), "no reply while Redis is paused");
+    let mut attempt = Box::pin(
+        c.lock("f")
+            .lease(Duration::from_secs(60))
+            .renew(false)
+            .try_acquire(),
+    );
+    // Cancelled once its request has reached the stopped server, where it waits unread.
+    tokio::select! {
+        result = &mut attempt => panic!("no reply while Redis is paused: {result:?}"),
+        () = eventually(
+            "the acquire reached the stopped server",
+            Duration::from_secs(5),
+            async || r.unread_request_bytes() > 0,
+        ) => {}
+    }
+    drop(attempt);
     r.resume();
+    // The server runs the acquire, then the release sent after it.
     eventually(
         "the orphaned key is released",
         Duration::from_secs(5),
-        async || !r.exists("fencelock:{f}"),
+        async || r.script_calls() >= 2 && !r.exists("fencelock:{f}"),
     )
     .await;
     // And the lock is free for others well before the 60 s TTL.
@@ -507,8 +523,9 @@ async fn a_grant_that_arrives_after_its_lease_is_refused() {
 #[tokio::test]
 async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
     let mut r = RedisServer::start();
+    let response_timeout = Duration::from_millis(150);
     let c = Client::builder(r.url())
-        .response_timeout(Duration::from_millis(150))
+        .response_timeout(response_timeout)
         .connect()
         .await
         .unwrap();
@@ -519,15 +536,28 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
     r.pause();
     let started = Instant::now();
     let acquiring = tokio::spawn(c.lock("i").wait(Duration::from_secs(20)).acquire());
-    // The fault: Redis stays stopped for longer than the response timeout.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The fault: Redis stays stopped until the first attempt's reply was given up on (the
+    // response timeout) and the retry has reached it too, behind the first attempt.
+    let within = Duration::from_secs(5);
+    eventually(
+        "the first attempt reached the stopped server",
+        within,
+        async || r.unread_request_bytes() > 0,
+    )
+    .await;
+    let first = r.unread_request_bytes();
+    eventually("the retry reached the stopped server", within, async || {
+        r.unread_request_bytes() > first
+    })
+    .await;
+    assert!(!acquiring.is_finished(), "no grant while Redis is stopped");
     r.resume();
     let guard = acquiring
         .await
         .unwrap()
         .expect("acquired after Redis resumed");
     assert!(
-        started.elapsed() >= Duration::from_millis(500),
+        started.elapsed() >= response_timeout,
         "the first reply was lost"
     );
     assert_eq!(
