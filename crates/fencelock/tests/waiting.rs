@@ -303,10 +303,12 @@ async fn waiters_survive_their_subscription_being_killed() {
             g.release().await.unwrap();
         }));
     }
+    // Registered in the client, and subscribed on the server: the client counts a
+    // waiter before its SUBSCRIBE has gone through.
     eventually(
         "20 waiters subscribed",
         Duration::from_secs(5),
-        async || c.stats().waiters == 20,
+        async || c.stats().waiters == 20 && numsub(&r, "fencelock:{k}:released") > 0,
     )
     .await;
     assert_eq!(
@@ -603,10 +605,12 @@ async fn a_killed_subscription_is_restored_and_wakes_waiters_again() {
         }));
     }
     let channel = "fencelock:{re}:released";
+    // Registered in the client, and subscribed on the server (the client counts a
+    // waiter before its SUBSCRIBE has gone through): there is a subscription to kill.
     eventually(
         "20 waiters subscribed",
         Duration::from_secs(5),
-        async || c.stats().waiters == 20,
+        async || c.stats().waiters == 20 && numsub(&r, channel) > 0,
     )
     .await;
     assert_eq!(
