@@ -148,7 +148,7 @@ fn acquire_on_key_held_by_another_reports_remaining_ttl_and_changes_nothing() {
 fn acquire_after_expiry_takes_the_lock_with_a_higher_fence() {
     let r = RedisServer::start();
     let first = ints(&acquire(&r, THEIRS, "1"));
-    testkit::eventually("the lock key expired", Duration::from_secs(1), || {
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
         !r.exists(LOCK)
     });
     let second = ints(&acquire(&r, MINE, "10000"));
@@ -209,7 +209,7 @@ fn release_in_every_key_state() {
 
     r.cmd(&["DEL", LOCK]);
     acquire(&r, MINE, "1");
-    testkit::eventually("the lock key expired", Duration::from_secs(1), || {
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
         !r.exists(LOCK)
     });
     assert_eq!(release(&r, MINE), 0, "expired");
@@ -237,7 +237,7 @@ fn extend_in_every_key_state_and_never_recreates() {
 
     r.cmd(&["DEL", LOCK]);
     acquire(&r, MINE, "1");
-    testkit::eventually("the lock key expired", Duration::from_secs(1), || {
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
         !r.exists(LOCK)
     });
     assert_eq!(extend(&r, MINE, "20000"), 0, "expired");

@@ -352,8 +352,10 @@ fn drop_closes_connections_promptly_and_frees_the_port() {
 
     let started = Instant::now();
     drop(proxy);
+    // Its threads notice within a 20 ms tick; the bound leaves a loaded machine its
+    // margin and is still far from the hour the delayed PING waits for.
     assert!(
-        started.elapsed() < Duration::from_millis(500),
+        started.elapsed() < PROMPTLY,
         "drop took {:?}",
         started.elapsed()
     );
