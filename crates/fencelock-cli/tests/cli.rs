@@ -15,9 +15,8 @@ use testkit::RedisServer;
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
 /// No single `fencelock` run in these tests may take longer than this.
 const RUN_TIMEOUT: Duration = Duration::from_secs(20);
-/// Bound of every polling loop that waits for an event.
+/// Bound of every wait for an event.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL: Duration = Duration::from_millis(10);
 
 /// What a user sees of one finished `fencelock` run.
 #[derive(Debug)]
@@ -65,19 +64,35 @@ fn run_command(mut cmd: Command) -> Run {
     finish(child, started)
 }
 
-/// Waits (bounded) for a spawned `fencelock` and collects its output.
+/// Kills and reaps a spawned `fencelock` if the test panics while this is alive (a
+/// wait for it that runs out, say): a failing test leaves nothing running.
+struct KillOnPanic<'a>(&'a mut Child);
+
+impl Drop for KillOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Waits (at most [`RUN_TIMEOUT`] from `started`) for a spawned `fencelock` and
+/// collects its output.
 fn finish(mut child: Child, started: Instant) -> Run {
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fencelock did not exit within {RUN_TIMEOUT:?}");
-        }
-        thread::sleep(POLL);
-    };
+    let mut status = None;
+    {
+        let child = KillOnPanic(&mut child);
+        testkit::eventually(
+            &format!("fencelock exited within {RUN_TIMEOUT:?} of its start"),
+            RUN_TIMEOUT.saturating_sub(started.elapsed()),
+            || {
+                status = child.0.try_wait().expect("try_wait");
+                status.is_some()
+            },
+        );
+    }
+    let status = status.expect("exited");
     let elapsed = started.elapsed();
     let mut stdout = String::new();
     let mut stderr = String::new();
@@ -93,19 +108,6 @@ fn finish(mut child: Child, started: Instant) -> Run {
         stderr,
         elapsed,
     }
-}
-
-/// Polls `condition` until it holds; panics after [`EVENT_TIMEOUT`].
-fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        thread::sleep(POLL);
-    }
-}
-
-fn exists(server: &RedisServer, key: &str) -> bool {
-    server.cmd(&["EXISTS", key]).as_int() == Some(1)
 }
 
 fn lock_key(name: &str) -> String {
@@ -126,16 +128,6 @@ fn kill(pid: u32, signal: &str) {
     assert!(status.success(), "kill -{signal} {pid} failed");
 }
 
-/// The number of clients connected to `server`, this query's own connection included.
-fn connected_clients(server: &RedisServer) -> i64 {
-    let info = server.cmd(&["INFO", "clients"]);
-    let info = info.as_str().expect("INFO reply");
-    info.lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("connected_clients in INFO")
-}
-
 #[test]
 fn runs_the_command_with_name_and_token_then_releases() {
     let server = RedisServer::start();
@@ -148,12 +140,9 @@ fn runs_the_command_with_name_and_token_then_releases() {
     let (name, token) = run.stdout.trim_end().split_once(' ').expect("two words");
     assert_eq!(name, "job");
     let token: u64 = token.parse().expect("a decimal fencing token");
-    assert!(!exists(&server, &lock_key("job")), "lock left behind");
-    assert!(exists(&server, &fence_key("job")));
-    assert_eq!(
-        server.cmd(&["GET", &fence_key("job")]).as_int(),
-        Some(token as i64)
-    );
+    assert!(!server.exists(&lock_key("job")), "lock left behind");
+    assert!(server.exists(&fence_key("job")));
+    assert_eq!(server.get(&fence_key("job")), Some(token.to_string()));
 
     // Again, with the URL from FENCELOCK_REDIS: the next grant has a higher token.
     let mut cmd = command(&["run", "job", "--", "sh", "-c", script]);
@@ -162,7 +151,7 @@ fn runs_the_command_with_name_and_token_then_releases() {
     assert_eq!(run.code(), Some(0), "{run:#?}");
     let next: u64 = run.stdout.trim_end()["job ".len()..].parse().unwrap();
     assert!(next > token, "{next} should be above {token}");
-    assert!(!exists(&server, &lock_key("job")));
+    assert!(!server.exists(&lock_key("job")));
 }
 
 #[test]
@@ -177,18 +166,15 @@ fn fair_waits_in_the_queue_and_leaves_nothing_behind() {
     ])
     .spawn()
     .expect("spawn fencelock");
-    wait_until("the run queued", || {
+    testkit::eventually("the run queued", EVENT_TIMEOUT, || {
         server.cmd(&["LLEN", "fencelock:{fq}:queue"]).as_int() == Some(1)
     });
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
-    assert!(!exists(&server, &lock_key("fq")));
+    assert!(!server.exists(&lock_key("fq")));
+    assert!(!server.exists("fencelock:{fq}:queue"), "queue left behind");
     assert!(
-        !exists(&server, "fencelock:{fq}:queue"),
-        "queue left behind"
-    );
-    assert!(
-        !exists(&server, "fencelock:{fq}:waiters"),
+        !server.exists("fencelock:{fq}:waiters"),
         "waiter entry left behind"
     );
 }
@@ -201,7 +187,7 @@ fn passes_the_exit_code_through_and_releases() {
     let run = fencelock(&["run", "--redis", &url, "seven", "--", "sh", "-c", "exit 7"]);
     assert_eq!(run.code(), Some(7), "{run:#?}");
     assert_eq!(run.stderr, "");
-    assert!(!exists(&server, &lock_key("seven")));
+    assert!(!server.exists(&lock_key("seven")));
 
     let run = fencelock(&[
         "run",
@@ -215,9 +201,9 @@ fn passes_the_exit_code_through_and_releases() {
     ]);
     assert_eq!(run.code(), Some(128 + 9), "{run:#?}");
     assert_eq!(run.stderr, "");
-    assert!(!exists(&server, &lock_key("killed")));
+    assert!(!server.exists(&lock_key("killed")));
     assert!(
-        exists(&server, &fence_key("killed")),
+        server.exists(&fence_key("killed")),
         "the lock was never taken"
     );
 }
@@ -245,8 +231,8 @@ fn a_held_lock_exits_75_and_is_left_untouched() {
     );
     assert!(run.elapsed >= Duration::from_millis(300), "{run:#?}");
 
-    assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
-    assert!(server.cmd(&["PTTL", &key]).as_int().unwrap() > 0);
+    assert_eq!(server.get(&key).as_deref(), Some("other-token"));
+    assert!(server.pttl(&key) > 0);
 }
 
 #[test]
@@ -282,7 +268,7 @@ fn a_wait_rides_out_a_server_that_is_down_and_says_so_when_it_ends() {
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
-    assert!(!exists(&server, &lock_key("job")));
+    assert!(!server.exists(&lock_key("job")));
 }
 
 #[test]
@@ -408,11 +394,8 @@ fn a_command_not_found_exits_127_not_executable_126_and_the_lock_is_released() {
             "{line}"
         );
     }
-    assert!(!exists(&server, &lock_key("bad")), "lock left behind");
-    assert!(
-        exists(&server, &fence_key("bad")),
-        "the lock was never taken"
-    );
+    assert!(!server.exists(&lock_key("bad")), "lock left behind");
+    assert!(server.exists(&fence_key("bad")), "the lock was never taken");
 
     // Found but not executable.
     let dir = tempfile::tempdir().unwrap();
@@ -425,7 +408,7 @@ fn a_command_not_found_exits_127_not_executable_126_and_the_lock_is_released() {
         line.contains("not-executable") && line.contains("permission denied"),
         "{line}"
     );
-    assert!(!exists(&server, &lock_key("bad")), "lock left behind");
+    assert!(!server.exists(&lock_key("bad")), "lock left behind");
 }
 
 #[test]
@@ -453,7 +436,7 @@ fn non_utf8_arguments_pass_through_or_are_refused_cleanly() {
         "true".into(),
     ];
     fencelock(&args).fails_with(64);
-    assert_eq!(server.cmd(&["EXISTS", &lock_key("utf")]).as_int(), Some(0));
+    assert!(!server.exists(&lock_key("utf")));
 }
 
 #[test]
@@ -520,7 +503,7 @@ fn concurrent_runs_are_mutually_exclusive() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens not strictly increasing: {tokens:?}"
     );
-    assert!(!exists(&server, &lock_key("race")));
+    assert!(!server.exists(&lock_key("race")));
 }
 
 #[test]
@@ -544,21 +527,13 @@ fn sigterm_is_forwarded_and_the_lock_released() {
         "sh",
         ready.to_str().unwrap(),
     ];
-    let started = Instant::now();
-    let mut child = command(&args).spawn().expect("spawn fencelock");
-    wait_until("the command runs under the lock", || {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "fencelock exited early"
-        );
-        Path::new(&ready).exists() && exists(&server, &lock_key("sig"))
-    });
+    let (child, started) = spawn_until_ready(&args, &server, "sig", || ready.exists());
 
     kill(child.id(), "TERM");
     let run = finish(child, started);
     assert_eq!(run.code(), Some(3), "{run:#?}");
     assert_eq!(run.stderr, "");
-    assert!(!exists(&server, &lock_key("sig")), "lock left behind");
+    assert!(!server.exists(&lock_key("sig")), "lock left behind");
 }
 
 #[test]
@@ -579,7 +554,9 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     let started = Instant::now();
     let child = command(&args).spawn().expect("spawn fencelock");
     // fencelock catches signals before it connects: once connected, it is waiting.
-    wait_until("fencelock is connected", || connected_clients(&server) >= 2);
+    testkit::eventually("fencelock is connected", EVENT_TIMEOUT, || {
+        server.connected_clients() >= 2
+    });
 
     kill(child.id(), "TERM");
     let run = finish(child, started);
@@ -587,7 +564,7 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     assert!(line.contains("SIGTERM"), "{line}");
     assert!(run.elapsed < Duration::from_secs(10), "{run:#?}");
     assert!(run.status.signal().is_none());
-    assert_eq!(server.cmd(&["GET", &key]).as_str(), Some("other-token"));
+    assert_eq!(server.get(&key).as_deref(), Some("other-token"));
 }
 
 /// Whether process `pid` is gone: no such process, or a zombie (dead, waiting for a
@@ -669,18 +646,18 @@ fn spawn_until_ready(
 ) -> (Child, Instant) {
     let started = Instant::now();
     let mut child = command(args).spawn().expect("spawn fencelock");
-    let deadline = started + EVENT_TIMEOUT;
-    while !(ready() && exists(server, &lock_key(name))) {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("fencelock exited early: {status}");
-        }
-        if Instant::now() >= deadline {
-            // Don't leave it running: a test that fails here should not hang others.
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("timed out waiting until the command runs under the lock");
-        }
-        thread::sleep(POLL);
+    {
+        // Don't leave it running: a test that fails here should not hang others.
+        let child = KillOnPanic(&mut child);
+        testkit::eventually("the command runs under the lock", EVENT_TIMEOUT, || {
+            if ready() && server.exists(&lock_key(name)) {
+                return true;
+            }
+            if let Some(status) = child.0.try_wait().unwrap() {
+                panic!("fencelock exited early: {status}");
+            }
+            false
+        });
     }
     (child, started)
 }
@@ -703,7 +680,7 @@ fn the_lease_is_renewed_while_the_command_runs() {
     loop {
         let running = child.try_wait().unwrap().is_none();
         let now = started.elapsed();
-        let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+        let pttl = server.pttl(&key);
         if pttl > 0 {
             assert!(pttl <= 600, "the lease is {pttl} ms long");
             first_seen.get_or_insert(now);
@@ -718,14 +695,14 @@ fn the_lease_is_renewed_while_the_command_runs() {
             break;
         }
         assert!(started.elapsed() < RUN_TIMEOUT, "fencelock did not exit");
-        thread::sleep(POLL);
+        thread::sleep(Duration::from_millis(10));
     }
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
     assert!(first_seen.is_some(), "the lock key was never seen");
     assert!(seen_late, "the lock key was gone by 1.2 s: {run:#?}");
-    assert!(!exists(&server, &key), "lock left behind");
+    assert!(!server.exists(&key), "lock left behind");
 }
 
 #[test]
@@ -782,9 +759,11 @@ fn a_lost_lease_kills_the_whole_group_after_the_grace_or_at_the_lease_end_and_ex
             after_delete <= Duration::from_millis(latest),
             "{ttl} {grace}: {after_delete:?}: {run:#?}"
         );
-        wait_until("the grandchild is dead", || process_gone(pid));
+        testkit::eventually("the grandchild is dead", EVENT_TIMEOUT, || {
+            process_gone(pid)
+        });
         assert!(
-            !exists(&server, &lock_key("doomed")),
+            !server.exists(&lock_key("doomed")),
             "the lock was re-created"
         );
     }
@@ -826,9 +805,11 @@ fn a_command_that_stops_on_sigterm_after_a_loss_still_exits_76() {
     // Well within the default 10 s grace: COMMAND exited on SIGTERM, and what was left
     // of its group got SIGKILL then.
     assert!(taken.elapsed() < Duration::from_secs(3), "{run:#?}");
-    wait_until("the grandchild is dead", || process_gone(pid));
+    testkit::eventually("the grandchild is dead", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
     assert_eq!(
-        server.cmd(&["GET", &key]).as_str(),
+        server.get(&key).as_deref(),
         Some("other-owner"),
         "the other owner's lock was touched"
     );
@@ -859,17 +840,6 @@ fn max_hold_stops_the_command_and_exits_76() {
     );
 }
 
-/// `expired_keys` of the server's `INFO stats`: keys removed because their TTL ran out.
-fn expired_keys(server: &RedisServer) -> i64 {
-    let info = server.cmd(&["INFO", "stats"]);
-    info.as_str()
-        .expect("INFO reply")
-        .lines()
-        .find_map(|l| l.strip_prefix("expired_keys:"))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("expired_keys in INFO")
-}
-
 #[test]
 fn a_command_that_ends_before_max_hold_exits_with_its_status() {
     let server = RedisServer::start();
@@ -888,7 +858,7 @@ fn a_command_that_ends_before_max_hold_exits_with_its_status() {
     ]);
     assert_eq!(run.code(), Some(0), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
-    assert!(!exists(&server, &lock_key("short")));
+    assert!(!server.exists(&lock_key("short")));
 }
 
 #[test]
@@ -909,8 +879,13 @@ fn at_max_hold_the_command_is_stopped_and_the_lock_released_before_it_expires() 
     assert!(line.contains("--max-hold"), "{line}");
     assert!(run.elapsed >= Duration::from_millis(1600), "{run:#?}");
     // Released by fencelock after COMMAND stopped, not left to expire.
-    assert!(!exists(&server, &lock_key("capped")));
-    assert_eq!(expired_keys(&server), 0, "the lock key expired instead");
+    assert!(!server.exists(&lock_key("capped")));
+    // `expired_keys`: keys removed because their TTL ran out.
+    assert_eq!(
+        server.info_field("stats", "expired_keys").as_deref(),
+        Some("0"),
+        "the lock key expired instead"
+    );
 }
 
 #[test]
@@ -939,11 +914,13 @@ fn forwarded_signals_reach_the_commands_children() {
     // COMMAND's shell died of the forwarded SIGTERM; its child got it too.
     assert_eq!(run.code(), Some(128 + 15), "{run:#?}");
     assert_eq!(run.stderr, "", "{run:#?}");
-    wait_until("the grandchild got SIGTERM", || {
+    testkit::eventually("the grandchild got SIGTERM", EVENT_TIMEOUT, || {
         dir.path().join("grandchild.pid.term").exists()
     });
-    wait_until("the grandchild is dead", || process_gone(pid));
-    assert!(!exists(&server, &lock_key("fwd")), "lock left behind");
+    testkit::eventually("the grandchild is dead", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
+    assert!(!server.exists(&lock_key("fwd")), "lock left behind");
 }
 
 #[test]
@@ -1001,11 +978,8 @@ fn several_redis_urls_lock_with_redlock() {
     let token: u64 = run.stdout.trim().parse().expect("a fencing token");
     for s in &servers {
         // Every node's counter was raised to the grant's token, and the lock released.
-        assert_eq!(
-            s.cmd(&["GET", &fence_key("rl")]).as_int(),
-            Some(token as i64)
-        );
-        assert!(!exists(s, &lock_key("rl")));
+        assert_eq!(s.get(&fence_key("rl")), Some(token.to_string()));
+        assert!(!s.exists(&lock_key("rl")));
     }
 
     // The same through a comma-separated FENCELOCK_REDIS, with one node down.
@@ -1066,7 +1040,7 @@ fn a_suspended_run_never_lets_command_run_beside_the_next_holder() {
     });
     // As `kill -TSTP %1` would: fencelock suspends COMMAND and then itself.
     kill(first.id(), "TSTP");
-    wait_until("fencelock is stopped", || {
+    testkit::eventually("fencelock is stopped", EVENT_TIMEOUT, || {
         process_state(first.id()) == Some('T')
     });
     let second = fencelock(&[
@@ -1126,7 +1100,9 @@ fn a_killed_fencelock_takes_command_down_before_its_lease_ends() {
     child.kill().unwrap(); // SIGKILL: nothing of fencelock runs any more
     let killed = Instant::now();
     child.wait().unwrap();
-    wait_until("COMMAND's group is gone", || process_gone(pid));
+    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
     assert!(
         killed.elapsed() < Duration::from_secs(5),
         "COMMAND outlived the lease: {:?}",
@@ -1159,7 +1135,9 @@ fn a_stopped_fencelock_has_command_killed_when_its_lease_ends() {
     let pid = grandchild.pid().unwrap();
     kill(child.id(), "STOP"); // not a job-control stop: COMMAND goes on, unrenewed
     let stopped = Instant::now();
-    wait_until("COMMAND's group is gone", || process_gone(pid));
+    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
     // Killed by the watcher at the end of the last confirmed lease: within one lease.
     assert!(
         stopped.elapsed() <= Duration::from_millis(1500 + 500),
@@ -1193,13 +1171,13 @@ fn a_command_that_ended_inside_its_lease_keeps_its_status_when_the_release_comes
     ])
     .spawn()
     .expect("spawn fencelock");
-    wait_until("the lock is taken", || exists(&server, &key));
+    testkit::eventually("the lock is taken", EVENT_TIMEOUT, || server.exists(&key));
     let acquired = Instant::now();
     // A renewal resets the key's TTL to 3 s: the lease is then confirmed until about 3 s
     // after it. Redis stops answering right after one, until just after that confirmed
     // end; COMMAND ends in between, well before fencelock would give the lease up.
     let mut last = i64::MAX;
-    wait_until("a renewal", || {
+    testkit::eventually("a renewal", EVENT_TIMEOUT, || {
         let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
         let renewed =
             pttl > last.saturating_add(100) && acquired.elapsed() > Duration::from_millis(300);

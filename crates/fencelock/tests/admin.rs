@@ -36,7 +36,7 @@ async fn inspect_shows_the_holder_its_lease_the_counter_the_queue_and_what_it_sa
             .wait(Duration::from_secs(30))
             .acquire(),
     );
-    eventually("the waiter queued", Duration::from_secs(5), || {
+    eventually("the waiter queued", Duration::from_secs(5), async || {
         r.cmd(&["LLEN", "fencelock:{stock:42}:queue"]).as_int() == Some(1)
     })
     .await;
@@ -137,9 +137,11 @@ async fn break_frees_a_stuck_lock_wakes_its_waiter_and_fences_the_evicted_holder
     let old_token = stuck.fencing_token();
     let lost = stuck.lost();
     let waiter = tokio::spawn(c.lock("stuck").wait(Duration::from_secs(30)).acquire());
-    eventually("the waiter subscribed", Duration::from_secs(5), || {
-        c.stats().waiters == 1
-    })
+    eventually(
+        "the waiter subscribed",
+        Duration::from_secs(5),
+        async || c.stats().waiters == 1,
+    )
     .await;
 
     let broken = c.break_lock("stuck").await.unwrap();

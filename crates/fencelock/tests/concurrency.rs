@@ -88,7 +88,7 @@ fn exclusive_increments() {
         assert!(child.wait().unwrap().success(), "a worker process failed");
     }
     assert_eq!(
-        r.cmd(&["GET", "counter"]).as_str(),
+        r.get("counter").as_deref(),
         Some("2000"),
         "every increment survived: the lock excluded all 32 tasks from each other"
     );
@@ -104,11 +104,7 @@ fn exclusive_increments() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "fencing tokens strictly increase in the order the increments happened"
     );
-    assert_eq!(
-        r.cmd(&["EXISTS", "fencelock:{counter}"]).as_int(),
-        Some(0),
-        "released at the end"
-    );
+    assert!(!r.exists("fencelock:{counter}"), "released at the end");
 }
 
 /// The control: the same increments without the lock do lose updates, so the check
@@ -129,12 +125,7 @@ async fn without_the_lock_updates_are_lost() {
     for t in tasks {
         t.await.unwrap();
     }
-    let total: u64 = r
-        .cmd(&["GET", "counter"])
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let total: u64 = r.get("counter").unwrap().parse().unwrap();
     assert!(
         total < 200,
         "8 x 25 unlocked increments should lose some, got {total}"

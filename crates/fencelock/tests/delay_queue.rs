@@ -9,7 +9,7 @@ use fencelock::{Client, DelayQueue, Delivery, Error, ItemId};
 use testkit::RedisServer;
 
 mod common;
-use common::spawn_helper;
+use common::{eventually, spawn_helper};
 
 const DUE: &str = "fencelock:{q}:dq:due";
 const INFLIGHT: &str = "fencelock:{q}:dq:inflight";
@@ -39,24 +39,13 @@ async fn take_within(
     within: Duration,
     what: &str,
 ) -> Delivery {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(d) = q.take(visibility).await.expect("take") {
-            return d;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: nothing within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The server's clock in ms, as the scripts read it.
-fn server_ms(r: &RedisServer) -> i64 {
-    let reply = r.cmd(&["TIME"]);
-    let t = reply.as_array().expect("TIME is an array");
-    t[0].as_int().unwrap() * 1000 + t[1].as_int().unwrap() / 1000
+    let mut taken = None;
+    eventually(what, within, async || {
+        taken = q.take(visibility).await.expect("take");
+        taken.is_some()
+    })
+    .await;
+    taken.expect("taken")
 }
 
 const SEC: Duration = Duration::from_secs(1);
@@ -130,11 +119,10 @@ async fn items_come_by_due_time_then_by_id() {
     let a = q.push("a", Duration::ZERO).await.unwrap();
     assert!(a > b && b > c, "ids increase in push order");
     // Wait until all three are due, then they must come earliest-due first.
-    let deadline = Instant::now() + SEC * 5;
-    while q.counts().await.unwrap().ready < 3 {
-        assert!(Instant::now() < deadline, "items not due in time");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("all three items due", SEC * 5, async || {
+        q.counts().await.unwrap().ready >= 3
+    })
+    .await;
     let mut order = Vec::new();
     while let Some(d) = q.take(SEC * 30).await.unwrap() {
         order.push(d.id());
@@ -198,7 +186,11 @@ async fn an_expired_delivery_that_nobody_took_over_can_still_ack() {
     let q = queue(&r).await;
     q.push("x", Duration::ZERO).await.unwrap();
     let d = q.take(Duration::from_millis(50)).await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    let deadline = int(&r, &["ZSCORE", INFLIGHT, &member(d.id())]);
+    eventually("the delivery expired", SEC * 5, async || {
+        r.server_time().as_millis() as i64 > deadline
+    })
+    .await;
     assert!(
         d.ack().await.unwrap(),
         "no take put it back, so nobody else has it"
@@ -245,16 +237,20 @@ async fn extend_keeps_the_item_in_flight() {
     let q = queue(&r).await;
     let id = q.push("long work", Duration::ZERO).await.unwrap();
     let mut d = q.take(Duration::from_millis(200)).await.unwrap().unwrap();
+    let first_deadline = int(&r, &["ZSCORE", INFLIGHT, &member(id)]);
     let before = d.visible_until();
     assert!(d.extend(SEC * 10).await.unwrap());
     assert!(d.visible_until() > before);
     let deadline = int(&r, &["ZSCORE", INFLIGHT, &member(id)]);
     assert!(
-        deadline - server_ms(&r) > 9_000,
+        deadline - r.server_time().as_millis() as i64 > 9_000,
         "deadline moved to ~10 s from now"
     );
 
-    tokio::time::sleep(Duration::from_millis(400)).await; // past the first 200 ms
+    eventually("past the first 200 ms", SEC * 5, async || {
+        r.server_time().as_millis() as i64 > first_deadline
+    })
+    .await;
     assert!(q.take(SEC).await.unwrap().is_none(), "still in flight");
     assert!(d.ack().await.unwrap());
 
@@ -301,21 +297,18 @@ async fn an_item_of_a_killed_consumer_process_is_delivered_again() {
     let id = q.push("survives a crash", Duration::ZERO).await.unwrap();
 
     let mut consumer = spawn_helper("consumer_process", CONSUMER_URL, r.url());
-    let deadline = Instant::now() + SEC * 20;
-    let marker = loop {
-        if let Some(m) = r.cmd(&["GET", "taken"]).as_str() {
-            break m.to_owned();
-        }
-        if let Some(status) = consumer.try_wait().unwrap() {
+    let mut marker = None;
+    eventually("the consumer took the item", SEC * 20, async || {
+        marker = r.get("taken");
+        if marker.is_none()
+            && let Some(status) = consumer.try_wait().unwrap()
+        {
             panic!("the consumer exited early: {status}");
         }
-        assert!(
-            Instant::now() < deadline,
-            "the consumer took nothing within 20 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert_eq!(marker, id.to_string());
+        marker.is_some()
+    })
+    .await;
+    assert_eq!(marker, Some(id.to_string()));
     assert!(
         q.take(SEC).await.unwrap().is_none(),
         "in flight with the consumer"
@@ -343,14 +336,13 @@ async fn consumer_process() {
     };
     let client = Client::connect(&url).await.expect("connect");
     let q = client.delay_queue("q").unwrap();
-    let deadline = Instant::now() + SEC * 10;
-    let d = loop {
-        if let Some(d) = q.take(Duration::from_millis(500)).await.unwrap() {
-            break d;
-        }
-        assert!(Instant::now() < deadline, "nothing to take");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let d = take_within(
+        &q,
+        Duration::from_millis(500),
+        SEC * 10,
+        "something to take",
+    )
+    .await;
     let redis = redis::Client::open(url.as_str()).unwrap();
     let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
     redis::cmd("SET")

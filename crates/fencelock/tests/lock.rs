@@ -13,10 +13,6 @@ async fn client(r: &RedisServer) -> Client {
     Client::connect(&r.url()).await.expect("connect")
 }
 
-fn exists(r: &RedisServer, key: &str) -> bool {
-    r.cmd(&["EXISTS", key]).as_int() == Some(1)
-}
-
 #[tokio::test]
 async fn acquire_and_release_round_trip() {
     let r = RedisServer::start();
@@ -24,17 +20,17 @@ async fn acquire_and_release_round_trip() {
     let guard = c.lock("stock:42").try_acquire().await.unwrap();
     assert_eq!(guard.name(), "stock:42");
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{stock:42}"]).as_str(),
+        r.get("fencelock:{stock:42}").as_deref(),
         Some(guard.holder_token().as_str()),
         "the key holds this guard's owner token"
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{stock:42}:fence"]).as_str(),
+        r.get("fencelock:{stock:42}:fence").as_deref(),
         Some(guard.fencing_token().to_string().as_str())
     );
     let first = guard.fencing_token();
     guard.release().await.unwrap();
-    assert!(!exists(&r, "fencelock:{stock:42}"), "released");
+    assert!(!r.exists("fencelock:{stock:42}"), "released");
 
     let guard = c.lock("stock:42").try_acquire().await.unwrap();
     assert!(
@@ -54,12 +50,12 @@ async fn custom_prefix_and_empty_prefix_shape_the_keys() {
         .await
         .unwrap();
     let g = c.lock("a").try_acquire().await.unwrap();
-    assert!(exists(&r, "app:{a}"));
+    assert!(r.exists("app:{a}"));
     g.release().await.unwrap();
     let c = Client::builder(r.url()).prefix("").connect().await.unwrap();
     let g = c.lock("a").try_acquire().await.unwrap();
-    assert!(exists(&r, "{a}"));
-    assert!(exists(&r, "{a}:fence"));
+    assert!(r.exists("{a}"));
+    assert!(r.exists("{a}:fence"));
     g.release().await.unwrap();
 }
 
@@ -173,7 +169,7 @@ async fn a_wait_that_runs_out_reports_how_long_it_waited() {
     }
     assert!(elapsed >= Duration::from_millis(300));
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{t}"]).as_str(),
+        r.get("fencelock:{t}").as_deref(),
         Some(holder.holder_token().as_str()),
         "the holder's key is untouched"
     );
@@ -215,7 +211,7 @@ async fn extend_prolongs_only_a_lease_still_held() {
     let before = g.valid_until();
     g.extend(Duration::from_secs(30)).await.unwrap();
     assert!(g.valid_until() > before);
-    let pttl = r.cmd(&["PTTL", "fencelock:{e}"]).as_int().unwrap();
+    let pttl = r.pttl("fencelock:{e}");
     assert!(pttl > 29_000, "PTTL {pttl}");
     assert!(matches!(
         g.extend(Duration::ZERO).await,
@@ -237,7 +233,7 @@ async fn extend_prolongs_only_a_lease_still_held() {
         until,
         "valid_until only moves on a confirmed extend"
     );
-    assert!(!exists(&r, "fencelock:{e}"));
+    assert!(!r.exists("fencelock:{e}"));
     drop(g);
 
     // Taken by another owner: extend reports it and leaves their key alone.
@@ -250,11 +246,8 @@ async fn extend_prolongs_only_a_lease_still_held() {
         }) => {}
         other => panic!("expected LeaseLost(TakenByOther), got {other:?}"),
     }
-    assert_eq!(
-        r.cmd(&["GET", "fencelock:{e}"]).as_str(),
-        Some("someone-else")
-    );
-    assert!(r.cmd(&["PTTL", "fencelock:{e}"]).as_int().unwrap() <= 5_000);
+    assert_eq!(r.get("fencelock:{e}").as_deref(), Some("someone-else"));
+    assert!(r.pttl("fencelock:{e}") <= 5_000);
 }
 
 #[tokio::test]
@@ -269,8 +262,8 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
         .await
         .unwrap();
     let key = "fencelock:{x}";
-    eventually("the lease expires", Duration::from_secs(5), || {
-        !exists(&r, key)
+    eventually("the lease expires", Duration::from_secs(5), async || {
+        !r.exists(key)
     })
     .await;
     match g.release().await {
@@ -288,8 +281,8 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
         .try_acquire()
         .await
         .unwrap();
-    eventually("the lease expires", Duration::from_secs(5), || {
-        !exists(&r, key)
+    eventually("the lease expires", Duration::from_secs(5), async || {
+        !r.exists(key)
     })
     .await;
     let next = c.lock("x").try_acquire().await.unwrap();
@@ -309,7 +302,7 @@ async fn release_after_the_lease_ended_says_so_and_deletes_nothing() {
         "the message says what to do: {err}"
     );
     assert_eq!(
-        r.cmd(&["GET", key]).as_str(),
+        r.get(key).as_deref(),
         Some(next.holder_token().as_str()),
         "the next holder's lock survives the late release"
     );
@@ -327,11 +320,11 @@ async fn dropping_a_guard_releases_in_the_background() {
         .try_acquire()
         .await
         .unwrap();
-    assert!(exists(&r, "fencelock:{d}"));
+    assert!(r.exists("fencelock:{d}"));
     drop(g);
     c.flush().await;
     assert!(
-        !exists(&r, "fencelock:{d}"),
+        !r.exists("fencelock:{d}"),
         "released long before the 60 s TTL"
     );
 }
@@ -351,11 +344,9 @@ fn dropping_a_guard_outside_a_runtime_does_not_panic() {
     });
     drop(rt);
     drop(g); // no runtime: nothing to spawn on; the key expires by its TTL
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while exists(&r, "fencelock:{n}") {
-        assert!(Instant::now() < deadline, "the key did not expire");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::eventually("the key expired", Duration::from_secs(5), || {
+        !r.exists("fencelock:{n}")
+    });
 }
 
 #[tokio::test]
@@ -364,19 +355,24 @@ async fn a_cancelled_wait_leaves_nothing_behind() {
     let c = client(&r).await;
     let holder = c.lock("c").try_acquire().await.unwrap();
     let keys_before = r.cmd(&["DBSIZE"]).as_int();
-    let waited = tokio::time::timeout(
-        Duration::from_millis(200),
-        c.lock("c").wait_forever().acquire(),
-    )
-    .await;
-    assert!(waited.is_err(), "still waiting when cancelled");
+    let mut waiting = Box::pin(c.lock("c").wait_forever().acquire());
+    // Cancelled once it waits.
+    tokio::select! {
+        result = &mut waiting => panic!("still waiting when cancelled: {result:?}"),
+        () = eventually(
+            "the waiter waits",
+            Duration::from_secs(5),
+            async || c.stats().waiters == 1,
+        ) => {}
+    }
+    drop(waiting);
     assert_eq!(
         r.cmd(&["DBSIZE"]).as_int(),
         keys_before,
         "no key added by the waiter"
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{c}"]).as_str(),
+        r.get("fencelock:{c}").as_deref(),
         Some(holder.holder_token().as_str())
     );
     holder.release().await.unwrap();
@@ -396,19 +392,30 @@ async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
         .release()
         .await
         .unwrap(); // scripts loaded
+    r.cmd(&["CONFIG", "RESETSTAT"]);
     r.pause();
-    let attempt = c
-        .lock("f")
-        .lease(Duration::from_secs(60))
-        .renew(false)
-        .try_acquire();
-    let cancelled = tokio::time::timeout(Duration::from_millis(100), attempt).await;
-    assert!(cancelled.is_err(), "no reply while Redis is paused");
+    let mut attempt = Box::pin(
+        c.lock("f")
+            .lease(Duration::from_secs(60))
+            .renew(false)
+            .try_acquire(),
+    );
+    // Cancelled once its request has reached the stopped server, where it waits unread.
+    tokio::select! {
+        result = &mut attempt => panic!("no reply while Redis is paused: {result:?}"),
+        () = eventually(
+            "the acquire reached the stopped server",
+            Duration::from_secs(5),
+            async || r.unread_request_bytes() > 0,
+        ) => {}
+    }
+    drop(attempt);
     r.resume();
+    // The server runs the acquire, then the release sent after it.
     eventually(
         "the orphaned key is released",
         Duration::from_secs(5),
-        || !exists(&r, "fencelock:{f}"),
+        async || r.script_calls() >= 2 && !r.exists("fencelock:{f}"),
     )
     .await;
     // And the lock is free for others well before the 60 s TTL.
@@ -461,7 +468,7 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
     eventually(
         "the maybe-written key is released",
         Duration::from_secs(5),
-        || !exists(&r, "fencelock:{p}"),
+        async || !r.exists("fencelock:{p}"),
     )
     .await;
 }
@@ -516,8 +523,9 @@ async fn a_grant_that_arrives_after_its_lease_is_refused() {
 #[tokio::test]
 async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
     let mut r = RedisServer::start();
+    let response_timeout = Duration::from_millis(150);
     let c = Client::builder(r.url())
-        .response_timeout(Duration::from_millis(150))
+        .response_timeout(response_timeout)
         .connect()
         .await
         .unwrap();
@@ -528,15 +536,28 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
     r.pause();
     let started = Instant::now();
     let acquiring = tokio::spawn(c.lock("i").wait(Duration::from_secs(20)).acquire());
-    // The fault: Redis stays stopped for longer than the response timeout.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The fault: Redis stays stopped until the first attempt's reply was given up on (the
+    // response timeout) and the retry has reached it too, behind the first attempt.
+    let within = Duration::from_secs(5);
+    eventually(
+        "the first attempt reached the stopped server",
+        within,
+        async || r.unread_request_bytes() > 0,
+    )
+    .await;
+    let first = r.unread_request_bytes();
+    eventually("the retry reached the stopped server", within, async || {
+        r.unread_request_bytes() > first
+    })
+    .await;
+    assert!(!acquiring.is_finished(), "no grant while Redis is stopped");
     r.resume();
     let guard = acquiring
         .await
         .unwrap()
         .expect("acquired after Redis resumed");
     assert!(
-        started.elapsed() >= Duration::from_millis(500),
+        started.elapsed() >= response_timeout,
         "the first reply was lost"
     );
     assert_eq!(
@@ -545,11 +566,11 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
         "exactly one token minted for the retried acquisition"
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{i}:fence"]).as_str(),
+        r.get("fencelock:{i}:fence").as_deref(),
         Some((last_fence + 1).to_string().as_str())
     );
     assert_eq!(
-        r.cmd(&["GET", "fencelock:{i}"]).as_str(),
+        r.get("fencelock:{i}").as_deref(),
         Some(guard.holder_token().as_str())
     );
     guard.release().await.unwrap();
@@ -734,17 +755,13 @@ async fn a_key_of_the_wrong_type_is_reported_and_left_alone() {
         r.cmd(&["HGET", "fencelock:{wt}", "field"]).as_str(),
         Some("value")
     );
-    assert_eq!(r.cmd(&["EXISTS", "fencelock:{wt}:fence"]).as_int(), Some(0));
+    assert!(!r.exists("fencelock:{wt}:fence"));
 
     r.cmd(&["SET", "fencelock:{wc}:fence", "not-a-number"]);
     assert!(
         matches!(c.lock("wc").try_acquire().await, Err(Error::WrongType { found, .. }) if found == "string")
     );
-    assert_eq!(
-        r.cmd(&["EXISTS", "fencelock:{wc}"]).as_int(),
-        Some(0),
-        "no lock left behind"
-    );
+    assert!(!r.exists("fencelock:{wc}"), "no lock left behind");
 }
 
 #[tokio::test]
@@ -775,7 +792,7 @@ async fn a_wait_covers_a_server_that_is_down_and_comes_back() {
         .await
         .unwrap()
         .expect("acquired once the server is back");
-    assert!(exists(&r, "fencelock:{back}"));
+    assert!(r.exists("fencelock:{back}"));
     guard.release().await.unwrap();
 }
 

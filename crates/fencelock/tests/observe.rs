@@ -188,7 +188,7 @@ fn metrics_follow_acquires_waits_handoffs_releases_and_losses() {
             let contended = m.counter(ACQUIRE_CONTENDED, &[PLAIN]);
             let waiter = tokio::spawn(c.lock("obs:busy").wait(10 * SECOND).acquire());
             // Its first attempt, and the one after it subscribed: then it sleeps.
-            eventually("the waiter sleeps", 5 * SECOND, || {
+            eventually("the waiter sleeps", 5 * SECOND, async || {
                 m.counter(ACQUIRE_CONTENDED, &[PLAIN]) == contended + 2 && c.stats().waiters == 1
             })
             .await;
@@ -358,7 +358,7 @@ fn traces_name_the_lock_but_never_a_token_an_owner_or_the_password() {
                 token(&holder);
                 assert!(lock(Duration::ZERO).acquire().await.is_err());
                 let waiter = tokio::spawn(lock(10 * SECOND).acquire());
-                eventually("the waiter subscribed", 5 * SECOND, || {
+                eventually("the waiter subscribed", 5 * SECOND, async || {
                     c.stats().waiters == 1
                 })
                 .await;

@@ -6,10 +6,6 @@ use std::time::Duration;
 use fencelock::{Client, Error};
 use testkit::RedisServer;
 
-fn exists(r: &RedisServer, key: &str) -> bool {
-    r.cmd(&["EXISTS", key]).as_int() == Some(1)
-}
-
 #[tokio::test]
 async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_it() {
     let r = RedisServer::start();
@@ -63,7 +59,7 @@ async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_i
     );
     let shared_token = first.fencing_token();
     first.release().await.unwrap();
-    assert!(exists(&r, "fencelock:{order:7}"), "one hold is left");
+    assert!(r.exists("fencelock:{order:7}"), "one hold is left");
     second.release().await.unwrap();
     let next = waiter
         .await
@@ -74,7 +70,7 @@ async fn one_owner_in_two_processes_shares_the_lock_and_the_last_release_frees_i
         "a new owner gets a new token"
     );
     next.release().await.unwrap();
-    assert!(!exists(&r, "fencelock:{order:7}"));
+    assert!(!r.exists("fencelock:{order:7}"));
 }
 
 #[tokio::test]
@@ -92,7 +88,7 @@ async fn a_dropped_hold_gives_its_hold_back() {
     );
     drop(outer);
     c.flush().await;
-    assert!(!exists(&r, "fencelock:{d}"));
+    assert!(!r.exists("fencelock:{d}"));
 }
 
 #[tokio::test]
@@ -107,10 +103,10 @@ async fn the_watchdog_renews_a_reentrant_lease() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await; // 2.5 leases
-    assert!(exists(&r, "fencelock:{w}"), "renewed by owner id");
+    assert!(r.exists("fencelock:{w}"), "renewed by owner id");
     assert!(g.loss_cause().is_none());
     g.release().await.unwrap();
-    assert!(!exists(&r, "fencelock:{w}"));
+    assert!(!r.exists("fencelock:{w}"));
 }
 
 #[tokio::test]

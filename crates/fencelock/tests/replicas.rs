@@ -18,11 +18,15 @@ async fn master_and_replica() -> (RedisServer, RedisServer) {
         .start();
     let replica = RedisServer::start();
     replica.cmd(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-    eventually("the replica is online", Duration::from_secs(10), || {
-        master
-            .info_field("replication", "slave0")
-            .is_some_and(|s| s.contains("state=online"))
-    })
+    eventually(
+        "the replica is online",
+        Duration::from_secs(10),
+        async || {
+            master
+                .info_field("replication", "slave0")
+                .is_some_and(|s| s.contains("state=online"))
+        },
+    )
     .await;
     (master, replica)
 }

@@ -3,6 +3,7 @@
 //! redis-server, exactly as the library sends them.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use testkit::{RedisServer, Reply};
 
@@ -77,23 +78,6 @@ fn extend(r: &RedisServer, token: &str, ttl_ms: &str) -> i64 {
         .expect("integer reply")
 }
 
-fn get(r: &RedisServer, key: &str) -> Option<String> {
-    r.cmd(&["GET", key]).as_str().map(str::to_owned)
-}
-
-fn pttl(r: &RedisServer, key: &str) -> i64 {
-    r.cmd(&["PTTL", key]).as_int().expect("PTTL is an integer")
-}
-
-/// Waits (bounded) until `key` is gone, i.e. its expiry really happened.
-fn wait_until_absent(r: &RedisServer, key: &str) {
-    testkit::eventually(
-        &format!("{key} expired"),
-        std::time::Duration::from_secs(1),
-        || r.cmd(&["EXISTS", key]).as_int() == Some(0),
-    );
-}
-
 fn ints(reply: &[Reply]) -> Vec<i64> {
     reply.iter().map(|r| r.as_int().expect("integer")).collect()
 }
@@ -104,25 +88,20 @@ fn acquire_on_absent_key_sets_token_with_ttl_and_mints_a_fence() {
     let reply = ints(&acquire(&r, MINE, "10000"));
     assert_eq!(reply[0], 1, "acquired fresh");
     // A missing counter is seeded from the server clock in microseconds.
-    let now_us = r.cmd(&["TIME"]).as_array().unwrap()[0]
-        .as_str()
-        .unwrap()
-        .parse::<i64>()
-        .unwrap()
-        * 1_000_000;
+    let now_us = r.server_time().as_micros() as i64;
     assert!(
-        reply[1] > now_us - 60_000_000 && reply[1] <= now_us + 2_000_000,
+        reply[1] > now_us - 60_000_000 && reply[1] <= now_us,
         "{reply:?}"
     );
     assert_eq!(
-        get(&r, LOCK).as_deref(),
+        r.get(LOCK).as_deref(),
         Some(MINE),
         "the key is a plain string holding the token"
     );
-    assert_eq!(get(&r, FENCE), Some(reply[1].to_string()));
-    let ttl = pttl(&r, LOCK);
+    assert_eq!(r.get(FENCE), Some(reply[1].to_string()));
+    let ttl = r.pttl(LOCK);
     assert!((9_000..=10_000).contains(&ttl), "PTTL {ttl}");
-    assert_eq!(pttl(&r, FENCE), -1, "the counter never expires");
+    assert_eq!(r.pttl(FENCE), -1, "the counter never expires");
 }
 
 #[test]
@@ -133,11 +112,11 @@ fn acquire_again_with_own_token_returns_the_same_grant_and_resets_ttl() {
     let again = ints(&acquire(&r, MINE, "5000"));
     assert_eq!(again, vec![2, first[1]], "same fence, flagged as a retry");
     assert_eq!(
-        get(&r, FENCE),
+        r.get(FENCE),
         Some(first[1].to_string()),
         "no second token minted"
     );
-    assert!(pttl(&r, LOCK) > 4_000, "expiry reset to the full TTL");
+    assert!(r.pttl(LOCK) > 4_000, "expiry reset to the full TTL");
 }
 
 #[test]
@@ -163,7 +142,9 @@ fn tokens_are_at_least_the_server_clock_so_a_counter_left_behind_cannot_lower_th
     // clock floor keeps the next token above every token granted before it.
     let r = RedisServer::start();
     let before = ints(&acquire(&r, THEIRS, "1"));
-    wait_until_absent(&r, LOCK);
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
+        !r.exists(LOCK)
+    });
     r.cmd(&["SET", FENCE, "7"]); // the counter a stale replica would hold
     let after = ints(&acquire(&r, MINE, "10000"));
     assert!(after[1] > before[1], "{before:?} then {after:?}");
@@ -182,8 +163,8 @@ fn acquire_on_key_held_by_another_reports_remaining_ttl_and_changes_nothing() {
     let reply = ints(&acquire(&r, MINE, "10000"));
     assert_eq!(reply[0], 0);
     assert!((6_000..=7_000).contains(&reply[1]), "{reply:?}");
-    assert_eq!(get(&r, LOCK).as_deref(), Some(THEIRS));
-    assert_eq!(get(&r, FENCE).as_deref(), Some("10"));
+    assert_eq!(r.get(LOCK).as_deref(), Some(THEIRS));
+    assert_eq!(r.get(FENCE).as_deref(), Some("10"));
 
     // A foreign key without expiry reports -1: it will never free itself.
     r.cmd(&["SET", LOCK, "written-by-hand"]);
@@ -194,11 +175,13 @@ fn acquire_on_key_held_by_another_reports_remaining_ttl_and_changes_nothing() {
 fn acquire_after_expiry_takes_the_lock_with_a_higher_fence() {
     let r = RedisServer::start();
     let first = ints(&acquire(&r, THEIRS, "1"));
-    wait_until_absent(&r, LOCK);
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
+        !r.exists(LOCK)
+    });
     let second = ints(&acquire(&r, MINE, "10000"));
     assert_eq!(second[0], 1);
     assert!(second[1] > first[1], "{first:?} then {second:?}");
-    assert_eq!(get(&r, LOCK).as_deref(), Some(MINE));
+    assert_eq!(r.get(LOCK).as_deref(), Some(MINE));
 }
 
 #[test]
@@ -211,25 +194,21 @@ fn acquire_never_overwrites_keys_of_a_wrong_type() {
         Some("v"),
         "hash untouched"
     );
-    assert_eq!(
-        r.cmd(&["EXISTS", FENCE]).as_int(),
-        Some(0),
-        "no counter written"
-    );
+    assert!(!r.exists(FENCE), "no counter written");
 
     // A counter of the wrong type is caught before the lock key is written, so a Lua
     // error can never leave a lock behind that nobody was granted.
     let r = RedisServer::start();
     r.cmd(&["RPUSH", FENCE, "x"]);
     assert_wrong_type(&acquire_raw(&r, MINE, "10000"), FENCE, "list");
-    assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0), "lock not taken");
+    assert!(!r.exists(LOCK), "lock not taken");
 
     for bad in ["abc", "-5", "1.5", "9999999999999999999"] {
         r.cmd(&["DEL", FENCE]);
         r.cmd(&["SET", FENCE, bad]);
         assert_wrong_type(&acquire_raw(&r, MINE, "10000"), FENCE, "string");
-        assert_eq!(get(&r, FENCE).as_deref(), Some(bad), "counter untouched");
-        assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0), "lock not taken");
+        assert_eq!(r.get(FENCE).as_deref(), Some(bad), "counter untouched");
+        assert!(!r.exists(LOCK), "lock not taken");
     }
 }
 
@@ -240,13 +219,13 @@ fn release_in_every_key_state() {
 
     acquire(&r, MINE, "10000");
     assert_eq!(release(&r, MINE), 1, "own token");
-    assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0));
-    assert!(get(&r, FENCE).is_some(), "the counter survives release");
+    assert!(!r.exists(LOCK));
+    assert!(r.get(FENCE).is_some(), "the counter survives release");
 
     r.cmd(&["SET", LOCK, THEIRS, "PX", "10000"]);
     assert_eq!(release(&r, MINE), -1, "other token");
     assert_eq!(
-        get(&r, LOCK).as_deref(),
+        r.get(LOCK).as_deref(),
         Some(THEIRS),
         "other's lock untouched"
     );
@@ -258,7 +237,9 @@ fn release_in_every_key_state() {
 
     r.cmd(&["DEL", LOCK]);
     acquire(&r, MINE, "1");
-    wait_until_absent(&r, LOCK);
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
+        !r.exists(LOCK)
+    });
     assert_eq!(release(&r, MINE), 0, "expired");
 }
 
@@ -266,35 +247,29 @@ fn release_in_every_key_state() {
 fn extend_in_every_key_state_and_never_recreates() {
     let r = RedisServer::start();
     assert_eq!(extend(&r, MINE, "10000"), 0, "absent");
-    assert_eq!(
-        r.cmd(&["EXISTS", LOCK]).as_int(),
-        Some(0),
-        "extend never creates the key"
-    );
+    assert!(!r.exists(LOCK), "extend never creates the key");
 
     acquire(&r, MINE, "1000");
     assert_eq!(extend(&r, MINE, "20000"), 1, "own token");
-    assert!(pttl(&r, LOCK) > 19_000);
-    assert_eq!(get(&r, LOCK).as_deref(), Some(MINE));
+    assert!(r.pttl(LOCK) > 19_000);
+    assert_eq!(r.get(LOCK).as_deref(), Some(MINE));
 
     r.cmd(&["SET", LOCK, THEIRS, "PX", "5000"]);
     assert_eq!(extend(&r, MINE, "20000"), -1, "other token");
-    assert!(pttl(&r, LOCK) <= 5_000, "other's expiry untouched");
+    assert!(r.pttl(LOCK) <= 5_000, "other's expiry untouched");
 
     r.cmd(&["DEL", LOCK]);
     r.cmd(&["LPUSH", LOCK, "x"]);
     assert_eq!(extend(&r, MINE, "20000"), -1, "not ours: a wrong type");
-    assert_eq!(pttl(&r, LOCK), -1, "list untouched");
+    assert_eq!(r.pttl(LOCK), -1, "list untouched");
 
     r.cmd(&["DEL", LOCK]);
     acquire(&r, MINE, "1");
-    wait_until_absent(&r, LOCK);
+    testkit::eventually("the lock key expired", Duration::from_secs(5), || {
+        !r.exists(LOCK)
+    });
     assert_eq!(extend(&r, MINE, "20000"), 0, "expired");
-    assert_eq!(
-        r.cmd(&["EXISTS", LOCK]).as_int(),
-        Some(0),
-        "expired lease stays lost"
-    );
+    assert!(!r.exists(LOCK), "expired lease stays lost");
 }
 
 fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
@@ -331,12 +306,6 @@ fn queue(r: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-fn server_ms(r: &RedisServer) -> i64 {
-    let t = r.cmd(&["TIME"]);
-    let t = t.as_array().unwrap();
-    t[0].as_int().unwrap() * 1000 + t[1].as_int().unwrap() / 1000
-}
-
 #[test]
 fn fair_acquire_serves_the_queue_in_order() {
     let r = RedisServer::start();
@@ -361,7 +330,7 @@ fn fair_acquire_serves_the_queue_in_order() {
         .unwrap()
         .parse::<f64>()
         .unwrap() as i64;
-    let now = server_ms(&r);
+    let now = r.server_time().as_millis() as i64;
     assert!(
         (now + 2_000..=now + 3_000).contains(&deadline),
         "deadline {deadline}, now {now}"
@@ -396,7 +365,12 @@ fn fair_acquire_purges_waiters_that_stopped_calling() {
     let (dead, live) = ("d".repeat(32), "l".repeat(32));
     // A waiter whose deadline passed (it crashed) stands at the head of the line.
     r.cmd(&["RPUSH", QUEUE, &dead]);
-    r.cmd(&["ZADD", WAITERS, &(server_ms(&r) - 1).to_string(), &dead]);
+    r.cmd(&[
+        "ZADD",
+        WAITERS,
+        &(r.server_time().as_millis() as i64 - 1).to_string(),
+        &dead,
+    ]);
     assert_eq!(
         ints(&fair_acquire(&r, &live, true))[0],
         1,
@@ -429,7 +403,7 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         ])
     };
     assert_wrong_type(&fair("1"), QUEUE, "string");
-    assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0));
+    assert!(!r.exists(LOCK));
     assert_wrong_type(
         &r.cmd(&[
             "EVAL",
@@ -445,7 +419,7 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         QUEUE,
         "string",
     );
-    assert_eq!(r.cmd(&["GET", QUEUE]).as_str(), Some("not-a-list"));
+    assert_eq!(r.get(QUEUE).as_deref(), Some("not-a-list"));
 }
 
 #[test]
@@ -491,13 +465,13 @@ fn fair_release_and_leave_in_every_key_state() {
     assert_eq!(r.cmd(&["ZCARD", WAITERS]).as_int(), Some(0));
     assert_eq!(leave(MINE), 0, "nothing left to remove");
     assert_eq!(release(THEIRS), 1, "own token");
-    assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0));
+    assert!(!r.exists(LOCK));
 
     // An acquire whose reply was lost, then abandoned: leave also drops the grant.
     fair_acquire(&r, MINE, true);
-    assert_eq!(r.cmd(&["GET", LOCK]).as_str(), Some(MINE));
+    assert_eq!(r.get(LOCK).as_deref(), Some(MINE));
     assert_eq!(leave(MINE), 1);
-    assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(0));
+    assert!(!r.exists(LOCK));
     r.cmd(&["HSET", LOCK, "f", "v"]);
     assert_wrong_type(
         &r.cmd(&[
@@ -533,14 +507,10 @@ fn renew_handles_a_batch_of_leases_in_mixed_states() {
         MINE, "20000", MINE, "20000",
     ]);
     assert_eq!(ints(reply.as_array().unwrap()), vec![1, -1, 0, -1]);
-    assert!(pttl(&r, a) > 19_000, "ours renewed");
-    assert!(pttl(&r, b) <= 1_000, "theirs untouched");
-    assert_eq!(
-        r.cmd(&["EXISTS", c]).as_int(),
-        Some(0),
-        "absent stays absent"
-    );
-    assert_eq!(pttl(&r, d), -1, "the list untouched");
+    assert!(r.pttl(a) > 19_000, "ours renewed");
+    assert!(r.pttl(b) <= 1_000, "theirs untouched");
+    assert!(!r.exists(c), "absent stays absent");
+    assert_eq!(r.pttl(d), -1, "the list untouched");
 }
 
 fn reentrant_acquire(r: &RedisServer, owner: &str, token: &str) -> Vec<i64> {
@@ -599,25 +569,21 @@ fn reentrant_holds_count_per_owner_and_the_last_release_frees() {
 
     assert_eq!(reentrant_release(&r, "job-8", MINE), -1, "not the owner");
     assert_eq!(reentrant_release(&r, "job-7", MINE), 1);
-    assert_eq!(r.cmd(&["EXISTS", LOCK]).as_int(), Some(1), "one hold left");
+    assert!(r.exists(LOCK), "one hold left");
     assert_eq!(
         reentrant_release(&r, "job-7", MINE),
         -1,
         "that hold is gone already"
     );
     assert_eq!(reentrant_release(&r, "job-7", THEIRS), 1);
-    assert_eq!(
-        r.cmd(&["EXISTS", LOCK]).as_int(),
-        Some(0),
-        "the last hold freed it"
-    );
+    assert!(!r.exists(LOCK), "the last hold freed it");
     assert_eq!(reentrant_release(&r, "job-7", THEIRS), 0, "absent");
 
     // A renewal compares the owner id.
     reentrant_acquire(&r, "job-7", MINE);
     let reply = r.cmd(&["EVAL", &RENEW, "2", LOCK, INFO, "job-7", "30000"]);
     assert_eq!(ints(reply.as_array().unwrap()), vec![1]);
-    assert!(pttl(&r, LOCK) > 29_000);
+    assert!(r.pttl(LOCK) > 29_000);
 
     // A plain lock in the way: the reentrant caller waits; a foreign hash is refused.
     r.cmd(&["DEL", LOCK]);
@@ -657,15 +623,7 @@ fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_count
         fence > now_us - 60_000_000 && fence <= now_us,
         "the token is at least the clock: {fence} vs {now_us}"
     );
-    let info = r.cmd(&["INFO", "server"]);
-    let run_id = info
-        .as_str()
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("run_id:"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let run_id = r.info_field("server", "run_id").unwrap();
     assert_eq!(items[2].as_str(), Some(run_id.as_str()));
     assert!(items[3].as_int().unwrap() >= 0);
 
@@ -676,10 +634,10 @@ fn a_redlock_node_floors_tokens_at_its_clock_says_who_it_is_and_raises_its_count
         "EVAL", &RELEASE, "3", LOCK, FENCE, INFO, MINE, CHANNEL, &higher,
     ]);
     assert_eq!(released.as_int(), Some(1));
-    assert_eq!(get(&r, FENCE), Some(higher.clone()));
+    assert_eq!(r.get(FENCE), Some(higher.clone()));
     let lower = r.cmd(&["EVAL", &RELEASE, "3", LOCK, FENCE, INFO, MINE, CHANNEL, "7"]);
     assert_eq!(lower.as_int(), Some(0), "absent now");
-    assert_eq!(get(&r, FENCE), Some(higher), "never lowered");
+    assert_eq!(r.get(FENCE), Some(higher), "never lowered");
 }
 
 #[test]
@@ -690,18 +648,18 @@ fn holder_info_lives_and_dies_with_the_lease() {
         "EVAL", &ACQUIRE, "3", LOCK, FENCE, INFO, MINE, "5000", "0", info,
     ]);
     assert_eq!(acquired.as_array().unwrap()[0].as_int(), Some(1));
-    assert_eq!(get(&r, INFO).as_deref(), Some(info));
+    assert_eq!(r.get(INFO).as_deref(), Some(info));
     assert!(
-        (1..=5000).contains(&pttl(&r, INFO)),
+        (1..=5000).contains(&r.pttl(INFO)),
         "with the lease's expiry"
     );
     // Renewed with the lease, and only for its holder.
     r.cmd(&["PEXPIRE", INFO, "100"]);
     assert_eq!(extend(&r, MINE, "20000"), 1);
-    assert!(pttl(&r, INFO) > 19_000);
+    assert!(r.pttl(INFO) > 19_000);
     // Not written for another holder, nor when the lock is held.
     assert_eq!(ints(&acquire(&r, THEIRS, "5000"))[0], 0);
-    assert_eq!(get(&r, INFO).as_deref(), Some(info));
+    assert_eq!(r.get(INFO).as_deref(), Some(info));
     // Deleted with the lock.
     assert_eq!(release(&r, MINE), 1);
     assert_eq!(r.cmd(&["EXISTS", INFO]).as_int(), Some(0));

@@ -24,9 +24,11 @@ async fn a_lock_on_a_sentinel_managed_master_works_like_one_on_a_plain_node() {
     assert!(group.master().exists("fencelock:{s}"));
     // A waiter is woken by the release, through the master's pub/sub.
     let waiter = tokio::spawn(c.lock("s").wait(Duration::from_secs(20)).acquire());
-    eventually("the waiter subscribed", Duration::from_secs(5), || {
-        c.stats().waiters == 1
-    })
+    eventually(
+        "the waiter subscribed",
+        Duration::from_secs(5),
+        async || c.stats().waiters == 1,
+    )
     .await;
     let released = Instant::now();
     guard.release().await.unwrap();
@@ -51,9 +53,11 @@ async fn a_failover_is_followed_the_holder_keeps_a_replicated_lease_and_tokens_g
     let before = guard.fencing_token();
     // The grant reaches the replica before the master dies.
     let replica = group.replicas()[0].addr();
-    eventually("the replica has the grant", Duration::from_secs(5), || {
-        group.node_mut(&replica).exists("fencelock:{f}")
-    })
+    eventually(
+        "the replica has the grant",
+        Duration::from_secs(5),
+        async || group.node_mut(&replica).exists("fencelock:{f}"),
+    )
     .await;
     let old = group.kill_master();
     let killed = Instant::now();

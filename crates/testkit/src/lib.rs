@@ -22,9 +22,11 @@
 //! [`pttl`](RedisServer::pttl), [`get`](RedisServer::get),
 //! [`server_time`](RedisServer::server_time),
 //! [`info_field`](RedisServer::info_field),
-//! [`connected_clients`](RedisServer::connected_clients)), and [`eventually`]
-//! polls, bounded, for state that no event announces (a server-side count, a
-//! client's statistics).
+//! [`connected_clients`](RedisServer::connected_clients),
+//! [`unread_request_bytes`](RedisServer::unread_request_bytes): requests
+//! waiting unanswered at a paused server), and [`eventually`] polls, bounded,
+//! for state that no event announces (a server-side count, a client's
+//! statistics).
 //!
 //! [`SentinelGroup`] (a master, replicas and three sentinels) and
 //! [`Cluster`] (masters with replicas, created by `redis-cli --cluster

@@ -716,6 +716,49 @@ impl RedisServer {
             .sum()
     }
 
+    /// Bytes that clients have sent to the server and it has not read yet,
+    /// summed over its connections (including any it has not accepted yet),
+    /// as the kernel counts them: `rx_queue` in `/proc/net/tcp{,6}`, for the
+    /// connections whose local port is the server's.
+    ///
+    /// A running server reads what arrives at once, so this is mostly 0. On a
+    /// [paused](Self::pause) server it is how a test sees that a request has
+    /// reached the server and waits there unanswered, without a sleep:
+    ///
+    /// ```
+    /// use std::io::Write;
+    /// use std::time::Duration;
+    ///
+    /// let mut server = testkit::RedisServer::start();
+    /// let mut client = std::net::TcpStream::connect(server.addr()).unwrap();
+    /// server.pause();
+    /// client.write_all(b"PING\r\n").unwrap();
+    /// testkit::eventually("the PING reached the server", Duration::from_secs(5), || {
+    ///     server.unread_request_bytes() == 6
+    /// });
+    /// server.resume();
+    /// ```
+    ///
+    /// Works while the server is paused (it asks the kernel, not the server).
+    ///
+    /// # Panics
+    /// If `/proc/net/tcp` cannot be read.
+    pub fn unread_request_bytes(&self) -> usize {
+        let mut readable = false;
+        let mut unread = 0;
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            if let Ok(text) = fs::read_to_string(table) {
+                readable = true;
+                unread += unread_bytes_in(&text, self.port);
+            }
+        }
+        assert!(
+            readable,
+            "testkit: unread_request_bytes: cannot read /proc/net/tcp"
+        );
+        unread
+    }
+
     /// Non-panicking [`cmd`](Self::cmd) with a caller-chosen timeout for
     /// connect, write and read (e.g. to assert that a paused or killed server
     /// does *not* answer).
@@ -1172,6 +1215,36 @@ fn owns_listener(pid: u32, port: u16) -> bool {
     })
 }
 
+/// The bytes received and not yet read (`rx_queue`) on the sockets of one
+/// `/proc/net/tcp` table whose local port is `port`, except the listening
+/// socket (whose `rx_queue` is its accept backlog).
+///
+/// A FIN takes a sequence number too: a socket whose peer closed it
+/// (`CLOSE_WAIT`, `LAST_ACK`, `CLOSING`) counts one more until the
+/// application reads the end of stream. That one is not a byte of a request.
+fn unread_bytes_in(table: &str, port: u16) -> usize {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, queues) = (fields.get(1)?, fields.get(3)?, fields.get(4)?);
+            let local_port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            if local_port != port || *state == "0A" {
+                return None;
+            }
+            let (_tx, rx) = queues.split_once(':')?;
+            let rx = usize::from_str_radix(rx, 16).ok()?;
+            let fin_received = matches!(*state, "08" | "09" | "0B");
+            Some(if fin_received {
+                rx.saturating_sub(1)
+            } else {
+                rx
+            })
+        })
+        .sum()
+}
+
 /// The state letter from `/proc/PID/stat` (`R`, `S`, `T`, `Z`, ...).
 fn process_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -1384,6 +1457,29 @@ mod tests {
             assert_ne!(tls, port);
             assert_ne!(Some(tls), port.checked_add(CLUSTER_BUS_OFFSET));
         }
+    }
+
+    #[test]
+    fn unread_bytes_are_summed_over_the_ports_connections_but_not_its_listener() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000002 00:00000000 00000000     0        0 11 1 0 100 0 0 10 0
+   1: 0100007F:1F90 0100007F:D431 01 00000000:0000001A 00:00000000 00000000     0        0 12 1 0 20 4 30 10 -1
+   2: 0100007F:1F90 0100007F:D432 01 00000000:00000006 00:00000000 00000000     0        0 13 1 0 20 4 30 10 -1
+   3: 0100007F:D431 0100007F:1F90 01 00000009:00000007 00:00000000 00000000     0        0 14 1 0 20 4 30 10 -1
+   4: 0100007F:1F91 0100007F:D433 01 00000000:00000100 00:00000000 00000000     0        0 15 1 0 20 4 30 10 -1
+   5: 0100007F:1F90 0100007F:D434 08 00000000:00000001 00:00000000 00000000     0        0 16 1 0 20 4 30 10 -1
+   6: 0100007F:1F90 0100007F:D435 08 00000000:00000008 00:00000000 00000000     0        0 17 1 0 20 4 30 10 -1
+   7: 0100007F:1F90 0100007F:D436 08 00000000:00000000 00:00000000 00000000     0        0 18 1 0 20 4 30 10 -1
+";
+        // Port 0x1F90: its connections (0x1A + 6, and 7 before a FIN), not
+        // its listener's backlog (2), nor the client end of a connection to
+        // it (7), nor another port's connection, nor an unread FIN (one
+        // sequence number, of a client that closed its connection, rows 5
+        // and 6; row 7 read it).
+        assert_eq!(unread_bytes_in(table, 0x1F90), 0x1A + 6 + 7);
+        assert_eq!(unread_bytes_in(table, 0x1F91), 0x100);
+        assert_eq!(unread_bytes_in(table, 1234), 0);
+        assert_eq!(unread_bytes_in("", 0x1F90), 0);
     }
 
     #[test]

@@ -1,13 +1,12 @@
 //! `testkit::monitor` against real `redis-server`s: what the safety lab
 //! relies on to feed checker C5 from the server's own log.
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use testkit::checkers::foreign_touch;
 use testkit::history::Op;
 use testkit::monitor::{self, Entry, Monitor, Source, Touches};
-use testkit::{RedisServer, Reply};
+use testkit::{RedisServer, Reply, eventually};
 
 const KEY: &str = "fencelock:{lab:monitor}";
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
@@ -56,25 +55,12 @@ fn replay(monitor: Monitor) -> (Vec<Entry>, Touches) {
 /// the replay can tell the expiry happened (within the margin it would
 /// rightly call the key's state unknown).
 fn wait_until_absent(server: &RedisServer) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while server.cmd(&["EXISTS", KEY]) != Reply::Int(0) {
-        assert!(Instant::now() < deadline, "{KEY} did not expire");
-        thread::sleep(Duration::from_millis(2));
-    }
-    let gone_at = server_time_us(server);
-    let settled = gone_at + MARGIN.as_micros() as u64 + 3_000;
-    while server_time_us(server) < settled {
-        assert!(Instant::now() < deadline, "the server's clock stands still");
-        thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// The server's wall clock (`TIME`), the clock of its monitor lines.
-fn server_time_us(server: &RedisServer) -> u64 {
-    let reply = server.cmd(&["TIME"]);
-    let parts = reply.as_array().unwrap();
-    let (secs, micros) = (parts[0].as_int().unwrap(), parts[1].as_int().unwrap());
-    (secs * 1_000_000 + micros) as u64
+    let within = Duration::from_secs(5);
+    eventually(&format!("{KEY} expired"), within, || !server.exists(KEY));
+    let settled = server.server_time() + MARGIN + Duration::from_millis(3);
+    eventually("the server's clock passed the margin", within, || {
+        server.server_time() >= settled
+    });
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CHILD_ENV: &str = "TESTKIT_PDEATHSIG_CHILD";
 const TEST_NAME: &str = "server_dies_with_a_sigkilled_test_process";
@@ -63,14 +63,11 @@ fn server_dies_with_a_sigkilled_test_process() {
     child.kill().unwrap(); // SIGKILL: no Drop runs in the child
     child.wait().unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !dead(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "redis-server {pid} outlived its SIGKILLed parent"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::eventually(
+        &format!("redis-server {pid} died with its SIGKILLed parent"),
+        Duration::from_secs(5),
+        || dead(pid),
+    );
     // The child could not clean up its temp dir; do it for it.
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -123,16 +120,11 @@ fn sentinel_group_and_cluster_die_with_a_sigkilled_test_process() {
     child.kill().unwrap(); // SIGKILL: no Drop runs in the child
     child.wait().unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(5);
-    for (pid, _) in &servers {
-        while !dead(*pid) {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server {pid} outlived its SIGKILLed parent"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
+    testkit::eventually(
+        "every redis-server dies with its SIGKILLed parent",
+        Duration::from_secs(5),
+        || servers.iter().all(|&(pid, _)| dead(pid)),
+    );
     // The child could not clean up its temp dirs; do it for it.
     for (_, dir) in servers {
         let _ = std::fs::remove_dir_all(dir);

@@ -515,3 +515,41 @@ fn is_paused_and_try_cmd_as() {
     server.kill();
     assert!(!server.is_paused());
 }
+
+#[test]
+fn unread_request_bytes_shows_requests_waiting_at_a_paused_server() {
+    let within = Duration::from_secs(5);
+    let mut server = RedisServer::start();
+    let mut client = TcpStream::connect(server.addr()).unwrap();
+    client.set_read_timeout(Some(within)).unwrap();
+    let mut pong = [0; 7];
+    client.write_all(b"PING\r\n").unwrap();
+    client.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+    assert_eq!(server.unread_request_bytes(), 0, "a running server reads");
+
+    // The connection of this command closes just before the pause: the server
+    // may not see its end before it stops, and that end is no request.
+    server.cmd(&["PING"]);
+    server.pause();
+    assert_eq!(server.unread_request_bytes(), 0);
+    client.write_all(b"PING\r\n").unwrap();
+    testkit::eventually("the PING waits at the paused server", within, || {
+        server.unread_request_bytes() == 6
+    });
+    // A connection the paused server has not even accepted counts too.
+    let mut fresh = TcpStream::connect(server.addr()).unwrap();
+    fresh.set_read_timeout(Some(within)).unwrap();
+    fresh.write_all(b"ECHO hi\r\n").unwrap();
+    testkit::eventually("both requests wait", within, || {
+        server.unread_request_bytes() == 6 + 9
+    });
+
+    server.resume();
+    client.read_exact(&mut pong).unwrap();
+    assert_eq!(&pong, b"+PONG\r\n");
+    let mut hi = [0; 8];
+    fresh.read_exact(&mut hi).unwrap();
+    assert_eq!(&hi, b"$2\r\nhi\r\n");
+    assert_eq!(server.unread_request_bytes(), 0, "everything was read");
+}

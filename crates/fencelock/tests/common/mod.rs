@@ -6,11 +6,17 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Polls (bounded) until `cond` holds; panics with `what` otherwise. For state that no
-/// event announces (a server-side count, a client's statistics).
-pub async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+/// Polls (bounded) until `cond` holds; panics with `"{what}: not within {within:?}"`
+/// otherwise. For state that no event announces (a server-side count, a client's
+/// statistics, an item coming due).
+///
+/// The async twin of [`testkit::eventually`], the only one for async tests: it checks
+/// every 2 ms as that one does, but sleeps with Tokio, so the tasks under test go on
+/// running on the test's runtime; and `cond` may await (`async || ...`), e.g. to take
+/// from a queue.
+pub async fn eventually(what: &str, within: Duration, mut cond: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
-    while !cond() {
+    while !cond().await {
         assert!(Instant::now() < deadline, "{what}: not within {within:?}");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
