@@ -1,0 +1,262 @@
+//! The least-privilege ACL user of the README, created from the README's own line (so the
+//! two cannot drift), runs every feature of the library; a user that lacks a permission
+//! gets a `NOPERM` error that names what was refused and points at that line.
+
+use std::time::Duration;
+
+use fencelock::{Client, Error};
+use testkit::RedisServer;
+
+mod common;
+use common::eventually;
+
+const README: &str = include_str!("../../../README.md");
+const PASSWORD: &str = "acl-test-pw";
+
+/// The README's `ACL SETUSER fencelock ...` line, as arguments, with its placeholder
+/// password replaced and `edit` applied to the rules.
+fn readme_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let line = README
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fencelock "))
+        .expect("the README has a line starting `ACL SETUSER fencelock`");
+    line.split_whitespace()
+        .map(|word| match word {
+            ">CHANGE-ME" => format!(">{PASSWORD}"),
+            _ => word.to_owned(),
+        })
+        .filter_map(|word| edit(&word))
+        .collect()
+}
+
+/// A server with the README's user (rules edited by `edit`).
+fn server_with_user(edit: impl Fn(&str) -> Option<String>) -> RedisServer {
+    let server = RedisServer::start();
+    let args = readme_acl(edit);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let reply = server.cmd(&args);
+    assert_eq!(reply.as_str(), Some("OK"), "{args:?}: {reply:?}");
+    server
+}
+
+fn as_user(server: &RedisServer) -> String {
+    format!("redis://fencelock:{PASSWORD}@127.0.0.1:{}", server.port())
+}
+
+async fn client(server: &RedisServer) -> Client {
+    Client::connect(&as_user(server))
+        .await
+        .expect("connect as the README's user")
+}
+
+/// What a user expects of the README's line: every single-node feature works as that user.
+#[tokio::test]
+async fn the_readme_user_runs_every_single_node_feature() {
+    let server = server_with_user(|w| Some(w.to_owned()));
+    let c = client(&server).await;
+
+    // Plain: try, refuse a second, extend, release.
+    let mut g = c.lock("plain").try_acquire().await.expect("plain acquire");
+    assert!(matches!(
+        c.lock("plain").try_acquire().await,
+        Err(Error::Held { .. })
+    ));
+    g.extend(Duration::from_secs(20)).await.expect("extend");
+    g.release().await.expect("release");
+    assert!(!server.exists("fencelock:{plain}"));
+
+    // Waiting, woken by the release announced on the lock's channel.
+    let holder = c.lock("wait").try_acquire().await.unwrap();
+    let waiter = tokio::spawn(c.lock("wait").wait(Duration::from_secs(10)).acquire());
+    eventually(
+        "the waiter subscribes",
+        Duration::from_secs(5),
+        async || {
+            server
+                .cmd(&["PUBSUB", "NUMSUB", "fencelock:{wait}:released"])
+                .as_array()
+                .and_then(|a| a.get(1)?.as_int())
+                == Some(1)
+        },
+    )
+    .await;
+    holder.release().await.unwrap();
+    let g = waiter.await.unwrap().expect("the waiter gets the lock");
+    g.release().await.unwrap();
+
+    // Fair: a queue of two, in order.
+    let first = c
+        .lock("fair")
+        .fair()
+        .try_acquire()
+        .await
+        .expect("fair acquire");
+    let second = tokio::spawn(
+        c.lock("fair")
+            .fair()
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    eventually(
+        "the fair waiter queues",
+        Duration::from_secs(5),
+        async || server.cmd(&["LLEN", "fencelock:{fair}:queue"]).as_int() == Some(1),
+    )
+    .await;
+    first.release().await.unwrap();
+    second
+        .await
+        .unwrap()
+        .expect("the queued waiter")
+        .release()
+        .await
+        .unwrap();
+
+    // Reentrant: one owner twice, then both releases.
+    let outer = c
+        .lock("re")
+        .reentrant("worker-1")
+        .try_acquire()
+        .await
+        .unwrap();
+    let inner = c
+        .lock("re")
+        .reentrant("worker-1")
+        .try_acquire()
+        .await
+        .unwrap();
+    inner.release().await.unwrap();
+    assert!(server.exists("fencelock:{re}"));
+    outer.release().await.unwrap();
+    assert!(!server.exists("fencelock:{re}"));
+
+    // Watchdog: a short lease outlives its length while renewed.
+    let lease = Duration::from_millis(300);
+    let g = c.lock("dog").lease(lease).try_acquire().await.unwrap();
+    tokio::time::sleep(lease * 3).await; // the span the lease must survive
+    assert!(g.loss_cause().is_none(), "renewed as the ACL user");
+    assert!(server.exists("fencelock:{dog}"));
+    g.release().await.unwrap();
+
+    // Holder info, replicas (WAIT), inspect, list and break.
+    let g = c
+        .lock("ops")
+        .holder_info("{\"pid\":1}")
+        .try_acquire()
+        .await
+        .unwrap();
+    let status = c.inspect("ops").await.expect("inspect");
+    let state = status.nodes[0].state.as_ref().expect("the node answers");
+    assert!(state.holder.is_some(), "{status:?}");
+    assert_eq!(c.list("").await.expect("list (SCAN)").len(), 1);
+    c.break_lock("ops").await.expect("break");
+    g.lost().await; // the holder hears of the break
+    assert!(matches!(
+        c.lock("rep").replicas(1).try_acquire().await,
+        Err(Error::Unreplicated { .. })
+    ));
+
+    // Delay queue: push, take, extend, retry, take again, ack, counts.
+    let q = c.delay_queue("jobs").unwrap();
+    q.push(b"job-1", Duration::ZERO).await.expect("push");
+    let mut d = q
+        .take(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("an item");
+    assert!(d.extend(Duration::from_secs(10)).await.unwrap());
+    assert!(d.retry_after(Duration::ZERO).await.unwrap());
+    let d = q
+        .take(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("again");
+    assert!(d.ack().await.unwrap());
+    assert_eq!(q.counts().await.unwrap().total(), 0);
+    // And the deferral that puts work on it when the lock is busy.
+    let busy = c.lock("busy").try_acquire().await.unwrap();
+    let deferred = c
+        .lock("busy")
+        .acquire_or_defer(&q, b"later", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(matches!(deferred, fencelock::Acquisition::Deferred(_)));
+    busy.release().await.unwrap();
+}
+
+/// Redlock with restart protection on (each node is asked who it is, and how long it has
+/// been up) works as the README's user.
+#[tokio::test]
+async fn the_readme_user_runs_redlock_with_restart_protection() {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| server_with_user(|w| Some(w.to_owned())))
+        .collect();
+    let c = Client::redlock(servers.iter().map(as_user))
+        .restart_protection(Some(Duration::from_millis(100)))
+        .connect()
+        .await
+        .expect("connect: every node says who it is");
+    // Fresh servers are in quarantine for a moment; the wait rides it out.
+    let g = c
+        .lock("rl")
+        .lease(Duration::from_millis(500))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("a majority grants");
+    let held = servers
+        .iter()
+        .filter(|s| s.exists("fencelock:{rl}"))
+        .count();
+    assert!(held >= 2, "granted on {held} nodes");
+    g.release().await.unwrap();
+    assert!(servers.iter().all(|s| !s.exists("fencelock:{rl}")));
+}
+
+/// The one-line refusal for a user that lacks a permission, as the user reads it.
+fn refusal(e: Error) -> String {
+    let line = e.to_string();
+    assert!(
+        matches!(&e, Error::Rejected { code, .. } if code == "NOPERM"),
+        "{e:?}"
+    );
+    assert!(!line.contains('\n'), "{line}");
+    assert!(
+        line.contains("ACL SETUSER fencelock"),
+        "points at the README line: {line}"
+    );
+    line
+}
+
+/// A command a script runs that the user may not run is named.
+#[tokio::test]
+async fn a_command_refused_inside_a_script_is_named() {
+    let server = server_with_user(|w| (w != "+time").then(|| w.to_owned()));
+    let c = client(&server).await;
+    let line = refusal(c.lock("x").try_acquire().await.unwrap_err());
+    assert!(line.contains("may not run TIME"), "{line}");
+    assert!(line.contains("lock/acquire.lua"), "{line}");
+    assert!(!server.exists("fencelock:{x}"));
+}
+
+/// A command fencelock sends itself that the user may not run is named.
+#[tokio::test]
+async fn a_command_refused_by_the_server_is_named() {
+    let server = server_with_user(|w| (w != "+scan").then(|| w.to_owned()));
+    let c = client(&server).await;
+    let line = refusal(c.list("").await.unwrap_err());
+    assert!(line.contains("'scan'"), "{line}");
+}
+
+/// Keys outside the user's key pattern (another prefix) are named.
+#[tokio::test]
+async fn keys_refused_are_named() {
+    let server = server_with_user(|w| Some(w.to_owned()));
+    let c = Client::builder(as_user(&server))
+        .prefix("billing")
+        .connect()
+        .await
+        .unwrap();
+    let line = refusal(c.lock("x").try_acquire().await.unwrap_err());
+    assert!(line.contains("billing:{x}"), "{line}");
+}
