@@ -330,6 +330,7 @@ fn traces_name_the_lock_but_never_a_token_an_owner_or_the_password() {
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
         .with_writer(log.clone())
+        .with_ansi(false) // plain text whatever features the workspace turns on
         .finish();
     // The global default, not a thread's: with a single subscriber, tracing caches each
     // callsite's interest as the first thread to reach it saw it, so another test's
