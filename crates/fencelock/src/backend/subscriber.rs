@@ -93,9 +93,12 @@ pub(crate) enum Wake<'a> {
 
 struct Channel {
     name: String,
-    /// The connection epoch on which the server confirmed SUBSCRIBE; the async mutex
-    /// orders SUBSCRIBE and UNSUBSCRIBE of this channel (and of no other).
-    subscribed: tokio::sync::Mutex<Option<u64>>,
+    /// The connection epoch on which SUBSCRIBE was sent, and whether the server
+    /// confirmed it; the async mutex orders SUBSCRIBE and UNSUBSCRIBE of this channel (and
+    /// of no other). A SUBSCRIBE whose caller was cancelled before the confirmation stays
+    /// recorded unconfirmed, so that the channel is still unsubscribed when its waiters
+    /// are gone: the server may have run it.
+    subscribed: tokio::sync::Mutex<Option<(u64, bool)>>,
     /// By waiter id, so in arrival order.
     waiters: Mutex<BTreeMap<u64, Waiter>>,
 }
@@ -328,11 +331,16 @@ impl Inner {
         epoch: u64,
     ) -> Result<(), redis::RedisError> {
         let mut subscribed = ch.subscribed.lock().await;
-        if *subscribed != Some(epoch) {
-            tokio::time::timeout(self.timeouts.response, sink.subscribe(&ch.name))
+        if *subscribed != Some((epoch, true)) {
+            *subscribed = Some((epoch, false));
+            let sent = tokio::time::timeout(self.timeouts.response, sink.subscribe(&ch.name))
                 .await
-                .map_err(|_| io_timeout("SUBSCRIBE"))??;
-            *subscribed = Some(epoch);
+                .map_err(|_| io_timeout("SUBSCRIBE"))
+                .and_then(|r| r);
+            // Failed or timed out: left recorded unconfirmed, so the last waiter to leave
+            // still unsubscribes (UNSUBSCRIBE of a channel never subscribed is harmless).
+            sent?;
+            *subscribed = Some((epoch, true));
         }
         Ok(())
     }
@@ -344,7 +352,7 @@ impl Inner {
             return;
         }
         let live = lock(&self.conn).clone();
-        if let (Some(epoch), Some((mut sink, live_epoch))) = (*subscribed, live)
+        if let (Some((epoch, _)), Some((mut sink, live_epoch))) = (*subscribed, live)
             && epoch == live_epoch
         {
             let unsub = tokio::time::timeout(self.timeouts.response, sink.unsubscribe(&ch.name));
@@ -503,6 +511,61 @@ mod tests {
         tokio::time::timeout(WITHIN, s.notified())
             .await
             .unwrap_or_else(|_| panic!("{who} was not woken within {WITHIN:?}"));
+    }
+
+    /// The server's count of subscribers to `channel`.
+    fn numsub(r: &RedisServer, channel: &str) -> Option<i64> {
+        r.cmd(&["PUBSUB", "NUMSUB", channel])
+            .as_array()
+            .and_then(|a| a.get(1)?.as_int())
+    }
+
+    async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + WITHIN;
+        while !cond() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not within {WITHIN:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_subscribe_cancelled_after_it_reached_the_server_is_undone() {
+        let mut r = RedisServer::start();
+        let sub = subscriber(&r);
+        // The pub/sub connection is up (and stays: this waiter keeps it).
+        let _keep = sub
+            .subscribe("warm", next_waiter_id(), Wake::Plain)
+            .await
+            .unwrap();
+        r.pause();
+        let subscribing = {
+            let sub = sub.clone();
+            tokio::spawn(async move { sub.subscribe("ch", next_waiter_id(), Wake::Plain).await })
+        };
+        until("the SUBSCRIBE waits at the paused server", || {
+            r.unread_request_bytes() > 0
+        })
+        .await;
+        subscribing.abort(); // the waiter gives up before the server answers
+        let _ = subscribing.await;
+        r.resume();
+        until("the client forgets the channel", || {
+            sub.stats().channels == 1
+        })
+        .await;
+        until("the server read every request", || {
+            r.unread_request_bytes() == 0
+        })
+        .await;
+        assert_eq!(
+            numsub(&r, "ch"),
+            Some(0),
+            "the server still sends `ch` here"
+        );
+        assert_eq!(numsub(&r, "warm"), Some(1));
     }
 
     #[tokio::test]
