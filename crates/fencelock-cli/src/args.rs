@@ -80,7 +80,8 @@ pub(crate) struct Cli {
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub(crate) quiet: bool,
 
-    /// The library's tracing on stderr too (RUST_LOG, if set, chooses what).
+    /// The library's tracing on stderr too, debug and up (RUST_LOG, when set, chooses
+    /// what, and turns tracing on without -v).
     #[arg(short, long, global = true)]
     pub(crate) verbose: bool,
 }

@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         Err(e) => return fail(&Failure::Usage(one_line(&e))),
     };
     exit::set_output(cli.json, cli.quiet);
-    if cli.verbose {
+    if cli.verbose || std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty()) {
         trace_to_stderr();
     }
     let outcome = match cli.command {

@@ -95,8 +95,9 @@ async fn a_grant_lost_in_the_failover_is_heard_by_its_holder_and_tokens_stay_hig
         .unwrap();
     let lost = guard.lost();
     let before = guard.fencing_token();
-    group.resume_node(&replica);
+    // The master dies before the replica comes back, so the replica cannot catch up.
     let old = group.kill_master();
+    group.resume_node(&replica);
     group.wait_for_new_master(&old, FAILOVER);
     // The holder hears of it at its next renewal on the new master: never silent.
     let cause = tokio::time::timeout(Duration::from_secs(6), lost)
