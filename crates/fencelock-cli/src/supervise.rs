@@ -56,7 +56,13 @@ pub(crate) async fn run_command(
     ignore(libc::SIGTTOU); // so that fencelock can take the terminal back from the background
     let mut watcher = Watcher::start(guard.valid_until(), args.kill_grace)?;
     let group = Group(watcher.pid);
-    let mut command = match spawn_command(program, program_args, held, group) {
+    // When fencelock has the terminal, COMMAND's group gets it from COMMAND itself, just
+    // before its exec: a COMMAND that reads the terminal at once must not find itself in
+    // the background (SIGTTIN would stop it, and that stop would look like Ctrl-Z), and
+    // a Ctrl-Z must always reach a group COMMAND is in (before the handover it reaches
+    // fencelock, which passes it on).
+    let terminal = Terminal::handed_over_if(Terminal::is_foreground());
+    let mut command = match spawn_command(program, program_args, held, group, terminal.given()) {
         Ok(child) => child,
         Err(error) => {
             watcher.kill_and_reap();
@@ -67,7 +73,6 @@ pub(crate) async fn run_command(
         }
     };
     let pid = command.id() as libc::pid_t;
-    let terminal = Terminal::give_if_foreground(group);
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut told = guard.valid_until();
@@ -170,6 +175,7 @@ fn spawn_command(
     program_args: &[std::ffi::OsString],
     held: &Held,
     group: Group,
+    take_terminal: bool,
 ) -> io::Result<Child> {
     let guard = &held.guard;
     let mut command = Command::new(program);
@@ -178,9 +184,16 @@ fn spawn_command(
         .env("FENCELOCK_NAME", guard.name())
         .env("FENCELOCK_TOKEN", guard.fencing_token().to_string())
         .process_group(group.0);
-    // SAFETY: between fork and exec only async-signal-safe calls: signal(2).
+    // SAFETY: between fork and exec only async-signal-safe calls: tcsetpgrp(3),
+    // getpgrp(2), signal(2). The child is in `group` already (std sets the process group
+    // before these hooks run).
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
+            if take_terminal {
+                // SIGTTOU is still ignored here (inherited), so this works from the
+                // background.
+                libc::tcsetpgrp(0, libc::getpgrp());
+            }
             // fencelock ignores SIGTTOU; COMMAND gets the usual job control.
             libc::signal(libc::SIGTTOU, libc::SIG_DFL);
             Ok(())
@@ -424,15 +437,17 @@ impl Terminal {
         unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
     }
 
-    /// Gives the terminal to `group` if fencelock has it.
-    fn give_if_foreground(group: Group) -> Self {
-        let terminal = Self {
-            given: std::cell::Cell::new(false),
-        };
-        if Self::is_foreground() {
-            terminal.give(group);
+    /// The terminal as COMMAND's group will have it: `handed` when COMMAND takes it
+    /// before its exec.
+    fn handed_over_if(handed: bool) -> Self {
+        Self {
+            given: std::cell::Cell::new(handed),
         }
-        terminal
+    }
+
+    /// Whether COMMAND's group has (or is about to have) the terminal.
+    fn given(&self) -> bool {
+        self.given.get()
     }
 
     #[allow(unsafe_code)]
