@@ -198,11 +198,14 @@ impl Delivery {
 /// `RUST_LOG=trace`), both.
 const FLAGS: [&[&str]; 4] = [&[], &["--json"], &["-v"], &["--json", "-v"]];
 
+/// The URLs of a failing path, with the password written in (`Some`) or not.
+type Urls<'a> = &'a dyn Fn(Option<&str>) -> Vec<String>;
+
 /// One failing path, as each subcommand meets it.
 struct FailingPath<'a> {
     name: &'a str,
     /// The URLs, with the password written in (`Some`) or not.
-    urls: &'a dyn Fn(Option<&str>) -> Vec<String>,
+    urls: Urls<'a>,
     /// The ACL user, when not the default one.
     user: Option<&'a str>,
     /// What the output says, for every subcommand...
@@ -445,11 +448,11 @@ fn an_untrusted_certificate_never_shows_the_password() {
 
 /// URLs that do not parse, with the password where each kind of URL carries it (the
 /// user part, a Unix socket URL's `pass`, a Sentinel URL's `sentinel_password`, with
-/// the awkward password percent-encoded or raw): every subcommand exits 64 naming the
-/// URL, masked.
+/// the awkward password percent-encoded or raw): every subcommand exits 64 saying that
+/// the URL does not parse.
 #[test]
 fn a_bad_url_never_shows_the_password() {
-    let bad: [(&str, &dyn Fn(Option<&str>) -> Vec<String>); 4] = [
+    let bad: [(&str, Urls); 4] = [
         ("unparsable port", &|pw| {
             vec![url("127.0.0.1:notaport", "", pw)]
         }),
