@@ -156,7 +156,10 @@ pub(crate) struct Connection {
         value_name = "PASSWORD",
         env = "FENCELOCK_PASSWORD",
         hide_env_values = true,
-        conflicts_with = "password_file"
+        conflicts_with = "password_file",
+        // A password may start with '-': taken as the value, not echoed back in an
+        // "unexpected argument" error.
+        allow_hyphen_values = true
     )]
     pub(crate) pass: Option<String>,
 

@@ -108,7 +108,9 @@ fn password_in_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool 
     })
 }
 
-/// Whether a URL (or a comma-separated list) carries a password.
+/// Whether a URL (or a comma-separated list) carries a password: in its user part, or
+/// in a query parameter whose name holds `pass` (`sentinel_password`, the `pass` of a
+/// `redis+unix://` URL).
 fn url_has_password(url: &str) -> bool {
     url.split(',').any(|url| {
         let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
@@ -116,7 +118,13 @@ fn url_has_password(url: &str) -> bool {
         let userinfo_has_password = authority
             .rsplit_once('@')
             .is_some_and(|(userinfo, _)| userinfo.contains(':'));
-        userinfo_has_password || url.contains("sentinel_password=")
+        let query_has_password = url.split_once('?').is_some_and(|(_, query)| {
+            query.split('&').any(|pair| {
+                pair.split_once('=')
+                    .is_some_and(|(key, _)| key.to_ascii_lowercase().contains("pass"))
+            })
+        });
+        userinfo_has_password || query_has_password
     })
 }
 
@@ -448,6 +456,7 @@ mod tests {
                 "redis+sentinel://h:1/s?sentinel_password=pw",
             ],
             &["list", "--redis", "redis://h:1,redis://:pw@h:2,redis://h:3"],
+            &["list", "--redis", "redis+unix:///tmp/r.sock?db=1&pass=pw"],
         ] {
             assert!(has_password(args), "{args:?}");
         }

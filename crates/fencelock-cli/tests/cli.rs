@@ -281,8 +281,17 @@ fn a_refused_password_exits_69_with_noauth() {
     let line = run.fails_with(69);
     assert!(line.contains("NOAUTH"), "{line}");
 
+    // The right password in the URL works; on the command line, it gets the one-time
+    // warning (tests/secrets.rs checks the warning), in the environment none.
     let url = format!("redis://:pw@127.0.0.1:{}", server.port());
     let run = fencelock(&["run", "--redis", &url, "job", "--", "true"]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    let lines: Vec<&str> = run.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{run:#?}");
+    assert!(lines[0].starts_with("fencelock: warning: "), "{run:#?}");
+    let mut cmd = command(&["run", "job", "--", "true"]);
+    cmd.env("FENCELOCK_REDIS", &url);
+    let run = run_command(cmd);
     assert_eq!(run.code(), Some(0), "{run:#?}");
     assert_eq!(run.stderr, "");
 }

@@ -84,7 +84,10 @@ use crate::token::{FencingToken, HolderToken};
 /// - *Defer*: for message processing, where blocking would hold up the messages behind
 ///   this one: push the work on a [`DelayQueue`](crate::DelayQueue) and take it again
 ///   later.
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` shows the settings but not a [reentrant](Self::reentrant) owner id, which
+/// lets whoever knows it reenter and release the lock.
+#[derive(Clone)]
 pub struct LockBuilder {
     shared: Arc<Shared>,
     name: String,
@@ -103,6 +106,24 @@ pub struct LockBuilder {
     info: String,
     /// Replicas that must acknowledge a grant.
     replicas: u32,
+}
+
+impl std::fmt::Debug for LockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockBuilder")
+            .field("client", &self.shared)
+            .field("name", &self.name)
+            .field("lease", &self.lease)
+            .field("renew", &self.renew)
+            .field("max_hold", &self.max_hold)
+            .field("wait", &self.wait)
+            .field("fair", &self.fair)
+            .field("owner", &self.owner.as_ref().map(|_| "<redacted>"))
+            .field("retry", &self.retry)
+            .field("info", &self.info)
+            .field("replicas", &self.replicas)
+            .finish()
+    }
 }
 
 impl LockBuilder {
@@ -508,7 +529,10 @@ pub enum Acquisition {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
+///
+/// Its `Debug` shows the lock name, the fencing token and the lease, but neither the
+/// [holder token](Self::holder_token) nor a reentrant owner id: either lets whoever
+/// knows it release the lock or, for the owner id, reenter it.
 #[must_use = "the lock is released when the guard is dropped"]
 pub struct LockGuard {
     shared: Arc<Shared>,
@@ -524,6 +548,20 @@ pub struct LockGuard {
     /// Whether a release is still owed (false after release, or once the lease is known
     /// to be lost).
     held: bool,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("client", &self.shared)
+            .field("name", &self.name)
+            .field("fencing_token", &self.fence)
+            .field("mode", &self.mode)
+            .field("ttl", &self.ttl)
+            .field("lease", &self.lease)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockGuard {

@@ -35,7 +35,8 @@ use quorum::{Confirmation, Quorum, Verdict, lease_end};
 use subscriber::{Subscription, Wake};
 
 /// How the holders of one lock name take turns: the script family an operation runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Its `Debug` hides the owner id, which lets whoever knows it reenter and release.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Mode {
     /// Any caller may take a free lock.
     Plain,
@@ -44,6 +45,22 @@ pub(crate) enum Mode {
     Fair { waiter_timeout: Duration },
     /// Holds are counted per owner id; the key is a hash (`reentrant_acquire.lua`).
     Reentrant { owner: String },
+}
+
+impl std::fmt::Debug for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mode::Plain => f.write_str("Plain"),
+            Mode::Fair { waiter_timeout } => f
+                .debug_struct("Fair")
+                .field("waiter_timeout", waiter_timeout)
+                .finish(),
+            Mode::Reentrant { .. } => f
+                .debug_struct("Reentrant")
+                .field("owner", &"<redacted>")
+                .finish(),
+        }
+    }
 }
 
 impl Mode {

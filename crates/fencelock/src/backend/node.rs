@@ -550,13 +550,37 @@ fn sort_error(addr: &str, e: &RedisError) -> Error {
     }
 }
 
-/// Hides the password of a Redis URL, for messages.
+/// Hides the credentials of a Redis URL, for messages: the user and password before the
+/// host (`redis://***@host:port`), and the value of every query parameter whose name
+/// holds `pass` (`sentinel_password`, a `redis+unix://` URL's `pass`). Errs on the side
+/// of hiding: a password with an unencoded `@`, `/`, `?` or `#` is hidden whole, and a
+/// string without `://` is hidden up to its last `@`.
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***{}", &url[..scheme_end], &url[at..])
+    // The query's secrets first, so that an `@` in one of them is gone before the
+    // user part is looked for.
+    let url = match url.split_once('?') {
+        Some((base, query)) => {
+            let mut out = format!("{base}?");
+            for (i, pair) in query.split('&').enumerate() {
+                if i > 0 {
+                    out.push('&');
+                }
+                match pair.split_once('=') {
+                    Some((key, _)) if key.to_ascii_lowercase().contains("pass") => {
+                        out.push_str(key);
+                        out.push_str("=***");
+                    }
+                    _ => out.push_str(pair),
+                }
+            }
+            out
         }
-        _ => url.to_owned(),
+        None => url.to_owned(),
+    };
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url.rfind('@') {
+        Some(at) if at >= start => format!("{}***{}", &url[..start], &url[at..]),
+        _ => url,
     }
 }
 
@@ -569,5 +593,23 @@ mod tests {
         assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
         assert_eq!(redact("nonsense"), "nonsense");
+        // An unencoded `@` or `?` in the password.
+        assert_eq!(redact("redis://:p@w?x@h:1"), "redis://***@h:1");
+        // The sentinels' password in the query, with or without an `@` in it.
+        assert_eq!(
+            redact("redis+sentinel://u:pw@h:1,h:2/svc?sentinel_password=s@p&x=1"),
+            "redis+sentinel://***@h:1,h:2/svc?sentinel_password=***&x=1"
+        );
+        assert_eq!(
+            redact("redis+sentinel://h:1/svc?sentinel_password=sp"),
+            "redis+sentinel://h:1/svc?sentinel_password=***"
+        );
+        // A Unix socket URL's password.
+        assert_eq!(
+            redact("redis+unix:///tmp/r.sock?db=1&pass=pw"),
+            "redis+unix:///tmp/r.sock?db=1&pass=***"
+        );
+        // No scheme.
+        assert_eq!(redact("u:pw@h:1"), "***@h:1");
     }
 }
