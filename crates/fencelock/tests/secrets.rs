@@ -735,8 +735,7 @@ async fn redlock_with_failing_nodes_never_shows_a_password() {
 /// Sentinel: an unknown service, a wrong sentinel password, a wrong master password and
 /// every sentinel down each fail in one line without either password, given in the URL
 /// (plainly or percent-encoded) or apart; with both passwords right, the lock is taken.
-/// (A wrong sentinel password reads as "every sentinel is down or unreachable", and a
-/// wrong master password as a connection error: checked as they are.)
+/// A wrong password says whose credentials were refused.
 #[tokio::test]
 async fn sentinel_failures_never_show_either_password() {
     trace();
@@ -780,7 +779,7 @@ async fn sentinel_failures_never_show_either_password() {
     probe_all(
         &seen,
         wrong_sentinel_password,
-        |e| matches!(e, Error::Unavailable { detail, .. } if detail.contains("every sentinel")),
+        |e| matches!(e, Error::Rejected { message, .. } if message.contains("sentinel refuses the credentials")),
     )
     .await;
 
@@ -799,8 +798,7 @@ async fn sentinel_failures_never_show_either_password() {
         ),
     ];
     probe_all(&seen, wrong_master_password, |e| {
-        matches!(e, Error::Unavailable { .. } | Error::Rejected { .. })
-            && e.to_string().contains("authentication failed")
+        matches!(e, Error::Rejected { message, .. } if message.contains("master refuses the credentials"))
     })
     .await;
 

@@ -234,6 +234,13 @@ pub(crate) async fn resolve(
         };
         match tokio::time::timeout(within, ask).await {
             Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) if auth_refused(&e) => Err(Error::Rejected {
+                node: url.sentinel_addr(i),
+                code: e.code().unwrap_or("WRONGPASS").to_owned(),
+                message: "the sentinel refuses the credentials: the sentinels' own go in the \
+                          URL's sentinel_username and sentinel_password"
+                    .to_owned(),
+            }),
             Ok(Err(e)) => Err(Error::Unavailable {
                 node: url.sentinel_addr(i),
                 reason: UnavailableReason::Io,
@@ -251,6 +258,13 @@ pub(crate) async fn resolve(
     let answers = join_all(asks).await;
     let answered = answers.iter().filter(|a| a.is_ok()).count();
     if answered == 0 {
+        // Refused credentials say so; only sentinels that did not answer at all are down.
+        if let Some(refusal) = answers
+            .into_iter()
+            .find_map(|a| a.err().filter(|e| matches!(e, Error::Rejected { .. })))
+        {
+            return Err(refusal);
+        }
         return Err(Error::Unavailable {
             node: url.label(),
             reason: UnavailableReason::Refused,
@@ -304,6 +318,15 @@ pub(crate) async fn resolve(
             _ => String::new(),
         },
         Ok(Ok(_)) => String::new(),
+        Ok(Err(e)) if auth_refused(&e) => {
+            return Err(Error::Rejected {
+                node: addr,
+                code: e.code().unwrap_or("WRONGPASS").to_owned(),
+                message: "the master refuses the credentials: the master's go in the URL \
+                          (user:password@), the sentinels' in sentinel_password"
+                    .to_owned(),
+            });
+        }
         Ok(Err(e)) => {
             return Err(Error::Unavailable {
                 node: addr,
@@ -333,6 +356,12 @@ pub(crate) async fn resolve(
         });
     }
     Ok((addr, master))
+}
+
+/// Whether the server refused the credentials (or wanted some).
+fn auth_refused(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
 }
 
 /// Waits for the next `+switch-master` of `url`'s service on one sentinel after another,
