@@ -158,11 +158,24 @@ pub(crate) async fn list(args: &ListArgs) -> Result<u8, Failure> {
     } else {
         &args.pattern
     };
-    let locks = client.list(pattern).await.map_err(Failure::Lock)?;
+    let listing = client.list(pattern).await.map_err(Failure::Lock)?;
+    let locks = &listing.locks;
     if json_output() {
-        let locks: Vec<Value> = locks.iter().map(status_json).collect();
-        println!("{}", json!({ "locks": locks }));
+        let found: Vec<Value> = locks.iter().map(status_json).collect();
+        let unanswered: Vec<Value> = listing
+            .unanswered
+            .iter()
+            .map(|u| json!({ "node": u.node, "error": u.error.to_string() }))
+            .collect();
+        println!("{}", json!({ "locks": found, "unanswered": unanswered }));
         return Ok(0);
+    }
+    // Said first, so that "no lock held" below is read with it.
+    for u in &listing.unanswered {
+        warn(format_args!(
+            "node {} could not be asked, so locks held only there are not listed: {}",
+            u.node, u.error
+        ));
     }
     if locks.is_empty() {
         println!(
@@ -177,7 +190,7 @@ pub(crate) async fn list(args: &ListArgs) -> Result<u8, Failure> {
     }
     let width = locks.iter().map(|l| l.name.len()).max().unwrap_or(4).max(4);
     println!("{:width$}  {:>10}  HOLDER", "NAME", "LEASE LEFT");
-    for lock in &locks {
+    for lock in locks {
         let (left, who) = summary(lock);
         println!("{:width$}  {left:>10}  {who}", lock.name);
     }

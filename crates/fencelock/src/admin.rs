@@ -11,6 +11,27 @@ use crate::error::Error;
 use crate::keys::{self, LockKeys};
 use crate::scripts::replies::{Broke, Inspected};
 
+/// What [`Client::list`](crate::Client::list) found: the held locks, and the nodes that
+/// could not be asked (locks held only there are missing from `locks`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Listing {
+    /// The held locks, sorted by name.
+    pub locks: Vec<LockStatus>,
+    /// The nodes whose scan failed, with why, in the order the nodes were given.
+    pub unanswered: Vec<Unanswered>,
+}
+
+/// A node that [`Client::list`](crate::Client::list) could not ask.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Unanswered {
+    /// The node, as `host:port`.
+    pub node: String,
+    /// Why it could not be asked.
+    pub error: Error,
+}
+
 /// What Redis holds for one lock name, on each node (one for a single node; every
 /// Redlock node in the order given).
 #[derive(Debug)]
@@ -185,26 +206,30 @@ pub(crate) async fn inspect(
     })
 }
 
-pub(crate) async fn list(
-    backend: &Backend,
-    prefix: &str,
-    pattern: &str,
-) -> Result<Vec<LockStatus>, Error> {
+pub(crate) async fn list(backend: &Backend, prefix: &str, pattern: &str) -> Result<Listing, Error> {
     keys::validate_pattern(pattern)?;
     let glob = keys::lock_key_glob(prefix, pattern);
     let answers = backend.scan(&glob).await;
     if all_failed(&answers) {
         return Err(first_err(answers));
     }
-    let mut names: Vec<String> = answers
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|key| keys::name_of(prefix, &key).map(str::to_owned))
-        .collect();
+    let mut names = Vec::new();
+    let mut unanswered = Vec::new();
+    for (answer, node) in answers.into_iter().zip(backend.nodes()) {
+        match answer {
+            Ok(keys) => names.extend(
+                keys.iter()
+                    .filter_map(|key| keys::name_of(prefix, key).map(str::to_owned)),
+            ),
+            Err(error) => unanswered.push(Unanswered {
+                node: node.addr(),
+                error,
+            }),
+        }
+    }
     names.sort();
     names.dedup();
-    let mut held = Vec::with_capacity(names.len());
+    let mut locks = Vec::with_capacity(names.len());
     for name in names {
         let status = inspect(backend, prefix, &name).await?;
         let is_held = status
@@ -212,10 +237,10 @@ pub(crate) async fn list(
             .iter()
             .any(|n| n.state.as_ref().is_ok_and(|s| s.holder.is_some()));
         if is_held {
-            held.push(status);
+            locks.push(status);
         }
     }
-    Ok(held)
+    Ok(Listing { locks, unanswered })
 }
 
 pub(crate) async fn break_lock(

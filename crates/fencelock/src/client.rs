@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::admin::{self, Broken, LockStatus};
+use crate::admin::{self, Broken, Listing, LockStatus};
 use crate::algorithms::watchdog::Watchdog;
 use std::path::PathBuf;
 
@@ -139,7 +139,8 @@ impl Client {
 
     /// The locks held now whose names match `pattern` (a Redis glob over names: `*`,
     /// `?`, `[...]`; empty for all), under this client's prefix, found by `SCAN` (never
-    /// `KEYS`) on every node, sorted by name.
+    /// `KEYS`) on every node, sorted by name; with the nodes that could not be asked
+    /// (a Redlock node down), whose locks may be missing.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a bad pattern; a node's error when no node
@@ -147,7 +148,7 @@ impl Client {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn list(&self, pattern: &str) -> Result<Vec<LockStatus>, Error> {
+    pub async fn list(&self, pattern: &str) -> Result<Listing, Error> {
         admin::list(&self.inner.backend, &self.inner.prefix, pattern).await
     }
 

@@ -108,7 +108,10 @@ mod scripts;
 mod shared;
 mod token;
 
-pub use admin::{BreakOutcome, Broken, Holder, LockState, LockStatus, NodeBroken, NodeStatus};
+pub use admin::{
+    BreakOutcome, Broken, Holder, Listing, LockState, LockStatus, NodeBroken, NodeStatus,
+    Unanswered,
+};
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};

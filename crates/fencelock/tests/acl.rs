@@ -148,7 +148,7 @@ async fn the_readme_user_runs_every_single_node_feature() {
     let status = c.inspect("ops").await.expect("inspect");
     let state = status.nodes[0].state.as_ref().expect("the node answers");
     assert!(state.holder.is_some(), "{status:?}");
-    assert_eq!(c.list("").await.expect("list (SCAN)").len(), 1);
+    assert_eq!(c.list("").await.expect("list (SCAN)").locks.len(), 1);
     c.break_lock("ops").await.expect("break");
     g.lost().await; // the holder hears of the break
     assert!(matches!(

@@ -100,8 +100,9 @@ async fn list_finds_the_held_locks_by_pattern_with_scan() {
     let released = c.lock("orders:3").try_acquire().await.unwrap();
     released.release().await.unwrap(); // free: its counter stays, but it is not held
 
-    let names = |list: Vec<fencelock::LockStatus>| -> Vec<String> {
-        list.into_iter().map(|s| s.name).collect()
+    let names = |list: fencelock::Listing| -> Vec<String> {
+        assert!(list.unanswered.is_empty(), "{list:?}");
+        list.locks.into_iter().map(|s| s.name).collect()
     };
     assert_eq!(
         names(c.list("orders:*").await.unwrap()),
@@ -202,4 +203,28 @@ async fn redlock_status_and_break_go_to_every_node() {
     );
     assert!(servers.iter().all(|s| !s.exists("fencelock:{rl}")));
     drop(guard);
+}
+
+/// With a Redlock node down, `list` lists what the others hold and names the node it
+/// could not ask (its locks may be missing), instead of a silent partial answer.
+#[tokio::test]
+async fn redlock_list_names_a_node_it_could_not_ask() {
+    let mut servers = RedisServer::start_many(3);
+    let c = Client::redlock(servers.iter().map(RedisServer::url))
+        .restart_protection(None)
+        .connect()
+        .await
+        .unwrap();
+    let _guard = c.lock("listed").try_acquire().await.unwrap();
+    let down = servers[1].addr();
+    servers[1].kill();
+    let listing = c.list("").await.unwrap();
+    assert_eq!(listing.locks.len(), 1, "{listing:?}");
+    assert_eq!(listing.locks[0].name, "listed");
+    assert_eq!(listing.unanswered.len(), 1, "{listing:?}");
+    assert_eq!(listing.unanswered[0].node, down);
+    assert!(matches!(
+        listing.unanswered[0].error,
+        Error::Unavailable { .. }
+    ));
 }

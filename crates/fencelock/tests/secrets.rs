@@ -196,7 +196,12 @@ async fn probe(seen: &Seen, what: &str, builder: ClientBuilder) -> Vec<Error> {
         }
     }
     match client.list("").await {
-        Ok(locks) => seen.debug(&format!("{what}: list"), &locks),
+        Ok(listing) => {
+            seen.debug(&format!("{what}: list"), &listing);
+            for u in &listing.unanswered {
+                seen.error(&format!("{what}: list, a node unanswered"), &u.error);
+            }
+        }
         Err(e) => {
             seen.error(&format!("{what}: list"), &e);
             errors.push(e);
