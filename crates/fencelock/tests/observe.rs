@@ -5,8 +5,6 @@
 //! of the Redis URL.
 
 use std::collections::HashMap;
-use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencelock::observe::{
@@ -287,35 +285,6 @@ fn metrics_follow_acquires_waits_handoffs_releases_and_losses() {
     });
 }
 
-/// A `tracing-subscriber` writer into memory.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Log {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl io::Write for Log {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
-    type Writer = Log;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 const PASSWORD: &str = "SECRETMARKER";
 const OWNER: &str = "OWNERMARKER";
 
@@ -326,17 +295,8 @@ fn traces_name_the_lock_but_never_a_token_an_owner_or_the_password() {
         .arg(PASSWORD)
         .start();
     let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", r.port());
-    let log = Log::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(log.clone())
-        .with_ansi(false) // plain text whatever features the workspace turns on
-        .finish();
-    // The global default, not a thread's: with a single subscriber, tracing caches each
-    // callsite's interest as the first thread to reach it saw it, so another test's
-    // thread (without a subscriber) could switch fencelock's events off for this one.
-    // The other tests' events land here too, and are checked for secrets alike.
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+    // Every test's events of this binary land here, and are checked for secrets alike.
+    let log = common::traces();
     let mut tokens: Vec<String> = Vec::new();
     {
         runtime().block_on(async {

@@ -14,13 +14,14 @@
 
 use std::error::Error as _;
 use std::fmt::Debug;
-use std::io;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, ClientBuilder, Error, UnavailableReason};
 use futures_util::future::join_all;
 use testkit::{ClientAuth, RedisServer, SentinelGroup, TlsFiles};
+
+mod common;
 
 /// The password of the tests' Redis servers and ACL users.
 const PASSWORD: &str = "S3CRET-MARKER-7f3a";
@@ -51,49 +52,8 @@ fn fast(builder: ClientBuilder) -> ClientBuilder {
     builder.connect_timeout(FAST).response_timeout(FAST)
 }
 
-/// A `tracing-subscriber` writer into memory.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Log {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl io::Write for Log {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
-    type Writer = Log;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-/// Everything fencelock traces, at TRACE level, from every test of this file: the
-/// global default subscriber (a thread's own would miss events whose callsite interest
-/// another thread cached first; see `observe.rs`), installed once.
-fn trace() -> &'static Log {
-    static LOG: OnceLock<Log> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let log = Log::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::TRACE)
-            .with_writer(log.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
-        log
-    })
+fn trace() -> &'static common::TraceLog {
+    common::traces()
 }
 
 /// The outputs a user could see, collected from concurrent attempts, and checked for

@@ -59,3 +59,52 @@ impl Drop for Helper {
         let _ = self.0.wait();
     }
 }
+
+/// Everything fencelock traces, at TRACE level, as plain text in memory: the global
+/// default subscriber, installed once per test binary. Global, not a thread's: with a
+/// single subscriber, tracing caches each callsite's interest as the first thread to
+/// reach it saw it, so another test's thread (without a subscriber) could switch
+/// fencelock's events off for a thread-scoped one. Every test's events land here.
+pub fn traces() -> &'static TraceLog {
+    static LOG: std::sync::OnceLock<TraceLog> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = TraceLog::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(log.clone())
+            .with_ansi(false) // plain text whatever features the workspace turns on
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        log
+    })
+}
+
+/// A `tracing-subscriber` writer into memory (see [`traces`]).
+#[derive(Clone, Default)]
+pub struct TraceLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl TraceLog {
+    /// What was traced so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for TraceLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for TraceLog {
+    type Writer = TraceLog;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
