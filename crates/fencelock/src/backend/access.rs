@@ -62,13 +62,23 @@ impl Access {
 }
 
 impl TlsSettings {
-    fn given(&self) -> bool {
+    /// Whether any TLS setting was given (they are a mistake with a URL without TLS).
+    pub(crate) fn given(&self) -> bool {
         self.ca_file.is_some() || self.client.is_some() || self.insecure
     }
 
     fn read(path: &PathBuf, what: &'static str) -> Result<Vec<u8>, Error> {
         std::fs::read(path)
             .map_err(|e| Error::invalid(what, format!("cannot read {}: {e}", path.display())))
+    }
+
+    /// The error for TLS settings given with a URL without TLS.
+    pub(crate) fn without_tls() -> Error {
+        Error::invalid(
+            "TLS settings",
+            "TLS settings were given for a URL without TLS: use rediss:// (or \
+             rediss+sentinel://)",
+        )
     }
 
     /// A PEM file of certificates, checked to hold at least one.
@@ -135,11 +145,7 @@ pub(crate) fn client(info: ConnectionInfo, tls: &TlsSettings) -> Result<redis::C
     } = addr
     else {
         if tls.given() {
-            return Err(Error::invalid(
-                "TLS settings",
-                "TLS settings were given for a URL without TLS: use rediss:// (or \
-                 rediss+sentinel://)",
-            ));
+            return Err(TlsSettings::without_tls());
         }
         return redis::Client::open(info).map_err(bad);
     };

@@ -44,6 +44,10 @@ impl SentinelUrl {
     /// `rediss+sentinel://` for TLS with `tls`).
     pub fn parse(url: &str, access: &Access) -> Result<Option<Self>, Error> {
         let (rest, tls) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            // Without TLS, TLS settings would go unused: a mistake, said as for redis://.
+            if access.tls.given() {
+                return Err(TlsSettings::without_tls());
+            }
             (rest, None)
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
             (rest, Some(access.tls.clone()))
@@ -403,5 +407,29 @@ mod tests {
                 "{bad}: {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn tls_settings_need_a_tls_sentinel_url() {
+        let tls = Access {
+            tls: TlsSettings {
+                insecure: true,
+                ..TlsSettings::default()
+            },
+            ..Access::default()
+        };
+        let e = SentinelUrl::parse("redis+sentinel://h:1/svc", &tls).err();
+        assert!(
+            matches!(
+                e,
+                Some(Error::InvalidArgument {
+                    what: "TLS settings",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let u = SentinelUrl::parse("rediss+sentinel://h:1/svc", &tls).unwrap();
+        assert!(u.unwrap().tls.is_some_and(|t| t.insecure));
     }
 }
