@@ -218,7 +218,8 @@ fn decode(s: &str) -> String {
 /// and checks the answer with `ROLE`. Returns the master's `host:port` and a client for
 /// it.
 ///
-/// Errors, each one line: every sentinel down ([`Error::Unavailable`]); no sentinel
+/// Errors, each one line: every sentinel down ([`Error::Unavailable`]), or refused by
+/// TLS (reason [`Tls`](UnavailableReason::Tls), naming the certificate problem); no sentinel
 /// knows the service, or the sentinels disagree with no majority ([`Error::Rejected`]);
 /// the master they name is not a master (yet): a failover in progress
 /// ([`Error::Unavailable`], retry).
@@ -238,11 +239,19 @@ pub(crate) async fn resolve(
         };
         match tokio::time::timeout(within, ask).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(Error::Unavailable {
-                node: url.sentinel_addr(i),
-                reason: UnavailableReason::Io,
-                detail: format!("sentinel: {e}"),
-                source: None,
+            Ok(Err(e)) => Err(match access::certificate_problem(&e) {
+                Some(problem) => Error::Unavailable {
+                    node: url.sentinel_addr(i),
+                    reason: UnavailableReason::Tls,
+                    detail: format!("sentinel: {problem}"),
+                    source: None,
+                },
+                None => Error::Unavailable {
+                    node: url.sentinel_addr(i),
+                    reason: UnavailableReason::Io,
+                    detail: format!("sentinel: {e}"),
+                    source: None,
+                },
             }),
             Err(_) => Err(Error::Unavailable {
                 node: url.sentinel_addr(i),
@@ -252,9 +261,22 @@ pub(crate) async fn resolve(
             }),
         }
     });
-    let answers = join_all(asks).await;
+    let mut answers = join_all(asks).await;
     let answered = answers.iter().filter(|a| a.is_ok()).count();
     if answered == 0 {
+        // A certificate problem is what to fix, not sentinels that are down.
+        let tls = answers.iter().position(|a| {
+            matches!(
+                a,
+                Err(Error::Unavailable {
+                    reason: UnavailableReason::Tls,
+                    ..
+                })
+            )
+        });
+        if let Some(Err(problem)) = tls.map(|i| answers.swap_remove(i)) {
+            return Err(problem);
+        }
         return Err(Error::Unavailable {
             node: url.label(),
             reason: UnavailableReason::Refused,
@@ -309,10 +331,14 @@ pub(crate) async fn resolve(
         },
         Ok(Ok(_)) => String::new(),
         Ok(Err(e)) => {
+            let (reason, why) = match access::certificate_problem(&e) {
+                Some(problem) => (UnavailableReason::Tls, problem),
+                None => (UnavailableReason::Io, e.to_string()),
+            };
             return Err(Error::Unavailable {
                 node: addr,
-                reason: UnavailableReason::Io,
-                detail: format!("the master the sentinels name: {e}"),
+                reason,
+                detail: format!("the master the sentinels name: {why}"),
                 source: None,
             });
         }
