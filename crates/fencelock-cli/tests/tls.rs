@@ -3,7 +3,7 @@
 //! user checks: the command runs with the CA given (option or variable), mutual TLS,
 //! each mistake one line on stderr with exit 69 (a certificate or a TLS/plain mix-up) or
 //! 64 (bad input), the command never run without the lock, `status` and `list` over
-//! TLS, and never a panic.
+//! TLS, sentinels over TLS, and never a panic.
 //!
 //! `FENCELOCK_BIN` runs these tests against another build of the binary, such as the
 //! one `cargo build` makes at the workspace root (`target/debug/fencelock`), whose
@@ -16,7 +16,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use testkit::{ClientAuth, RedisServer, TlsFiles};
+use testkit::{ClientAuth, RedisServer, SentinelGroup, TlsFiles};
 
 /// No single `fencelock` run in these tests may take longer than this.
 const RUN_TIMEOUT: Duration = Duration::from_secs(20);
@@ -398,6 +398,20 @@ fn status_and_list_work_over_tls() {
     assert!(run.fails_with(69).contains("not trust"), "{run:#?}");
     let run = fencelock(&["list", "--redis", &url]);
     assert!(run.fails_with(69).contains("not trust"), "{run:#?}");
+}
+
+/// `run` through sentinels over TLS (rediss+sentinel://) with `--cacert` runs the
+/// command on the master; without the CA it exits 69 naming the CA problem.
+#[test]
+fn run_through_sentinels_over_tls() {
+    let group = SentinelGroup::builder().tls(TlsFiles::shared()).start();
+    let (url, ca) = (group.url(), TlsFiles::shared().ca_cert());
+    fencelock(&run_args(&["--redis", &url, "--cacert", arg(&ca)], "s")).ran();
+    assert!(group.master().get("fencelock:{s}:fence").is_some());
+
+    let run = fencelock(&run_args(&["--redis", &url], "s"));
+    assert!(run.fails_with(69).contains("not trust"), "{run:#?}");
+    assert_eq!(run.stdout, "");
 }
 
 /// Kills and reaps a background `fencelock` when the test ends, passed or not.
