@@ -1,7 +1,8 @@
 //! TLS (`rediss://`) against real redis-servers with a TLS port: locks over TLS, mutual
 //! TLS, each certificate mistake as one line naming it, the TLS/plain mix-ups with their
-//! hints, and bad TLS settings refused before anything is sent. The certificates are
-//! testkit's (see `testkit::tls`); testkit itself talks to the servers' plain ports.
+//! hints, bad TLS settings refused before anything is sent, and sentinels over TLS
+//! (`rediss+sentinel://`). The certificates are testkit's (see `testkit::tls`); testkit
+//! itself talks to the servers' plain ports.
 
 use std::time::{Duration, Instant};
 
