@@ -181,8 +181,13 @@ pub(crate) struct Connection {
     pub(crate) key: Option<PathBuf>,
 
     /// TLS: do not verify the server's certificate or host name. Anyone on the path can
-    /// then pose as the server.
-    #[arg(long, env = "FENCELOCK_INSECURE")]
+    /// then pose as the server. (FENCELOCK_INSECURE takes 1/0, true/false, yes/no,
+    /// on/off.)
+    #[arg(
+        long,
+        env = "FENCELOCK_INSECURE",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub(crate) insecure: bool,
 }
 

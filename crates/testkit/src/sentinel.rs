@@ -8,7 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::resp::Reply;
-use crate::server::{RedisServer, ServerBuilder, info_value, start_all};
+use crate::server::{RedisServer, ServerBuilder, TlsConfig, info_value, start_all};
+use crate::tls::{ClientAuth, TlsFiles};
 
 /// How long [`SentinelBuilder::start`] waits for replication and for the
 /// sentinels to agree.
@@ -25,7 +26,7 @@ const POLL: Duration = Duration::from_millis(10);
 /// [`SentinelGroup::builder`].
 ///
 /// Defaults: 1 replica, 3 sentinels, service `"mymaster"`, quorum 2,
-/// `down-after-milliseconds` 1000, `failover-timeout` 3000, no passwords.
+/// `down-after-milliseconds` 1000, `failover-timeout` 3000, no passwords, no TLS.
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .start() is called"]
 pub struct SentinelBuilder {
@@ -37,6 +38,7 @@ pub struct SentinelBuilder {
     failover_timeout: Duration,
     password: Option<String>,
     sentinel_password: Option<String>,
+    tls: Option<TlsConfig>,
 }
 
 impl Default for SentinelBuilder {
@@ -50,6 +52,7 @@ impl Default for SentinelBuilder {
             failover_timeout: Duration::from_millis(3000),
             password: None,
             sentinel_password: None,
+            tls: None,
         }
     }
 }
@@ -109,6 +112,36 @@ impl SentinelBuilder {
         self
     }
 
+    /// TLS throughout: every data node and sentinel gets a TLS port serving the good
+    /// certificate of `files` (valid for `127.0.0.1`, which the sentinels name nodes
+    /// by), clients need no certificate, and replicas replicate, and sentinels talk to
+    /// the nodes and to each other, over TLS (`tls-replication yes`). The sentinels
+    /// monitor the TLS ports, so every address the group takes or gives
+    /// ([`master_addr`](SentinelGroup::master_addr),
+    /// [`sentinel_urls`](SentinelGroup::sentinel_urls), ...) is a TLS port's, and
+    /// [`url`](SentinelGroup::url) is `rediss+sentinel://...`. The plain ports stay
+    /// open for testkit's own queries ([`RedisServer::cmd`] and the rest).
+    ///
+    /// The files are copied when the group starts (see
+    /// [`ServerBuilder::tls_with`]).
+    ///
+    /// ```no_run
+    /// use testkit::{SentinelGroup, TlsFiles};
+    ///
+    /// let group = SentinelGroup::builder().tls(TlsFiles::shared()).start();
+    /// assert!(group.url().starts_with("rediss+sentinel://127.0.0.1:"));
+    /// // A client trusting TlsFiles::shared().ca_cert() finds the master over TLS.
+    /// ```
+    pub fn tls(mut self, files: &TlsFiles) -> Self {
+        self.tls = Some(TlsConfig {
+            cert: files.server_cert(),
+            key: files.server_key(),
+            ca: files.ca_cert(),
+            clients: ClientAuth::No,
+        });
+        self
+    }
+
     /// Starts the master, then the replicas, waits until every replica is
     /// `state=online` in the master's `INFO replication`, then starts the
     /// sentinels and waits until every sentinel names the master
@@ -137,22 +170,30 @@ impl SentinelBuilder {
             self.quorum,
             self.sentinels
         );
+        // TLS ports, and TLS for replication and the sentinels' links.
+        let tls_args = |b: ServerBuilder| -> ServerBuilder {
+            match &self.tls {
+                Some(tls) => b.tls_config(tls.clone()).args(["--tls-replication", "yes"]),
+                None => b,
+            }
+        };
         let data_args = |b: ServerBuilder| -> ServerBuilder {
             // Redis 7 syncs replicas diskless after a 5 s delay by default.
-            let b = b.args(["--repl-diskless-sync-delay", "0"]);
+            let b = tls_args(b).args(["--repl-diskless-sync-delay", "0"]);
             match &self.password {
                 Some(pw) => b.args(["--requirepass", pw, "--masterauth", pw]),
                 None => b,
             }
         };
         let master = data_args(RedisServer::builder()).start();
+        let master_port = announced_port(&master, self.tls.is_some());
         let replicas = start_all(
             (0..self.replicas)
                 .map(|_| {
                     data_args(RedisServer::builder()).args([
                         "--replicaof".to_owned(),
                         "127.0.0.1".to_owned(),
-                        master.port().to_string(),
+                        master_port.to_string(),
                     ])
                 })
                 .collect(),
@@ -167,6 +208,7 @@ impl SentinelBuilder {
             quorum: self.quorum,
             password: self.password.clone(),
             sentinel_password: self.sentinel_password.clone(),
+            tls: self.tls.is_some(),
             paused_master: None,
         };
         let deadline = Instant::now() + START_TIMEOUT;
@@ -176,7 +218,7 @@ impl SentinelBuilder {
         group.sentinels = start_all(
             (0..self.sentinels)
                 .map(|_| {
-                    RedisServer::builder()
+                    tls_args(RedisServer::builder())
                         .config_file(conf.clone())
                         .arg("--sentinel")
                 })
@@ -193,7 +235,7 @@ impl SentinelBuilder {
             "sentinel monitor {svc} 127.0.0.1 {} {}\n\
              sentinel down-after-milliseconds {svc} {}\n\
              sentinel failover-timeout {svc} {}\n",
-            master.port(),
+            group.announced_port(master),
             self.quorum,
             self.down_after.as_millis(),
             self.failover_timeout.as_millis(),
@@ -201,7 +243,7 @@ impl SentinelBuilder {
         for replica in &group.nodes[1..] {
             conf.push_str(&format!(
                 "sentinel known-replica {svc} 127.0.0.1 {}\n",
-                replica.port()
+                group.announced_port(replica)
             ));
         }
         if let Some(pw) = &self.password {
@@ -261,6 +303,10 @@ fn quote(s: &str) -> String {
 /// assert_eq!(group.master().addr(), new);
 /// ```
 ///
+/// Addresses are as the sentinels name them: `"127.0.0.1:PORT"` with the plain port,
+/// or in a group with [TLS](SentinelBuilder::tls) the TLS port (where a
+/// [`RedisServer::addr`] still names the plain one).
+///
 /// Dropping the group kills every process (sentinels first) and removes
 /// their directories; `PR_SET_PDEATHSIG` covers them as for any
 /// [`RedisServer`], so start the group from the test's own thread.
@@ -273,6 +319,8 @@ pub struct SentinelGroup {
     quorum: usize,
     password: Option<String>,
     sentinel_password: Option<String>,
+    /// Whether the nodes and sentinels are named by their TLS ports.
+    tls: bool,
     paused_master: Option<String>,
 }
 
@@ -319,20 +367,42 @@ impl SentinelGroup {
     }
 
     /// The sentinels' addresses, comma-separated:
-    /// `"127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"`.
+    /// `"127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"` (their TLS ports in a TLS
+    /// group).
     pub fn sentinel_urls(&self) -> String {
         self.sentinels
             .iter()
-            .map(RedisServer::addr)
+            .map(|s| self.announced(s))
             .collect::<Vec<_>>()
             .join(",")
     }
 
     /// `"redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/mymaster"`:
     /// the sentinels and the service, without credentials (a plain string;
-    /// testkit does not parse it).
+    /// testkit does not parse it). In a TLS group:
+    /// `"rediss+sentinel://..."` with the sentinels' TLS ports.
     pub fn url(&self) -> String {
-        format!("redis+sentinel://{}/{}", self.sentinel_urls(), self.service)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!(
+            "{scheme}+sentinel://{}/{}",
+            self.sentinel_urls(),
+            self.service
+        )
+    }
+
+    /// Whether the group runs [TLS](SentinelBuilder::tls).
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The address of a node or sentinel of the group as the sentinels name it:
+    /// `"127.0.0.1:PORT"`, with its TLS port in a TLS group.
+    pub fn announced(&self, server: &RedisServer) -> String {
+        format!("127.0.0.1:{}", self.announced_port(server))
+    }
+
+    fn announced_port(&self, server: &RedisServer) -> u16 {
+        announced_port(server, self.tls)
     }
 
     /// All data nodes (master and replicas) in start order: the first was
@@ -386,7 +456,10 @@ impl SentinelGroup {
     /// sentinels list it as a replica that is down).
     pub fn replicas(&self) -> Vec<&RedisServer> {
         let master = self.master_addr();
-        self.nodes.iter().filter(|n| n.addr() != master).collect()
+        self.nodes
+            .iter()
+            .filter(|n| self.announced(n) != master)
+            .collect()
     }
 
     /// Runs one command on the data node or sentinel at `addr`,
@@ -396,11 +469,12 @@ impl SentinelGroup {
     /// If no process of the group has that address, and as
     /// [`RedisServer::cmd`].
     pub fn cmd(&self, addr: &str, args: &[&str]) -> Reply {
-        let (server, password) = if let Some(s) = self.sentinels.iter().find(|s| s.addr() == addr) {
-            (s, self.sentinel_password.as_deref())
-        } else {
-            (&self.nodes[self.node_index(addr)], self.password.as_deref())
-        };
+        let (server, password) =
+            if let Some(s) = self.sentinels.iter().find(|s| self.announced(s) == addr) {
+                (s, self.sentinel_password.as_deref())
+            } else {
+                (&self.nodes[self.node_index(addr)], self.password.as_deref())
+            };
         match password {
             Some(pw) => server.cmd_as(pw, args),
             None => server.cmd(args),
@@ -506,8 +580,8 @@ impl SentinelGroup {
             .sentinels
             .iter()
             .find(|s| !s.is_paused())
-            .expect("testkit: no sentinel is running")
-            .addr();
+            .map(|s| self.announced(s))
+            .expect("testkit: no sentinel is running");
         let reply = self.cmd(&sentinel, &["SENTINEL", "FAILOVER", &self.service]);
         assert!(
             reply.as_str() == Some("OK"),
@@ -556,13 +630,13 @@ impl SentinelGroup {
     fn node_index(&self, addr: &str) -> usize {
         self.nodes
             .iter()
-            .position(|n| n.addr() == addr)
+            .position(|n| self.announced(n) == addr)
             .unwrap_or_else(|| {
                 panic!(
                     "testkit: {addr} is not a data node of this group ({})",
                     self.nodes
                         .iter()
-                        .map(RedisServer::addr)
+                        .map(|n| self.announced(n))
                         .collect::<Vec<_>>()
                         .join(", ")
                 )
@@ -590,7 +664,7 @@ impl SentinelGroup {
 
     /// Whether the data node at `addr` answers `ROLE` with `master`.
     fn reports_master(&self, addr: &str) -> bool {
-        let Some(node) = self.nodes.iter().find(|n| n.addr() == addr) else {
+        let Some(node) = self.nodes.iter().find(|n| self.announced(n) == addr) else {
             return false;
         };
         if node.is_paused() {
@@ -625,7 +699,8 @@ impl SentinelGroup {
         for replica in &self.nodes[1..] {
             let online = (0..self.nodes.len()).any(|i| {
                 info_value(&info, &format!("slave{i}")).is_some_and(|v| {
-                    v.contains(&format!("port={},", replica.port())) && v.contains("state=online")
+                    v.contains(&format!("port={},", self.announced_port(replica)))
+                        && v.contains("state=online")
                 })
             });
             if !online {
@@ -640,7 +715,7 @@ impl SentinelGroup {
 
     /// What some sentinel does not know yet, if anything.
     fn sentinel_gap(&self) -> Option<String> {
-        let master = self.nodes[0].addr();
+        let master = self.announced(&self.nodes[0]);
         for s in &self.sentinels {
             let named = self.sentinel_master_addr(s);
             if named.as_deref() != Some(master.as_str()) {
@@ -670,7 +745,7 @@ impl SentinelGroup {
                 .map(pairs)
                 .collect();
             for replica in &self.nodes[1..] {
-                let port = replica.port().to_string();
+                let port = self.announced_port(replica).to_string();
                 let healthy = listed.iter().any(|r| {
                     field(r, "port") == Some(port.as_str())
                         && field(r, "flags") == Some("slave")
@@ -686,6 +761,14 @@ impl SentinelGroup {
             }
         }
         None
+    }
+}
+
+/// The port the sentinels name `server` by: its TLS port with `tls`.
+fn announced_port(server: &RedisServer, tls: bool) -> u16 {
+    match (tls, server.tls_port()) {
+        (true, Some(port)) => port,
+        _ => server.port(),
     }
 }
 
@@ -754,6 +837,7 @@ mod tests {
             quorum: 2,
             password: None,
             sentinel_password: None,
+            tls: false,
             paused_master: None,
         };
         let conf = builder.sentinel_config(&group);

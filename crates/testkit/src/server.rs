@@ -155,11 +155,11 @@ struct Config {
 /// What [`ServerBuilder::tls_with`] asked for: the files are copied into the
 /// server's directory when it is created.
 #[derive(Clone, Debug)]
-struct TlsConfig {
-    cert: PathBuf,
-    key: PathBuf,
-    ca: PathBuf,
-    clients: ClientAuth,
+pub(crate) struct TlsConfig {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+    pub(crate) ca: PathBuf,
+    pub(crate) clients: ClientAuth,
 }
 
 impl TlsConfig {
@@ -285,18 +285,23 @@ impl ServerBuilder {
     /// # Panics
     /// [`start`](Self::start) panics if a file cannot be copied.
     pub fn tls_with(
-        mut self,
+        self,
         files: &TlsFiles,
         cert: impl AsRef<Path>,
         key: impl AsRef<Path>,
         clients: ClientAuth,
     ) -> Self {
-        self.config.tls = Some(TlsConfig {
+        self.tls_config(TlsConfig {
             cert: cert.as_ref().to_owned(),
             key: key.as_ref().to_owned(),
             ca: files.ca_cert(),
             clients,
-        });
+        })
+    }
+
+    /// [`tls_with`](Self::tls_with), from what it was given.
+    pub(crate) fn tls_config(mut self, tls: TlsConfig) -> Self {
+        self.config.tls = Some(tls);
         self
     }
 

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use testkit::{RedisServer, SentinelGroup};
+use testkit::{RedisServer, SentinelGroup, TlsFiles};
 
 /// `true` if `kill(pid, 0)` fails with `ESRCH`: no such process.
 fn process_gone(pid: u32) -> bool {
@@ -114,6 +114,34 @@ fn failover_is_a_graceful_switch_to_the_replica() {
     // 10 s here) until the sentinels turn it into a replica of the new one.
     assert_eq!(group.nodes()[0].addr(), old);
     assert_eq!(role(&group.nodes()[0], None), "master");
+}
+
+#[test]
+fn a_tls_group_replicates_and_fails_over_by_its_tls_ports() {
+    let mut group = SentinelGroup::builder().tls(TlsFiles::shared()).start();
+    assert!(group.is_tls());
+    let tls_addr = |s: &RedisServer| format!("127.0.0.1:{}", s.tls_port().unwrap());
+    let sentinels: Vec<String> = group.sentinels().iter().map(tls_addr).collect();
+    assert_eq!(group.sentinel_urls(), sentinels.join(","));
+    assert_eq!(
+        group.url(),
+        format!("rediss+sentinel://{}/mymaster", sentinels.join(","))
+    );
+    // The sentinels name the master by its TLS port; testkit still talks plain.
+    let old = group.master_addr();
+    assert_eq!(old, tls_addr(&group.nodes()[0]));
+    assert_eq!(group.announced(&group.nodes()[0]), old);
+    let replica = tls_addr(&group.nodes()[1]);
+    assert_eq!(group.replicas()[0].tls_port(), group.nodes()[1].tls_port());
+    // Replication runs over TLS (the replica was told the master's TLS port).
+    group.master().cmd(&["SET", "k", "v"]);
+    assert_eq!(group.master().cmd(&["WAIT", "1", "5000"]).as_int(), Some(1));
+
+    let old = group.kill_master();
+    let new = group.wait_for_new_master(&old, Duration::from_secs(10));
+    assert_eq!(new, replica);
+    assert_eq!(group.master().get("k").as_deref(), Some("v"));
+    assert_eq!(role(group.master(), None), "master");
 }
 
 #[test]

@@ -62,13 +62,23 @@ impl Access {
 }
 
 impl TlsSettings {
-    fn given(&self) -> bool {
+    /// Whether any TLS setting was given (they are a mistake with a URL without TLS).
+    pub(crate) fn given(&self) -> bool {
         self.ca_file.is_some() || self.client.is_some() || self.insecure
     }
 
     fn read(path: &PathBuf, what: &'static str) -> Result<Vec<u8>, Error> {
         std::fs::read(path)
             .map_err(|e| Error::invalid(what, format!("cannot read {}: {e}", path.display())))
+    }
+
+    /// The error for TLS settings given with a URL without TLS.
+    pub(crate) fn without_tls() -> Error {
+        Error::invalid(
+            "TLS settings",
+            "TLS settings were given for a URL without TLS: use rediss:// (or \
+             rediss+sentinel://)",
+        )
     }
 
     /// A PEM file of certificates, checked to hold at least one.
@@ -135,11 +145,7 @@ pub(crate) fn client(info: ConnectionInfo, tls: &TlsSettings) -> Result<redis::C
     } = addr
     else {
         if tls.given() {
-            return Err(Error::invalid(
-                "TLS settings",
-                "TLS settings were given for a URL without TLS: use rediss:// (or \
-                 rediss+sentinel://)",
-            ));
+            return Err(TlsSettings::without_tls());
         }
         return redis::Client::open(info).map_err(bad);
     };
@@ -170,6 +176,19 @@ pub(crate) fn client_for_url(url: &str, access: &Access) -> Result<redis::Client
     client(info.set_redis_settings(redis), &access.tls)
 }
 
+/// The TLS alerts (as rustls names them) with which a server refuses the certificate a
+/// client presented: for a CA it does not trust, a certificate not for client use, one
+/// out of date, or one it cannot check. (A server that got no certificate but requires
+/// one says `CertificateRequired`, or over TLS 1.2 `HandshakeFailure`.)
+const CLIENT_CERTIFICATE_ALERTS: &[&str] = &[
+    "UnknownCA",
+    "BadCertificate",
+    "UnsupportedCertificate",
+    "CertificateExpired",
+    "CertificateRevoked",
+    "CertificateUnknown",
+];
+
 /// A certificate problem in a driver error, as one line naming it and what to do.
 pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
     let mut text = e.to_string();
@@ -186,6 +205,24 @@ pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
             "the TLS settings cannot be used ({why}): check the certificate files (PEM, X.509 \
              version 3)"
         ));
+    } else if says("CertificateRequired") || says("certificate required") {
+        "the server requires a client certificate: give one (--cert FILE --key FILE, or \
+         ClientBuilder::tls_client_cert)"
+    } else if let Some(alert) = CLIENT_CERTIFICATE_ALERTS
+        .iter()
+        .find(|alert| says(&format!("received fatal alert: {alert}")))
+    {
+        // The server's verdict on this client's certificate (the client checks the
+        // server's itself, and says "invalid peer certificate").
+        return Some(format!(
+            "the server refused the client certificate ({alert}): give one signed by a CA \
+             the server trusts, for client use and in date (--cert FILE --key FILE, or \
+             ClientBuilder::tls_client_cert)"
+        ));
+    } else if says("received fatal alert: HandshakeFailure") {
+        "the server refused the TLS handshake: if it requires a client certificate (over TLS \
+         1.2 it says so this way), give one (--cert FILE --key FILE, or \
+         ClientBuilder::tls_client_cert); else check the TLS versions and ciphers it allows"
     } else if says("UnknownIssuer") || says("unknown issuer") {
         "the server's certificate is signed by a CA this client does not trust: give the CA \
          (--cacert FILE, or ClientBuilder::tls_ca_file)"
@@ -195,9 +232,6 @@ pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
     } else if says("Expired") || says("expired") {
         "the server's certificate has expired (or is not valid yet): renew it, or check the \
          clocks"
-    } else if says("CertificateRequired") || says("certificate required") {
-        "the server requires a client certificate: give one (--cert FILE --key FILE, or \
-         ClientBuilder::tls_client_cert)"
     } else if says("InvalidCertificate") || says("invalid peer certificate") {
         let why = text.rsplit(": ").next().unwrap_or_default();
         return Some(format!("the server's certificate was refused ({why})"));
@@ -207,4 +241,43 @@ pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
         return None;
     };
     Some(problem.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::certificate_problem;
+
+    /// A driver error as a broken TLS connection reports one.
+    fn io_error(text: &str) -> redis::RedisError {
+        std::io::Error::other(text.to_owned()).into()
+    }
+
+    #[test]
+    fn a_server_refusing_the_client_certificate_is_told_from_the_servers_own_problems() {
+        for alert in ["UnknownCA", "UnsupportedCertificate", "CertificateExpired"] {
+            let problem = certificate_problem(&io_error(&format!("received fatal alert: {alert}")))
+                .unwrap_or_else(|| panic!("{alert}: not named"));
+            assert!(
+                problem.starts_with(&format!(
+                    "the server refused the client certificate ({alert})"
+                )),
+                "{problem}"
+            );
+        }
+        let missing = certificate_problem(&io_error("received fatal alert: CertificateRequired"));
+        assert!(missing.unwrap().contains("requires a client certificate"));
+        // TLS 1.2 has no alert of its own for a missing client certificate.
+        let missing = certificate_problem(&io_error("received fatal alert: HandshakeFailure"));
+        assert!(missing.unwrap().contains("requires a client certificate"));
+        let expired = certificate_problem(&io_error("invalid peer certificate: Expired"));
+        assert!(
+            expired
+                .unwrap()
+                .starts_with("the server's certificate has expired")
+        );
+        assert_eq!(
+            certificate_problem(&io_error("Connection reset by peer")),
+            None
+        );
+    }
 }

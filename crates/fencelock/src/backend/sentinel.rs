@@ -44,6 +44,10 @@ impl SentinelUrl {
     /// `rediss+sentinel://` for TLS with `tls`).
     pub fn parse(url: &str, access: &Access) -> Result<Option<Self>, Error> {
         let (rest, tls) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            // Without TLS, TLS settings would go unused: a mistake, said as for redis://.
+            if access.tls.given() {
+                return Err(TlsSettings::without_tls());
+            }
             (rest, None)
         } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
             (rest, Some(access.tls.clone()))
@@ -214,7 +218,8 @@ fn decode(s: &str) -> String {
 /// and checks the answer with `ROLE`. Returns the master's `host:port` and a client for
 /// it.
 ///
-/// Errors, each one line: every sentinel down ([`Error::Unavailable`]); no sentinel
+/// Errors, each one line: every sentinel down ([`Error::Unavailable`]), or refused by
+/// TLS (reason [`Tls`](UnavailableReason::Tls), naming the certificate problem); no sentinel
 /// knows the service, or the sentinels disagree with no majority ([`Error::Rejected`]);
 /// the master they name is not a master (yet): a failover in progress
 /// ([`Error::Unavailable`], retry).
@@ -241,11 +246,19 @@ pub(crate) async fn resolve(
                           URL's sentinel_username and sentinel_password"
                     .to_owned(),
             }),
-            Ok(Err(e)) => Err(Error::Unavailable {
-                node: url.sentinel_addr(i),
-                reason: UnavailableReason::Io,
-                detail: format!("sentinel: {e}"),
-                source: None,
+            Ok(Err(e)) => Err(match access::certificate_problem(&e) {
+                Some(problem) => Error::Unavailable {
+                    node: url.sentinel_addr(i),
+                    reason: UnavailableReason::Tls,
+                    detail: format!("sentinel: {problem}"),
+                    source: None,
+                },
+                None => Error::Unavailable {
+                    node: url.sentinel_addr(i),
+                    reason: UnavailableReason::Io,
+                    detail: format!("sentinel: {e}"),
+                    source: None,
+                },
             }),
             Err(_) => Err(Error::Unavailable {
                 node: url.sentinel_addr(i),
@@ -255,15 +268,23 @@ pub(crate) async fn resolve(
             }),
         }
     });
-    let answers = join_all(asks).await;
+    let mut answers = join_all(asks).await;
     let answered = answers.iter().filter(|a| a.is_ok()).count();
     if answered == 0 {
-        // Refused credentials say so; only sentinels that did not answer at all are down.
-        if let Some(refusal) = answers
-            .into_iter()
-            .find_map(|a| a.err().filter(|e| matches!(e, Error::Rejected { .. })))
-        {
-            return Err(refusal);
+        // What to fix comes first: refused credentials, a certificate problem; only
+        // sentinels that did not answer at all are down.
+        let fixable = answers.iter().position(|a| {
+            matches!(
+                a,
+                Err(Error::Rejected { .. }
+                    | Error::Unavailable {
+                        reason: UnavailableReason::Tls,
+                        ..
+                    })
+            )
+        });
+        if let Some(Err(problem)) = fixable.map(|i| answers.swap_remove(i)) {
+            return Err(problem);
         }
         return Err(Error::Unavailable {
             node: url.label(),
@@ -328,10 +349,14 @@ pub(crate) async fn resolve(
             });
         }
         Ok(Err(e)) => {
+            let (reason, why) = match access::certificate_problem(&e) {
+                Some(problem) => (UnavailableReason::Tls, problem),
+                None => (UnavailableReason::Io, e.to_string()),
+            };
             return Err(Error::Unavailable {
                 node: addr,
-                reason: UnavailableReason::Io,
-                detail: format!("the master the sentinels name: {e}"),
+                reason,
+                detail: format!("the master the sentinels name: {why}"),
                 source: None,
             });
         }
@@ -432,5 +457,29 @@ mod tests {
                 "{bad}: {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn tls_settings_need_a_tls_sentinel_url() {
+        let tls = Access {
+            tls: TlsSettings {
+                insecure: true,
+                ..TlsSettings::default()
+            },
+            ..Access::default()
+        };
+        let e = SentinelUrl::parse("redis+sentinel://h:1/svc", &tls).err();
+        assert!(
+            matches!(
+                e,
+                Some(Error::InvalidArgument {
+                    what: "TLS settings",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let u = SentinelUrl::parse("rediss+sentinel://h:1/svc", &tls).unwrap();
+        assert!(u.unwrap().tls.is_some_and(|t| t.insecure));
     }
 }
