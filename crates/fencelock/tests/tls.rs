@@ -122,10 +122,14 @@ async fn a_waiter_over_tls_is_woken_by_the_release() {
         .await
         .unwrap();
     let waiter = tokio::spawn(client.lock("queue").wait(Duration::from_secs(20)).acquire());
-    eventually("the waiter subscribed", Duration::from_secs(5), async || {
-        let stats = client.stats();
-        stats.waiters == 1 && stats.subscribed_channels == 1
-    })
+    eventually(
+        "the waiter subscribed",
+        Duration::from_secs(5),
+        async || {
+            let stats = client.stats();
+            stats.waiters == 1 && stats.subscribed_channels == 1
+        },
+    )
     .await;
     let released = Instant::now();
     guard.release().await.unwrap();
@@ -253,6 +257,31 @@ async fn each_certificate_mistake_is_one_line_naming_it() {
     }
 }
 
+/// A waiting acquire does not wait out a certificate problem: it is configuration,
+/// and the user hears of it at once, not when the wait ends.
+#[tokio::test]
+async fn a_wait_does_not_wait_out_a_certificate_problem() {
+    let files = TlsFiles::shared();
+    let server = RedisServer::builder().tls(files, ClientAuth::No).start();
+    let client = Client::builder(server.tls_url().unwrap())
+        .connect_lazy()
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = client
+        .lock("w")
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(tls_line(&err).contains("not trust"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "reported after {:?}, not at once",
+        started.elapsed()
+    );
+}
+
 /// `tls_insecure_skip_verify` (`--insecure`) lets a client in where verification
 /// would refuse the certificate: another name, another CA.
 #[tokio::test]
@@ -378,9 +407,11 @@ async fn locks_through_sentinels_over_tls() {
     let guard = client.lock("svc").try_acquire().await.unwrap();
     assert!(group.master().exists("fencelock:{svc}"));
     let waiter = tokio::spawn(client.lock("svc").wait(Duration::from_secs(20)).acquire());
-    eventually("the waiter subscribed", Duration::from_secs(5), async || {
-        client.stats().waiters == 1
-    })
+    eventually(
+        "the waiter subscribed",
+        Duration::from_secs(5),
+        async || client.stats().waiters == 1,
+    )
     .await;
     let released = Instant::now();
     guard.release().await.unwrap();

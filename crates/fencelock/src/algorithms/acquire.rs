@@ -24,7 +24,7 @@ use tracing::Instrument;
 use crate::algorithms::retry::Retry;
 use crate::backend::subscriber::{Subscription, next_waiter_id};
 use crate::backend::{AcquireRequest, Attempt, Backend, Mode};
-use crate::error::{Blocker, Error, NodeList, NodeReport};
+use crate::error::{Blocker, Error, NodeList, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
 use crate::shared::{Shared, Withdrawn};
@@ -197,6 +197,16 @@ async fn attempts(
                     });
                 }
                 Found::Held(blocked_by)
+            }
+            // A certificate problem is configuration: waiting will not fix it.
+            Err(
+                e @ Error::Unavailable {
+                    reason: UnavailableReason::Tls,
+                    ..
+                },
+            ) => {
+                pending.withdraw().await;
+                return Err(e);
             }
             Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
                 // One node's Unavailable leaves the outcome unknown; a failed quorum was
