@@ -321,7 +321,9 @@ impl LockBuilder {
     ///
     /// The returned future owns a copy of the settings, so it is `'static` and can be
     /// spawned.
-    pub fn try_acquire(&self) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static {
+    pub fn try_acquire(
+        &self,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<> {
         let this = self.clone();
         async move { this.run_acquire(Some(Duration::ZERO)).await }
     }
@@ -344,7 +346,9 @@ impl LockBuilder {
     ///
     /// The returned future owns a copy of the settings, so it is `'static` and can be
     /// spawned.
-    pub fn acquire(&self) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static {
+    pub fn acquire(
+        &self,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<> {
         let this = self.clone();
         async move { this.run_acquire(this.wait).await }
     }
@@ -608,7 +612,7 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// Cancel safe: it only waits.
-    pub fn lost(&self) -> impl Future<Output = LossCause> + Send + 'static {
+    pub fn lost(&self) -> impl Future<Output = LossCause> + Send + 'static + use<> {
         let watched = self
             .lease
             .as_ref()

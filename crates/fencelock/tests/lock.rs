@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use fencelock::{Client, Error, LossCause, Retry, UnavailableReason};
+use fencelock::{Client, Error, LockGuard, LossCause, Retry, UnavailableReason};
 use testkit::{Fault, FaultProxy, RedisServer};
 
 mod common;
@@ -807,4 +807,20 @@ async fn a_lazy_client_needs_no_server_to_be_made_and_reports_it_at_the_acquire(
         Client::connect(&nowhere).await,
         Err(Error::Unavailable { .. })
     ));
+}
+
+/// The futures of `try_acquire`, `acquire` and `lost` borrow neither the builder nor the
+/// guard: a closure may return them (as `tokio::time::timeout(d, g.lost())`), and they
+/// outlive the temporaries they came from.
+#[tokio::test]
+async fn the_returned_futures_borrow_nothing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let acquire = |name: &str| c.lock(name).lease(Duration::from_millis(300)).try_acquire();
+    let g = acquire("free-futures").await.unwrap();
+    let lost_within = |g: &LockGuard| tokio::time::timeout(Duration::from_secs(5), g.lost());
+    let lost = lost_within(&g);
+    r.cmd(&["DEL", "fencelock:{free-futures}"]);
+    assert_eq!(lost.await, Ok(LossCause::Expired));
+    drop(g);
 }
