@@ -609,3 +609,86 @@ async fn bad_urls_and_bad_days_are_one_line_each() {
     );
     g.release().await.unwrap();
 }
+
+/// The README's least-privilege user, with the additions its Cluster section lists, runs
+/// the cluster's features: locks, waits woken by sharded pub/sub, renewals across slots,
+/// `list`, `WAIT`.
+#[tokio::test]
+async fn the_readme_user_with_the_cluster_additions_runs_the_cluster_features() {
+    const README: &str = include_str!("../../../README.md");
+    let base = README
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fencelock "))
+        .expect("the README's ACL line");
+    let prose: String = README.split_whitespace().collect::<Vec<_>>().join(" ");
+    let additions = prose
+        .split("On a Redis Cluster, add what sharded pub/sub and the cluster protocol need, on every node: `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .expect("the README's cluster additions");
+    let user = "fencelock-cluster";
+    let rules: Vec<String> = base
+        .split_whitespace()
+        .chain(additions.split_whitespace())
+        .map(|w| match w {
+            "fencelock" => user.to_owned(),
+            ">CHANGE-ME" => ">cluster-pw".to_owned(),
+            w => w.to_owned(),
+        })
+        .collect();
+    let cluster = Cluster::shared();
+    for node in cluster.nodes() {
+        let args: Vec<&str> = rules.iter().map(String::as_str).collect();
+        assert_eq!(node.cmd(&args).as_str(), Some("OK"), "{args:?}");
+    }
+    let url = cluster
+        .url()
+        .replacen("://", &format!("://{user}:cluster-pw@"), 1);
+    let c = Client::connect(&url).await.unwrap();
+    let other = Client::connect(&url).await.unwrap();
+
+    let names: Vec<String> = (0..30).map(|i| format!("acl-c-{i}")).collect();
+    let guards: Vec<_> = join_all(
+        names
+            .iter()
+            .map(|n| take(&c, n, Duration::from_millis(600))),
+    )
+    .await
+    .into_iter()
+    .map(Result::unwrap)
+    .collect();
+    let waiter = tokio::spawn(
+        other
+            .lock("acl-c-0")
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    eventually(
+        "the waiter subscribed",
+        Duration::from_secs(10),
+        async || {
+            subscribers(
+                cluster.node_for_key(&key("acl-c-0")),
+                "SHARDNUMSUB",
+                &format!("{}:released", key("acl-c-0")),
+            ) == 1
+        },
+    )
+    .await;
+    // Held past several renewals, batched across slots.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(guards.iter().all(|g| g.loss_cause().is_none()));
+    assert_eq!(c.list("acl-c-*").await.unwrap().len(), 30);
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    c.lock("acl-c-r")
+        .replicas(1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
