@@ -692,3 +692,54 @@ async fn the_readme_user_with_the_cluster_additions_runs_the_cluster_features() 
         .await
         .unwrap();
 }
+
+/// `renew_across_slots.lua` as a cluster gets it: keys of several slots of one master in
+/// one call; a key of another master's slot is an error whose text the client reads to
+/// send that master's leases per slot instead.
+#[tokio::test]
+async fn the_batch_across_slots_renews_one_masters_slots_and_refuses_another_masters() {
+    let source = fencelock::lua_scripts()
+        .find(|(name, _)| *name == "cluster/lock/renew_across_slots.lua")
+        .map(|(_, source)| source)
+        .expect("the cluster's batch script");
+    assert!(source.starts_with("#!lua flags=allow-cross-slot-keys\n"));
+    let cluster = Cluster::shared();
+    let masters = cluster.masters();
+    let here = masters[0];
+    let mut mine = (0..10_000)
+        .map(|i| format!("xs-{i}"))
+        .filter(|n| cluster.node_for_key(&key(n)).addr() == here.addr());
+    let (a, b) = (mine.next().unwrap(), mine.next().unwrap());
+    assert_ne!(cluster.slot_of(&key(&a)), cluster.slot_of(&key(&b)));
+    let other = name_where("xs-other", |n| {
+        cluster.node_for_key(&key(n)).addr() != here.addr()
+    });
+    here.cmd(&["SET", &key(&a), "tok-a", "PX", "10000"]);
+    let lease = |n: &str, holder: &str| {
+        [
+            key(n),
+            format!("{}:holder", key(n)),
+            holder.to_owned(),
+            "20000".to_owned(),
+        ]
+    };
+    let args = |leases: &[[String; 4]]| {
+        let mut args = vec!["EVAL".to_owned(), source.clone(), "0".to_owned()];
+        args.extend(leases.iter().flatten().cloned());
+        args
+    };
+    let run = |args: Vec<String>| here.cmd(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let reply = run(args(&[lease(&a, "tok-a"), lease(&b, "tok-b")]));
+    let codes: Vec<i64> = reply
+        .as_array()
+        .unwrap_or_else(|| panic!("{reply:?}"))
+        .iter()
+        .map(|r| r.as_int().unwrap())
+        .collect();
+    assert_eq!(codes, [1, 0], "renewed across two slots of one master");
+    assert!(here.pttl(&key(&a)) > 10_000);
+    let reply = run(args(&[lease(&a, "tok-a"), lease(&other, "tok-o")]));
+    let error = reply.as_error().unwrap_or_else(|| panic!("{reply:?}"));
+    assert!(error.contains("non local key"), "{error}");
+    here.cmd(&["DEL", &key(&a)]);
+}
