@@ -79,14 +79,14 @@ fn name_where(prefix: &str, mut fits: impl FnMut(&str) -> bool) -> String {
 }
 
 #[tokio::test]
-async fn a_thousand_locks_over_every_master_are_taken_renewed_listed_and_released() {
+async fn a_thousand_locks_over_every_master_are_taken_renewed_waited_on_and_released() {
     let cluster = Cluster::shared();
     let c = Client::connect(&cluster.url()).await.unwrap();
     let names: Vec<String> = (0..1000).map(|i| format!("spread-{i}")).collect();
     // A short lease, renewed every 500 ms: held for 3 s, each is renewed several times.
     let lease = Duration::from_millis(1500);
     let taken = Instant::now();
-    let guards: Vec<_> = join_all(names.iter().map(|n| take(&c, n, lease)))
+    let mut guards: Vec<_> = join_all(names.iter().map(|n| take(&c, n, lease)))
         .await
         .into_iter()
         .map(Result::unwrap)
@@ -116,7 +116,55 @@ async fn a_thousand_locks_over_every_master_are_taken_renewed_listed_and_release
         }
     }
 
+    // A waiter on every lock, from another client. The leases are 30 s now, so a waiter
+    // that gets its lock within a few seconds of the releases was woken by one.
+    for result in join_all(guards.iter_mut().map(|g| g.extend(Duration::from_secs(30)))).await {
+        result.unwrap();
+    }
+    let other = Client::connect(&cluster.url()).await.unwrap();
+    let waiters: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let acquire = other.lock(n).wait(Duration::from_secs(60)).acquire();
+            tokio::spawn(async move {
+                let guard = acquire.await;
+                (guard, Instant::now())
+            })
+        })
+        .collect();
+    eventually(
+        "every waiter subscribed",
+        Duration::from_secs(30),
+        async || {
+            masters
+                .iter()
+                .map(|m| {
+                    m.cmd(&["PUBSUB", "SHARDCHANNELS", "fencelock:{spread-*}:released"])
+                        .as_array()
+                        .map_or(0, <[_]>::len)
+                })
+                .sum::<usize>()
+                == 1000
+        },
+    )
+    .await;
+    let released = Instant::now();
     for result in join_all(guards.into_iter().map(|g| g.release())).await {
+        result.unwrap();
+    }
+    let mut latencies = Vec::new();
+    let mut next = Vec::new();
+    for waiter in join_all(waiters).await {
+        let (guard, at) = waiter.unwrap();
+        next.push(guard.unwrap());
+        latencies.push(at - released);
+    }
+    latencies.sort();
+    let (median, slowest) = (latencies[500], latencies[999]);
+    eprintln!("releases to the waiters' grants: median {median:?}, slowest {slowest:?}");
+    assert!(slowest < Duration::from_secs(10), "{slowest:?}");
+
+    for result in join_all(next.into_iter().map(|g| g.release())).await {
         result.unwrap();
     }
     assert!(c.list("spread-*").await.unwrap().is_empty());
