@@ -127,10 +127,12 @@ pub(crate) enum Command {
 /// (Its `Debug` shows no URL or password.)
 #[derive(Args)]
 pub(crate) struct Connection {
-    /// Redis server URL: redis://[user:password@]host[:port][/db], or
-    /// redis+unix:///path/to/socket[?db=N]. Give it an odd number of times, at least 3
-    /// (or a comma-separated list in FENCELOCK_REDIS), to lock with Redlock on
-    /// independent masters: a majority must grant the lock.
+    /// Redis URL: redis://[user:password@]host[:port][/db],
+    /// redis+unix:///path/to/socket[?db=N], a Sentinel-managed master
+    /// redis+sentinel://host:port[,host:port...]/SERVICE[/DB], or a Redis Cluster
+    /// redis+cluster://host:port[,host:port...] (rediss... for TLS). Give it an odd
+    /// number of times, at least 3 (or a comma-separated list in FENCELOCK_REDIS), to
+    /// lock with Redlock on independent masters: a majority must grant the lock.
     #[arg(
         long,
         value_name = "URL",

@@ -32,8 +32,8 @@ pub struct Unanswered {
     pub error: Error,
 }
 
-/// What Redis holds for one lock name, on each node (one for a single node; every
-/// Redlock node in the order given).
+/// What Redis holds for one lock name, on each node (one for a single node or a Redis
+/// Cluster; every Redlock node in the order given).
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct LockStatus {
@@ -47,7 +47,7 @@ pub struct LockStatus {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct NodeStatus {
-    /// The node, as `host:port`.
+    /// The node, as `host:port` (on a Redis Cluster, the master of the lock's slot).
     pub node: String,
     /// What it holds, or why it could not say.
     pub state: Result<LockState, Error>,
@@ -108,7 +108,7 @@ pub struct Broken {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct NodeBroken {
-    /// The node, as `host:port`.
+    /// The node, as `host:port` (on a Redis Cluster, the master of the lock's slot).
     pub node: String,
     /// What was broken there, or why not.
     pub outcome: Result<BreakOutcome, Error>,
@@ -196,7 +196,7 @@ pub(crate) async fn inspect(
         .iter()
         .zip(answers)
         .map(|(node, answer)| NodeStatus {
-            node: node.addr().to_owned(),
+            node: node.addr_for(&keys.lock),
             state: answer.map(LockState::from),
         })
         .collect();
@@ -258,7 +258,7 @@ pub(crate) async fn break_lock(
         .iter()
         .zip(answers)
         .map(|(node, answer)| NodeBroken {
-            node: node.addr().to_owned(),
+            node: node.addr_for(&keys.lock),
             outcome: answer.map(BreakOutcome::from),
         })
         .collect();

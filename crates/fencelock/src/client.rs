@@ -65,14 +65,18 @@ impl Client {
         Self::builder(url).connect().await
     }
 
-    /// Starts configuring a client for the Redis node at `url`
-    /// (`redis://[user:password@]host[:port][/db]`).
+    /// Starts configuring a client for the Redis node at `url`:
+    /// `redis://[user:password@]host[:port][/db]`, `redis+unix:///path[?db=N]`, a
+    /// Sentinel-managed master (`redis+sentinel://host:port[,host:port...]/SERVICE[/DB]`),
+    /// or a Redis Cluster (`redis+cluster://host:port[,host:port...]`, one lock service:
+    /// each lock on the master of its slot); `rediss...` for TLS.
     pub fn builder(url: impl Into<String>) -> ClientBuilder {
         Self::redlock([url])
     }
 
     /// Starts configuring a Redlock client over independent Redis masters (not replicas
-    /// of each other, not one Redis Cluster): an odd number, at least 3. A lock is held
+    /// of each other, not a Redis Cluster, whose URLs are refused with
+    /// [`Error::InvalidArgument`]): an odd number, at least 3. A lock is held
     /// when a majority granted it; see the [crate docs](crate#redlock) for what that
     /// buys and what it does not. With one URL this is [`Client::builder`].
     ///
@@ -170,7 +174,8 @@ impl Client {
     }
 
     /// The node this client talks to, as `host:port` (the first one, for Redlock; the
-    /// current master, for a Sentinel-managed one).
+    /// current master, for a Sentinel-managed one; the seeds, `host:port,host:port`, for a
+    /// Redis Cluster).
     pub fn node(&self) -> String {
         self.inner.backend.nodes()[0].addr()
     }

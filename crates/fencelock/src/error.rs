@@ -301,6 +301,14 @@ pub enum UnavailableReason {
     Io,
     /// The TLS handshake failed: a certificate problem, named in the detail.
     Tls,
+    /// A Redis Cluster answered `CLUSTERDOWN`: a slot has no master (a failover in
+    /// progress, or slots never assigned), so the cluster serves nothing (or not this
+    /// lock's slot) for now.
+    ClusterDown,
+    /// A Redis Cluster kept redirecting the call (`MOVED`, `ASK`, `TRYAGAIN`) after the
+    /// driver followed it several times: the lock's slot is moving (a failover or a
+    /// resharding in progress).
+    SlotMoving,
 }
 
 impl UnavailableReason {
@@ -308,6 +316,10 @@ impl UnavailableReason {
     fn advice(self) -> &'static str {
         match self {
             Self::Tls => "",
+            Self::ClusterDown => {
+                "; wait for a failover to end, or check CLUSTER INFO and that every slot has a master"
+            }
+            Self::SlotMoving => "; wait for the failover or resharding to end",
             _ => "; check that it is running and reachable, and the URL",
         }
     }
@@ -320,6 +332,8 @@ impl fmt::Display for UnavailableReason {
             Self::TimedOut => "timed out",
             Self::Io => "connection error",
             Self::Tls => "TLS handshake failed",
+            Self::ClusterDown => "the cluster is down",
+            Self::SlotMoving => "the lock's slot is moving",
         })
     }
 }

@@ -62,6 +62,14 @@
 //! better than the time between two grants. Fair mode, reentrancy and delay queues need
 //! a single node.
 //!
+//! # Where a lock lives
+//!
+//! One URL: a standalone node (`redis://`, `redis+unix://`), a Sentinel-managed master
+//! (`redis+sentinel://host:port[,...]/SERVICE`, followed across failovers), or a Redis
+//! Cluster (`redis+cluster://host:port[,...]`: each lock on the master of its slot,
+//! releases on sharded pub/sub, renewals batched per master); `rediss...` for TLS. Or
+//! several independent masters for Redlock, above.
+//!
 //! # Layers
 //! Each layer uses only the ones before it:
 //!
@@ -74,7 +82,8 @@
 //!    Redlock nodes, and answers acquire, extend, release, abandon, renewal batches and
 //!    subscriptions; `fan_out` asks all nodes at once, each within its timeout;
 //!    `quorum.rs` is the tally (majority, validity, loss, restart protection); `node.rs`
-//!    one connection and its errors; `subscriber.rs` the shared pub/sub connection.
+//!    one node and its errors (a server, a Sentinel-managed master, or a Redis Cluster:
+//!    `sentinel.rs`, `cluster.rs`); `subscriber.rs` the shared pub/sub connection.
 //! 3. **Algorithms** (`src/algorithms/`): the acquire engine (`acquire.rs`: attempts,
 //!    waiting for a release, clean-up), the retry schedule, the watchdog.
 //! 4. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), [`LockBuilder`] and

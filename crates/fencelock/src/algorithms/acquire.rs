@@ -152,7 +152,7 @@ async fn attempts(
                     // The grant counts only once enough replicas have it: a failover
                     // before that could lose it.
                     let acked = backend
-                        .wait_replicas(req.replicas, replica_wait(req.ttl))
+                        .wait_replicas(&pending.keys.lock, req.replicas, replica_wait(req.ttl))
                         .await;
                     if !matches!(acked, Ok((n, _)) if n >= req.replicas) {
                         pending.withdraw().await;

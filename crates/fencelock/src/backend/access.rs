@@ -95,7 +95,7 @@ impl TlsSettings {
     }
 
     /// The certificates to build the client with, read from their files.
-    fn certificates(&self) -> Result<redis::TlsCertificates, Error> {
+    pub(crate) fn certificates(&self) -> Result<redis::TlsCertificates, Error> {
         let root_cert = match &self.ca_file {
             Some(path) => Some(Self::read_certificates(path, "TLS CA file")?),
             None => None,
@@ -125,7 +125,7 @@ impl TlsSettings {
 
 /// Installs rustls's ring provider as the process's default, once (a provider another
 /// part of the program installed first is kept).
-fn install_provider() {
+pub(crate) fn install_provider() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -166,7 +166,8 @@ pub(crate) fn client_for_url(url: &str, access: &Access) -> Result<redis::Client
             "Redis URL",
             format!(
                 "{} does not parse ({}); expected redis[s]://[user:password@]host[:port][/db], \
-                 redis+unix:///path or redis[s]+sentinel://host:port[,...]/SERVICE",
+                 redis+unix:///path, redis[s]+sentinel://host:port[,...]/SERVICE or \
+                 redis[s]+cluster://host:port[,...]",
                 super::node::redact(url),
                 e.detail().unwrap_or(e.category())
             ),

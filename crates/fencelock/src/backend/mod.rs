@@ -8,9 +8,12 @@
 //! only one node can do (a fair queue, reentrant holds, a delay queue: [`Backend::single`]).
 //!
 //! Below it: [`node`] (one connection, its timeouts, the mapping of driver errors to
-//! fencelock's [`Error`]) and [`subscriber`] (one pub/sub connection per client and node).
+//! fencelock's [`Error`]; a node is one server, a Sentinel-managed master, or a whole
+//! Redis Cluster, [`cluster`]) and [`subscriber`] (one pub/sub connection per client and
+//! node).
 
 pub(crate) mod access;
+pub(crate) mod cluster;
 pub(crate) mod node;
 pub(crate) mod quorum;
 pub(crate) mod sentinel;
@@ -30,7 +33,7 @@ use crate::scripts::{
 };
 use crate::token::{FencingToken, HolderToken};
 pub(crate) use access::Access;
-pub(crate) use node::{Node, Timeouts, redact};
+pub(crate) use node::{Node, Timeouts, is_cluster_url, redact};
 use quorum::{Confirmation, Quorum, Verdict, lease_end};
 use subscriber::{Subscription, Wake};
 
@@ -180,6 +183,17 @@ impl Backend {
         quarantine: Option<Duration>,
         identify: bool,
     ) -> Result<Self, Error> {
+        if let Some(url) = urls.iter().find(|u| is_cluster_url(u)) {
+            return Err(Error::invalid(
+                "Redis URLs",
+                format!(
+                    "{} is a Redis Cluster, which Redlock cannot use as a node: restart \
+                     protection tells a node by its one run id, and a cluster has one per \
+                     shard; give the cluster's URL alone (its slots are one lock service)",
+                    redact(url)
+                ),
+            ));
+        }
         let mut nodes = Vec::with_capacity(urls.len());
         for url in urls {
             nodes.push(Node::open(url, timeouts, access, false).await?);
@@ -388,30 +402,20 @@ impl Backend {
     /// One renewal batch: `(lock key, holder, ttl)` per lease, sent now to every node.
     /// A lease is renewed when a majority confirmed it in time; lost when so many nodes
     /// said it is gone that no majority can confirm it; otherwise unknown (retry).
+    /// A node answers for each lease (a cluster, one call per master of the leases'
+    /// slots; see [`cluster`]); a lease it did not answer for counts as unanswered there.
     pub async fn renew(&self, leases: &[(&str, &str, Duration)]) -> Vec<Renewal> {
         let sent_at = Instant::now();
-        let invocation = scripts::renew(leases.iter().copied());
         let shortest = leases.iter().map(|l| l.2).min().unwrap_or_default();
-        let answers: Vec<Result<Renewed, Error>> =
-            fan_out(&self.nodes, self.quorum.within(shortest), |_| &invocation).await;
-        let answers: Vec<Option<Vec<Owned>>> = answers
-            .into_iter()
-            .zip(&self.nodes)
-            .map(|(answer, node)| match answer {
-                Ok(Renewed(codes)) if codes.len() == leases.len() => Some(codes),
-                Ok(_) => None,
-                Err(e) => {
-                    tracing::debug!(node = node.addr(), error = %e, leases = leases.len(), "renewal failed; retrying");
-                    None
-                }
-            })
-            .collect();
+        let within = self.quorum.within(shortest);
+        let answers: Vec<Vec<Option<Owned>>> =
+            join_all(self.nodes.iter().map(|node| node.renew(leases, within))).await;
         let now = Instant::now();
         leases
             .iter()
             .enumerate()
             .map(|(i, (_, _, ttl))| {
-                let owned = answers.iter().map(|a| a.as_ref().map(|codes| codes[i]));
+                let owned = answers.iter().map(|a| a.get(i).copied().flatten());
                 match self
                     .quorum
                     .confirm(&self.nodes, owned, self.quorum.needed())
@@ -432,15 +436,16 @@ impl Backend {
     }
 
     /// Waits for `replicas` replicas to acknowledge the writes sent so far on the node's
-    /// connection (a grant just made), up to `within`; how many did, and how long it
-    /// waited.
+    /// connection (a grant just made of the lock `key`: on a cluster, its slot's master
+    /// is asked), up to `within`; how many did, and how long it waited.
     pub async fn wait_replicas(
         &self,
+        key: &str,
         replicas: u32,
         within: Duration,
     ) -> Result<(u32, Duration), Error> {
         match self.only_node() {
-            Some(node) => node.wait_replicas(replicas, within).await,
+            Some(node) => node.wait_replicas(key, replicas, within).await,
             None => Err(Error::invalid(
                 "replicas",
                 "replica acknowledgement is for one node (a master with replicas); Redlock \

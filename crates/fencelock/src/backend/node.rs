@@ -1,5 +1,10 @@
-//! One Redis node: a multiplexed connection with explicit timeouts, script calls on it,
-//! its release notifications, and the mapping of driver errors to fencelock's [`Error`].
+//! One node of a backend: a connection with explicit timeouts, script calls on it, its
+//! release notifications, and the mapping of driver errors to fencelock's [`Error`].
+//!
+//! A node is a standalone server (at a fixed address, or a Sentinel-managed master whose
+//! address follows failovers) or a whole Redis Cluster, which is one logical node: its
+//! calls are routed by slot ([`super::cluster`]). Callers see the same methods for both;
+//! what differs is behind [`Link`].
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -9,10 +14,12 @@ use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 use tokio_util::sync::CancellationToken;
 
 use super::access::{self, Access};
+use super::cluster::{ClusterLink, ClusterUrl};
 use super::sentinel::{self, SentinelUrl};
-use super::subscriber::Subscriber;
+use super::subscriber::{Source, Subscriber};
 use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
-use crate::scripts::{Call, replies};
+use crate::scripts::replies::{Owned, Renewed};
+use crate::scripts::{self, Call, Flavor, replies};
 
 /// Timeouts for one node's connection.
 #[derive(Clone, Copy, Debug)]
@@ -21,21 +28,15 @@ pub(crate) struct Timeouts {
     pub response: Duration,
 }
 
-/// One Redis node: a multiplexed connection that reconnects by itself, shared by every
-/// lock of a client. Cheap to clone. The node is either fixed (one address) or a
-/// Sentinel-managed master, whose address follows failovers.
+/// One node: a connection that reconnects by itself, shared by every lock of a client.
+/// Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Node {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    /// Sentinel: how to find the master; `None` for a fixed address.
-    sentinel: Option<SentinelUrl>,
-    /// The connection in use, and the address it goes to.
-    current: RwLock<Current>,
-    /// Held while the sentinels are asked, so that one caller asks and the others wait.
-    resolving: tokio::sync::Mutex<()>,
+    link: Link,
     timeouts: Timeouts,
     /// The longest one call may take, reconnecting included.
     call_timeout: Duration,
@@ -51,6 +52,26 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.closed.cancel();
     }
+}
+
+/// How calls reach the node.
+enum Link {
+    /// One server: at a fixed address, or a Sentinel-managed master.
+    Standalone(Box<Standalone>),
+    /// A Redis Cluster, as one logical node.
+    Cluster(ClusterLink),
+}
+
+/// A standalone server's connection.
+struct Standalone {
+    /// Sentinel: how to find the master; `None` for a fixed address.
+    sentinel: Option<SentinelUrl>,
+    /// The connection in use, and the address it goes to.
+    current: RwLock<Current>,
+    /// Held while the sentinels are asked, so that one caller asks and the others wait.
+    resolving: tokio::sync::Mutex<()>,
+    timeouts: Timeouts,
+    call_timeout: Duration,
 }
 
 /// Where calls go now.
@@ -98,11 +119,17 @@ fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(200))
 }
 
+/// Whether `url` names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
+pub(crate) fn is_cluster_url(url: &str) -> bool {
+    url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://")
+}
+
 impl Node {
-    /// Sets up the node at `url` (`redis://`, `redis+unix://`, or
-    /// `redis+sentinel://`). `eager`: connect now (for Sentinel: find the master now),
-    /// failing fast when nothing answers; otherwise the first call connects (a Redlock
-    /// node, a minority of which may be down when the client starts, or a lazy client).
+    /// Sets up the node at `url` (`redis://`, `redis+unix://`, `redis+sentinel://` or
+    /// `redis+cluster://`, and their TLS forms). `eager`: connect now (for Sentinel:
+    /// find the master now; for a cluster: learn its topology now), failing fast when
+    /// nothing answers; otherwise the first call connects (a Redlock node, a minority of
+    /// which may be down when the client starts, or a lazy client).
     pub async fn open(
         url: &str,
         timeouts: Timeouts,
@@ -110,6 +137,25 @@ impl Node {
         eager: bool,
     ) -> Result<Self, Error> {
         let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
+        if let Some(cluster) = ClusterUrl::parse(url, access)? {
+            let subscriber = {
+                let url = cluster.clone();
+                let source =
+                    Source::Cluster(Arc::new(move |pushes| url.pubsub_client(timeouts, pushes)));
+                Subscriber::new(source, timeouts)
+            };
+            let link = ClusterLink::open(cluster, timeouts, call_timeout, eager).await?;
+            return Ok(Self {
+                inner: Arc::new(Inner {
+                    link: Link::Cluster(link),
+                    timeouts,
+                    call_timeout,
+                    subscriber,
+                    health: Mutex::new(Health::default()),
+                    closed: CancellationToken::new(),
+                }),
+            });
+        }
         let sentinel = SentinelUrl::parse(url, access)?;
         let (addr, client) = match &sentinel {
             None => {
@@ -137,18 +183,28 @@ impl Node {
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let source = weak.clone();
             let subscriber = Subscriber::new(
-                Arc::new(move || source.upgrade().map(|n| read(&n.current).client.clone())),
+                Source::Node(Arc::new(move || {
+                    let node = source.upgrade()?;
+                    match &node.link {
+                        Link::Standalone(s) => Some(read(&s.current).client.clone()),
+                        Link::Cluster(_) => None,
+                    }
+                })),
                 timeouts,
             );
             Inner {
-                sentinel,
-                current: RwLock::new(Current {
-                    addr,
-                    client,
-                    conn,
-                    epoch,
-                }),
-                resolving: tokio::sync::Mutex::new(()),
+                link: Link::Standalone(Box::new(Standalone {
+                    sentinel,
+                    current: RwLock::new(Current {
+                        addr,
+                        client,
+                        conn,
+                        epoch,
+                    }),
+                    resolving: tokio::sync::Mutex::new(()),
+                    timeouts,
+                    call_timeout,
+                })),
                 timeouts,
                 call_timeout,
                 subscriber,
@@ -156,15 +212,28 @@ impl Node {
                 closed: CancellationToken::new(),
             }
         });
-        if inner.sentinel.is_some() {
+        if matches!(&inner.link, Link::Standalone(s) if s.sentinel.is_some()) {
             watch_switches(&inner);
         }
         Ok(Self { inner })
     }
 
-    /// The node's `host:port` (a Sentinel node's current master).
+    /// The node's `host:port` (a Sentinel node's current master); a cluster's seeds,
+    /// `host:port,host:port`.
     pub fn addr(&self) -> String {
-        read(&self.inner.current).addr.clone()
+        match &self.inner.link {
+            Link::Standalone(s) => read(&s.current).addr.clone(),
+            Link::Cluster(c) => c.label(),
+        }
+    }
+
+    /// The `host:port` of the server that holds `key`: on a cluster, the master of its
+    /// slot now (the seeds if that is not known yet).
+    pub fn addr_for(&self, key: &str) -> String {
+        match &self.inner.link {
+            Link::Standalone(_) => self.addr(),
+            Link::Cluster(c) => c.addr_for(key),
+        }
     }
 
     /// Redlock: who the node is, and its restart protection.
@@ -180,21 +249,11 @@ impl Node {
         &self.inner.subscriber
     }
 
-    /// The connection to use now: for a Sentinel node that has not asked the sentinels
-    /// yet, after asking them.
-    async fn current(&self) -> Result<Current, Error> {
-        let current = read(&self.inner.current).clone();
-        if current.epoch == 0 {
-            self.inner.switch(0).await?;
-            return Ok(read(&self.inner.current).clone());
-        }
-        Ok(current)
-    }
-
     /// Runs a script within `within` (a Redlock node's share of an operation), or else
     /// within the call timeout. A Sentinel node whose master answers that it is a replica
     /// or cannot be reached asks the sentinels again and, if they name another master,
-    /// sends the script there once more (within what is left of the time).
+    /// sends the script there once more (within what is left of the time). A cluster
+    /// sends it to the master of its keys' slot, following redirections.
     ///
     /// Cancel safety: dropping the future (or a timeout) may leave the script running on
     /// the server, or already run; callers that write must treat that as an unknown
@@ -204,89 +263,95 @@ impl Node {
         call: &Call,
         within: Option<Duration>,
     ) -> Result<T, Error> {
-        let within = within.unwrap_or(self.inner.call_timeout);
-        let deadline = tokio::time::Instant::now() + within;
-        let attempt = async {
-            let current = self.current().await?;
-            let mut conn = current.conn.clone();
-            match call.invocation().invoke_async(&mut conn).await {
-                Ok(v) => Ok(v),
-                Err(e) if self.inner.sentinel.is_some() && master_may_have_moved(&e) => {
-                    // Ask again; go on only if the sentinels name another master.
-                    let moved = self.inner.switch(current.epoch).await.unwrap_or(false);
-                    if !moved {
-                        return Err(refused(call, current.error(&e)));
+        match &self.inner.link {
+            Link::Standalone(s) => s.run(call, within).await,
+            Link::Cluster(c) => c.run(call, within).await,
+        }
+    }
+
+    /// One renewal batch, `(lock key, holder, ttl)` per lease, within `within`: what the
+    /// node answered for each lease, `None` where it did not answer (in time). A
+    /// standalone node gets one call; a cluster one call per master (see
+    /// [`ClusterLink::renew`]).
+    pub async fn renew(
+        &self,
+        leases: &[(&str, &str, Duration)],
+        within: Option<Duration>,
+    ) -> Vec<Option<Owned>> {
+        match &self.inner.link {
+            Link::Standalone(s) => {
+                let call = scripts::renew(leases.iter().copied());
+                match s.run::<Renewed>(&call, within).await {
+                    Ok(Renewed(codes)) if codes.len() == leases.len() => {
+                        codes.into_iter().map(Some).collect()
                     }
-                    let current = read(&self.inner.current).clone();
-                    let mut conn = current.conn.clone();
-                    call.invocation()
-                        .invoke_async(&mut conn)
-                        .await
-                        .map_err(|e| refused(call, current.error(&e)))
+                    Ok(_) => vec![None; leases.len()],
+                    Err(e) => {
+                        tracing::debug!(node = self.addr(), error = %e, leases = leases.len(), "renewal failed; retrying");
+                        vec![None; leases.len()]
+                    }
                 }
-                Err(e) => Err(refused(call, current.error(&e))),
             }
-        };
-        match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(result) => result,
-            Err(_) => Err(timed_out(&self.addr(), within)),
+            Link::Cluster(c) => {
+                c.renew(leases, within.unwrap_or(self.inner.call_timeout))
+                    .await
+            }
         }
     }
 
     /// Every key matching the glob `pattern`, by `SCAN` (never `KEYS`, which blocks the
-    /// server), each call within the call timeout.
+    /// server), each call within the call timeout; on a cluster, on every master.
     pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
-        let current = self.current().await?;
-        let mut conn = current.conn.clone();
-        let mut keys = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let page = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .to_owned();
-            let within = self.inner.call_timeout;
-            let (next, found): (u64, Vec<String>) =
-                match tokio::time::timeout(within, page.query_async(&mut conn)).await {
-                    Ok(Ok(reply)) => reply,
-                    Ok(Err(e)) => return Err(current.error(&e)),
-                    Err(_) => return Err(timed_out(&current.addr, within)),
-                };
-            keys.extend(found);
-            if next == 0 {
-                return Ok(keys);
-            }
-            cursor = next;
+        match &self.inner.link {
+            Link::Standalone(s) => s.scan(pattern).await,
+            Link::Cluster(c) => c.scan(pattern).await,
         }
     }
 
-    /// `WAIT replicas timeout`: how many replicas acknowledged this connection's writes so
-    /// far, waiting up to `within` (at most three quarters of the response timeout) for
-    /// `replicas` of them; and how long that was. A server that refuses `WAIT` (some
-    /// managed services do) gives [`Error::Rejected`] saying so.
+    /// `WAIT replicas timeout` on the server that holds `key` (a cluster's master of its
+    /// slot): how many replicas acknowledged this connection's writes so far, waiting up
+    /// to `within` (at most three quarters of the response timeout) for `replicas` of
+    /// them; and how long that was. A server that refuses `WAIT` (some managed services
+    /// do) gives [`Error::Rejected`] saying so.
     pub async fn wait_replicas(
         &self,
+        key: &str,
         replicas: u32,
         within: Duration,
     ) -> Result<(u32, Duration), Error> {
         let within = within.min(self.inner.timeouts.response * 3 / 4);
-        let current = self.current().await?;
-        let mut conn = current.conn.clone();
-        let wait = redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(within.as_millis() as u64)
-            .to_owned();
         let bound = within + self.inner.timeouts.response;
-        match tokio::time::timeout(bound, wait.query_async::<i64>(&mut conn)).await {
-            Ok(Ok(n)) => Ok((u32::try_from(n).unwrap_or(0), within)),
-            Ok(Err(e))
+        // The answer, or the driver's error with what it means for this node.
+        let (addr, answer) = match &self.inner.link {
+            Link::Standalone(s) => {
+                let current = s.current().await?;
+                let mut conn = current.conn.clone();
+                let wait = redis::cmd("WAIT")
+                    .arg(replicas)
+                    .arg(within.as_millis() as u64)
+                    .to_owned();
+                match tokio::time::timeout(bound, wait.query_async::<i64>(&mut conn)).await {
+                    Ok(answer) => (
+                        current.addr.clone(),
+                        answer.map_err(|e| (current.error(&e), e)),
+                    ),
+                    Err(_) => return Err(timed_out(&current.addr, bound)),
+                }
+            }
+            Link::Cluster(c) => {
+                let addr = c.addr_for(key);
+                let answer = c.wait(key, replicas, within, bound).await?;
+                let answer = answer.map_err(|e| (c.error(&addr, &e), e));
+                (addr, answer)
+            }
+        };
+        match answer {
+            Ok(n) => Ok((u32::try_from(n).unwrap_or(0), within)),
+            Err((_, e))
                 if e.code().is_some() && !matches!(e.code(), Some("NOAUTH" | "WRONGPASS")) =>
             {
                 Err(Error::Rejected {
-                    node: current.addr.clone(),
+                    node: addr,
                     code: e.code().unwrap_or("ERR").to_owned(),
                     message: format!(
                         "the server refuses WAIT ({}), so replica acknowledgement cannot be \
@@ -295,15 +360,24 @@ impl Node {
                     ),
                 })
             }
-            Ok(Err(e)) => Err(current.error(&e)),
-            Err(_) => Err(timed_out(&current.addr, bound)),
+            Err((error, _)) => Err(error),
         }
     }
 
     /// Asks the server who it is: its run id, random for every start of a server
-    /// process. Two nodes with one run id are one server.
+    /// process. Two nodes with one run id are one server. (Redlock only, which a cluster
+    /// cannot be part of.)
     pub async fn run_id(&self, within: Duration) -> Result<String, Error> {
-        let current = self.current().await?;
+        let s = match &self.inner.link {
+            Link::Standalone(s) => s,
+            Link::Cluster(c) => {
+                return Err(Error::invalid(
+                    "Redis URLs",
+                    format!("{} is a Redis Cluster, which has no one run id", c.label()),
+                ));
+            }
+        };
+        let current = s.current().await?;
         let mut conn = current.conn.clone();
         let info = redis::cmd("INFO").arg("server").to_owned();
         let text: String = match tokio::time::timeout(within, info.query_async(&mut conn)).await {
@@ -323,7 +397,84 @@ impl Node {
     }
 }
 
-impl Inner {
+impl Standalone {
+    /// The connection to use now: for a Sentinel node that has not asked the sentinels
+    /// yet, after asking them.
+    async fn current(&self) -> Result<Current, Error> {
+        let current = read(&self.current).clone();
+        if current.epoch == 0 {
+            self.switch(0).await?;
+            return Ok(read(&self.current).clone());
+        }
+        Ok(current)
+    }
+
+    /// As [`Node::run`].
+    async fn run<T: FromRedisValue>(
+        &self,
+        call: &Call,
+        within: Option<Duration>,
+    ) -> Result<T, Error> {
+        let within = within.unwrap_or(self.call_timeout);
+        let deadline = tokio::time::Instant::now() + within;
+        let invocation = call.invocation(Flavor::Standalone);
+        let refused = |e| refused(call, e, Flavor::Standalone);
+        let attempt = async {
+            let current = self.current().await?;
+            let mut conn = current.conn.clone();
+            match invocation.invoke_async(&mut conn).await {
+                Ok(v) => Ok(v),
+                Err(e) if self.sentinel.is_some() && master_may_have_moved(&e) => {
+                    // Ask again; go on only if the sentinels name another master.
+                    let moved = self.switch(current.epoch).await.unwrap_or(false);
+                    if !moved {
+                        return Err(refused(current.error(&e)));
+                    }
+                    let current = read(&self.current).clone();
+                    let mut conn = current.conn.clone();
+                    invocation
+                        .invoke_async(&mut conn)
+                        .await
+                        .map_err(|e| refused(current.error(&e)))
+                }
+                Err(e) => Err(refused(current.error(&e))),
+            }
+        };
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(timed_out(&read(&self.current).addr, within)),
+        }
+    }
+
+    /// As [`Node::scan`].
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        let current = self.current().await?;
+        let mut conn = current.conn.clone();
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let page = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .to_owned();
+            let within = self.call_timeout;
+            let (next, found): (u64, Vec<String>) =
+                match tokio::time::timeout(within, page.query_async(&mut conn)).await {
+                    Ok(Ok(reply)) => reply,
+                    Ok(Err(e)) => return Err(current.error(&e)),
+                    Err(_) => return Err(timed_out(&current.addr, within)),
+                };
+            keys.extend(found);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
     /// Asks the sentinels for the master and switches to it if it is another one; true
     /// if the connection now goes elsewhere than it did at `seen` (its epoch). One caller
     /// asks at a time; one that waited finds the switch done.
@@ -369,7 +520,10 @@ fn watch_switches(inner: &Arc<Inner>) {
     };
     let weak = Arc::downgrade(inner);
     let closed = inner.closed.clone();
-    let Some(url) = inner.sentinel.clone() else {
+    let Link::Standalone(standalone) = &inner.link else {
+        return;
+    };
+    let Some(url) = standalone.sentinel.clone() else {
         return;
     };
     runtime.spawn(async move {
@@ -380,8 +534,9 @@ fn watch_switches(inner: &Arc<Inner>) {
                 i = sentinel::switch_announced(&url, next, Duration::from_millis(500)) => next = i,
             }
             let Some(inner) = weak.upgrade() else { return };
-            let seen = read(&inner.current).epoch;
-            if let Err(e) = inner.switch(seen).await {
+            let Link::Standalone(s) = &inner.link else { return };
+            let seen = read(&s.current).epoch;
+            if let Err(e) = s.switch(seen).await {
                 tracing::debug!(service = %url.service, error = %e, "asking the sentinels after a switch failed");
             }
         }
@@ -407,7 +562,7 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn timed_out(addr: &str, after: Duration) -> Error {
+pub(super) fn timed_out(addr: &str, after: Duration) -> Error {
     Error::Unavailable {
         node: addr.to_owned(),
         reason: UnavailableReason::TimedOut,
@@ -416,15 +571,15 @@ fn timed_out(addr: &str, after: Duration) -> Error {
     }
 }
 
-/// An ACL refusal of `call`, said so that the user knows what to allow; other errors as
-/// they are.
-fn refused(call: &Call, error: Error) -> Error {
+/// An ACL refusal of `call` (sent in `flavor`), said so that the user knows what to
+/// allow; other errors as they are.
+pub(super) fn refused(call: &Call, error: Error, flavor: Flavor) -> Error {
     match error {
         Error::Rejected {
             node,
             code,
             message,
-        } => match call.refusal(&message) {
+        } => match call.refusal(&message, flavor) {
             Some(message) => Error::Rejected {
                 node,
                 code: "NOPERM".to_owned(),
@@ -454,6 +609,24 @@ fn map_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
         client.get_connection_info().addr(),
         redis::ConnectionAddr::TcpTls { .. }
     );
+    if matches!(e.code(), Some("MOVED" | "ASK" | "CLUSTERDOWN")) {
+        // Only a cluster node redirects (or says the cluster is down): the URL should
+        // have named the cluster.
+        return Error::Rejected {
+            node: addr.to_owned(),
+            code: e.code().unwrap_or_default().to_owned(),
+            message: format!(
+                "this is a Redis Cluster node: use {}://{addr} (it answered {} {})",
+                if tls {
+                    "rediss+cluster"
+                } else {
+                    "redis+cluster"
+                },
+                e.code().unwrap_or_default(),
+                e.detail().unwrap_or_default()
+            ),
+        };
+    }
     match sort_error(addr, e) {
         Error::Unavailable {
             node,
@@ -482,7 +655,7 @@ fn map_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
 }
 
 /// Sorts a driver error into the variant the caller acts on.
-fn sort_error(addr: &str, e: &RedisError) -> Error {
+pub(super) fn sort_error(addr: &str, e: &RedisError) -> Error {
     if let Some(problem) = access::certificate_problem(e) {
         return Error::Unavailable {
             node: addr.to_owned(),

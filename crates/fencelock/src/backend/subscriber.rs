@@ -25,6 +25,16 @@
 //! holder's remaining lease. When the connection drops (a restart, `CLIENT KILL TYPE
 //! pubsub`), the dispatcher reconnects, subscribes again to every channel that still has
 //! waiters, and then wakes them all, since messages may have been missed in between.
+//!
+//! On a Redis Cluster the connection is a cluster connection with **sharded** pub/sub
+//! (`SSUBSCRIBE`; the scripts announce with `SPUBLISH`), so a release reaches only the
+//! nodes of the lock's shard, never every node of the cluster. The driver keeps one
+//! connection per node and routes each channel to the master of its slot. Two things
+//! mean messages may have been missed, and make the dispatcher subscribe again to every
+//! channel with waiters (the driver sends each to the master that serves its slot now)
+//! and wake them all, as after a reconnection: a node's connection dropped (a failover,
+//! a restart), or the server unsubscribed a channel by itself (its slot moved to another
+//! master: Redis then sends `sunsubscribe`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +43,11 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{PushInfo, PushKind, RedisError, Value};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::Timeouts;
@@ -44,17 +58,108 @@ pub(crate) struct Subscriber {
     inner: Arc<Inner>,
 }
 
-/// Where the pub/sub connection goes: asked at every (re)connection, so that a
-/// Sentinel node's subscriber follows its master. `None` once the node is gone.
-pub(crate) type Source = Arc<dyn Fn() -> Option<redis::Client> + Send + Sync>;
+/// Where the pub/sub connection goes.
+#[derive(Clone)]
+pub(crate) enum Source {
+    /// A standalone node: asked at every (re)connection, so that a Sentinel node's
+    /// subscriber follows its master. `None` once the node is gone.
+    Node(Arc<dyn Fn() -> Option<redis::Client> + Send + Sync>),
+    /// A Redis Cluster: a client whose connection sends every push (messages,
+    /// confirmations, lost node connections) to the sender it is given.
+    Cluster(
+        Arc<dyn Fn(UnboundedSender<PushInfo>) -> Result<ClusterClient, RedisError> + Send + Sync>,
+    ),
+}
+
+/// The live pub/sub connection: one connection to a standalone node, or a cluster
+/// connection that subscribes each channel on the master of its slot (sharded).
+#[derive(Clone)]
+enum Link {
+    Node(PubSubSink),
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    async fn subscribe(&mut self, channel: &str) -> Result<(), RedisError> {
+        match self {
+            Link::Node(sink) => sink.subscribe(channel).await,
+            Link::Cluster(conn) => conn.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> Result<(), RedisError> {
+        match self {
+            Link::Node(sink) => sink.unsubscribe(channel).await,
+            Link::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+}
+
+/// What the live connection reports.
+enum Messages {
+    Node(PubSubStream),
+    Cluster(UnboundedReceiver<PushInfo>),
+}
+
+/// One report of the connection.
+enum Event {
+    /// A release message: its channel and payload.
+    Message(String, Vec<u8>),
+    /// A cluster node's connection dropped: its messages may have been missed.
+    NodeLost,
+    /// The server unsubscribed this channel (its slot moved away), unless it was ours.
+    Unsubscribed(String),
+}
+
+impl Messages {
+    /// The next report; `None` when the connection is gone.
+    async fn next(&mut self) -> Option<Event> {
+        match self {
+            Messages::Node(stream) => {
+                let msg = stream.next().await?;
+                Some(Event::Message(
+                    msg.get_channel_name().to_owned(),
+                    msg.get_payload_bytes().to_vec(),
+                ))
+            }
+            Messages::Cluster(pushes) => loop {
+                let push = pushes.recv().await?;
+                let text = |v: Option<&Value>| match v {
+                    Some(Value::BulkString(b)) => Some(b.clone()),
+                    Some(Value::SimpleString(s)) => Some(s.clone().into_bytes()),
+                    _ => None,
+                };
+                match push.kind {
+                    PushKind::SMessage => {
+                        if let (Some(channel), Some(payload)) =
+                            (text(push.data.first()), text(push.data.get(1)))
+                        {
+                            let channel = String::from_utf8_lossy(&channel).into_owned();
+                            return Some(Event::Message(channel, payload));
+                        }
+                    }
+                    PushKind::Disconnection => return Some(Event::NodeLost),
+                    PushKind::SUnsubscribe => {
+                        if let Some(channel) = text(push.data.first()) {
+                            let channel = String::from_utf8_lossy(&channel).into_owned();
+                            return Some(Event::Unsubscribed(channel));
+                        }
+                    }
+                    _ => {} // confirmations
+                }
+            },
+        }
+    }
+}
 
 struct Inner {
     source: Source,
     timeouts: Timeouts,
     /// Channels with at least one waiter (or an unsubscribe still in flight).
     channels: Mutex<HashMap<String, Arc<Channel>>>,
-    /// The live connection and its epoch; `None` while disconnected.
-    conn: Mutex<Option<(PubSubSink, u64)>>,
+    /// The live connection and its epoch; `None` while disconnected. A cluster
+    /// connection gets a new epoch when its channels must be subscribed again.
+    conn: Mutex<Option<(Link, u64)>>,
     /// Held only while connecting, so one caller connects and the others reuse it.
     connecting: tokio::sync::Mutex<()>,
     epoch: AtomicU64,
@@ -163,6 +268,7 @@ pub(crate) struct SubscriberStats {
 }
 
 impl Subscriber {
+    /// A subscriber that connects on its first subscription.
     pub fn new(source: Source, timeouts: Timeouts) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -292,7 +398,7 @@ impl Drop for Subscription {
 
 impl Inner {
     /// The live connection, connecting (and starting its dispatcher) if there is none.
-    async fn connection(self: &Arc<Self>) -> Result<(PubSubSink, u64), redis::RedisError> {
+    async fn connection(self: &Arc<Self>) -> Result<(Link, u64), redis::RedisError> {
         if let Some(conn) = lock(&self.conn).clone() {
             return Ok(conn);
         }
@@ -306,34 +412,80 @@ impl Inner {
 
     /// Connects unless another caller already did; the stream comes back only to the
     /// caller that made the connection, which must read it.
-    async fn connect(
-        &self,
-    ) -> Result<((PubSubSink, u64), Option<PubSubStream>), redis::RedisError> {
+    async fn connect(&self) -> Result<((Link, u64), Option<Messages>), redis::RedisError> {
         let _connecting = self.connecting.lock().await;
         if let Some(conn) = lock(&self.conn).clone() {
             return Ok((conn, None));
         }
-        let client = (self.source)().ok_or_else(|| io_timeout("the node is gone"))?;
-        let pubsub = tokio::time::timeout(self.timeouts.connect, client.get_async_pubsub())
-            .await
-            .map_err(|_| io_timeout("connecting for pub/sub"))??;
-        let (sink, stream) = pubsub.split();
+        let (link, messages) = match &self.source {
+            Source::Node(source) => {
+                let client = source().ok_or_else(|| io_timeout("the node is gone"))?;
+                let pubsub = tokio::time::timeout(self.timeouts.connect, client.get_async_pubsub())
+                    .await
+                    .map_err(|_| io_timeout("connecting for pub/sub"))??;
+                let (sink, stream) = pubsub.split();
+                (Link::Node(sink), Messages::Node(stream))
+            }
+            Source::Cluster(source) => {
+                let (pushes, messages) = tokio::sync::mpsc::unbounded_channel();
+                let client = source(pushes)?;
+                // A cluster connection asks a seed for the topology, then connects to
+                // every node.
+                let within = self.timeouts.connect * 2 + self.timeouts.response;
+                let conn = tokio::time::timeout(within, client.get_async_connection())
+                    .await
+                    .map_err(|_| io_timeout("connecting to the cluster for pub/sub"))??;
+                (Link::Cluster(conn), Messages::Cluster(messages))
+            }
+        };
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        *lock(&self.conn) = Some((sink.clone(), epoch));
-        Ok(((sink, epoch), Some(stream)))
+        *lock(&self.conn) = Some((link.clone(), epoch));
+        Ok(((link, epoch), Some(messages)))
+    }
+
+    /// A cluster connection missed or lost subscriptions: a new epoch for the same
+    /// connection, so that every channel is subscribed again on it. `None` while
+    /// disconnected.
+    fn renew_epoch(&self) -> Option<(Link, u64)> {
+        let mut conn = lock(&self.conn);
+        let link = conn.as_ref()?.0.clone();
+        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
+        *conn = Some((link.clone(), epoch));
+        Some((link.clone(), epoch))
+    }
+
+    /// Subscribes again every channel that has waiters, on connection `epoch`; whether
+    /// every subscription was confirmed.
+    async fn resubscribe(&self, link: &Link, epoch: u64) -> bool {
+        let mut all = true;
+        for ch in self.channels_snapshot() {
+            if !lock(&ch.waiters).is_empty()
+                && let Err(e) = self.ensure_subscribed(&ch, link.clone(), epoch).await
+            {
+                tracing::debug!(error = %e, channel = %ch.name, "resubscribe failed");
+                all = false;
+            }
+        }
+        all
+    }
+
+    fn has_waiters(&self, channel: &str) -> bool {
+        lock(&self.channels)
+            .get(channel)
+            .is_some_and(|ch| !lock(&ch.waiters).is_empty())
     }
 
     /// Subscribes `ch` on connection `epoch` unless that already happened.
     async fn ensure_subscribed(
         &self,
         ch: &Channel,
-        mut sink: PubSubSink,
+        mut link: Link,
         epoch: u64,
     ) -> Result<(), redis::RedisError> {
         let mut subscribed = ch.subscribed.lock().await;
         if *subscribed != Some((epoch, true)) {
             *subscribed = Some((epoch, false));
-            let sent = tokio::time::timeout(self.timeouts.response, sink.subscribe(&ch.name))
+            let sent = tokio::time::timeout(self.timeouts.response, link.subscribe(&ch.name))
                 .await
                 .map_err(|_| io_timeout("SUBSCRIBE"))
                 .and_then(|r| r);
@@ -352,10 +504,12 @@ impl Inner {
             return;
         }
         let live = lock(&self.conn).clone();
-        if let (Some((epoch, _)), Some((mut sink, live_epoch))) = (*subscribed, live)
-            && epoch == live_epoch
+        // A standalone connection of an earlier epoch is gone, and its subscriptions with
+        // it; a cluster connection lives on through its epochs.
+        if let (Some((epoch, _)), Some((mut link, live_epoch))) = (*subscribed, live)
+            && (epoch == live_epoch || matches!(link, Link::Cluster(_)))
         {
-            let unsub = tokio::time::timeout(self.timeouts.response, sink.unsubscribe(&ch.name));
+            let unsub = tokio::time::timeout(self.timeouts.response, link.unsubscribe(&ch.name));
             if !matches!(unsub.await, Ok(Ok(()))) {
                 tracing::debug!(channel = %ch.name, "UNSUBSCRIBE failed; the channel goes with the connection");
             }
@@ -410,24 +564,64 @@ impl Inner {
 
 /// Reads messages; when the connection drops, reconnects, resubscribes every channel
 /// that still has waiters, wakes them all (messages may have been missed), and goes on
-/// reading the new connection. Ends, closing the connection, when nobody waits any more
-/// after a disconnection, or at once when the client is gone (`closed`).
+/// reading the new connection. On a cluster, a node's lost connection or a channel the
+/// server unsubscribed (its slot moved) does the same on the live connection, retrying
+/// (with backoff) until every channel is subscribed again. Ends, closing the connection,
+/// when nobody waits any more after a disconnection, or at once when the client is gone
+/// (`closed`).
 async fn dispatch(
     inner: Weak<Inner>,
     closed: CancellationToken,
-    mut stream: PubSubStream,
+    mut stream: Messages,
     mut epoch: u64,
 ) {
+    // A cluster resubscription that did not get through: when to try again.
+    let mut retry: Option<(tokio::time::Instant, Duration)> = None;
     loop {
         loop {
-            let msg = tokio::select! {
-                msg = stream.next() => msg,
+            let again = async {
+                match retry {
+                    Some((at, _)) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let event = tokio::select! {
+                event = stream.next() => event,
+                () = again => Some(Event::NodeLost),
                 () = closed.cancelled() => return,
             };
-            let Some(msg) = msg else { break };
-            let Some(inner) = inner.upgrade() else { return };
-            inner.deliver(msg.get_channel_name(), msg.get_payload_bytes());
+            let Some(event) = event else { break };
+            let Some(strong) = inner.upgrade() else {
+                return;
+            };
+            let resync = match event {
+                Event::Message(channel, payload) => {
+                    strong.deliver(&channel, &payload);
+                    false
+                }
+                Event::NodeLost => true,
+                Event::Unsubscribed(channel) => strong.has_waiters(&channel),
+            };
+            if !resync {
+                continue;
+            }
+            tracing::debug!("a cluster node's pub/sub was lost or moved; subscribing again");
+            let Some((link, new_epoch)) = strong.renew_epoch() else {
+                continue;
+            };
+            epoch = new_epoch;
+            let done = strong.resubscribe(&link, new_epoch).await;
+            strong.wake_all();
+            retry = if done {
+                None
+            } else {
+                let delay = retry.map_or(Duration::from_millis(20), |(_, d)| {
+                    (d * 2).min(Duration::from_secs(1))
+                });
+                Some((tokio::time::Instant::now() + delay, delay))
+            };
         }
+        retry = None;
         {
             let Some(strong) = inner.upgrade() else {
                 return;
@@ -450,15 +644,8 @@ async fn dispatch(
                 return; // nobody waits: the next subscribe connects again
             }
             match strong.connect().await {
-                Ok(((sink, new_epoch), new_stream)) => {
-                    for ch in strong.channels_snapshot() {
-                        if !lock(&ch.waiters).is_empty()
-                            && let Err(e) =
-                                strong.ensure_subscribed(&ch, sink.clone(), new_epoch).await
-                        {
-                            tracing::debug!(error = %e, channel = %ch.name, "resubscribe failed");
-                        }
-                    }
+                Ok(((link, new_epoch), new_stream)) => {
+                    strong.resubscribe(&link, new_epoch).await;
                     strong.wake_all();
                     match new_stream {
                         Some(s) => {
@@ -504,7 +691,10 @@ mod tests {
             response: Duration::from_secs(2),
         };
         let client = redis::Client::open(r.url()).unwrap();
-        Subscriber::new(Arc::new(move || Some(client.clone())), timeouts)
+        Subscriber::new(
+            Source::Node(Arc::new(move || Some(client.clone()))),
+            timeouts,
+        )
     }
 
     async fn woken(s: &Subscription, who: &str) {

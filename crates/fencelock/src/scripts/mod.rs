@@ -7,6 +7,13 @@
 //! where. Every script refuses a key that holds data fencelock did not write the same
 //! way (`types.lua`'s error reply, decoded in one place, [`replies::wrong_type`]).
 //!
+//! Scripts come in two [`Flavor`]s, composed from the same files: a standalone node's
+//! (also a Sentinel-managed master's and a Redlock node's), which announces releases with
+//! classic `PUBLISH` (`fragments/publish.lua`), and a Redis Cluster's, which announces
+//! them with sharded `SPUBLISH` (`fragments/spublish.lua` in its place) and adds
+//! `renew_across_slots.lua`, the watchdog's batch over every slot of one cluster node.
+//! The node a call goes to picks the flavor ([`Call::invocation`]).
+//!
 //! Scripts run through [`redis::Script`], which sends `EVALSHA` and falls back to loading
 //! the script when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
 //! [`lua_scripts`] gives the composed sources, as sent, for review and for the tests that
@@ -17,7 +24,7 @@ pub(crate) mod replies;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::ScriptInvocation;
+use redis::{RedisWrite, ScriptInvocation};
 
 use crate::keys::{LockKeys, QueueKeys};
 use crate::token::HolderToken;
@@ -36,6 +43,38 @@ const HOLDER: Fragment = Fragment(include_str!("fragments/holder.lua"));
 const FENCE: Fragment = Fragment(include_str!("fragments/fence.lua"));
 /// `purge_waiters()`.
 const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
+/// `renew_lease()`; needs [`HOLDER`].
+const LEASE: Fragment = Fragment(include_str!("fragments/lease.lua"));
+/// `announce()` with classic `PUBLISH`; a cluster's scripts get [`SHARDED_PUBLISH`] in
+/// its place.
+const PUBLISH: Fragment = Fragment(include_str!("fragments/publish.lua"));
+/// `announce()` with sharded `SPUBLISH`, for a Redis Cluster.
+const SHARDED_PUBLISH: Fragment = Fragment(include_str!("fragments/spublish.lua"));
+
+impl Fragment {
+    /// The fragment as composed for `flavor`: a cluster announces on sharded pub/sub.
+    fn for_flavor(self, flavor: Flavor) -> Fragment {
+        match flavor {
+            Flavor::Cluster if self.0 == PUBLISH.0 => SHARDED_PUBLISH,
+            _ => self,
+        }
+    }
+}
+
+/// Which kind of Redis a script is composed for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// A standalone node, a Sentinel-managed master or a Redlock node: releases are
+    /// announced with classic `PUBLISH`.
+    Standalone,
+    /// A Redis Cluster: releases are announced with sharded `SPUBLISH`, which reaches only
+    /// the nodes of the lock's shard (classic `PUBLISH` goes to every node).
+    Cluster,
+}
+
+impl Flavor {
+    const ALL: [Flavor; 2] = [Flavor::Standalone, Flavor::Cluster];
+}
 
 /// Every script fencelock runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +82,7 @@ pub(crate) enum Lua {
     Acquire,
     Release,
     Renew,
+    RenewAcrossSlots,
     ReentrantAcquire,
     ReentrantRelease,
     FairAcquire,
@@ -59,10 +99,11 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 16] = [
+    const ALL: [Lua; 17] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
+        Lua::RenewAcrossSlots,
         Lua::ReentrantAcquire,
         Lua::ReentrantRelease,
         Lua::FairAcquire,
@@ -79,7 +120,8 @@ impl Lua {
     ];
 
     /// The table: each script's file, the fragments put in front of it (in this order),
-    /// and its own source.
+    /// and its own source. A script whose first line is a shebang (`#!lua flags=...`)
+    /// keeps it first.
     fn parts(self) -> (&'static str, &'static [Fragment], &'static str) {
         use Lua::*;
         match self {
@@ -90,10 +132,19 @@ impl Lua {
             ),
             Release => (
                 "lock/release.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE],
+                &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
                 include_str!("lock/release.lua"),
             ),
-            Renew => ("lock/renew.lua", &[HOLDER], include_str!("lock/renew.lua")),
+            Renew => (
+                "lock/renew.lua",
+                &[HOLDER, LEASE],
+                include_str!("lock/renew.lua"),
+            ),
+            RenewAcrossSlots => (
+                "lock/renew_across_slots.lua",
+                &[HOLDER, LEASE],
+                include_str!("lock/renew_across_slots.lua"),
+            ),
             ReentrantAcquire => (
                 "lock/reentrant_acquire.lua",
                 &[TYPES, HOLDER, CLOCK, FENCE],
@@ -101,22 +152,22 @@ impl Lua {
             ),
             ReentrantRelease => (
                 "lock/reentrant_release.lua",
-                &[TYPES, HOLDER],
+                &[TYPES, HOLDER, PUBLISH],
                 include_str!("lock/reentrant_release.lua"),
             ),
             FairAcquire => (
                 "lock/fair_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE],
+                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH],
                 include_str!("lock/fair_acquire.lua"),
             ),
             FairRelease => (
                 "lock/fair_release.lua",
-                &[TYPES, HOLDER, CLOCK, FAIR_QUEUE],
+                &[TYPES, HOLDER, CLOCK, FAIR_QUEUE, PUBLISH],
                 include_str!("lock/fair_release.lua"),
             ),
             FairLeave => (
                 "lock/fair_leave.lua",
-                &[TYPES, HOLDER],
+                &[TYPES, HOLDER, PUBLISH],
                 include_str!("lock/fair_leave.lua"),
             ),
             Inspect => (
@@ -126,7 +177,7 @@ impl Lua {
             ),
             Break => (
                 "lock/break.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE],
+                &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
                 include_str!("lock/break.lua"),
             ),
             QueuePush => (
@@ -158,29 +209,47 @@ impl Lua {
         }
     }
 
-    /// The script as sent: its fragments, then its own source.
-    fn source(self) -> String {
-        let (_, fragments, body) = self.parts();
-        fragments.iter().map(|f| f.0).chain([body]).collect()
+    /// Whether the script is sent to `flavor`'s nodes: the batch across slots only to a
+    /// cluster's.
+    fn sent_to(self, flavor: Flavor) -> bool {
+        self != Lua::RenewAcrossSlots || flavor == Flavor::Cluster
     }
 
-    fn script(self) -> &'static redis::Script {
+    /// The script as sent to `flavor`'s nodes: its shebang line if it has one, its
+    /// fragments (each for `flavor`), then the rest of its own source.
+    fn source(self, flavor: Flavor) -> String {
+        let (_, fragments, body) = self.parts();
+        let (shebang, body) = match body.split_once('\n') {
+            Some((first, rest)) if first.starts_with("#!") => (&body[..=first.len()], rest),
+            _ => ("", body),
+        };
+        std::iter::once(shebang)
+            .chain(fragments.iter().map(|f| f.for_flavor(flavor).0))
+            .chain([body])
+            .collect()
+    }
+
+    fn script(self, flavor: Flavor) -> &'static redis::Script {
         static SCRIPTS: LazyLock<Vec<redis::Script>> = LazyLock::new(|| {
             Lua::ALL
                 .iter()
-                .map(|lua| redis::Script::new(&lua.source()))
+                .flat_map(|lua| Flavor::ALL.map(|flavor| redis::Script::new(&lua.source(flavor))))
                 .collect()
         });
-        &SCRIPTS[Lua::ALL.iter().position(|l| *l == self).unwrap_or(0)]
+        let i = Lua::ALL.iter().position(|l| *l == self).unwrap_or(0);
+        &SCRIPTS[i * Flavor::ALL.len() + flavor as usize]
     }
 }
 
-/// One call of a script: the invocation sent, and what error messages name (the script
-/// and the keys it was given).
+/// One call of a script: its keys and arguments, sent in the flavor of the node that
+/// runs it, and what error messages name (the script and the keys it was given).
 pub(crate) struct Call {
     lua: Lua,
+    /// Declared keys (`KEYS`).
     keys: Vec<String>,
-    invocation: ScriptInvocation<'static>,
+    args: Vec<Vec<u8>>,
+    /// Keys the script gets in `ARGV` (`renew_across_slots.lua`): named in errors too.
+    keys_in_args: Vec<String>,
 }
 
 impl Call {
@@ -188,33 +257,81 @@ impl Call {
         Self {
             lua,
             keys: Vec::new(),
-            invocation: lua.script().prepare_invoke(),
+            args: Vec::new(),
+            keys_in_args: Vec::new(),
         }
     }
 
     fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
-        let key = key.as_ref();
-        self.invocation.key(key);
-        self.keys.push(key.to_owned());
+        self.keys.push(key.as_ref().to_owned());
         self
     }
 
     fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
-        self.invocation.arg(arg);
+        arg.write_redis_args(&mut self.args);
         self
     }
 
-    /// What is sent.
-    pub(crate) fn invocation(&self) -> &ScriptInvocation<'static> {
-        &self.invocation
+    /// A key passed in `ARGV`: an argument, named in errors as a key.
+    fn key_arg(&mut self, key: &str) -> &mut Self {
+        self.args.write_arg(key.as_bytes());
+        self.keys_in_args.push(key.to_owned());
+        self
+    }
+
+    /// What is sent to a node of `flavor`: `EVALSHA`, and the script itself after a
+    /// `NOSCRIPT` (routed by the first key on a cluster).
+    pub(crate) fn invocation(&self, flavor: Flavor) -> ScriptInvocation<'static> {
+        let mut invocation = self.lua.script(flavor).prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key.as_str());
+        }
+        for arg in &self.args {
+            invocation.arg(arg.as_slice());
+        }
+        invocation
+    }
+
+    /// `EVALSHA` of this call for `flavor`, as one command (to route it by hand, e.g. to a
+    /// cluster node by address); [`Self::load`] after a `NOSCRIPT`.
+    pub(crate) fn evalsha(&self, flavor: Flavor) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.lua.script(flavor).get_hash())
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// `SCRIPT LOAD` of this call's script for `flavor`.
+    pub(crate) fn load(&self, flavor: Flavor) -> redis::Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.lua.source(flavor));
+        cmd
+    }
+
+    /// The first key the script is given (declared or in `ARGV`): on a cluster, the
+    /// master of its slot runs the call.
+    pub(crate) fn first_key(&self) -> Option<&str> {
+        self.keys
+            .first()
+            .or(self.keys_in_args.first())
+            .map(String::as_str)
     }
 
     /// An ACL refusal of this call, said so that the user knows what to allow: the command
     /// the server names, or else the command the script's refused line runs, and the keys
     /// the call was given. `None` for any other error message.
-    pub(crate) fn refusal(&self, message: &str) -> Option<String> {
+    /// `flavor`: the flavor it was sent in, whose lines the server's line number counts.
+    pub(crate) fn refusal(&self, message: &str, flavor: Flavor) -> Option<String> {
         let (file, _, _) = self.lua.parts();
-        let keys = self.keys.join(", ");
+        let keys = self
+            .keys
+            .iter()
+            .chain(&self.keys_in_args)
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
         if message.contains("no permissions to run the") {
             return Some(format!("{message} (running {file})"));
         }
@@ -233,7 +350,7 @@ impl Call {
             .rsplit("@user_script:")
             .next()
             .and_then(|rest| rest.trim_end_matches(['.', ' ']).parse().ok());
-        let source = self.lua.source();
+        let source = self.lua.source(flavor);
         let text = line
             .and_then(|n| source.lines().nth(n.checked_sub(1)?))
             .map(str::trim)
@@ -262,10 +379,41 @@ impl Call {
 /// sent: the shared fragments, then the script's own source, whose header states its
 /// KEYS, ARGV and replies. For review (what runs on your Redis, with which keys), and for
 /// running a script by hand with `EVAL`.
+///
+/// First every script as a standalone node gets it (a Sentinel-managed master and a
+/// Redlock node too), then, under `cluster/` (`cluster/lock/release.lua`, ...), those
+/// that a Redis Cluster gets in another form: the ones that announce releases (with
+/// `SPUBLISH`, sharded pub/sub, instead of `PUBLISH`), and
+/// `cluster/lock/renew_across_slots.lua`, the watchdog's batch over every slot of one
+/// cluster node. A cluster gets the others as listed first.
 pub fn lua_scripts() -> impl Iterator<Item = (&'static str, String)> {
-    Lua::ALL
+    let standalone = Lua::ALL
         .into_iter()
-        .map(|lua| (lua.parts().0, lua.source()))
+        .filter(|lua| lua.sent_to(Flavor::Standalone))
+        .map(|lua| (lua.parts().0, lua.source(Flavor::Standalone)));
+    let cluster = Lua::ALL.into_iter().filter_map(|lua| {
+        let source = lua.source(Flavor::Cluster);
+        let differs = !lua.sent_to(Flavor::Standalone) || source != lua.source(Flavor::Standalone);
+        differs.then(|| (cluster_name(lua.parts().0), source))
+    });
+    standalone.chain(cluster)
+}
+
+/// `cluster/` and the file name, as a static string (the table's names are few and fixed).
+fn cluster_name(file: &'static str) -> &'static str {
+    static NAMES: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock::new(|| {
+        Lua::ALL
+            .iter()
+            .map(|lua| {
+                let file = lua.parts().0;
+                (file, &*format!("cluster/{file}").leak())
+            })
+            .collect()
+    });
+    NAMES
+        .iter()
+        .find(|(f, _)| *f == file)
+        .map_or(file, |(_, name)| name)
 }
 
 /// Durations in whole milliseconds (validated before they get here; queue delays may be
@@ -312,12 +460,28 @@ pub(crate) fn release(keys: &LockKeys, token: &HolderToken, fence: u64) -> Call 
 }
 
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a
-/// reentrant lock's owner id. Each lease's holder info is renewed with it.
+/// reentrant lock's owner id. Each lease's holder info is renewed with it. On a Redis
+/// Cluster every key must be in one slot.
 pub(crate) fn renew<'a>(leases: impl Iterator<Item = (&'a str, &'a str, Duration)>) -> Call {
     let mut inv = Call::new(Lua::Renew);
     for (key, holder, ttl) in leases {
         inv.key(key)
             .key(format!("{key}:holder"))
+            .arg(holder)
+            .arg(ms(ttl));
+    }
+    inv
+}
+
+/// A Redis Cluster's batch over every slot of one node: as [`renew`], with the keys in
+/// `ARGV`.
+pub(crate) fn renew_across_slots<'a>(
+    leases: impl Iterator<Item = (&'a str, &'a str, Duration)>,
+) -> Call {
+    let mut inv = Call::new(Lua::RenewAcrossSlots);
+    for (key, holder, ttl) in leases {
+        inv.key_arg(key)
+            .key_arg(&format!("{key}:holder"))
             .arg(holder)
             .arg(ms(ttl));
     }
@@ -505,20 +669,27 @@ mod tests {
             ("read_counter(", FENCE),
             ("next_fence(", FENCE),
             ("purge_waiters(", FAIR_QUEUE),
+            ("renew_lease(", LEASE),
+            ("announce(", PUBLISH),
         ];
+        // Each pair: the fragment that uses functions of the other comes after it.
+        let after = [(CLOCK, FENCE), (HOLDER, LEASE)];
         for lua in Lua::ALL {
             let (file, fragments, body) = lua.parts();
             let name = file.rsplit('/').next().unwrap_or(file);
+            let header = match body.split_once('\n') {
+                Some((first, rest)) if first.starts_with("#!") => rest,
+                _ => body,
+            };
             assert!(
-                body.starts_with(&format!("-- {name}:")),
-                "{file} starts with its header"
+                header.starts_with(&format!("-- {name}:")),
+                "{file} starts with its header (after a shebang)"
             );
             for word in ["KEYS", "ARGV", "Reply"] {
                 assert!(body.contains(word), "{file}'s header states {word}");
             }
             // Each function used comes with its fragment, and a fragment comes after
             // those it uses.
-            let source = lua.source();
             for (call, fragment) in defined_in {
                 if body.contains(call) {
                     assert!(
@@ -527,13 +698,53 @@ mod tests {
                     );
                 }
             }
-            if fragments.iter().any(|f| f.0 == FENCE.0) {
-                let clock = source
-                    .find("local function server_us")
-                    .unwrap_or(usize::MAX);
-                let fence = source.find("local function next_fence").unwrap_or(0);
-                assert!(clock < fence, "{file}: clock.lua comes before fence.lua");
+            let position = |f: Fragment| fragments.iter().position(|g| g.0 == f.0);
+            for (first, then) in after {
+                if let Some(then) = position(then) {
+                    assert!(
+                        position(first).is_some_and(|first| first < then),
+                        "{file}: a fragment comes after those it uses"
+                    );
+                }
             }
         }
+    }
+
+    #[test]
+    fn a_cluster_announces_on_sharded_pub_sub_and_only_its_batch_has_a_shebang() {
+        for lua in Lua::ALL {
+            let file = lua.parts().0;
+            if lua.sent_to(Flavor::Standalone) {
+                let source = lua.source(Flavor::Standalone);
+                assert!(!source.contains("'SPUBLISH'"), "{file}");
+                assert!(
+                    !source.contains("#!"),
+                    "{file}: no shebang on a standalone node"
+                );
+            }
+            let source = lua.source(Flavor::Cluster);
+            assert!(
+                !source.contains("'PUBLISH'"),
+                "{file}: never classic PUBLISH"
+            );
+            assert_eq!(
+                source.starts_with("#!lua flags=allow-cross-slot-keys\n"),
+                lua == Lua::RenewAcrossSlots,
+                "{file}"
+            );
+            assert_eq!(
+                source.matches("#!").count(),
+                usize::from(lua == Lua::RenewAcrossSlots)
+            );
+        }
+        let names: Vec<&str> = lua_scripts().map(|(name, _)| name).collect();
+        assert!(names.contains(&"lock/release.lua"));
+        assert!(names.contains(&"cluster/lock/release.lua"));
+        assert!(names.contains(&"cluster/lock/renew_across_slots.lua"));
+        assert!(!names.contains(&"lock/renew_across_slots.lua"));
+        assert!(
+            !names.contains(&"cluster/lock/acquire.lua"),
+            "the same in both"
+        );
     }
 }

@@ -33,11 +33,11 @@ local fence = next_fence(KEYS[2], counter)
 redis.call('DEL', KEYS[1], KEYS[4])
 -- Every waiter: plain and reentrant ones on the empty message, fair ones on their token
 -- (the head of the line).
-redis.call('PUBLISH', ARGV[1], '')
+announce(ARGV[1], '')
 if redis.call('TYPE', KEYS[3]).ok == 'list' then
   local head = redis.call('LINDEX', KEYS[3], 0)
   if head then
-    redis.call('PUBLISH', ARGV[1], head)
+    announce(ARGV[1], head)
   end
 end
 if kind == 'reentrant' then

@@ -85,7 +85,7 @@ end
 
 if kind == 'none' then
   -- Free, and another waiter's turn: make sure it knows, in case it missed a message.
-  redis.call('PUBLISH', ARGV[4], head)
+  announce(ARGV[4], head)
   return {0, -2}
 end
 return {0, redis.call('PTTL', KEYS[1])}

@@ -30,7 +30,7 @@ end
 if removed > 0 and kind == 'none' then
   local head = redis.call('LINDEX', KEYS[2], 0)
   if head then
-    redis.call('PUBLISH', ARGV[2], head)
+    announce(ARGV[2], head)
   end
 end
 if removed > 0 then

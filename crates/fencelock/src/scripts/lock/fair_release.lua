@@ -29,7 +29,7 @@ if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok =
   purge_waiters(KEYS[2], KEYS[3], server_ms())
   local head = redis.call('LINDEX', KEYS[2], 0)
   if head then
-    redis.call('PUBLISH', ARGV[2], head)
+    announce(ARGV[2], head)
   end
 end
 return 1

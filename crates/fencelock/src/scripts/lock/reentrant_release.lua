@@ -30,6 +30,6 @@ end
 -- Left: "owner", "fence", and one field per remaining hold.
 if redis.call('HLEN', KEYS[1]) <= 2 then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[3], '')
+  announce(ARGV[3], '')
 end
 return 1

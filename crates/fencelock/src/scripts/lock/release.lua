@@ -37,5 +37,5 @@ if kind ~= 'plain' or holder ~= ARGV[1] then
   return -1
 end
 redis.call('DEL', KEYS[1], KEYS[3])
-redis.call('PUBLISH', ARGV[2], '')
+announce(ARGV[2], '')
 return 1

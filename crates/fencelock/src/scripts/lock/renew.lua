@@ -7,27 +7,18 @@
 -- ARGV[2i-1]   holder of lease i: the token, or the owner id of a reentrant lock
 -- ARGV[2i]     new ttl of lease i, ms from now, a positive integer
 --
--- Reply, an array with one integer per lease, in order:
+-- Reply, an array with one integer per lease, in order (renew_lease(), lease.lua):
 --    1   renewed
 --    0   not held: the key is absent (the lease expired, or it was deleted)
 --   -1   not held: another holder has the key, or it holds data fencelock did not
 --        write (the lease is lost either way; the key is left untouched)
 --
--- The keys of one call may belong to different locks: callers group them per node (and,
--- on a Redis Cluster, per slot). A batch never fails for one bad key.
+-- The keys of one call may belong to different locks of one node. On a Redis Cluster
+-- every key of one call must be in one slot; renew_across_slots.lua batches a node's
+-- slots. A batch never fails for one bad key.
 
 local out = {}
 for i = 1, #KEYS / 2 do
-  local key = KEYS[2 * i - 1]
-  local kind, holder = lock_holder(key)
-  if kind == 'none' then
-    out[i] = 0
-  elseif (kind == 'plain' or kind == 'reentrant') and holder == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', key, ARGV[2 * i])
-    redis.call('PEXPIRE', KEYS[2 * i], ARGV[2 * i])
-    out[i] = 1
-  else
-    out[i] = -1
-  end
+  out[i] = renew_lease(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i])
 end
 return out

@@ -1,0 +1,729 @@
+//! Redis Cluster: the `redis+cluster://` URL, and a cluster as one logical node.
+//!
+//! Every key of one lock shares a hash tag, so every script call of a lock goes to the
+//! master of one slot: the driver's cluster connection routes it there and follows
+//! `MOVED` (a slot that moved, a failover) and `ASK` (a slot migrating) by itself. What
+//! the driver does not do, this module does:
+//!
+//! - **Renewals per node.** The watchdog's batches carry leases of every slot. They are
+//!   grouped by the master that serves each slot now, as the driver last saw the
+//!   topology (kept by [`MasterReads`]), and each group goes to its master in one call
+//!   of `renew_across_slots.lua` (`#!lua flags=allow-cross-slot-keys`): about one call
+//!   per node and tick, however many slots. A group whose master no longer serves one of
+//!   its slots (a stale map, a migration under way) or that refuses the flag is sent
+//!   again at once per slot with `renew.lua`, which the driver routes and redirects; a
+//!   group whose master cannot be reached stays unknown until the next tick, except one
+//!   slot of it, sent per slot at once so that the driver learns where the slots went
+//!   (a failover).
+//! - `SCAN` on every master, and `WAIT` on the master of the lock's slot.
+//! - Errors said for a cluster: a node without cluster mode, a cluster that is down
+//!   (`CLUSTERDOWN`: a slot without a master), every seed down.
+//!
+//! Release notifications use sharded pub/sub (`SSUBSCRIBE`, in the node's
+//! [`Subscriber`](super::subscriber::Subscriber)); the scripts announce with `SPUBLISH`
+//! ([`Flavor::Cluster`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::cluster::{ClusterClient, ClusterClientBuilder, NodeAddress};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_read_routing::{
+    ClusterTopology, ReadCandidates, ReadRoutingStrategy, ReadRoutingStrategyFactory,
+};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
+
+use super::access::{self, Access, TlsSettings};
+use super::node::{Timeouts, redact, refused, sort_error, timed_out};
+use crate::error::{Error, UnavailableReason};
+use crate::scripts::replies::{Owned, Renewed};
+use crate::scripts::{self, Call, Flavor};
+
+/// A parsed `redis+cluster://[user:password@]host:port[,host:port...]` URL (or
+/// `rediss+cluster://`): the seed nodes, any of which tells the driver the rest.
+#[derive(Clone)]
+pub(crate) struct ClusterUrl {
+    seeds: Vec<(String, u16)>,
+    username: Option<String>,
+    password: Option<String>,
+    /// `rediss+cluster://`: every node over TLS, with these settings.
+    tls: Option<TlsSettings>,
+}
+
+impl std::fmt::Debug for ClusterUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+impl ClusterUrl {
+    /// `Ok(None)` when `url` is not a cluster URL. The user and password of `access`, when
+    /// given, replace the URL's.
+    pub fn parse(url: &str, access: &Access) -> Result<Option<Self>, Error> {
+        let (rest, tls) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            (rest, None)
+        } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
+            (rest, Some(access.tls.clone()))
+        } else {
+            return Ok(None);
+        };
+        let bad = |why: &str| {
+            Error::invalid(
+                "Redis URL",
+                format!(
+                    "{} does not parse ({why}); expected \
+                     redis+cluster://[user:password@]host:port[,host:port...]",
+                    redact(url)
+                ),
+            )
+        };
+        if rest.contains('?') {
+            return Err(bad("a cluster URL takes no query parameters"));
+        }
+        let (userinfo, rest) = match rest.rsplit_once('@') {
+            Some((u, r)) => (Some(u), r),
+            None => (None, rest),
+        };
+        let hosts = match rest.split_once('/') {
+            // A cluster has one database, 0.
+            Some((hosts, "" | "0")) => hosts,
+            Some(_) => return Err(bad("a Redis Cluster has only database 0")),
+            None => rest,
+        };
+        let mut seeds = Vec::new();
+        for host in hosts.split(',') {
+            let (h, p) = host
+                .rsplit_once(':')
+                .ok_or_else(|| bad("a node without a port"))?;
+            let port = p.parse().map_err(|_| bad("a node port is not a number"))?;
+            if h.is_empty() {
+                return Err(bad("a node without a host"));
+            }
+            seeds.push((h.trim_matches(['[', ']']).to_owned(), port));
+        }
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(u) => match u.split_once(':') {
+                Some((user, pass)) => (
+                    Some(decode(user)).filter(|s| !s.is_empty()),
+                    Some(decode(pass)),
+                ),
+                None => (Some(decode(u)).filter(|s| !s.is_empty()), None),
+            },
+        };
+        if tls.is_none() && access.tls.given() {
+            return Err(Error::invalid(
+                "TLS settings",
+                "TLS settings were given for a URL without TLS: use rediss+cluster://",
+            ));
+        }
+        Ok(Some(Self {
+            seeds,
+            username: access.username.clone().or(username),
+            password: access.password.clone().or(password),
+            tls,
+        }))
+    }
+
+    /// For messages: the seeds, `host:port,host:port`, never a password.
+    pub fn label(&self) -> String {
+        let seeds: Vec<String> = self.seeds.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+        seeds.join(",")
+    }
+
+    /// A driver client for the cluster: the seeds, the credentials, TLS, and timeouts and
+    /// retries fit for locks (quick retries; fencelock bounds every call itself).
+    fn builder(&self, timeouts: Timeouts) -> Result<ClusterClientBuilder, Error> {
+        let mut seeds = Vec::with_capacity(self.seeds.len());
+        for (host, port) in &self.seeds {
+            let addr = match &self.tls {
+                None => ConnectionAddr::Tcp(host.clone(), *port),
+                Some(tls) => ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port: *port,
+                    insecure: tls.insecure,
+                    tls_params: None,
+                },
+            };
+            seeds.push(
+                addr.into_connection_info()
+                    .map_err(|e| Error::invalid("Redis URL", e.to_string()))?,
+            );
+        }
+        let mut builder = ClusterClientBuilder::new(seeds)
+            .connection_timeout(timeouts.connect)
+            .response_timeout(timeouts.response)
+            .overall_response_timeout(None)
+            .retries(8)
+            .min_retry_wait(20)
+            .max_retry_wait(500);
+        if let Some(user) = &self.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.password(password);
+        }
+        if let Some(tls) = &self.tls {
+            access::install_provider();
+            builder = builder.certs(tls.certificates()?);
+            if tls.insecure {
+                builder = builder.tls(redis::TlsMode::Insecure);
+            }
+        }
+        Ok(builder)
+    }
+
+    /// The client of a node's commands, whose connection records each topology it learns
+    /// in `topology`.
+    fn command_client(
+        &self,
+        timeouts: Timeouts,
+        topology: &Arc<Topology>,
+    ) -> Result<ClusterClient, Error> {
+        self.builder(timeouts)?
+            .read_routing_strategy(MasterReads(topology.clone()))
+            .build()
+            .map_err(|e| Error::invalid("Redis URL", e.to_string()))
+    }
+
+    /// A client for sharded pub/sub: RESP3, every push (messages, confirmations, lost
+    /// connections) sent to `pushes`.
+    pub fn pubsub_client(
+        &self,
+        timeouts: Timeouts,
+        pushes: tokio::sync::mpsc::UnboundedSender<redis::PushInfo>,
+    ) -> Result<ClusterClient, RedisError> {
+        let builder = self.builder(timeouts).map_err(|e| {
+            RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "cluster URL",
+                e.to_string(),
+            ))
+        })?;
+        builder
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(pushes)
+            .build()
+    }
+}
+
+/// The cluster's topology as the driver last learned it: which master serves each slot.
+#[derive(Default)]
+pub(crate) struct Topology(RwLock<Option<ClusterTopology>>);
+
+impl Topology {
+    /// The master serving `slot` now, if the driver knows one.
+    fn master_of(&self, slot: u16) -> Option<NodeAddress> {
+        let topology = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some(topology.as_ref()?.shard_for_slot(slot)?.primary().clone())
+    }
+
+    /// Every master that serves slots now.
+    fn masters(&self) -> Vec<NodeAddress> {
+        let topology = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        topology
+            .iter()
+            .flat_map(|t| t.shards().map(|s| s.primary().clone()))
+            .collect()
+    }
+}
+
+/// Routes every read to its slot's master (as the driver does without a strategy: a
+/// lock must never be read from a replica that lags), and keeps each topology the
+/// driver learns, so that renewals can be grouped by master.
+struct MasterReads(Arc<Topology>);
+
+impl ReadRoutingStrategyFactory for MasterReads {
+    fn create_strategy(&self) -> Box<dyn ReadRoutingStrategy> {
+        Box::new(MasterReads(self.0.clone()))
+    }
+}
+
+impl ReadRoutingStrategy for MasterReads {
+    fn on_topology_changed(&self, topology: ClusterTopology) {
+        *self
+            .0
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(topology);
+    }
+
+    fn route_read<'a>(&self, candidates: &ReadCandidates<'a>) -> &'a NodeAddress {
+        match candidates {
+            ReadCandidates::AnyNode(c) => c.primary(),
+            // Only for reads that demand a replica, which fencelock never sends.
+            ReadCandidates::ReplicasOnly(c) => c.replicas().first(),
+        }
+    }
+}
+
+/// One Redis Cluster, as one logical node: its connection and what it knows of the
+/// topology.
+pub(crate) struct ClusterLink {
+    url: ClusterUrl,
+    conn: ClusterConnection,
+    topology: Arc<Topology>,
+    /// Set once a node refused the batch across slots (no `#!lua` flags before Redis 7):
+    /// renewals then go per slot.
+    per_slot: AtomicBool,
+    call_timeout: Duration,
+}
+
+impl ClusterLink {
+    /// Connects to the cluster at `url`: now if `eager` (asking the seeds for the
+    /// topology, failing fast), or with the first call.
+    pub async fn open(
+        url: ClusterUrl,
+        timeouts: Timeouts,
+        call_timeout: Duration,
+        eager: bool,
+    ) -> Result<Self, Error> {
+        let topology = Arc::new(Topology::default());
+        let client = url.command_client(timeouts, &topology)?;
+        let conn = if eager {
+            match tokio::time::timeout(call_timeout, client.get_async_connection()).await {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) => return Err(connect_error(&url, &e)),
+                Err(_) => return Err(timed_out(&url.label(), call_timeout)),
+            }
+        } else {
+            client.get_pending_async_connection_with_config(Default::default())
+        };
+        Ok(Self {
+            url,
+            conn,
+            topology,
+            per_slot: AtomicBool::new(false),
+            call_timeout,
+        })
+    }
+
+    /// The seeds, for messages about the cluster as a whole.
+    pub fn label(&self) -> String {
+        self.url.label()
+    }
+
+    /// The master that serves `key` now (`host:port`), or the seeds if that is not known.
+    pub fn addr_for(&self, key: &str) -> String {
+        match self.topology.master_of(key_slot(key)) {
+            Some(addr) => addr.to_string(),
+            None => self.label(),
+        }
+    }
+
+    /// Runs a script on the master of its keys' slot, within `within` (the call timeout
+    /// when `None`). Cancel safety: as [`super::Node::run`].
+    pub async fn run<T: FromRedisValue>(
+        &self,
+        call: &Call,
+        within: Option<Duration>,
+    ) -> Result<T, Error> {
+        let within = within.unwrap_or(self.call_timeout);
+        let mut conn = self.conn.clone();
+        let invocation = call.invocation(Flavor::Cluster);
+        let node = || {
+            call.first_key()
+                .map_or_else(|| self.label(), |k| self.addr_for(k))
+        };
+        match tokio::time::timeout(within, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(refused(call, cluster_error(&node(), &e), Flavor::Cluster)),
+            Err(_) => Err(timed_out(&node(), within)),
+        }
+    }
+
+    /// One renewal batch (`(lock key, holder, ttl)` per lease), within `within`: what
+    /// the cluster answered for each lease, `None` where it did not answer in time. See
+    /// the module docs for how the leases are grouped.
+    pub async fn renew(
+        &self,
+        leases: &[(&str, &str, Duration)],
+        within: Duration,
+    ) -> Vec<Option<Owned>> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut answers = vec![None; leases.len()];
+        let mut by_master: HashMap<NodeAddress, Vec<usize>> = HashMap::new();
+        let mut per_slot = Vec::new();
+        for (i, (key, _, _)) in leases.iter().enumerate() {
+            match self.topology.master_of(key_slot(key)) {
+                Some(master) if !self.per_slot.load(Ordering::Relaxed) => {
+                    by_master.entry(master).or_default().push(i)
+                }
+                _ => per_slot.push(i),
+            }
+        }
+        let batches = by_master.into_iter().map(|(master, group)| async move {
+            let call = scripts::renew_across_slots(group.iter().map(|&i| leases[i]));
+            let result = tokio::time::timeout_at(deadline, self.run_on(&master, &call)).await;
+            (master, group, result)
+        });
+        for (master, group, result) in join_all(batches).await {
+            match result {
+                Ok(Ok(Renewed(codes))) if codes.len() == group.len() => {
+                    for (i, code) in group.into_iter().zip(codes) {
+                        answers[i] = Some(code);
+                    }
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if resend_per_slot(&e) => {
+                    if flag_refused(&e) && !self.per_slot.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(node = %master, error = %e, "the cluster refuses renewals across slots; renewing per slot");
+                    } else {
+                        tracing::debug!(node = %master, error = %e, leases = group.len(), "renewing this node's leases per slot");
+                    }
+                    per_slot.extend(group);
+                }
+                Ok(Err(e)) => {
+                    // The master is unreachable (dead, failing over): its leases wait for
+                    // the next tick, but one slot of them goes now, routed by slot, so
+                    // that the driver finds out where the slots went meanwhile.
+                    tracing::debug!(node = %master, error = %e, leases = group.len(), "renewal failed; retrying");
+                    let probe = key_slot(leases[group[0]].0);
+                    per_slot.extend(
+                        group
+                            .into_iter()
+                            .filter(|&i| key_slot(leases[i].0) == probe),
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        if per_slot.is_empty() {
+            return answers;
+        }
+        let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
+        for i in per_slot {
+            by_slot.entry(key_slot(leases[i].0)).or_default().push(i);
+        }
+        let calls = by_slot.into_values().map(|group| async move {
+            let call = scripts::renew(group.iter().map(|&i| leases[i]));
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            (group, self.run::<Renewed>(&call, Some(left)).await)
+        });
+        for (group, result) in join_all(calls).await {
+            match result {
+                Ok(Renewed(codes)) if codes.len() == group.len() => {
+                    for (i, code) in group.into_iter().zip(codes) {
+                        answers[i] = Some(code);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, leases = group.len(), "renewal of a slot failed; retrying")
+                }
+            }
+        }
+        answers
+    }
+
+    /// Sends `call` to the node at `addr` (and only there: an error comes back as it is,
+    /// never redirected by this method), loading its script first if the node lacks it.
+    async fn run_on<T: FromRedisValue>(
+        &self,
+        addr: &NodeAddress,
+        call: &Call,
+    ) -> Result<T, RedisError> {
+        let route = || {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: addr.host().to_owned(),
+                port: addr.port(),
+            })
+        };
+        let conn = &self.conn;
+        let value = match send(conn, call.evalsha(Flavor::Cluster), route()).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                send(conn, call.load(Flavor::Cluster), route()).await?;
+                send(conn, call.evalsha(Flavor::Cluster), route()).await?
+            }
+            other => other?,
+        };
+        T::from_redis_value(value).map_err(RedisError::from)
+    }
+
+    /// Every key matching `pattern` on every master, by `SCAN`.
+    pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
+        let mut masters = self.topology.masters();
+        if masters.is_empty() {
+            // Not connected yet: a first command makes the driver learn the topology.
+            let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            let ping = send(&self.conn, redis::cmd("PING"), random);
+            match tokio::time::timeout(self.call_timeout, ping).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(cluster_error(&self.label(), &e)),
+                Err(_) => return Err(timed_out(&self.label(), self.call_timeout)),
+            }
+            masters = self.topology.masters();
+        }
+        let scans = masters.iter().map(|m| self.scan_master(m, pattern));
+        let mut keys = Vec::new();
+        for found in join_all(scans).await {
+            keys.extend(found?);
+        }
+        Ok(keys)
+    }
+
+    async fn scan_master(&self, master: &NodeAddress, pattern: &str) -> Result<Vec<String>, Error> {
+        let addr = master.to_string();
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut page = redis::cmd("SCAN");
+            page.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: master.host().to_owned(),
+                port: master.port(),
+            });
+            let value = match tokio::time::timeout(self.call_timeout, send(&self.conn, page, route))
+                .await
+            {
+                Ok(Ok(value)) => value,
+                Ok(Err(e)) => return Err(cluster_error(&addr, &e)),
+                Err(_) => return Err(timed_out(&addr, self.call_timeout)),
+            };
+            let (next, found): (u64, Vec<String>) = FromRedisValue::from_redis_value(value)
+                .map_err(|e| cluster_error(&addr, &RedisError::from(e)))?;
+            keys.extend(found);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    }
+
+    /// `WAIT replicas timeout` on the master that serves `key` (the one that just took
+    /// the grant, on the connection that sent it).
+    pub async fn wait(
+        &self,
+        key: &str,
+        replicas: u32,
+        within: Duration,
+        bound: Duration,
+    ) -> Result<Result<i64, RedisError>, Error> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(within.as_millis() as u64);
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        let waited = tokio::time::timeout(bound, send(&self.conn, wait, route)).await;
+        match waited {
+            Ok(Ok(v)) => Ok(i64::from_redis_value(v).map_err(RedisError::from)),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(_) => Err(timed_out(&self.addr_for(key), bound)),
+        }
+    }
+
+    /// A driver error of a call to `node` (a master's `host:port`, or the seeds), sorted.
+    pub fn error(&self, node: &str, e: &RedisError) -> Error {
+        cluster_error(node, e)
+    }
+}
+
+/// Sends `cmd` where `routing` says; a server's error reply as an error.
+async fn send(
+    conn: &ClusterConnection,
+    cmd: redis::Cmd,
+    routing: RoutingInfo,
+) -> Result<redis::Value, RedisError> {
+    conn.clone()
+        .route_command(cmd, routing)
+        .await?
+        .extract_error()
+}
+
+/// The hash slot of `key`, as Redis computes it: CRC16 (XMODEM) of its hash tag (what is
+/// between the first `{` and the next `}`, if that is not empty) or else of the whole
+/// key, modulo 16384.
+pub(crate) fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let hashed = match bytes.iter().position(|&b| b == b'{') {
+        Some(open) => match bytes[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &bytes[open + 1..open + 1 + len],
+            _ => bytes,
+        },
+        None => bytes,
+    };
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
+/// Whether a node's batch failed for a reason that sending its leases per slot gets
+/// past: the node no longer serves a slot of it, or a slot is migrating (the script
+/// touched a key that is elsewhere), or the flag across slots is refused.
+fn resend_per_slot(e: &RedisError) -> bool {
+    let text = e.to_string();
+    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT"))
+        || text.contains("non local key")
+        || text.contains("do not hash to the same slot")
+        || flag_refused(e)
+}
+
+/// Whether the server refused the `#!lua flags=allow-cross-slot-keys` line: a server
+/// older than Redis 7 cannot compile it, a later one might not know the flag.
+fn flag_refused(e: &RedisError) -> bool {
+    let text = e.to_string();
+    text.contains("Error compiling script")
+        || text.contains("shebang")
+        || text.contains("Unexpected flag")
+        || text.contains("Unknown lua")
+}
+
+/// Sorts a driver error of a call to `node` (a master's `host:port`, or the seeds): the
+/// cluster's own troubles first (the driver wraps what the seeds answered when it
+/// connects in an I/O error, whose text tells them apart), then as for any node.
+fn cluster_error(node: &str, e: &RedisError) -> Error {
+    let text = e.to_string();
+    let rejected = |code: &str, message: &str| Error::Rejected {
+        node: node.to_owned(),
+        code: code.to_owned(),
+        message: message.to_owned(),
+    };
+    if text.contains("cluster support disabled") {
+        return rejected(
+            "ERR",
+            "it is not a Redis Cluster node (cluster support disabled): use \
+             redis://host:port for a standalone node",
+        );
+    }
+    if access::certificate_problem(e).is_none() {
+        if text.contains("AuthenticationFailed") || text.contains("WRONGPASS") {
+            return rejected(
+                "WRONGPASS",
+                "authentication failed: wrong user name or password",
+            );
+        }
+        if text.contains("NOAUTH") {
+            return rejected("NOAUTH", "NOAUTH authentication required");
+        }
+        if text.contains("initial connections")
+            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+        {
+            return Error::Unavailable {
+                node: node.to_owned(),
+                reason: UnavailableReason::Refused,
+                detail: "no node of the cluster answers: every seed is down or unreachable"
+                    .to_owned(),
+                source: None,
+            };
+        }
+    }
+    let reason = match e.code() {
+        Some("CLUSTERDOWN") => UnavailableReason::ClusterDown,
+        // Still redirected after the driver followed several redirections.
+        Some("MOVED" | "ASK" | "TRYAGAIN") => UnavailableReason::SlotMoving,
+        _ => return sort_error(node, e),
+    };
+    Error::Unavailable {
+        node: node.to_owned(),
+        reason,
+        detail: format!(
+            "{} {}",
+            e.code().unwrap_or_default(),
+            e.detail().unwrap_or_default()
+        ),
+        source: None,
+    }
+}
+
+/// An error connecting to the cluster at `url`: as [`cluster_error`], a connection
+/// refused or broken meaning that no seed answers.
+fn connect_error(url: &ClusterUrl, e: &RedisError) -> Error {
+    match cluster_error(&url.label(), e) {
+        Error::Unavailable {
+            node,
+            reason: UnavailableReason::Refused | UnavailableReason::Io,
+            detail,
+            ..
+        } if detail.is_empty() => Error::Unavailable {
+            node,
+            reason: UnavailableReason::Refused,
+            detail: "no node of the cluster answers: every seed is down or unreachable".to_owned(),
+            source: None,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_computed_as_redis_does() {
+        // CLUSTER KEYSLOT on Redis 7.0.
+        assert_eq!(key_slot("fencelock:{a}"), 15495);
+        assert_eq!(key_slot("fencelock:{b}:holder"), 3300);
+        assert_eq!(key_slot("{b}"), 3300);
+        // The CRC16 check value of the XMODEM variant.
+        assert_eq!(key_slot("123456789"), 0x31c3);
+        // An empty hash tag: the whole key is hashed.
+        assert_ne!(key_slot("x{}{a}"), key_slot("{a}"));
+    }
+
+    #[test]
+    fn cluster_urls_parse() {
+        let plain = Access::default();
+        let u = ClusterUrl::parse(
+            "redis+cluster://app:s%40cret@10.0.0.1:7000,10.0.0.2:7001",
+            &plain,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            u.seeds,
+            [("10.0.0.1".to_owned(), 7000), ("10.0.0.2".to_owned(), 7001)]
+        );
+        assert_eq!(u.username.as_deref(), Some("app"));
+        assert_eq!(u.password.as_deref(), Some("s@cret"));
+        assert!(u.tls.is_none());
+        assert_eq!(u.label(), "10.0.0.1:7000,10.0.0.2:7001");
+        assert!(!format!("{u:?}").contains("cret"));
+        let tls = ClusterUrl::parse("rediss+cluster://h:1/0", &plain)
+            .unwrap()
+            .unwrap();
+        assert!(tls.tls.is_some());
+        assert!(ClusterUrl::parse("redis://h:1", &plain).unwrap().is_none());
+        for bad in [
+            "redis+cluster://h",
+            "redis+cluster://h:x",
+            "redis+cluster://:1",
+            "redis+cluster://h:1/2",
+            "redis+cluster://h:1?x=1",
+        ] {
+            let e = ClusterUrl::parse(bad, &plain).err();
+            assert!(
+                matches!(e, Some(Error::InvalidArgument { .. })),
+                "{bad}: {e:?}"
+            );
+        }
+    }
+}
