@@ -21,11 +21,29 @@ async fn master_and_replica() -> (RedisServer, RedisServer) {
     eventually(
         "the replica is online",
         Duration::from_secs(10),
+        // Both sides: the master may call the replica online (the snapshot sent) before
+        // the replica has loaded it and acknowledges writes.
         async || {
             master
                 .info_field("replication", "slave0")
                 .is_some_and(|s| s.contains("state=online"))
+                && replica
+                    .info_field("replication", "master_link_status")
+                    .as_deref()
+                    == Some("up")
         },
+    )
+    .await;
+    // And its stream flows: after a diskless first sync the master may call the replica
+    // online while it starts sending it the writes only on the replica's next periodic
+    // acknowledgement, up to a second later (the replica's first one can arrive before
+    // the master has marked it online). A write made now can only reach the replica by
+    // that stream, not in the snapshot.
+    master.cmd(&["SET", "after-sync", "1"]);
+    eventually(
+        "the replica receives the master's writes",
+        Duration::from_secs(10),
+        async || replica.get("after-sync").as_deref() == Some("1"),
     )
     .await;
     (master, replica)
