@@ -168,6 +168,17 @@ async fn crash_restart_scenario(
         .try_acquire()
         .await
         .unwrap();
+    // The acquire answered once a majority granted; the last grants land after it.
+    eventually(
+        "A holds the lock on every node",
+        Duration::from_secs(5),
+        async || {
+            servers
+                .iter()
+                .all(|s| holds(s, held_by_a.holder_token().as_str()))
+        },
+    )
+    .await;
     servers[3].cmd(&["DEL", KEY]);
     servers[4].cmd(&["DEL", KEY]);
     servers[2].kill();
@@ -265,7 +276,13 @@ async fn an_extend_that_misses_quorum_once_releases_nothing() {
     g.extend(Duration::from_secs(20))
         .await
         .expect("the next extend reaches a quorum");
-    assert!(servers.iter().all(|s| s.pttl(KEY) > 15_000));
+    // It answered once a majority confirmed; the others follow.
+    eventually(
+        "extended on every node",
+        Duration::from_secs(5),
+        async || servers.iter().all(|s| s.pttl(KEY) > 15_000),
+    )
+    .await;
     g.release().await.unwrap();
 }
 
@@ -500,4 +517,149 @@ async fn a_release_with_a_stopped_minority_takes_no_longer_than_the_node_timeout
         "the release took {took:?}"
     );
     assert!(servers[..2].iter().all(|s| !s.exists(KEY)));
+}
+
+/// A minority that does not answer costs the acquire and the release nothing: they
+/// answer once a majority has, not after the node timeout, and the stopped node's late
+/// grant is released there once it runs again (its requests run in the order sent).
+#[tokio::test]
+async fn a_stopped_minority_does_not_slow_acquire_or_release() {
+    let mut servers = RedisServer::start_many(5);
+    // A node timeout far above a round trip: waiting for it would show.
+    let node_timeout = Duration::from_secs(3);
+    let c = Client::redlock(servers.iter().map(RedisServer::url))
+        .restart_protection(None)
+        .node_timeout(node_timeout)
+        .connect()
+        .await
+        .unwrap();
+    let lock = c.lock("rl").lease(Duration::from_secs(60)).renew(false);
+    lock.try_acquire().await.unwrap().release().await.unwrap(); // scripts loaded
+    servers[0].pause();
+    servers[3].pause();
+    let started = Instant::now();
+    let guard = lock.try_acquire().await.expect("3 of 5 grant");
+    let token = guard.holder_token().as_str().to_owned();
+    guard.release().await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < node_timeout / 2,
+        "acquire + release took {took:?} with a {node_timeout:?} node timeout"
+    );
+    assert!(
+        [1, 2, 4].iter().all(|&i| !servers[i].exists(KEY)),
+        "released on the answering nodes"
+    );
+    servers[0].resume();
+    servers[3].resume();
+    eventually(
+        "the stopped nodes ran the late grant, then its release",
+        Duration::from_secs(5),
+        async || {
+            [0, 3].iter().all(|&i| {
+                let s = &servers[i];
+                let calls = s.info_field("commandstats", "cmdstat_evalsha");
+                !holds(s, &token) && calls.is_some_and(|c| c.starts_with("calls=4,"))
+            })
+        },
+    )
+    .await;
+}
+
+/// With restart protection on, a node says who it is (its run id and uptime, by `INFO`)
+/// once per connection, not on every acquire; and without it, never after connect. A
+/// server that restarts under a connected client is asked again, and its vote waits out
+/// the quarantine.
+#[tokio::test]
+async fn a_node_is_asked_who_it_is_once_per_connection_and_again_after_a_restart() {
+    let mut servers = RedisServer::start_many(3);
+    let infos = |s: &RedisServer| {
+        s.info_field("commandstats", "cmdstat_info")
+            .and_then(|c| {
+                c.strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    // Up longer than the quarantine (1 s, the lease, plus the second uptime may be off
+    // by), so that the nodes vote.
+    eventually(
+        "every node up for 3 s",
+        Duration::from_secs(10),
+        async || {
+            servers.iter().all(|s| {
+                s.info_field("server", "uptime_in_seconds")
+                    .and_then(|u| u.parse::<u64>().ok())
+                    .is_some_and(|u| u >= 3)
+            })
+        },
+    )
+    .await;
+    for protection in [None, Some(Duration::from_secs(1))] {
+        let c = redlock(&servers, protection).await;
+        let before: Vec<u64> = servers.iter().map(infos).collect();
+        for _ in 0..20 {
+            let lock = c.lock("rl").lease(Duration::from_secs(1)).renew(false);
+            let g = lock.try_acquire().await.unwrap();
+            g.release().await.unwrap();
+        }
+        let after: Vec<u64> = servers.iter().map(infos).collect();
+        // The INFO this test sends for the count adds one per node.
+        assert_eq!(
+            after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a - b - 1)
+                .collect::<Vec<_>>(),
+            vec![0; 3],
+            "INFO calls during 20 acquires with protection {protection:?}"
+        );
+    }
+
+    // A client connected (and told who each node is) before node 2 restarts.
+    let c = redlock(&servers, Some(Duration::from_secs(5))).await;
+    let a = redlock(&servers, None).await;
+    let held = a.lock("rl").lease(Duration::from_secs(10)).renew(false);
+    let held = held.try_acquire().await.unwrap();
+    eventually(
+        "A's grant on every node",
+        Duration::from_secs(5),
+        async || {
+            servers
+                .iter()
+                .all(|s| holds(s, held.holder_token().as_str()))
+        },
+    )
+    .await;
+    servers[1].cmd(&["DEL", KEY]);
+    servers[2].kill();
+    servers[2].restart(); // no persistence: A's key there is gone
+    // Nodes 1 and 2 are free now: two votes of three, were node 2 trusted. Its first
+    // call finds the old connection broken; the next asks who it is.
+    let mut outcomes = Vec::new();
+    for _ in 0..3 {
+        match c
+            .lock("rl")
+            .lease(Duration::from_secs(5))
+            .renew(false)
+            .try_acquire()
+            .await
+        {
+            Ok(g) => panic!("a restarted node's vote counted: {:?}", g.holder_token()),
+            Err(Error::Held { nodes, .. } | Error::NoQuorum { nodes, .. }) => {
+                outcomes.push(nodes[2].outcome.clone());
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| matches!(o, NodeOutcome::Quarantined { .. })),
+        "{outcomes:?}"
+    );
+    drop(held);
 }

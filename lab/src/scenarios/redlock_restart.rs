@@ -94,7 +94,7 @@ impl Lab {
         let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
         let mut resource = self.resource_writer(tag)?;
 
-        // A acquires on every node.
+        // A acquires, on every node.
         let client_a = rt
             .block_on(connect(urls.clone()))
             .map_err(|e| format!("{tag}: A connect: {e}"))?;
@@ -112,6 +112,31 @@ impl Lab {
         let owner_a = guard_a.holder_token().clone();
         let token_a = guard_a.fencing_token().get();
 
+        // The acquire answered once a majority granted; the last grants land after it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let n2 = if persistent {
+                &self.persistent
+            } else {
+                &self.nodes[1]
+            };
+            let everywhere = std::iter::once(n2)
+                .chain(
+                    self.nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| *i != 1)
+                        .map(|(_, n)| n),
+                )
+                .all(|n| n.get(&key).as_deref() == Some(owner_a.as_str()));
+            if everywhere {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{tag}: A's grant did not reach every node"));
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
         // n4 and n5 lose A's grant; n2 crashes and comes back empty.
         for n in &self.nodes[3..5] {
             if n.cmd(&["DEL", &key]).as_int() != Some(1) {

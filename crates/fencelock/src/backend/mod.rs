@@ -19,9 +19,12 @@ pub(crate) mod quorum;
 pub(crate) mod sentinel;
 pub(crate) mod subscriber;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use redis::FromRedisValue;
 
 use crate::error::{Blocker, Error, LossCause, NodeReport};
@@ -152,6 +155,42 @@ pub(crate) async fn fan_out<'i, T: FromRedisValue>(
     join_all(nodes.iter().map(|node| node.run(invocation(node), within))).await
 }
 
+/// As [`fan_out`], for Redlock's nodes: each answer goes to `answer` as it comes, and
+/// this returns as soon as `answer` says the answers so far decide the operation (or
+/// every node answered). The calls still under way then finish in the background, each
+/// late answer going to `late`. Every call has been sent when this returns, so a node's
+/// later calls on its connection run after it (a release after a late grant).
+///
+/// Cancel safety: dropping the future drops the calls under way, as for [`fan_out`].
+pub(crate) async fn fan_out_until<T>(
+    nodes: &[Node],
+    within: Option<Duration>,
+    invocation: impl Fn(&Node) -> Arc<Call>,
+    mut answer: impl FnMut(usize, Result<T, Error>) -> bool,
+    mut late: impl FnMut(usize, Result<T, Error>) + Send + 'static,
+) where
+    T: FromRedisValue + Send + 'static,
+{
+    let mut pending: FuturesUnordered<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let (node, call) = (node.clone(), invocation(node));
+            async move { (i, node.run::<T>(&call, within).await) }
+        })
+        .collect();
+    while let Some((i, result)) = pending.next().await {
+        if answer(i, result) && !pending.is_empty() {
+            tokio::spawn(async move {
+                while let Some((i, result)) = pending.next().await {
+                    late(i, result);
+                }
+            });
+            return;
+        }
+    }
+}
+
 /// How long a Redlock connect waits for each node to say who it is, unless a node
 /// timeout is set.
 const IDENTIFY_TIMEOUT: Duration = Duration::from_millis(250);
@@ -248,18 +287,40 @@ impl Backend {
                 scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl)
             }
         };
-        let (identified, anonymous) = (invocation(true), invocation(false));
         let sent_at = Instant::now();
-        let answers: Vec<Result<AcquireReply, Error>> =
-            fan_out(&self.nodes, q.within(req.ttl), |node| {
-                if q.identify(node) {
-                    &identified
-                } else {
-                    &anonymous
+        let (verdict, take_back) = if let Some(node) = self.only_node() {
+            let call = invocation(false);
+            let answer = node.run(&call, q.within(req.ttl)).await;
+            q.acquire_one(node, answer, sent_at, req.ttl)
+        } else {
+            let (identified, anonymous) = (Arc::new(invocation(true)), Arc::new(invocation(false)));
+            // Each node's generation when its call went out: what it says about itself
+            // holds for that connection.
+            let generations: Vec<u64> = self.nodes.iter().map(Node::generation).collect();
+            let mut tally = q.tally(&self.nodes, sent_at, req.ttl);
+            let late = {
+                let (q, nodes, generations, ttl) =
+                    (q.clone(), self.nodes.clone(), generations.clone(), req.ttl);
+                move |i, answer: Result<AcquireReply, Error>| {
+                    q.judge_late(&nodes, i, &answer, generations[i], ttl);
                 }
-            })
+            };
+            fan_out_until(
+                &self.nodes,
+                q.within(req.ttl),
+                |node| {
+                    if q.identify(node) {
+                        identified.clone()
+                    } else {
+                        anonymous.clone()
+                    }
+                },
+                |i, answer| tally.add(i, answer, generations[i]),
+                late,
+            )
             .await;
-        let (verdict, take_back) = q.acquire(&self.nodes, answers, req.name, sent_at, req.ttl);
+            tally.verdict(req.name)
+        };
         if take_back
             && let Err(e) = self
                 .abandon(req.keys, req.token, req.mode, req.ttl, 0)
@@ -294,15 +355,15 @@ impl Backend {
     ) -> Result<(Instant, Instant), Error> {
         let sent_at = Instant::now();
         let invocation = scripts::renew(std::iter::once((keys.lock.as_str(), holder, ttl)));
-        let answers: Vec<Result<Renewed, Error>> =
-            fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await;
-        let owned = answers.iter().map(|a| match a {
-            Ok(Renewed(codes)) => codes.first().copied(),
-            Err(_) => None,
-        });
-        let confirmation = self
-            .quorum
-            .confirm(&self.nodes, owned, self.quorum.needed());
+        let (confirmation, errors) = self
+            .confirm_everywhere::<Renewed>(
+                invocation,
+                ttl,
+                self.quorum.needed(),
+                self.quorum.needed(),
+                |r| r.0.first().copied(),
+            )
+            .await;
         let lost = |cause| Error::LeaseLost {
             name: name.to_owned(),
             cause,
@@ -316,8 +377,58 @@ impl Backend {
                 Ok((sent_at, valid_until))
             }
             Confirmation::Lost(cause) => Err(lost(cause)),
-            Confirmation::Unknown => Err(first_error(answers, || lost(LossCause::Unconfirmed))),
+            Confirmation::Unknown => Err(errors
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| lost(LossCause::Unconfirmed))),
         }
+    }
+
+    /// Sends `call` to every node and tallies what each says about one lease:
+    /// confirmed by `enough` (see [`Quorum::confirm`]). Redlock answers as soon as the
+    /// answers so far are decided with `early` as the number that confirms. Returns the
+    /// confirmation and the nodes' errors, in node order.
+    async fn confirm_everywhere<T>(
+        &self,
+        call: Call,
+        ttl: Duration,
+        early: usize,
+        enough: usize,
+        owned: impl Fn(&T) -> Option<Owned>,
+    ) -> (Confirmation, Vec<Error>)
+    where
+        T: FromRedisValue + Send + 'static,
+    {
+        let q = &self.quorum;
+        let within = q.within(ttl);
+        let mut said: Vec<Option<Owned>> = vec![None; self.nodes.len()];
+        if let Some(node) = self.only_node() {
+            let mut errors = Vec::new();
+            match node.run::<T>(&call, within).await {
+                Ok(answer) => said[0] = owned(&answer),
+                Err(e) => errors.push(e),
+            }
+            return (q.confirm(&self.nodes, said, enough), errors);
+        }
+        let mut errors = Vec::new();
+        let call = Arc::new(call);
+        fan_out_until(
+            &self.nodes,
+            within,
+            |_| call.clone(),
+            |i, answer: Result<T, Error>| {
+                match answer {
+                    Ok(answer) => said[i] = owned(&answer),
+                    Err(e) => errors.push((i, e)),
+                }
+                q.confirm(&self.nodes, said.iter().copied(), early) != Confirmation::Unknown
+            },
+            |_, _| {},
+        )
+        .await;
+        errors.sort_by_key(|(i, _)| *i);
+        let errors = errors.into_iter().map(|(_, e)| e).collect();
+        (q.confirm(&self.nodes, said, enough), errors)
     }
 
     /// Releases a held lock on every node (and wakes its waiters): Ok if any node still
@@ -334,9 +445,14 @@ impl Backend {
         ttl: Duration,
         fence: u64,
     ) -> Result<(), Error> {
-        let answers = self.release_everywhere(keys, token, mode, ttl, fence).await;
-        let owned = answers.iter().map(|a| a.as_ref().ok().copied());
-        let confirmation = self.quorum.confirm(&self.nodes, owned, 1);
+        // Ok if any node still held it. Redlock answers once a majority released it (so
+        // that another client can take it at once) or said it is gone; the others go on
+        // in the background (a node that does not answer keeps the key at most until it
+        // expires).
+        let call = self.release_call(keys, token, mode, fence);
+        let (confirmation, errors) = self
+            .confirm_everywhere::<Owned>(call, ttl, self.quorum.needed(), 1, |o| Some(*o))
+            .await;
         let lost = |cause| Error::LeaseLost {
             name: name.to_owned(),
             cause,
@@ -344,10 +460,24 @@ impl Backend {
         match confirmation {
             Confirmation::Confirmed => Ok(()),
             Confirmation::Lost(cause) => Err(lost(cause)),
-            Confirmation::Unknown => Err(first_error(answers, || lost(LossCause::Expired))),
+            Confirmation::Unknown => Err(errors
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| lost(LossCause::Expired))),
         }
     }
 
+    /// The release script for `mode`. `fence`: Redlock raises every node's counter to
+    /// the grant's token.
+    fn release_call(&self, keys: &LockKeys, token: &HolderToken, mode: &Mode, fence: u64) -> Call {
+        match mode {
+            Mode::Plain => scripts::release(keys, token, if self.is_redlock() { fence } else { 0 }),
+            Mode::Fair { .. } => scripts::fair_release(keys, token),
+            Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
+        }
+    }
+
+    /// Releases on every node, each within its share, waiting for all of them.
     async fn release_everywhere(
         &self,
         keys: &LockKeys,
@@ -356,13 +486,7 @@ impl Backend {
         ttl: Duration,
         fence: u64,
     ) -> Vec<Result<Owned, Error>> {
-        let invocation = match mode {
-            Mode::Plain => scripts::release(keys, token, if self.is_redlock() { fence } else { 0 }),
-            Mode::Fair { .. } => scripts::fair_release(keys, token),
-            Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
-        };
-        // Each node within its share (a Redlock node that does not answer keeps the
-        // key at most until it expires, so nothing needs to wait for it).
+        let invocation = self.release_call(keys, token, mode, fence);
         fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await
     }
 
@@ -513,17 +637,14 @@ async fn refuse_one_server_twice(
     nodes: &[Node],
     within: Duration,
 ) -> Result<(), Error> {
-    let ids = join_all(nodes.iter().map(|n| n.run_id(within))).await;
+    let ids = join_all(nodes.iter().map(|n| n.identify(within))).await;
     let mut servers: Vec<(String, Vec<usize>)> = Vec::new();
     for (i, (node, id)) in nodes.iter().zip(ids).enumerate() {
         match id {
-            Ok(id) => {
-                node.health().observe(&id);
-                match servers.iter_mut().find(|(known, _)| *known == id) {
-                    Some((_, same)) => same.push(i),
-                    None => servers.push((id, vec![i])),
-                }
-            }
+            Ok(id) => match servers.iter_mut().find(|(known, _)| *known == id) {
+                Some((_, same)) => same.push(i),
+                None => servers.push((id, vec![i])),
+            },
             Err(e) => {
                 tracing::debug!(node = node.addr(), error = %e, "not identified at connect");
             }

@@ -6,6 +6,7 @@
 //! calls are routed by slot ([`super::cluster`]). Callers see the same methods for both;
 //! what differs is behind [`Link`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,12 @@ struct Inner {
     subscriber: Subscriber,
     /// Redlock: what this node said about itself last.
     health: Mutex<Health>,
+    /// How many calls failed: each may have made the driver reconnect (see
+    /// [`Node::generation`]).
+    failures: AtomicU64,
+    /// The scripts known loaded on the connection of a generation: `(generation, one
+    /// bit per [`Lua::index`](crate::scripts::Lua::index))`.
+    loaded: Mutex<(u64, u32)>,
     /// Cancelled when the node is dropped: its Sentinel watcher stops.
     closed: CancellationToken,
 }
@@ -86,24 +93,47 @@ struct Current {
 }
 
 /// What a Redlock client remembers of a node: who it is (two nodes that are one server
-/// must not vote twice), and whether it restarted recently (and may have lost the locks
-/// it held, so it must not vote too soon).
+/// must not vote twice), and when it started (one that restarted recently may have lost
+/// the locks it held, so it must not vote too soon).
 #[derive(Debug, Default)]
 pub(crate) struct Health {
     /// The server's run id when last seen; a change means it restarted.
     pub run_id: Option<String>,
-    /// Its vote does not count before this.
-    pub quarantined_until: Option<Instant>,
+    /// When the server process started, from its uptime when last asked (whole seconds,
+    /// rounded towards earlier).
+    pub up_since: Option<Instant>,
+    /// The node's [`generation`](Node::generation) when run id and uptime were last
+    /// read: a server restarts only by closing its connections, so they stay true until
+    /// the connection changes.
+    pub identified_at: Option<u64>,
 }
 
 impl Health {
-    /// Records the run id the node just reported; true if it replaced another one (the
-    /// server restarted since it was last seen).
-    pub fn observe(&mut self, run_id: &str) -> bool {
+    /// Records what the node just said about itself on the connection of `generation`
+    /// (`now`: when the answer came). Returns true if the run id replaced another one
+    /// (the server restarted since it was last seen).
+    pub fn observe(
+        &mut self,
+        run_id: &str,
+        uptime: Duration,
+        generation: u64,
+        now: Instant,
+    ) -> bool {
         let restarted = self.run_id.as_deref().is_some_and(|known| known != run_id);
         if self.run_id.as_deref() != Some(run_id) {
             self.run_id = Some(run_id.to_owned());
         }
+        // Uptime counts whole seconds: the start lies up to a second before this.
+        let up_since = now
+            .checked_sub(uptime + Duration::from_secs(1))
+            .unwrap_or(now);
+        self.up_since = Some(match self.up_since {
+            // The same process, asked again: both estimates lie before its true start,
+            // so the later one is the closer.
+            Some(known) if !restarted => known.max(up_since),
+            _ => up_since,
+        });
+        self.identified_at = Some(generation);
         restarted
     }
 }
@@ -152,6 +182,8 @@ impl Node {
                     call_timeout,
                     subscriber,
                     health: Mutex::new(Health::default()),
+                    failures: AtomicU64::new(0),
+                    loaded: Mutex::new((0, 0)),
                     closed: CancellationToken::new(),
                 }),
             });
@@ -209,6 +241,8 @@ impl Node {
                 call_timeout,
                 subscriber,
                 health: Mutex::new(Health::default()),
+                failures: AtomicU64::new(0),
+                loaded: Mutex::new((0, 0)),
                 closed: CancellationToken::new(),
             }
         });
@@ -244,6 +278,25 @@ impl Node {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Changes whenever the node's connection may have changed: a call failed (the
+    /// driver reconnects after a failed call) or a Sentinel node moved to another master.
+    /// What a server said about itself holds while this stays the same.
+    pub fn generation(&self) -> u64 {
+        let moves = match &self.inner.link {
+            Link::Standalone(s) => read(&s.current).epoch,
+            Link::Cluster(_) => 0,
+        };
+        self.inner.failures.load(Ordering::Relaxed) + moves
+    }
+
+    /// Passes `result` on, counting a failure towards [`generation`](Self::generation).
+    fn noted<T>(&self, result: Result<T, Error>) -> Result<T, Error> {
+        if result.is_err() {
+            self.inner.failures.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
     /// The node's release notifications.
     pub fn subscriber(&self) -> &Subscriber {
         &self.inner.subscriber
@@ -263,10 +316,30 @@ impl Node {
         call: &Call,
         within: Option<Duration>,
     ) -> Result<T, Error> {
-        match &self.inner.link {
-            Link::Standalone(s) => s.run(call, within).await,
+        let result = match &self.inner.link {
+            Link::Standalone(s) => {
+                // A script is loaded with its first call on each connection, in the same
+                // write: an EVALSHA answered NOSCRIPT is sent again after whatever this
+                // connection sent meanwhile (a Redlock release after a late grant).
+                let generation = self.generation();
+                let bit = 1u32 << call.lua().index();
+                let known = {
+                    let loaded = lock(&self.inner.loaded);
+                    loaded.0 == generation && loaded.1 & bit != 0
+                };
+                let result = s.run(call, within, !known).await;
+                if result.is_ok() && !known {
+                    let mut loaded = lock(&self.inner.loaded);
+                    if loaded.0 != generation {
+                        *loaded = (generation, 0);
+                    }
+                    loaded.1 |= bit;
+                }
+                result
+            }
             Link::Cluster(c) => c.run(call, within).await,
-        }
+        };
+        self.noted(result)
     }
 
     /// One renewal batch, `(lock key, holder, ttl)` per lease, within `within`: what the
@@ -281,12 +354,13 @@ impl Node {
         match &self.inner.link {
             Link::Standalone(s) => {
                 let call = scripts::renew(leases.iter().copied());
-                match s.run::<Renewed>(&call, within).await {
+                match s.run::<Renewed>(&call, within, false).await {
                     Ok(Renewed(codes)) if codes.len() == leases.len() => {
                         codes.into_iter().map(Some).collect()
                     }
                     Ok(_) => vec![None; leases.len()],
                     Err(e) => {
+                        self.inner.failures.fetch_add(1, Ordering::Relaxed);
                         tracing::debug!(node = self.addr(), error = %e, leases = leases.len(), "renewal failed; retrying");
                         vec![None; leases.len()]
                     }
@@ -302,10 +376,11 @@ impl Node {
     /// Every key matching the glob `pattern`, by `SCAN` (never `KEYS`, which blocks the
     /// server), each call within the call timeout; on a cluster, on every master.
     pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
-        match &self.inner.link {
+        let result = match &self.inner.link {
             Link::Standalone(s) => s.scan(pattern).await,
             Link::Cluster(c) => c.scan(pattern).await,
-        }
+        };
+        self.noted(result)
     }
 
     /// `WAIT replicas timeout` on the server that holds `key` (a cluster's master of its
@@ -364,10 +439,19 @@ impl Node {
         }
     }
 
-    /// Asks the server who it is: its run id, random for every start of a server
-    /// process. Two nodes with one run id are one server. (Redlock only, which a cluster
-    /// cannot be part of.)
-    pub async fn run_id(&self, within: Duration) -> Result<String, Error> {
+    /// Asks the server who it is, and records it in [`health`](Self::health): its run
+    /// id, random for every start of a server process (two nodes with one run id are one
+    /// server), and its uptime. Returns the run id. (Redlock only, which a cluster cannot
+    /// be part of.)
+    pub async fn identify(&self, within: Duration) -> Result<String, Error> {
+        let generation = self.generation();
+        let (run_id, uptime) = self.noted(self.who(within).await)?;
+        self.health()
+            .observe(&run_id, uptime, generation, Instant::now());
+        Ok(run_id)
+    }
+
+    async fn who(&self, within: Duration) -> Result<(String, Duration), Error> {
         let s = match &self.inner.link {
             Link::Standalone(s) => s,
             Link::Cluster(c) => {
@@ -385,15 +469,21 @@ impl Node {
             Ok(Err(e)) => return Err(current.error(&e)),
             Err(_) => return Err(timed_out(&current.addr, within)),
         };
-        text.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_owned())
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| Error::Rejected {
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+        };
+        let uptime = field("uptime_in_seconds:").and_then(|s| s.parse().ok());
+        match (field("run_id:"), uptime) {
+            (Some(id), Some(uptime)) => Ok((id.to_owned(), Duration::from_secs(uptime))),
+            _ => Err(Error::Rejected {
                 node: current.addr.clone(),
                 code: "ERR".to_owned(),
-                message: "INFO server has no run_id: is this a Redis server?".to_owned(),
-            })
+                message: "INFO server has no run_id or uptime: is this a Redis server?".to_owned(),
+            }),
+        }
     }
 }
 
@@ -409,20 +499,41 @@ impl Standalone {
         Ok(current)
     }
 
-    /// As [`Node::run`].
+    /// As [`Node::run`]. `load`: the script may be missing on this connection, so load
+    /// it in the same write ([`Call::load_and_run`]).
     async fn run<T: FromRedisValue>(
         &self,
         call: &Call,
         within: Option<Duration>,
+        load: bool,
     ) -> Result<T, Error> {
         let within = within.unwrap_or(self.call_timeout);
         let deadline = tokio::time::Instant::now() + within;
         let invocation = call.invocation(Flavor::Standalone);
+        let send = async |conn: &mut ConnectionManager| -> redis::RedisResult<T> {
+            if load {
+                // Both sent before either answer is awaited: the futures are polled in
+                // order, and the connection sends in the order it is given.
+                let mut same = conn.clone();
+                let load = call.load(Flavor::Standalone);
+                let run = call.evalsha(Flavor::Standalone);
+                let (loaded, answer) = futures_util::join!(
+                    load.query_async::<()>(conn),
+                    run.query_async::<T>(&mut same)
+                );
+                match (loaded, answer) {
+                    (Err(e), Err(_)) => Err(e),
+                    (_, answer) => answer,
+                }
+            } else {
+                invocation.invoke_async(conn).await
+            }
+        };
         let refused = |e| refused(call, e, Flavor::Standalone);
         let attempt = async {
             let current = self.current().await?;
             let mut conn = current.conn.clone();
-            match invocation.invoke_async(&mut conn).await {
+            match send(&mut conn).await {
                 Ok(v) => Ok(v),
                 Err(e) if self.sentinel.is_some() && master_may_have_moved(&e) => {
                     // Ask again; go on only if the sentinels name another master.
@@ -432,8 +543,7 @@ impl Standalone {
                     }
                     let current = read(&self.current).clone();
                     let mut conn = current.conn.clone();
-                    invocation
-                        .invoke_async(&mut conn)
+                    send(&mut conn)
                         .await
                         .map_err(|e| refused(current.error(&e)))
                 }
@@ -550,6 +660,12 @@ fn master_may_have_moved(e: &RedisError) -> bool {
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || matches!(e.kind(), ErrorKind::Io)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {

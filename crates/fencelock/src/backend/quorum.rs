@@ -14,11 +14,18 @@
 //!   those that seemed to fail (their reply may have been lost, not their write). One
 //!   node's unanswered acquire is withdrawn later by the caller, so that a retry with
 //!   the same token finds its grant.
-//! - **Restart protection**: each node says, inside the acquire script, its run id and
-//!   uptime. A node that came back less than the quarantine ago (the largest lease in
-//!   use, at least the configured one) may have lost keys it held, so its grant does not
-//!   count until the quarantine has passed: the "delayed restart" rule, enforced by the
-//!   client.
+//! - **Restart protection**: each node says its run id and uptime (`INFO server`) when
+//!   the client connects, and inside the acquire script after any change of its
+//!   connection (a failed call, after which the driver reconnects; a server restarts only
+//!   by closing its connections). A node that came back less than the quarantine ago
+//!   (the largest lease in use, at least the configured one) may have lost keys it held,
+//!   so its grant does not count until the quarantine has passed: the "delayed restart"
+//!   rule, enforced by the client. A grant whose connection changed while it was
+//!   answered, without saying who the node is, does not count either.
+//! - **Early answer**: an acquire, extend or release answers as soon as the answers so
+//!   far decide it (a majority granted in time; enough confirmed); the calls still under
+//!   way finish in the background (a late grant is kept: renewals and the release go to
+//!   every node, and a node's later calls run after it on its connection).
 //! - **Fencing**: each node's counter is kept at or above its clock in microseconds and
 //!   increases with each grant there; the grant carries the highest
 //!   token among the granting nodes, and release raises every node's counter to it. So
@@ -133,144 +140,147 @@ impl Quorum {
         })
     }
 
-    /// Whether `node` must say who it is with its answer: with restart protection on,
-    /// and until its identity is known (it was down when the client connected).
+    /// Whether `node` must say who it is with its answer: until its identity is known
+    /// (it was down when the client connected), and with restart protection on, again
+    /// after every change of its connection (a server restarts only by closing them).
     pub fn identify(&self, node: &Node) -> bool {
-        self.is_redlock() && (self.quarantine.is_some() || node.health().run_id.is_none())
+        if !self.is_redlock() {
+            return false;
+        }
+        let health = node.health();
+        health.run_id.is_none()
+            || (self.quarantine.is_some() && health.identified_at != Some(node.generation()))
     }
 
-    /// Tallies one acquire attempt sent at `sent_at`. Records what each node said about
-    /// itself (restart protection, identity). Returns the verdict, and whether what the
-    /// attempt may have written must be taken back now.
-    pub fn acquire(
+    /// Tallies one node's answer to an acquire attempt sent at `sent_at`: its answer is
+    /// the verdict. Returns the verdict, and whether what the attempt may have written
+    /// must be taken back now.
+    pub fn acquire_one(
         &self,
-        nodes: &[Node],
-        answers: Vec<Result<AcquireReply, Error>>,
-        name: &str,
+        node: &Node,
+        answer: Result<AcquireReply, Error>,
         sent_at: Instant,
         ttl: Duration,
     ) -> (Verdict, bool) {
         let now = Instant::now();
         let valid_until = lease_end(sent_at, ttl);
-        if !self.is_redlock() {
-            // One node: its answer is the verdict.
-            let answer = answers.into_iter().next();
-            return match answer {
-                Some(Ok(AcquireReply {
-                    outcome: AcquireOutcome::Acquired { fence, fresh },
-                    ..
-                })) => {
-                    if !fresh {
-                        tracing::debug!("acquire retry found our own token");
-                    }
-                    if valid_until > now {
-                        (Verdict::Granted { fence, valid_until }, false)
-                    } else {
-                        // The grant came back after its lease ran out (a slow network, a
-                        // paused client): the lock may belong to someone else already,
-                        // so holding it is not on offer. Take it back (owner-checked: a
-                        // successor's key stays) and report the attempt as timed out;
-                        // the caller treats its outcome as unknown.
-                        (
-                            Verdict::Failed(late_grant(&nodes[0], sent_at, now, ttl)),
-                            true,
-                        )
-                    }
+        match answer {
+            Ok(AcquireReply {
+                outcome: AcquireOutcome::Acquired { fence, fresh },
+                ..
+            }) => {
+                if !fresh {
+                    tracing::debug!("acquire retry found our own token");
                 }
-                Some(Ok(AcquireReply {
-                    outcome: AcquireOutcome::Held { blocked_by },
-                    ..
-                })) => (
-                    Verdict::Held {
-                        blocked_by,
-                        nodes: Vec::new(),
-                    },
-                    false,
-                ),
-                Some(Err(e)) => (Verdict::Failed(e), false),
-                None => (
-                    Verdict::Failed(Error::invalid("nodes", "none given")),
-                    false,
-                ),
-            };
+                if valid_until > now {
+                    (Verdict::Granted { fence, valid_until }, false)
+                } else {
+                    // The grant came back after its lease ran out (a slow network, a
+                    // paused client): the lock may belong to someone else already, so
+                    // holding it is not on offer. Take it back (owner-checked: a
+                    // successor's key stays) and report the attempt as timed out; the
+                    // caller treats its outcome as unknown.
+                    (Verdict::Failed(late_grant(node, sent_at, now, ttl)), true)
+                }
+            }
+            Ok(AcquireReply {
+                outcome: AcquireOutcome::Held { blocked_by },
+                ..
+            }) => (
+                Verdict::Held {
+                    blocked_by,
+                    nodes: Vec::new(),
+                },
+                false,
+            ),
+            Err(e) => (Verdict::Failed(e), false),
         }
+    }
 
-        let mut granted = 0;
-        let mut fence = 0u64;
-        let mut held: Option<Blocker> = None;
-        let mut held_nodes = 0;
-        let mut report = Vec::with_capacity(nodes.len());
-        for (i, (node, answer)) in nodes.iter().zip(answers).enumerate() {
-            let outcome = match answer {
-                Ok(AcquireReply { outcome, identity }) => {
-                    let mut quarantined = None;
-                    if let Some(id) = &identity {
-                        let restarted = node.health().observe(&id.run_id);
-                        quarantined = self.quarantine_left(node, ttl, restarted, id.uptime, now);
-                    }
-                    // Nodes are tallied in index order, so an earlier name of the same
-                    // server has already recorded what it just said.
-                    let known = node.health().run_id.clone();
-                    let same_as = known.and_then(|id| same_server(nodes, i, &id));
-                    match (outcome, quarantined) {
-                        (AcquireOutcome::Acquired { .. }, _) if same_as.is_some() => {
-                            let other = same_as.map_or_else(String::new, |j| nodes[j].addr());
-                            tracing::error!(
-                                node = node.addr(),
-                                other,
-                                "two Redlock nodes are one Redis server; its second vote is refused"
-                            );
-                            NodeOutcome::Refused(format!(
-                                "the same Redis server as {other} (one run id): it votes once"
-                            ))
-                        }
-                        (AcquireOutcome::Acquired { .. }, Some(left)) => {
-                            NodeOutcome::Quarantined { remaining: left }
-                        }
-                        (AcquireOutcome::Acquired { fence: f, .. }, None) => {
-                            granted += 1;
-                            fence = fence.max(f.get());
-                            NodeOutcome::Granted
-                        }
-                        (AcquireOutcome::Held { blocked_by }, _) => {
-                            held = Some(held.map_or(blocked_by, |h| h.sooner(blocked_by)));
-                            held_nodes += 1;
-                            NodeOutcome::Held { blocked_by }
-                        }
-                    }
-                }
-                Err(e @ Error::WrongType { .. }) => {
-                    // Data fencelock did not write: no retry will help.
-                    return (Verdict::Failed(e), true);
-                }
-                Err(Error::Unavailable { reason, .. }) => NodeOutcome::Unavailable(reason),
-                Err(e) => NodeOutcome::Refused(e.to_string()),
-            };
-            report.push(NodeReport {
-                node: node.addr().to_owned(),
-                outcome,
-            });
+    /// Starts the tally of a Redlock acquire attempt sent at `sent_at`, whose answers
+    /// come in one by one ([`AcquireTally::add`]).
+    pub fn tally<'a>(
+        &'a self,
+        nodes: &'a [Node],
+        sent_at: Instant,
+        ttl: Duration,
+    ) -> AcquireTally<'a> {
+        AcquireTally {
+            quorum: self,
+            nodes,
+            ttl,
+            valid_until: lease_end(sent_at, ttl),
+            granted: 0,
+            fence: 0,
+            held: None,
+            held_nodes: 0,
+            report: vec![None; nodes.len()],
+            fatal: None,
         }
-        let needed = self.needed();
-        if granted >= needed && valid_until > now {
-            let fence = FencingToken::new(fence);
-            return (Verdict::Granted { fence, valid_until }, false);
+    }
+
+    /// What `nodes[i]` answered to an acquire (sent on its connection of `generation`),
+    /// as a vote. Records what the node said about itself.
+    fn judge(
+        &self,
+        nodes: &[Node],
+        i: usize,
+        reply: &AcquireReply,
+        generation: u64,
+        ttl: Duration,
+    ) -> NodeOutcome {
+        let node = &nodes[i];
+        let now = Instant::now();
+        if let Some(id) = &reply.identity {
+            node.health()
+                .observe(&id.run_id, id.uptime, generation, now);
         }
-        // No quorum, or no time left: contention if other holders block a majority,
-        // otherwise an outage that names every node.
-        let verdict = match held {
-            Some(blocked_by) if held_nodes >= needed => Verdict::Held {
-                blocked_by,
-                nodes: report,
-            },
-            _ => Verdict::Failed(Error::NoQuorum {
-                name: name.to_owned(),
-                needed,
-                granted,
-                nodes: report,
-            }),
-        };
-        (verdict, true)
+        if let AcquireOutcome::Held { blocked_by } = reply.outcome {
+            return NodeOutcome::Held { blocked_by };
+        }
+        // Nodes are judged in any order; the first name of a server keeps its vote.
+        let known = node.health().run_id.clone();
+        if let Some(j) = known.and_then(|id| same_server(nodes, i, &id)) {
+            let other = nodes[j].addr();
+            tracing::error!(
+                node = node.addr(),
+                other,
+                "two Redlock nodes are one Redis server; its second vote is refused"
+            );
+            return NodeOutcome::Refused(format!(
+                "the same Redis server as {other} (one run id): it votes once"
+            ));
+        }
+        if self.quarantine.is_some() {
+            if reply.identity.is_none() && node.generation() != generation {
+                // Its connection changed while it answered: the server may have
+                // restarted without this client having asked it who it is now.
+                return NodeOutcome::Refused(
+                    "its connection was re-established while it answered; it is asked who it \
+                     is on the next attempt"
+                        .to_owned(),
+                );
+            }
+            if let Some(remaining) = self.quarantine_left(node, ttl, now) {
+                return NodeOutcome::Quarantined { remaining };
+            }
+        }
+        NodeOutcome::Granted
+    }
+
+    /// Records what a node said about itself in an answer that came after the verdict.
+    pub fn judge_late(
+        &self,
+        nodes: &[Node],
+        i: usize,
+        answer: &Result<AcquireReply, Error>,
+        generation: u64,
+        ttl: Duration,
+    ) {
+        if let Ok(reply) = answer {
+            let vote = self.judge(nodes, i, reply, generation, ttl);
+            tracing::debug!(node = nodes[i].addr(), %vote, "a Redlock node answered after the verdict");
+        }
     }
 
     /// Tallies what the nodes said about one lease or release: confirmed by `enough`
@@ -308,29 +318,110 @@ impl Quorum {
         }
     }
 
-    /// How long `node` stays quarantined, given what it just said about itself
-    /// (`restarted`: its run id changed since it was last seen).
-    fn quarantine_left(
-        &self,
-        node: &Node,
-        ttl: Duration,
-        restarted: bool,
-        uptime: Duration,
-        now: Instant,
-    ) -> Option<Duration> {
+    /// How long `node` stays quarantined: a server that started less than the
+    /// quarantine ago (the configured one, or the lease if longer, plus the second its
+    /// uptime may be off by) may have lost locks it held.
+    fn quarantine_left(&self, node: &Node, ttl: Duration, now: Instant) -> Option<Duration> {
         let quarantine = self.quarantine?.max(ttl);
-        let mut health = node.health();
-        // Uptime counts whole seconds: round the restart moment down, to be safe.
-        let up_since = now.checked_sub(uptime).unwrap_or(now);
-        if uptime < quarantine || restarted {
-            let until = up_since + quarantine + Duration::from_secs(1);
-            health.quarantined_until =
-                Some(health.quarantined_until.map_or(until, |u| u.max(until)));
-        }
-        health
-            .quarantined_until
-            .and_then(|until| until.checked_duration_since(now))
+        let up_since = node.health().up_since?;
+        (up_since + quarantine + Duration::from_secs(1))
+            .checked_duration_since(now)
             .filter(|left| !left.is_zero())
+    }
+}
+
+/// The tally of one Redlock acquire attempt, answer by answer.
+pub(crate) struct AcquireTally<'a> {
+    quorum: &'a Quorum,
+    nodes: &'a [Node],
+    ttl: Duration,
+    valid_until: Instant,
+    granted: usize,
+    fence: u64,
+    held: Option<Blocker>,
+    held_nodes: usize,
+    /// What each node answered, by node index; `None` while it has not.
+    report: Vec<Option<NodeOutcome>>,
+    /// A key holds data fencelock did not write: no retry will help.
+    fatal: Option<Error>,
+}
+
+impl AcquireTally<'_> {
+    /// Adds what `nodes[i]` answered (sent on its connection of `generation`). True once
+    /// the verdict is known whatever the others answer: a majority granted in time, or a
+    /// key holds data fencelock did not write.
+    pub fn add(&mut self, i: usize, answer: Result<AcquireReply, Error>, generation: u64) -> bool {
+        let outcome = match answer {
+            Ok(reply) => {
+                let vote = self
+                    .quorum
+                    .judge(self.nodes, i, &reply, generation, self.ttl);
+                match (&vote, reply.outcome) {
+                    (NodeOutcome::Granted, AcquireOutcome::Acquired { fence, .. }) => {
+                        self.granted += 1;
+                        self.fence = self.fence.max(fence.get());
+                    }
+                    (NodeOutcome::Held { blocked_by }, _) => {
+                        let b = *blocked_by;
+                        self.held = Some(self.held.map_or(b, |h| h.sooner(b)));
+                        self.held_nodes += 1;
+                    }
+                    _ => {}
+                }
+                vote
+            }
+            Err(e @ Error::WrongType { .. }) => {
+                self.fatal = Some(e);
+                return true;
+            }
+            Err(Error::Unavailable { reason, .. }) => NodeOutcome::Unavailable(reason),
+            Err(e) => NodeOutcome::Refused(e.to_string()),
+        };
+        self.report[i] = Some(outcome);
+        self.granted >= self.quorum.needed() && self.valid_until > Instant::now()
+    }
+
+    /// The verdict on the answers added, and whether what the attempt may have written
+    /// must be taken back now. A node that has not answered yet counts as not granting.
+    pub fn verdict(self, name: &str) -> (Verdict, bool) {
+        if let Some(e) = self.fatal {
+            return (Verdict::Failed(e), true);
+        }
+        let needed = self.quorum.needed();
+        if self.granted >= needed && self.valid_until > Instant::now() {
+            let fence = FencingToken::new(self.fence);
+            return (
+                Verdict::Granted {
+                    fence,
+                    valid_until: self.valid_until,
+                },
+                false,
+            );
+        }
+        // No quorum, or no time left: contention if other holders block a majority,
+        // otherwise an outage that names every node.
+        let report: Vec<NodeReport> = self
+            .nodes
+            .iter()
+            .zip(self.report)
+            .map(|(node, outcome)| NodeReport {
+                node: node.addr(),
+                outcome: outcome.unwrap_or(NodeOutcome::Unavailable(UnavailableReason::TimedOut)),
+            })
+            .collect();
+        let verdict = match self.held {
+            Some(blocked_by) if self.held_nodes >= needed => Verdict::Held {
+                blocked_by,
+                nodes: report,
+            },
+            _ => Verdict::Failed(Error::NoQuorum {
+                name: name.to_owned(),
+                needed,
+                granted: self.granted,
+                nodes: report,
+            }),
+        };
+        (verdict, true)
     }
 }
 

@@ -236,8 +236,23 @@ impl Lua {
                 .flat_map(|lua| Flavor::ALL.map(|flavor| redis::Script::new(&lua.source(flavor))))
                 .collect()
         });
-        let i = Lua::ALL.iter().position(|l| *l == self).unwrap_or(0);
-        &SCRIPTS[i * Flavor::ALL.len() + flavor as usize]
+        &SCRIPTS[self.index() * Flavor::ALL.len() + flavor as usize]
+    }
+
+    /// The composed source for `flavor`, composed once, for `SCRIPT LOAD`.
+    fn composed(self, flavor: Flavor) -> &'static str {
+        static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
+            Lua::ALL
+                .iter()
+                .flat_map(|lua| Flavor::ALL.map(|flavor| lua.source(flavor)))
+                .collect()
+        });
+        &SOURCES[self.index() * Flavor::ALL.len() + flavor as usize]
+    }
+
+    /// Its place in [`Lua::ALL`], below 32.
+    pub(crate) fn index(self) -> usize {
+        Lua::ALL.iter().position(|l| *l == self).unwrap_or(0)
     }
 }
 
@@ -303,10 +318,15 @@ impl Call {
         cmd
     }
 
+    /// The script this call runs.
+    pub(crate) fn lua(&self) -> Lua {
+        self.lua
+    }
+
     /// `SCRIPT LOAD` of this call's script for `flavor`.
     pub(crate) fn load(&self, flavor: Flavor) -> redis::Cmd {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.lua.source(flavor));
+        cmd.arg("LOAD").arg(self.lua.composed(flavor));
         cmd
     }
 
