@@ -1,6 +1,7 @@
 //! A password never leaks, against real redis-server processes: on every failing path a
 //! user can meet (nothing listening, a paused server, a wrong password, an ACL user with
-//! too few rights, TLS failures, malformed URLs, Redlock with failing nodes, Sentinel
+//! too few rights, TLS failures, a Redis Cluster over TLS refusing the certificate or
+//! the password, malformed URLs, Redlock with failing nodes, Sentinel
 //! with an unknown service or every sentinel down), with marker passwords given in the
 //! URL (plainly, percent-encoded, as a Sentinel query parameter) or apart from it
 //! ([`ClientBuilder::password`]), no error message, no error `Debug` or source in its
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::{Client, ClientBuilder, Error, UnavailableReason};
 use futures_util::future::join_all;
-use testkit::{ClientAuth, RedisServer, SentinelGroup, TlsFiles};
+use testkit::{ClientAuth, Cluster, RedisServer, SentinelGroup, TlsFiles};
 
 mod common;
 
@@ -519,6 +520,96 @@ async fn tls_failures_never_show_the_password() {
         seen.debug("guard over TLS", &guard);
         guard.release().await.unwrap();
     }
+    seen.assert_no_secret();
+}
+
+/// A Redis Cluster over TLS (`rediss+cluster://`, nodes on TLS ports only): without
+/// the CA, or trusting another CA, every operation fails with the certificate problem;
+/// with the CA, a user that exists on every node with another password is refused
+/// (WRONGPASS); with its right password the lock is taken. No output shows the marker,
+/// given in the URL (plainly or percent-encoded) or apart. Default timeouts, not
+/// [`fast`]: a TLS handshake with each node of a cluster on a loaded machine may take
+/// longer than 300 ms, and a timeout is not the failure under test.
+#[tokio::test]
+async fn tls_cluster_failures_never_show_the_password() {
+    trace();
+    let seen = Seen::default();
+    let files = TlsFiles::shared();
+    let cluster = Cluster::shared_tls();
+    const USER: &str = "secrets-app";
+    const RIGHT: &str = "the-right-one";
+    for node in cluster.nodes() {
+        let reply = node.cmd(&[
+            "ACL",
+            "SETUSER",
+            USER,
+            "on",
+            &format!(">{RIGHT}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+        assert_eq!(reply.as_str(), Some("OK"), "{}: {reply:?}", node.addr());
+    }
+    let seeds = cluster.seed_urls();
+    let url = |password: &str| format!("rediss+cluster://{USER}:{password}@{seeds}");
+    let is_tls = |e: &Error| matches!(e, Error::Unavailable { reason: UnavailableReason::Tls, detail, .. } if detail.contains("CA this client does not trust"));
+
+    let untrusted = vec![
+        (
+            "cluster, unknown CA, password in the URL".to_owned(),
+            Client::builder(url(PASSWORD)),
+        ),
+        (
+            "cluster, unknown CA, percent-encoded password in the URL".to_owned(),
+            Client::builder(url(AWKWARD_ENCODED)),
+        ),
+        (
+            "cluster, another CA, password given apart".to_owned(),
+            Client::builder(cluster.url())
+                .tls_ca_file(files.other_ca_cert())
+                .username(USER)
+                .password(PASSWORD),
+        ),
+    ];
+    probe_all(&seen, untrusted, is_tls).await;
+
+    let trusted = |builder: ClientBuilder| builder.tls_ca_file(files.ca_cert());
+    let wrong = vec![
+        (
+            "cluster, wrong password in the URL".to_owned(),
+            trusted(Client::builder(url(PASSWORD))),
+        ),
+        (
+            "cluster, wrong percent-encoded password in the URL".to_owned(),
+            trusted(Client::builder(url(AWKWARD_ENCODED))),
+        ),
+        (
+            "cluster, unencoded @ and : in the URL's wrong password".to_owned(),
+            trusted(Client::builder(url(AWKWARD))),
+        ),
+        (
+            "cluster, wrong awkward password given apart".to_owned(),
+            trusted(Client::builder(cluster.url()))
+                .username(USER)
+                .password(AWKWARD),
+        ),
+    ];
+    probe_all(
+        &seen,
+        wrong,
+        |e| matches!(e, Error::Rejected { code, .. } if code == "WRONGPASS"),
+    )
+    .await;
+
+    let client = trusted(Client::builder(url(RIGHT)))
+        .connect()
+        .await
+        .expect("the right password over TLS");
+    seen.debug("cluster client over TLS", &client);
+    let guard = client.lock("secrets").try_acquire().await.unwrap();
+    seen.debug("guard on the cluster over TLS", &guard);
+    guard.release().await.unwrap();
     seen.assert_no_secret();
 }
 

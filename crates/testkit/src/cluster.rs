@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::resp::Reply;
 use crate::server::{
-    RedisServer, die_with_parent, free_cluster_port, info_value, redis_cli_binary, start_all,
+    RedisServer, TlsConfig, die_with_parent, free_cluster_port, info_value, redis_cli_binary,
+    start_all,
 };
+use crate::tls::{ClientAuth, TlsFiles};
 
 /// The number of hash slots.
 const SLOTS: usize = 16384;
@@ -37,13 +39,14 @@ const POLL: Duration = Duration::from_millis(10);
 /// Configures a [`Cluster`] before starting it. Get one from
 /// [`Cluster::builder`].
 ///
-/// Defaults: 3 masters, 1 replica per master, `cluster-node-timeout` 1000 ms.
+/// Defaults: 3 masters, 1 replica per master, `cluster-node-timeout` 1000 ms, no TLS.
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .start() is called"]
 pub struct ClusterBuilder {
     masters: usize,
     replicas_per_master: usize,
     node_timeout: Duration,
+    tls: Option<TlsConfig>,
 }
 
 impl Default for ClusterBuilder {
@@ -52,6 +55,7 @@ impl Default for ClusterBuilder {
             masters: 3,
             replicas_per_master: 1,
             node_timeout: Duration::from_millis(1000),
+            tls: None,
         }
     }
 }
@@ -77,6 +81,45 @@ impl ClusterBuilder {
         self
     }
 
+    /// TLS throughout, and nothing else: every node listens on a TLS port only
+    /// (`--port 0 --tls-port P`), serving the good certificate of `files`
+    /// (valid for `127.0.0.1`, which the nodes name each other by); clients need
+    /// no certificate; the cluster bus (`--tls-cluster yes`, on P + 10000) and
+    /// replication (`--tls-replication yes`) run over TLS too. Every address the
+    /// cluster takes or gives ([`RedisServer::addr`], [`seed_urls`](Cluster::seed_urls),
+    /// `CLUSTER SLOTS`) is a TLS port's, [`url`](Cluster::url) is
+    /// `rediss+cluster://...`, and testkit's own queries ([`Cluster::cmd`],
+    /// [`RedisServer::cmd`] on a node) go over TLS.
+    ///
+    /// The nodes are given [`TlsFiles::client_cert`] to present when they connect
+    /// to each other (`--tls-client-cert-file`): a node accepting a bus connection
+    /// always asks for a client certificate, whatever `tls-auth-clients` says,
+    /// and refuses the server certificate, which is for server use only
+    /// (`extendedKeyUsage serverAuth`).
+    ///
+    /// The files are copied when the cluster starts (see
+    /// [`ServerBuilder::tls_with`](crate::ServerBuilder::tls_with)).
+    ///
+    /// ```no_run
+    /// use testkit::{Cluster, TlsFiles};
+    ///
+    /// let cluster = Cluster::builder().tls(TlsFiles::shared()).start();
+    /// assert!(cluster.url().starts_with("rediss+cluster://127.0.0.1:"));
+    /// // A client trusting TlsFiles::shared().ca_cert() reaches every node over TLS.
+    /// assert_eq!(cluster.masters()[0].cmd(&["PING"]).as_str(), Some("PONG"));
+    /// ```
+    pub fn tls(mut self, files: &TlsFiles) -> Self {
+        self.tls = Some(TlsConfig {
+            cert: files.server_cert(),
+            key: files.server_key(),
+            ca: files.ca_cert(),
+            clients: ClientAuth::No,
+            client: Some((files.client_cert(), files.client_key())),
+            only: true,
+        });
+        self
+    }
+
     /// Starts `masters × (1 + replicas_per_master)` servers with
     /// `--cluster-enabled yes` on ports from [`free_cluster_port`] (the bus
     /// port, port + 10000, must be free too), runs
@@ -95,6 +138,10 @@ impl ClusterBuilder {
     /// With fewer than 3 masters, if a process does not start, if
     /// `redis-cli` fails (the message has its output), or if the cluster does
     /// not settle within 30 s. Processes started so far are killed.
+    ///
+    /// With [`tls`](Self::tls), `redis-cli --tls` creates the cluster, and the
+    /// nodes' ports (TLS ports) are drawn as the plain ones are, since the
+    /// bus port is then the TLS port + 10000.
     pub fn start(self) -> Cluster {
         assert!(
             self.masters >= 3,
@@ -105,7 +152,16 @@ impl ClusterBuilder {
         let nodes = start_all(
             (0..total)
                 .map(|_| {
-                    RedisServer::builder().port_source(free_cluster_port).args([
+                    let builder = match &self.tls {
+                        Some(tls) => RedisServer::builder().tls_config(tls.clone()).args([
+                            "--tls-cluster",
+                            "yes",
+                            "--tls-replication",
+                            "yes",
+                        ]),
+                        None => RedisServer::builder(),
+                    };
+                    builder.port_source(free_cluster_port).args([
                         "--cluster-enabled",
                         "yes",
                         // Relative to the node's own directory.
@@ -122,7 +178,18 @@ impl ClusterBuilder {
                 .collect(),
         );
         let deadline = Instant::now() + START_TIMEOUT;
-        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        let mut args: Vec<String> = Vec::new();
+        if self.tls.is_some() {
+            // The first node's copies: the files given may be gone by now.
+            let [_, _, ca] = TlsConfig::copies(nodes[0].dir());
+            let [cert, key] = TlsConfig::client_copies(nodes[0].dir());
+            args.push("--tls".into());
+            for (flag, path) in [("--cacert", ca), ("--cert", cert), ("--key", key)] {
+                args.push(flag.into());
+                args.push(path.display().to_string());
+            }
+        }
+        args.extend(["--cluster".into(), "create".into()]);
         args.extend(nodes.iter().map(RedisServer::addr));
         args.extend([
             "--cluster-replicas".into(),
@@ -145,6 +212,7 @@ impl ClusterBuilder {
             nodes,
             ids,
             seeds: Vec::new(),
+            tls: self.tls.is_some(),
         };
         while let Some(missing) = cluster.settle_gap(self.masters) {
             assert!(
@@ -247,6 +315,8 @@ pub struct Cluster {
     ids: Vec<String>,
     /// The masters right after start, the seeds of [`Cluster::url`].
     seeds: Vec<String>,
+    /// Whether the nodes talk [TLS](ClusterBuilder::tls) only.
+    tls: bool,
 }
 
 /// A slot being moved from one master to another; see
@@ -278,11 +348,13 @@ impl SlotMigration {
 
 /// The cluster of [`Cluster::shared`].
 static SHARED: OnceLock<&'static Cluster> = OnceLock::new();
+/// The cluster of [`Cluster::shared_tls`].
+static SHARED_TLS: OnceLock<&'static Cluster> = OnceLock::new();
 
-/// Kills the shared cluster's servers and removes their directories at process exit
+/// Kills the shared clusters' servers and removes their directories at process exit
 /// (see [`Cluster::shared`]).
 extern "C" fn stop_shared_cluster() {
-    if let Some(cluster) = SHARED.get() {
+    for cluster in [&SHARED, &SHARED_TLS].into_iter().filter_map(|s| s.get()) {
         for node in &cluster.nodes {
             // SAFETY: sends a signal to a child process of ours; nothing else.
             unsafe {
@@ -307,12 +379,31 @@ impl Cluster {
     /// # Panics
     /// As [`ClusterBuilder::start`], in the first caller (and every later one).
     pub fn shared() -> &'static Cluster {
-        SHARED.get_or_init(|| {
-            let (started, start) = std::sync::mpsc::channel();
+        Self::shared_in(&SHARED, Cluster::start)
+    }
+
+    /// As [`shared`](Self::shared), a [TLS](ClusterBuilder::tls) cluster with the
+    /// defaults and [`TlsFiles::shared`], one per test binary (beside the plain one,
+    /// if that is used too).
+    ///
+    /// # Panics
+    /// As [`ClusterBuilder::start`], in the first caller (and every later one).
+    pub fn shared_tls() -> &'static Cluster {
+        Self::shared_in(&SHARED_TLS, || {
+            Cluster::builder().tls(TlsFiles::shared()).start()
+        })
+    }
+
+    fn shared_in(
+        cell: &'static OnceLock<&'static Cluster>,
+        start: fn() -> Cluster,
+    ) -> &'static Cluster {
+        cell.get_or_init(|| {
+            let (started, start_rx) = std::sync::mpsc::channel();
             let owner = thread::Builder::new()
                 .name("testkit-shared-cluster".to_owned())
                 .spawn(move || {
-                    let cluster: &'static Cluster = Box::leak(Box::new(Cluster::start()));
+                    let cluster: &'static Cluster = Box::leak(Box::new(start()));
                     let _ = started.send(cluster);
                     loop {
                         thread::park();
@@ -321,13 +412,15 @@ impl Cluster {
             if let Err(e) = owner {
                 panic!("testkit: cannot spawn the shared cluster's thread: {e}");
             }
-            let cluster = start
+            let cluster = start_rx
                 .recv()
                 .unwrap_or_else(|_| panic!("testkit: the shared cluster did not start"));
+            // Once for both clusters: the handler stops them all.
+            static REGISTERED: std::sync::Once = std::sync::Once::new();
             // SAFETY: registers a plain `extern "C" fn` that never unwinds.
-            unsafe {
+            REGISTERED.call_once(|| unsafe {
                 libc::atexit(stop_shared_cluster);
-            }
+            });
             cluster
         })
     }
@@ -384,9 +477,16 @@ impl Cluster {
 
     /// `"redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3"` with the
     /// [`seed_urls`](Self::seed_urls) (a plain string; testkit does not
-    /// parse it).
+    /// parse it); `"rediss+cluster://..."` for a [TLS](ClusterBuilder::tls)
+    /// cluster.
     pub fn url(&self) -> String {
-        format!("redis+cluster://{}", self.seed_urls())
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}", self.seed_urls())
+    }
+
+    /// Whether the cluster runs [TLS](ClusterBuilder::tls) only.
+    pub fn is_tls(&self) -> bool {
+        self.tls
     }
 
     /// The masters that serve slots now, in start order (a master that is

@@ -43,6 +43,8 @@
 //! that [`TlsFiles`] makes with the `openssl` tool: a CA, a good server
 //! certificate for `localhost`, a client certificate, and bad server
 //! certificates (an unknown CA, another name, expired); see [`tls`].
+//! [`SentinelBuilder::tls`] and [`ClusterBuilder::tls`] run whole deployments
+//! over TLS (a TLS cluster on TLS ports only, its bus and replication too).
 //!
 //! For the safety lab, [`history`] is the per-process JSON Lines history
 //! format (timestamps from `CLOCK_MONOTONIC`) and [`checkers`] are the

@@ -138,6 +138,8 @@ impl SentinelBuilder {
             key: files.server_key(),
             ca: files.ca_cert(),
             clients: ClientAuth::No,
+            client: None,
+            only: false,
         });
         self
     }

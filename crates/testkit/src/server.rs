@@ -2,12 +2,13 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -160,13 +161,26 @@ pub(crate) struct TlsConfig {
     pub(crate) key: PathBuf,
     pub(crate) ca: PathBuf,
     pub(crate) clients: ClientAuth,
+    /// A client certificate and its key, which the server presents when it connects
+    /// to another server over TLS (`--tls-client-cert-file`, `--tls-client-key-file`:
+    /// the cluster bus and replication), and testkit's own client presents to a
+    /// [TLS-only](Self::only) server.
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
+    /// The TLS port only (`--port 0`): testkit's own client talks TLS to it.
+    pub(crate) only: bool,
 }
 
 impl TlsConfig {
     /// The copies in the server's directory: (certificate, key, CA).
-    fn copies(dir: &Path) -> [PathBuf; 3] {
+    pub(crate) fn copies(dir: &Path) -> [PathBuf; 3] {
         let tls = dir.join(TLS_DIR);
         ["server.crt", "server.key", "ca.crt"].map(|name| tls.join(name))
+    }
+
+    /// The copies of the client certificate and key in the server's directory.
+    pub(crate) fn client_copies(dir: &Path) -> [PathBuf; 2] {
+        let tls = dir.join(TLS_DIR);
+        ["client.crt", "client.key"].map(|name| tls.join(name))
     }
 }
 
@@ -296,6 +310,8 @@ impl ServerBuilder {
             key: key.as_ref().to_owned(),
             ca: files.ca_cert(),
             clients,
+            client: None,
+            only: false,
         })
     }
 
@@ -370,6 +386,8 @@ pub struct RedisServer {
     port: u16,
     /// The TLS port, with [`ServerBuilder::tls_with`].
     tls_port: Option<u16>,
+    /// testkit's own TLS client, for a server with a TLS port only.
+    tls_client: Option<Arc<rustls::ClientConfig>>,
     paused: bool,
     binary: PathBuf,
     config: Config,
@@ -396,6 +414,8 @@ impl RedisServer {
     }
 
     /// The TCP port the server listens on (stable across [`restart`](Self::restart)).
+    /// For a server with a TLS port only (the nodes of a
+    /// [TLS cluster](crate::ClusterBuilder::tls)), that port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -405,9 +425,15 @@ impl RedisServer {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// `"redis://127.0.0.1:PORT"`.
+    /// `"redis://127.0.0.1:PORT"`; for a server with a TLS port only,
+    /// `"rediss://127.0.0.1:PORT"` (the certificate names the address too).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls_client.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// The TLS port of a server started with [`ServerBuilder::tls`] or
@@ -525,6 +551,7 @@ impl RedisServer {
                 &mut child,
                 self.port,
                 self.tls_port,
+                self.tls_client.as_ref(),
                 self.config.password(),
                 ready_deadline,
             ) {
@@ -566,6 +593,11 @@ impl RedisServer {
 
     /// Runs one command on a fresh connection (RESP2, 5 s timeouts) and
     /// returns the reply; Redis errors come back as [`Reply::Error`].
+    ///
+    /// The connection is plain TCP to the plain port; to a server with a TLS
+    /// port only (the nodes of a [TLS cluster](crate::ClusterBuilder::tls))
+    /// it is TLS, trusting the server's CA and presenting the client
+    /// certificate the server was given.
     ///
     /// # Panics
     /// On connection or protocol failure, including a timeout (e.g. because
@@ -798,7 +830,7 @@ impl RedisServer {
             cmds.iter().all(|c| !c.is_empty()),
             "testkit: cmd needs at least one argument"
         );
-        exchange(self.port, cmds, timeout)
+        exchange(self.port, self.tls_client.as_ref(), cmds, timeout)
     }
 
     fn cmd_panic(&self, args: &[&str], e: io::Error) -> ! {
@@ -919,8 +951,13 @@ impl Launch {
         if let Some(tls) = &config.tls {
             copy_tls_files(tls, dir.path());
         }
+        let tls_client = config
+            .tls
+            .as_ref()
+            .filter(|tls| tls.only)
+            .map(|tls| tls_client(tls, dir.path()));
         let port = next_port();
-        let tls_port = config.tls.as_ref().map(|_| free_tls_port(port));
+        let tls_port = tls_port_for(&config, port);
         let child = spawn(&binary, &config, port, tls_port, dir.path());
         Launch {
             server: RedisServer {
@@ -928,6 +965,7 @@ impl Launch {
                 child: Some(child),
                 port,
                 tls_port,
+                tls_client,
                 paused: false,
                 binary,
                 config,
@@ -944,7 +982,7 @@ impl Launch {
         for attempt in 1..=START_ATTEMPTS {
             if attempt > 1 {
                 s.port = (self.next_port)();
-                s.tls_port = s.tls_port.map(|_| free_tls_port(s.port));
+                s.tls_port = tls_port_for(&s.config, s.port);
                 let child = spawn(&s.binary, &s.config, s.port, s.tls_port, s.dir.path());
                 s.pid = child.id();
                 s.child = Some(child);
@@ -952,10 +990,18 @@ impl Launch {
             let child = s.child.as_mut().expect("just spawned");
             let deadline = Instant::now() + READY_TIMEOUT;
             let ports = match s.tls_port {
+                Some(tls) if tls == s.port => format!("TLS port {tls}"),
                 Some(tls) => format!("port {} (TLS {tls})", s.port),
                 None => format!("port {}", s.port),
             };
-            match wait_ready(child, s.port, s.tls_port, s.config.password(), deadline) {
+            match wait_ready(
+                child,
+                s.port,
+                s.tls_port,
+                s.tls_client.as_ref(),
+                s.config.password(),
+                deadline,
+            ) {
                 Ok(()) => return self.server,
                 Err(err @ StartError::Exited(_)) => {
                     failures.push(format!("{ports}: {err}"));
@@ -997,9 +1043,11 @@ fn copy_tls_files(tls: &TlsConfig, dir: &Path) {
     let tls_dir = dir.join(TLS_DIR);
     fs::create_dir_all(&tls_dir)
         .unwrap_or_else(|e| panic!("testkit: cannot create {}: {e}", tls_dir.display()));
+    let client = tls.client.iter().flat_map(|(cert, key)| [cert, key]);
     for (from, to) in [&tls.cert, &tls.key, &tls.ca]
         .into_iter()
         .zip(TlsConfig::copies(dir))
+        .chain(client.zip(TlsConfig::client_copies(dir)))
     {
         fs::copy(from, &to).unwrap_or_else(|e| {
             panic!(
@@ -1009,6 +1057,13 @@ fn copy_tls_files(tls: &TlsConfig, dir: &Path) {
             )
         });
     }
+}
+
+/// The TLS port of a server on `port`, if it has one: `port` itself for a
+/// server with a TLS port only, else another free one.
+fn tls_port_for(config: &Config, port: u16) -> Option<u16> {
+    let tls = config.tls.as_ref()?;
+    Some(if tls.only { port } else { free_tls_port(port) })
 }
 
 /// A free port for TLS, other than the plain `port` and its cluster bus
@@ -1037,6 +1092,16 @@ fn tls_args(tls: &TlsConfig, tls_port: u16, dir: &Path) -> Vec<OsString> {
     }
     args.push("--tls-auth-clients".into());
     args.push(tls.clients.as_arg().into());
+    if tls.client.is_some() {
+        let [cert, key] = TlsConfig::client_copies(dir);
+        for (flag, path) in [
+            ("--tls-client-cert-file", cert),
+            ("--tls-client-key-file", key),
+        ] {
+            args.push(flag.into());
+            args.push(path.into());
+        }
+    }
     args
 }
 
@@ -1045,8 +1110,13 @@ fn spawn(binary: &Path, config: &Config, port: u16, tls_port: Option<u16>, dir: 
     if config.config_file.is_some() {
         cmd.arg(dir.join(CONFIG_FILE));
     }
+    // A server with a TLS port only has no plain one.
+    let plain_port = match &config.tls {
+        Some(tls) if tls.only => 0,
+        _ => port,
+    };
     cmd.arg("--port")
-        .arg(port.to_string())
+        .arg(plain_port.to_string())
         .args(["--bind", "127.0.0.1"])
         .arg("--dir")
         .arg(dir)
@@ -1117,6 +1187,7 @@ fn wait_ready(
     child: &mut Child,
     port: u16,
     tls_port: Option<u16>,
+    tls_client: Option<&Arc<rustls::ClientConfig>>,
     password: Option<&str>,
     deadline: Instant,
 ) -> Result<(), StartError> {
@@ -1124,7 +1195,7 @@ fn wait_ready(
         if let Ok(Some(status)) = child.try_wait() {
             return Err(StartError::Exited(status));
         }
-        if probe(port, password)
+        if probe(port, tls_client, password)
             && owns_listener(child.id(), port)
             && tls_port.is_none_or(|tls| owns_listener(child.id(), tls))
         {
@@ -1143,10 +1214,10 @@ fn wait_ready(
 
 /// `PING` (after `AUTH` if the password is known): `+PONG` means up; so does
 /// `-NOAUTH` when the password is unknown. `-LOADING` and anything else: not yet.
-fn probe(port: u16, password: Option<&str>) -> bool {
+fn probe(port: u16, tls: Option<&Arc<rustls::ClientConfig>>, password: Option<&str>) -> bool {
     let result = match password {
-        Some(pw) => exchange(port, &[&["AUTH", pw], &["PING"]], PROBE_TIMEOUT),
-        None => exchange(port, &[&["PING"]], PROBE_TIMEOUT),
+        Some(pw) => exchange(port, tls, &[&["AUTH", pw], &["PING"]], PROBE_TIMEOUT),
+        None => exchange(port, tls, &[&["PING"]], PROBE_TIMEOUT),
     };
     match result.ok().and_then(|mut r| r.pop()) {
         Some(Reply::Status(s)) => s == "PONG",
@@ -1155,8 +1226,14 @@ fn probe(port: u16, password: Option<&str>) -> bool {
     }
 }
 
-/// Sends all commands pipelined on one fresh connection, reads one reply each.
-fn exchange(port: u16, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<Reply>> {
+/// Sends all commands pipelined on one fresh connection (TLS with `tls`),
+/// reads one reply each.
+fn exchange(
+    port: u16,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+    cmds: &[&[&str]],
+    timeout: Duration,
+) -> io::Result<Vec<Reply>> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
@@ -1166,14 +1243,71 @@ fn exchange(port: u16, cmds: &[&[&str]], timeout: Duration) -> io::Result<Vec<Re
     for args in cmds {
         encode_command(&mut out, args);
     }
-    (&stream).write_all(&out)?;
-    let mut reader = BufReader::new(&stream);
-    let replies = cmds
-        .iter()
-        .map(|_| read_reply(&mut reader))
-        .collect::<io::Result<Vec<_>>>()?;
-    let _ = stream.shutdown(Shutdown::Both);
+    let Some(tls) = tls else {
+        let replies = talk(&stream, &out, cmds.len())?;
+        let _ = stream.shutdown(Shutdown::Both);
+        return Ok(replies);
+    };
+    // The certificates name 127.0.0.1 as well as localhost.
+    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+    let conn = rustls::ClientConnection::new(tls.clone(), name).map_err(io::Error::other)?;
+    let mut tls_stream = rustls::StreamOwned::new(conn, stream);
+    let replies = talk(&mut tls_stream, &out, cmds.len())?;
+    tls_stream.conn.send_close_notify();
+    let _ = tls_stream.flush();
+    let _ = tls_stream.sock.shutdown(Shutdown::Both);
     Ok(replies)
+}
+
+/// Writes `out` (encoded commands) to `stream` and reads `replies` replies.
+fn talk(mut stream: impl Read + Write, out: &[u8], replies: usize) -> io::Result<Vec<Reply>> {
+    stream.write_all(out)?;
+    stream.flush()?;
+    let mut reader = BufReader::new(stream);
+    (0..replies).map(|_| read_reply(&mut reader)).collect()
+}
+
+/// testkit's own TLS client for a server with a TLS port only: trusts the
+/// server's CA, presents the client certificate if the server was given one
+/// (the copies in its directory `dir`). ring as the crypto provider, named
+/// rather than taken from the process's default (the tests may install
+/// another or none).
+///
+/// # Panics
+/// If a file cannot be read or does not hold what it should.
+fn tls_client(tls: &TlsConfig, dir: &Path) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let [_, _, ca] = TlsConfig::copies(dir);
+    let certs = |path: &Path| -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect)
+            .unwrap_or_else(|e| panic!("testkit: cannot read {}: {e}", path.display()))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs(&ca) {
+        roots
+            .add(cert)
+            .unwrap_or_else(|e| panic!("testkit: bad CA certificate {}: {e}", ca.display()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap_or_else(|e| panic!("testkit: TLS client: {e}"))
+        .with_root_certificates(roots);
+    let config = match &tls.client {
+        None => builder.with_no_client_auth(),
+        Some(_) => {
+            let [cert, key] = TlsConfig::client_copies(dir);
+            let key_der = PrivateKeyDer::from_pem_file(&key)
+                .unwrap_or_else(|e| panic!("testkit: cannot read {}: {e}", key.display()));
+            builder
+                .with_client_auth_cert(certs(&cert), key_der)
+                .unwrap_or_else(|e| panic!("testkit: TLS client certificate: {e}"))
+        }
+    };
+    Arc::new(config)
 }
 
 /// Whether process `pid` holds a TCP socket listening on `port`, judged from
@@ -1434,6 +1568,8 @@ mod tests {
             key: "/elsewhere/expired-server.key".into(),
             ca: "/elsewhere/ca.crt".into(),
             clients: ClientAuth::Optional,
+            client: None,
+            only: false,
         };
         let args = tls_args(&tls, 7001, Path::new("/srv/d"));
         let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
@@ -1450,6 +1586,32 @@ mod tests {
                 "/srv/d/tls/ca.crt",
                 "--tls-auth-clients",
                 "optional",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_is_what_the_server_presents_when_it_connects_out() {
+        let tls = TlsConfig {
+            cert: "/elsewhere/server.crt".into(),
+            key: "/elsewhere/server.key".into(),
+            ca: "/elsewhere/ca.crt".into(),
+            clients: ClientAuth::No,
+            client: Some((
+                "/elsewhere/client.crt".into(),
+                "/elsewhere/client.key".into(),
+            )),
+            only: true,
+        };
+        let args = tls_args(&tls, 7001, Path::new("/srv/d"));
+        let args: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        assert_eq!(
+            args[args.len() - 4..],
+            [
+                "--tls-client-cert-file",
+                "/srv/d/tls/client.crt",
+                "--tls-client-key-file",
+                "/srv/d/tls/client.key",
             ]
         );
     }

@@ -11,7 +11,9 @@
 //! [`ServerBuilder::tls`](crate::ServerBuilder::tls) starts a server with a
 //! TLS port next to its plain one ([`RedisServer::tls_port`],
 //! [`RedisServer::tls_url`]); testkit itself ([`RedisServer::cmd`], the
-//! readiness checks) keeps talking plain RESP on the plain port.
+//! readiness checks) keeps talking plain RESP on the plain port. The nodes of
+//! a [TLS cluster](crate::ClusterBuilder::tls) have no plain port: testkit
+//! talks TLS to them (rustls, trusting the CA).
 //!
 //! ```
 //! use testkit::{ClientAuth, RedisServer, TlsFiles};

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use testkit::{Cluster, RedisServer, Reply};
+use testkit::{Cluster, RedisServer, Reply, TlsFiles};
 
 /// `true` if `kill(pid, 0)` fails with `ESRCH`: no such process.
 fn process_gone(pid: u32) -> bool {
@@ -260,4 +260,83 @@ fn dropping_a_cluster_during_a_panic_kills_every_process_and_removes_the_dirs() 
         assert!(process_gone(pid), "pid {pid} outlived the cluster");
         assert!(!dir.exists(), "{} outlived the cluster", dir.display());
     }
+}
+
+/// Whether something listens on 127.0.0.1:`port` (a plain connect succeeds).
+fn listens(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(500),
+    )
+    .is_ok()
+}
+
+#[test]
+fn a_tls_cluster_meets_replicates_and_fails_over_over_tls_only() {
+    let t = Instant::now();
+    let mut cluster = Cluster::builder().tls(TlsFiles::shared()).start();
+    eprintln!(
+        "TLS cluster (3 masters, 3 replicas) started in {:?}",
+        t.elapsed()
+    );
+    assert!(cluster.is_tls());
+    let seeds: Vec<String> = cluster.masters().iter().map(|m| m.addr()).collect();
+    assert_eq!(
+        cluster.url(),
+        format!("rediss+cluster://{}", seeds.join(","))
+    );
+    for node in cluster.nodes() {
+        // One port, TLS; the bus on it + 10000, TLS too; no plain port at all.
+        assert_eq!(node.tls_port(), Some(node.port()));
+        assert!(
+            node.url().starts_with("rediss://127.0.0.1:"),
+            "{}",
+            node.url()
+        );
+        for (name, value) in [
+            ("port", "0"),
+            ("tls-cluster", "yes"),
+            ("tls-replication", "yes"),
+        ] {
+            let reply = node.cmd(&["CONFIG", "GET", name]);
+            assert_eq!(
+                reply.as_array().and_then(|r| r.get(1)?.as_str()),
+                Some(value),
+                "{name} on {}",
+                node.addr()
+            );
+        }
+        assert!(listens(node.port() + 10000), "the bus of {}", node.addr());
+        // Plain RESP to the TLS port is dropped: the server only speaks TLS there.
+        let mut plain = std::net::TcpStream::connect(node.addr()).unwrap();
+        plain
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        std::io::Write::write_all(&mut plain, b"PING\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        let read = std::io::Read::read(&mut plain, &mut buf);
+        assert!(
+            !matches!(read, Ok(n) if buf[..n].starts_with(b"+PONG")),
+            "plain PONG from {}",
+            node.addr()
+        );
+    }
+    // CLUSTER SLOTS names the TLS ports (what a client then connects to).
+    let covered: usize = cluster.masters().iter().map(|m| slots_served_by(m)).sum();
+    assert_eq!(covered, 16384);
+
+    // Replication over TLS, and a failover.
+    let key = "lock:{tls}";
+    let slot = cluster.slot_of(key);
+    let master = cluster.node_for_key(key).addr();
+    let replica = cluster.replicas_of(&master)[0].addr();
+    cluster.cmd(&master, &["SET", key, "owner-1"]);
+    assert_eq!(
+        cluster.cmd(&master, &["WAIT", "1", "5000"]).as_int(),
+        Some(1)
+    );
+    cluster.kill_master_of(key);
+    let new = cluster.wait_for_failover(slot, Duration::from_secs(15));
+    assert_eq!(new, replica);
+    assert_eq!(cluster.cmd(&new, &["GET", key]).as_str(), Some("owner-1"));
 }

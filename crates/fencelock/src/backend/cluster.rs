@@ -276,7 +276,14 @@ impl ReadRoutingStrategy for MasterReads {
 /// topology.
 pub(crate) struct ClusterLink {
     url: ClusterUrl,
-    conn: ClusterConnection,
+    client: ClusterClient,
+    /// The driver's connection: made by [`open`](Self::open) when eager, else by the
+    /// first call (and by the next call, while connecting fails). Not the driver's
+    /// pending connection, which answers every call with "no connections found" for as
+    /// long as no node can be reached, whatever the cause: a certificate the client
+    /// does not trust, or a wrong password, would pass for every seed being down (and a
+    /// waiting acquire would wait it out). A connect that fails says why.
+    conn: tokio::sync::OnceCell<ClusterConnection>,
     topology: Arc<Topology>,
     /// Set once a node refused the batch across slots (no `#!lua` flags before Redis 7):
     /// renewals then go per slot.
@@ -297,20 +304,44 @@ impl ClusterLink {
         let client = url.command_client(timeouts, &topology)?;
         let conn = if eager {
             match tokio::time::timeout(call_timeout, client.get_async_connection()).await {
-                Ok(Ok(conn)) => conn,
+                Ok(Ok(conn)) => tokio::sync::OnceCell::from(conn),
                 Ok(Err(e)) => return Err(connect_error(&url, &e)),
                 Err(_) => return Err(timed_out(&url.label(), call_timeout)),
             }
         } else {
-            client.get_pending_async_connection_with_config(Default::default())
+            tokio::sync::OnceCell::new()
         };
         Ok(Self {
             url,
+            client,
             conn,
             topology,
             per_slot: AtomicBool::new(false),
             call_timeout,
         })
+    }
+
+    /// The driver's connection, connecting first if no call has made it yet (see
+    /// [`ClusterLink::conn`]). Cancel safety: a connect dropped half-way leaves none
+    /// made, and the next call connects.
+    async fn connection(&self) -> Result<ClusterConnection, RedisError> {
+        self.conn
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
+
+    /// Sends `cmd` where `routing` says; a server's error reply as an error.
+    async fn send(
+        &self,
+        cmd: redis::Cmd,
+        routing: RoutingInfo,
+    ) -> Result<redis::Value, RedisError> {
+        self.connection()
+            .await?
+            .route_command(cmd, routing)
+            .await?
+            .extract_error()
     }
 
     /// The seeds, for messages about the cluster as a whole.
@@ -334,13 +365,16 @@ impl ClusterLink {
         within: Option<Duration>,
     ) -> Result<T, Error> {
         let within = within.unwrap_or(self.call_timeout);
-        let mut conn = self.conn.clone();
         let invocation = call.invocation(Flavor::Cluster);
         let node = || {
             call.first_key()
                 .map_or_else(|| self.label(), |k| self.addr_for(k))
         };
-        match tokio::time::timeout(within, invocation.invoke_async(&mut conn)).await {
+        let attempt = async {
+            let mut conn = self.connection().await?;
+            invocation.invoke_async(&mut conn).await
+        };
+        match tokio::time::timeout(within, attempt).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(refused(call, cluster_error(&node(), &e), Flavor::Cluster)),
             Err(_) => Err(timed_out(&node(), within)),
@@ -444,11 +478,10 @@ impl ClusterLink {
                 port: addr.port(),
             })
         };
-        let conn = &self.conn;
-        let value = match send(conn, call.evalsha(Flavor::Cluster), route()).await {
+        let value = match self.send(call.evalsha(Flavor::Cluster), route()).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                send(conn, call.load(Flavor::Cluster), route()).await?;
-                send(conn, call.evalsha(Flavor::Cluster), route()).await?
+                self.send(call.load(Flavor::Cluster), route()).await?;
+                self.send(call.evalsha(Flavor::Cluster), route()).await?
             }
             other => other?,
         };
@@ -461,7 +494,7 @@ impl ClusterLink {
         if masters.is_empty() {
             // Not connected yet: a first command makes the driver learn the topology.
             let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-            let ping = send(&self.conn, redis::cmd("PING"), random);
+            let ping = self.send(redis::cmd("PING"), random);
             match tokio::time::timeout(self.call_timeout, ping).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(cluster_error(&self.label(), &e)),
@@ -492,8 +525,7 @@ impl ClusterLink {
                 host: master.host().to_owned(),
                 port: master.port(),
             });
-            let value = match tokio::time::timeout(self.call_timeout, send(&self.conn, page, route))
-                .await
+            let value = match tokio::time::timeout(self.call_timeout, self.send(page, route)).await
             {
                 Ok(Ok(value)) => value,
                 Ok(Err(e)) => return Err(cluster_error(&addr, &e)),
@@ -524,7 +556,7 @@ impl ClusterLink {
             key,
             SlotAddr::Master,
         )));
-        let waited = tokio::time::timeout(bound, send(&self.conn, wait, route)).await;
+        let waited = tokio::time::timeout(bound, self.send(wait, route)).await;
         match waited {
             Ok(Ok(v)) => Ok(i64::from_redis_value(v).map_err(RedisError::from)),
             Ok(Err(e)) => Ok(Err(e)),
@@ -536,18 +568,6 @@ impl ClusterLink {
     pub fn error(&self, node: &str, e: &RedisError) -> Error {
         cluster_error(node, e)
     }
-}
-
-/// Sends `cmd` where `routing` says; a server's error reply as an error.
-async fn send(
-    conn: &ClusterConnection,
-    cmd: redis::Cmd,
-    routing: RoutingInfo,
-) -> Result<redis::Value, RedisError> {
-    conn.clone()
-        .route_command(cmd, routing)
-        .await?
-        .extract_error()
 }
 
 /// The hash slot of `key`, as Redis computes it: CRC16 (XMODEM) of its hash tag (what is

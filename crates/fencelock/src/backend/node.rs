@@ -66,7 +66,7 @@ enum Link {
     /// One server: at a fixed address, or a Sentinel-managed master.
     Standalone(Box<Standalone>),
     /// A Redis Cluster, as one logical node.
-    Cluster(ClusterLink),
+    Cluster(Box<ClusterLink>),
 }
 
 /// A standalone server's connection.
@@ -177,7 +177,7 @@ impl Node {
             let link = ClusterLink::open(cluster, timeouts, call_timeout, eager).await?;
             return Ok(Self {
                 inner: Arc::new(Inner {
-                    link: Link::Cluster(link),
+                    link: Link::Cluster(Box::new(link)),
                     timeouts,
                     call_timeout,
                     subscriber,
