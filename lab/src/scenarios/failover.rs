@@ -244,14 +244,14 @@ fn has(path: &Path, from_ns: u64, op: Op, phase: Phase) -> Result<bool, String> 
     count(path, from_ns, op, phase).map(|n| n > 0)
 }
 
-/// Polls `done` every 5 ms until it holds; an error after [`WITHIN`].
+/// Polls `done` every 20 ms (it reads whole histories) until it holds; an error after [`WITHIN`].
 fn wait_until(tag: &str, what: &str, mut done: impl FnMut() -> bool) -> Result<(), String> {
     let deadline = Instant::now() + WITHIN;
     while !done() {
         if Instant::now() > deadline {
             return Err(format!("{tag}: {what}: not within {WITHIN:?}"));
         }
-        thread::sleep(Duration::from_millis(5));
+        thread::sleep(Duration::from_millis(20));
     }
     Ok(())
 }
