@@ -111,6 +111,14 @@ impl Workers {
         }
     }
 
+    /// Whether the worker `pid` has exited (reaped; `wait_all` still sees its status).
+    pub fn exited(&mut self, pid: u32) -> bool {
+        self.children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
     /// Waits for every worker to exit; an error if one fails or the deadline passes.
     pub fn wait_all(&mut self, deadline: Instant) -> Result<(), String> {
         for c in &mut self.children {
@@ -278,6 +286,28 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
     ) -> Result<(Outcome, Vec<Event>), String> {
+        self.judge_with(tag, histories, faults, true)
+    }
+
+    /// [`judge`](Self::judge) without C5, for a lock on servers the lab's MONITOR
+    /// recorders do not follow (a Sentinel group, a cluster: the lock key moves to
+    /// another server in a failover, and its killed master's stream ends mid-way).
+    pub fn judge_unmonitored(
+        &self,
+        tag: &str,
+        histories: &[PathBuf],
+        faults: String,
+    ) -> Result<(Outcome, Vec<Event>), String> {
+        self.judge_with(tag, histories, faults, false)
+    }
+
+    fn judge_with(
+        &self,
+        tag: &str,
+        histories: &[PathBuf],
+        faults: String,
+        monitored: bool,
+    ) -> Result<(Outcome, Vec<Event>), String> {
         let h = read_histories(histories).map_err(|e| e.to_string())?;
         let keys = ResourceKeys::new(&format!("res:{tag}"));
         let members = self.resource.cmd(&["SMEMBERS", &keys.values]);
@@ -308,7 +338,7 @@ impl Lab {
         let key = format!("fencelock:{{lab:{tag}}}");
         let mut touched = Vec::new();
         let (mut judged, mut skipped) = (0, 0);
-        for m in self.monitors.borrow_mut().iter_mut() {
+        for m in self.monitors.borrow_mut().iter_mut().filter(|_| monitored) {
             m.sync()
                 .map_err(|e| format!("{tag}: MONITOR of {}: {e}", m.addr()))?;
             let fresh = Monitor::start(m.addr())
@@ -331,15 +361,21 @@ impl Lab {
             failed_acquires: count(Op::Acquire, Phase::Fail),
             longest_acquire_ns: longest(&h, Op::Acquire),
             faults,
-            violations: [c1, c2, c3, c4, Some(c5.len()), None],
+            violations: [c1, c2, c3, c4, monitored.then_some(c5.len()), None],
             touches: (judged, skipped),
             recovery_ns: None,
             acked: count(Op::Write, Phase::Ok),
+            // C1's overlaps (its other violations are writes outside a lease).
+            double_grants: results[0]
+                .iter()
+                .filter(|v| v.events.last().is_some_and(|e| e.op != Op::Write))
+                .count(),
+            rejected_writes: count(Op::Write, Phase::Fail),
             counter,
             failed: Vec::new(),
             details,
         };
-        if outcome.acquisitions > 0 && judged == 0 {
+        if monitored && outcome.acquisitions > 0 && judged == 0 {
             outcome
                 .failed
                 .push("C5 judged no script write to the lock key (MONITOR replay blind)".into());

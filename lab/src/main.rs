@@ -1,7 +1,8 @@
 //! `fencelock-lab`: the safety lab of fencelock.
 //!
 //! `fencelock-lab run --short|--long [--seed N] [--out DIR] [--report FILE]` starts a
-//! lock `redis-server`, a resource `redis-server` and 5 Redlock nodes (testkit), runs the
+//! lock `redis-server`, a resource `redis-server` and 5 Redlock nodes (testkit; the
+//! failover scenarios start a Sentinel group of their own each round), runs the
 //! seeded fault scenarios with worker processes (this binary re-executed as the hidden
 //! `worker` subcommand, each writing its own JSON Lines history), merges the histories,
 //! runs the checkers C1-C6 and prints a markdown table (and writes it to FILE). The long

@@ -28,6 +28,10 @@ pub struct Outcome {
     /// Acknowledged writes vs the final counter (a lost update shows as counter < acked).
     pub acked: usize,
     pub counter: i64,
+    /// Leases granted while another owner's lease was live (C1's overlaps).
+    pub double_grants: usize,
+    /// Writes the fenced resource rejected (a token lower than one it had accepted).
+    pub rejected_writes: usize,
     /// Failed expectations (empty: the scenario passed).
     pub failed: Vec<String>,
     /// Checker reports, for the details below the table.
@@ -102,6 +106,8 @@ impl Outcome {
         self.recovery_ns = self.recovery_ns.max(round.recovery_ns);
         self.acked += round.acked;
         self.counter += round.counter;
+        self.double_grants += round.double_grants;
+        self.rejected_writes += round.rejected_writes;
         self.failed.extend(round.failed);
         self.details.extend(round.details);
     }

@@ -102,13 +102,35 @@ pub fn report(
          scenario). C5 judged {judged} script writes to lock keys ({skipped} skipped: the \
          key's state unknown, e.g. right after a node restarted). A positive control is a \
          known anomaly its checker must find on every run, or the run fails (a checker that \
-         cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced and \
-         redlock-restart-unprotected, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
+         redlock-restart-unprotected and sentinel-failover, C2 paused-worker-unfenced, C3 resource-crash, C4 \
          counter-rewound, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
          are the expected non-zero counts in the table. Unavailability: acquires that ended in an error (after \
          waiting up to 5 s), the longest single acquire, and for C6 the time from the kill \
          or heal to the next holder."
     );
+    let fenced: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.double_grants > 0 || o.rejected_writes > 0)
+        .collect();
+    if !fenced.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Double grants and fence rejections\n\n\
+             Double grants: leases granted while another owner's lease was live (C1's \
+             overlaps; its other violations are writes outside a lease). Rejected: writes the fenced resource refused for a token lower \
+             than one it had accepted. Summed over the rounds.\n\n\
+             | scenario | rounds | double grants | stale writes rejected | acknowledged writes |\n\
+             |---|---|---|---|---|"
+        );
+        for o in fenced {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                o.name, o.rounds, o.double_grants, o.rejected_writes, o.acked
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "\n## Scenarios\n\n| scenario | what happens | expected |\n|---|---|---|"

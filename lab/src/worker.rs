@@ -95,6 +95,17 @@ pub struct WorkerArgs {
     /// iteration, holding the lock: the harness resumes it later (a process pause).
     #[arg(long)]
     pub stop_after_first_read: bool,
+    /// Stop this process (SIGSTOP to itself) once connected, before its first acquire:
+    /// the harness resumes it when a fault is staged (a grant taken at that moment).
+    #[arg(long)]
+    pub stop_before_first_acquire: bool,
+    /// Replicas that must acknowledge each grant (`LockBuilder::replicas`; 0: none).
+    #[arg(long, default_value_t = 0)]
+    pub replicas: u32,
+    /// Stop, before the next iteration, once this file exists (`--iterations` is then
+    /// an upper bound): the harness ends steady traffic when its faults are done.
+    #[arg(long)]
+    pub stop_file: Option<PathBuf>,
     /// Take a renewed lease (`lease(ttl)`: the watchdog extends it) instead of a fixed
     /// TTL; the write is skipped when the guard reports the lease lost.
     #[arg(long)]
@@ -158,9 +169,19 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
     let ttl = Duration::from_millis(args.ttl_ms);
     let wait = Duration::from_millis(args.wait_ms);
 
+    if args.stop_before_first_acquire {
+        // SAFETY: raise(3) only sends a signal to this process; SIGSTOP stops it until
+        // the harness sends SIGCONT.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
+        }
+    }
     for i in 0..args.iterations {
+        if args.stop_file.as_ref().is_some_and(|f| f.exists()) {
+            break;
+        }
         record(Event::now(p, Op::Acquire, Phase::Invoke))?;
-        let builder = client.lock(&args.lock).wait(wait);
+        let builder = client.lock(&args.lock).wait(wait).replicas(args.replicas);
         let builder = if args.renewed {
             builder.lease(ttl)
         } else {

@@ -564,6 +564,82 @@ impl SentinelGroup {
         self.node_mut(addr).resume();
     }
 
+    /// Brings a killed former master back as a replica of the current master, ready
+    /// for the next failover: restarts it (empty, on its port) with `--replicaof` the
+    /// master, instead of leaving the sentinels to convert it (they wait 8 s before
+    /// reconfiguring a node that reports itself master, and a sentinel that saw it as
+    /// a master asks again only 10 s later), and
+    /// waits until it is `state=online` in the master's `INFO replication` and every
+    /// running sentinel lists it as a healthy `slave` with its link to the master up.
+    ///
+    /// Call it from the thread that owns the group (see [`RedisServer`] on
+    /// `PR_SET_PDEATHSIG`).
+    ///
+    /// # Panics
+    /// If no data node has that address, it is the current master, or it is not back
+    /// as a replica within `within` (the message tells what was missing).
+    #[track_caller]
+    pub fn restart_as_replica(&mut self, addr: &str, within: Duration) {
+        let master = self.master_addr();
+        assert!(
+            master != addr,
+            "testkit: {addr} is the master of {}",
+            self.service
+        );
+        let (host, port) = master.rsplit_once(':').unwrap_or((&master, ""));
+        let (host, port) = (host.to_owned(), port.to_owned());
+        self.node_mut(addr)
+            .restart_with_args(&["--replicaof", &host, &port]);
+        let deadline = Instant::now() + within;
+        loop {
+            let Some(missing) = self.replica_gap(&master, addr) else {
+                return;
+            };
+            assert!(
+                Instant::now() < deadline,
+                "testkit: {addr} not back as a replica of {master} within {within:?}: {missing}"
+            );
+            thread::sleep(POLL);
+        }
+    }
+
+    /// What keeps the node at `addr` from being a healthy replica of `master` in
+    /// the master's and every running sentinel's view, if anything.
+    fn replica_gap(&self, master: &str, addr: &str) -> Option<String> {
+        let port = addr.rsplit_once(':').map_or("", |(_, p)| p);
+        let node = &self.nodes[self.node_index(master)];
+        let info = match query(node, self.password.as_deref(), &["INFO", "replication"]) {
+            Ok(reply) => reply.as_str().unwrap_or_default().to_owned(),
+            Err(e) => return Some(format!("master {master}: {e}")),
+        };
+        let online = (0..self.nodes.len()).any(|i| {
+            info_value(&info, &format!("slave{i}"))
+                .is_some_and(|v| v.contains(&format!("port={port},")) && v.contains("state=online"))
+        });
+        if !online {
+            return Some(format!("not online at the master:\n{info}"));
+        }
+        for s in self.sentinels.iter().filter(|s| !s.is_paused()) {
+            let listed = match self.query_sentinel(s, &["SENTINEL", "REPLICAS", &self.service]) {
+                Ok(reply) => reply,
+                Err(e) => return Some(format!("sentinel {}: {e}", s.addr())),
+            };
+            let healthy = listed.as_array().unwrap_or_default().iter().any(|r| {
+                let r = pairs(r);
+                field(&r, "port") == Some(port)
+                    && field(&r, "flags") == Some("slave")
+                    && field(&r, "master-link-status") == Some("ok")
+            });
+            if !healthy {
+                return Some(format!(
+                    "sentinel {} does not list it as a healthy replica",
+                    s.addr()
+                ));
+            }
+        }
+        None
+    }
+
     /// A graceful switch: `SENTINEL FAILOVER` (no agreement needed; the
     /// sentinel promotes the best replica), then
     /// [`wait_for_new_master`](Self::wait_for_new_master) (up to 15 s).

@@ -578,6 +578,17 @@ impl RedisServer {
         }
     }
 
+    /// [`restart`](Self::restart) with `args` after the server's own for this start
+    /// only (a later `restart` starts it as configured).
+    pub(crate) fn restart_with_args(&mut self, args: &[&str]) {
+        let configured = self.config.extra_args.clone();
+        self.config
+            .extra_args
+            .extend(args.iter().map(|a| (*a).to_owned()));
+        self.restart();
+        self.config.extra_args = configured;
+    }
+
     /// Whether the server process is alive (a paused server counts as
     /// running). Reaps it if it exited on its own.
     pub fn is_running(&mut self) -> bool {

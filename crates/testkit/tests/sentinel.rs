@@ -222,6 +222,28 @@ fn an_isolated_replica_is_promoted_without_the_writes_it_missed() {
 }
 
 #[test]
+fn a_killed_master_restarts_as_a_replica_and_is_promoted_by_the_next_failover() {
+    let mut group = SentinelGroup::start();
+    let first = group.kill_master();
+    let second = group.wait_for_new_master(&first, Duration::from_secs(10));
+    group.master().cmd(&["SET", "k", "v"]);
+
+    let t = Instant::now();
+    group.restart_as_replica(&first, Duration::from_secs(10));
+    eprintln!("back as a replica after {:?}", t.elapsed());
+    assert_eq!(role(&group.nodes()[0], None), "slave");
+    assert_eq!(group.nodes()[0].get("k").as_deref(), Some("v"), "synced");
+
+    // The next failover promotes it again.
+    let old = group.kill_master();
+    assert_eq!(old, second);
+    assert_eq!(
+        group.wait_for_new_master(&old, Duration::from_secs(10)),
+        first
+    );
+}
+
+#[test]
 fn dropping_a_group_during_a_panic_kills_every_process_and_removes_the_dirs() {
     let mut seen: Vec<(u32, PathBuf)> = Vec::new();
     let err = catch_unwind(AssertUnwindSafe(|| {

@@ -15,11 +15,14 @@
 //! - [`lock_state`]: one lock server, the harness as the clients; the fencing counter
 //!   set back, a lease expiring under its holder;
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
-//! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients.
+//! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
+//! - [`failover`]: a Sentinel group's or a cluster's master killed right after a grant
+//!   its replica missed, with and without replica acknowledgement.
 //!
 //! [`ALL`] lists them in run order.
 
 mod baseline;
+mod failover;
 mod lock_state;
 mod network;
 mod pauses_kills;
@@ -41,6 +44,8 @@ pub struct Scale {
     pub steady: u32,
     /// Iterations per worker of the fault scenarios with steady traffic.
     pub faulty: u32,
+    /// Failovers per round of the failover scenarios.
+    pub failovers: u32,
 }
 
 pub const SHORT: Scale = Scale {
@@ -48,6 +53,7 @@ pub const SHORT: Scale = Scale {
     rounds: 1,
     steady: 30,
     faulty: 12,
+    failovers: 1,
 };
 
 pub const LONG: Scale = Scale {
@@ -55,6 +61,7 @@ pub const LONG: Scale = Scale {
     rounds: 5,
     steady: 7_000,
     faulty: 150,
+    failovers: 3,
 };
 
 /// Slack on top of a TTL for "the next holder gets the lock within one TTL": the
@@ -101,6 +108,8 @@ pub const ALL: &[Scenario] = &[
     redlock::REDLOCK_MINORITY_KILLED,
     redlock::REDLOCK_MAJORITY_DOWN,
     redlock::REDLOCK_PARTITIONED,
+    failover::SENTINEL_FAILOVER,
+    failover::SENTINEL_FAILOVER_REPLICAS,
 ];
 
 /// The scenarios whose name contains one of `only` (all if empty).
