@@ -130,3 +130,55 @@ async fn a_master_without_enough_replicas_or_refusing_wait_says_so() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+/// A master that stops answering while the grant waits for its replicas (a failover
+/// under way) does not end a waiting acquire: it tries again, as after any attempt that
+/// found the node unreachable, and gets the lock once the master and replica are back.
+#[tokio::test]
+async fn a_waiting_acquire_retries_when_the_master_stops_answering_during_wait() {
+    let (mut master, mut replica) = master_and_replica().await;
+    // WAIT may block for a second (a tenth of the lease, at most three quarters of the
+    // response timeout): time enough to stop the master while it does.
+    let c = Client::builder(master.url())
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let log = common::traces();
+    replica.pause();
+    let acquire = c
+        .lock("w")
+        .lease(Duration::from_secs(10))
+        .replicas(1)
+        .wait(Duration::from_secs(30))
+        .acquire();
+    let acquiring = tokio::spawn(acquire);
+    // The grant is made and its WAIT blocks (the replica acknowledges nothing); then
+    // the master stops too, so the WAIT's answer never comes.
+    eventually("the grant's WAIT blocks", Duration::from_secs(10), async || {
+        master.info_field("clients", "blocked_clients").as_deref() == Some("1")
+    })
+    .await;
+    master.pause();
+    eventually(
+        "the acquire saw no answer and tries again",
+        Duration::from_secs(10),
+        async || {
+            log.text()
+                .contains("no answer from the replicas' master; retrying")
+        },
+    )
+    .await;
+    master.resume();
+    replica.resume();
+    let guard = acquiring.await.unwrap().expect("the lock, once both are back");
+    assert_eq!(
+        master.get("fencelock:{w}").as_deref(),
+        Some(guard.holder_token().as_str())
+    );
+    eventually("the replica has the grant", Duration::from_secs(5), async || {
+        replica.get("fencelock:{w}").as_deref() == Some(guard.holder_token().as_str())
+    })
+    .await;
+    guard.release().await.unwrap();
+}

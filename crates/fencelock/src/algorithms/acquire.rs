@@ -156,18 +156,35 @@ async fn attempts(
                         .await;
                     if !matches!(acked, Ok((n, _)) if n >= req.replicas) {
                         pending.withdraw().await;
-                        return Err(match acked {
-                            Ok((acknowledged, within)) => Error::Unreplicated {
-                                name: req.name.to_owned(),
-                                wanted: req.replicas,
-                                acknowledged,
-                                within,
-                            },
-                            Err(e) => e,
-                        });
+                        match acked {
+                            Ok((acknowledged, within)) => {
+                                return Err(Error::Unreplicated {
+                                    name: req.name.to_owned(),
+                                    wanted: req.replicas,
+                                    acknowledged,
+                                    within,
+                                });
+                            }
+                            // The master went away before it said (a failover under
+                            // way): a waiting acquire tries again, as after any attempt
+                            // that found a node unreachable.
+                            Err(e @ Error::Unavailable { reason, .. })
+                                if reason != UnavailableReason::Tls
+                                    && waits
+                                    && deadline.is_none_or(|d| Instant::now() < d) =>
+                            {
+                                report.waiting_since.get_or_insert_with(Instant::now);
+                                tracing::debug!(attempt = attempt + 1, error = %e, "no answer from the replicas' master; retrying");
+                                Found::Unreachable
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    } else {
+                        return Ok(pending.granted(fence, sent_at, valid_until));
                     }
+                } else {
+                    return Ok(pending.granted(fence, sent_at, valid_until));
                 }
-                return Ok(pending.granted(fence, sent_at, valid_until));
             }
             Ok(Attempt::Held { blocked_by, nodes }) => {
                 // A definite answer (a failed Redlock quorum was already taken back
