@@ -986,8 +986,10 @@ fn several_redis_urls_lock_with_redlock() {
     assert_eq!(run.code(), Some(0), "{run:#?}");
     let token: u64 = run.stdout.trim().parse().expect("a fencing token");
     for s in &servers {
-        // Every node's counter was raised to the grant's token, and the lock released.
-        assert_eq!(s.get(&fence_key("rl")), Some(token.to_string()));
+        // Every node's counter was raised to the grant's token (a node that answered
+        // after the majority may have minted a higher one), and the lock released.
+        let counter: u64 = s.get(&fence_key("rl")).unwrap().parse().unwrap();
+        assert!(counter >= token, "{counter} < {token}");
         assert!(!s.exists(&lock_key("rl")));
     }
 

@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::task::TaskTracker;
-
 use crate::admin::{self, Broken, Listing, LockStatus};
 use crate::algorithms::watchdog::Watchdog;
 use std::path::PathBuf;
@@ -209,7 +207,8 @@ impl Client {
     }
 
     /// Waits until every release this client sent in the background has finished: those
-    /// of guards dropped unreleased and of acquires abandoned with an unknown outcome.
+    /// of guards dropped unreleased and of acquires abandoned with an unknown outcome,
+    /// and a Redlock operation's calls to the nodes that had not answered when it did.
     ///
     /// Call it before a short-lived program exits, since a runtime that shuts down
     /// cancels its tasks, and a cancelled release leaves the key to its TTL. Each
@@ -237,7 +236,8 @@ pub struct ClientStats {
     /// Waiters registered for release notifications (a Redlock waiter registers on
     /// every node, and counts once per node).
     pub waiters: usize,
-    /// Releases of dropped guards and abandoned acquires still in flight.
+    /// Releases of dropped guards and abandoned acquires still in flight, and Redlock
+    /// calls still under way after their operation answered.
     pub background_tasks: usize,
     /// Leases of held locks the watchdog keeps alive or watches for expiry.
     pub watched_leases: usize,
@@ -427,9 +427,9 @@ impl ClientBuilder {
         Ok(Client {
             inner: Arc::new(Shared {
                 watchdog: Watchdog::new(backend.clone()),
+                background: backend.background().clone(),
                 backend,
                 prefix: self.prefix,
-                background: TaskTracker::new(),
             }),
         })
     }

@@ -306,8 +306,8 @@ pub enum UnavailableReason {
     /// lock's slot) for now.
     ClusterDown,
     /// A Redis Cluster kept redirecting the call (`MOVED`, `ASK`, `TRYAGAIN`) after the
-    /// driver followed it several times: the lock's slot is moving (a failover or a
-    /// resharding in progress).
+    /// driver followed it several times, or the node it reached is a replica
+    /// (`READONLY`): the lock's slot is moving (a failover or a resharding in progress).
     SlotMoving,
 }
 

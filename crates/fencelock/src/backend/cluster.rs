@@ -658,8 +658,10 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
     }
     let reason = match e.code() {
         Some("CLUSTERDOWN") => UnavailableReason::ClusterDown,
-        // Still redirected after the driver followed several redirections.
-        Some("MOVED" | "ASK" | "TRYAGAIN") => UnavailableReason::SlotMoving,
+        // Still redirected after the driver followed several redirections; or sent to a
+        // node that is a replica (the driver's map still names a master that a failover
+        // demoted, or one not yet promoted): a failover under way, which a wait rides out.
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "READONLY") => UnavailableReason::SlotMoving,
         _ => return sort_error(node, e),
     };
     Error::Unavailable {

@@ -26,6 +26,7 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use redis::FromRedisValue;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{Blocker, Error, LossCause, NodeReport};
 use crate::keys::LockKeys;
@@ -142,6 +143,10 @@ pub(crate) enum Renewal {
 pub(crate) struct Backend {
     nodes: Vec<Node>,
     quorum: Quorum,
+    /// Calls that go on after their operation answered (Redlock's stragglers), and the
+    /// client's background releases: [`Client::flush`](crate::Client::flush) waits
+    /// for them.
+    background: TaskTracker,
 }
 
 /// Asks `nodes` at once, each within `within` (its own call timeout when `None`), and
@@ -159,10 +164,12 @@ pub(crate) async fn fan_out<'i, T: FromRedisValue>(
 /// this returns as soon as `answer` says the answers so far decide the operation (or
 /// every node answered). The calls still under way then finish in the background, each
 /// late answer going to `late`. Every call has been sent when this returns, so a node's
-/// later calls on its connection run after it (a release after a late grant).
+/// later calls on its connection run after it (a release after a late grant). The late
+/// calls run on `background`.
 ///
 /// Cancel safety: dropping the future drops the calls under way, as for [`fan_out`].
 pub(crate) async fn fan_out_until<T>(
+    background: &TaskTracker,
     nodes: &[Node],
     within: Option<Duration>,
     invocation: impl Fn(&Node) -> Arc<Call>,
@@ -181,7 +188,7 @@ pub(crate) async fn fan_out_until<T>(
         .collect();
     while let Some((i, result)) = pending.next().await {
         if answer(i, result) && !pending.is_empty() {
-            tokio::spawn(async move {
+            background.spawn(async move {
                 while let Some((i, result)) = pending.next().await {
                     late(i, result);
                 }
@@ -206,6 +213,7 @@ impl Backend {
         Ok(Self {
             nodes: vec![Node::open(url, timeouts, access, eager).await?],
             quorum: Quorum::single(timeouts.response),
+            background: TaskTracker::new(),
         })
     }
 
@@ -244,7 +252,16 @@ impl Backend {
             refuse_one_server_twice(urls, &nodes, within).await?;
         }
         let quorum = Quorum::redlock(nodes.len(), node_timeout, quarantine, timeouts.response);
-        Ok(Self { nodes, quorum })
+        Ok(Self {
+            nodes,
+            quorum,
+            background: TaskTracker::new(),
+        })
+    }
+
+    /// Where calls that outlive their operation run (see [`fan_out_until`]).
+    pub fn background(&self) -> &TaskTracker {
+        &self.background
     }
 
     /// Every node, in the order given.
@@ -306,6 +323,7 @@ impl Backend {
                 }
             };
             fan_out_until(
+                &self.background,
                 &self.nodes,
                 q.within(req.ttl),
                 |node| {
@@ -413,6 +431,7 @@ impl Backend {
         let mut errors = Vec::new();
         let call = Arc::new(call);
         fan_out_until(
+            &self.background,
             &self.nodes,
             within,
             |_| call.clone(),
