@@ -18,15 +18,15 @@ use crate::report::{fmt_dur, yes_no};
 /// every sixth (1 s).
 pub const LEASE: Duration = Duration::from_secs(6);
 /// The watchdog's tick for [`LEASE`].
-const TICK: Duration = Duration::from_secs(1);
+pub const TICK: Duration = Duration::from_secs(1);
 /// Concurrent acquiring tasks.
-const TASKS: usize = 8;
+pub const TASKS: usize = 8;
 /// Targets from the issue: script calls per tick per 100 held leases, and client memory
 /// per held lock.
 pub const TARGET_CALLS_PER_100: f64 = 1.0;
 pub const TARGET_BYTES_PER_LOCK: f64 = 1024.0;
 /// How long the background releases of the dropped guards may take.
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(120);
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What one run measured.
 pub struct HeldRun {
@@ -104,39 +104,7 @@ pub async fn run(url: &str, locks: usize, window: Duration) -> Result<HeldRun, S
 
     let rss_before = vm_rss()?;
     let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..TASKS {
-        let client = client.clone();
-        tasks.spawn(async move {
-            let mut guards = Vec::with_capacity(locks / TASKS + 1);
-            for i in (t..locks).step_by(TASKS) {
-                let guard = client
-                    .lock(format!("held:{i}"))
-                    .lease(LEASE)
-                    .try_acquire()
-                    .await
-                    .map_err(|e| format!("acquire held:{i}: {e}"))?;
-                guards.push(guard);
-            }
-            Ok::<_, String>(guards)
-        });
-    }
-    let mut held: Vec<Vec<fencelock::LockGuard>> = Vec::with_capacity(TASKS);
-    let mut failure = None;
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(Ok(guards)) => held.push(guards),
-            Ok(Err(e)) => failure = failure.or(Some(e)),
-            Err(e) => failure = failure.or(Some(format!("acquiring task failed: {e}"))),
-        }
-    }
-    if let Some(e) = failure {
-        drop(held);
-        tokio::time::timeout(FLUSH_TIMEOUT, client.flush())
-            .await
-            .ok();
-        return Err(e);
-    }
+    let held = acquire_many(&client, locks).await?;
     let acquire_time = started.elapsed();
     let rss_acquired = vm_rss()?;
 
@@ -182,6 +150,51 @@ pub async fn run(url: &str, locks: usize, window: Duration) -> Result<HeldRun, S
     })
 }
 
+/// Acquires `locks` distinct locks (`held:0`, `held:1`, ...) with a renewed [`LEASE`],
+/// [`TASKS`] tasks taking turns, `try_acquire` each; the guards, per task. On the first
+/// failure, drops what it holds, awaits `client.flush()` (bounded) and returns the error.
+pub async fn acquire_many(
+    client: &fencelock::Client,
+    locks: usize,
+) -> Result<Vec<Vec<fencelock::LockGuard>>, String> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..TASKS {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let mut guards = Vec::with_capacity(locks / TASKS + 1);
+            for i in (t..locks).step_by(TASKS) {
+                let guard = client
+                    .lock(format!("held:{i}"))
+                    .lease(LEASE)
+                    .try_acquire()
+                    .await
+                    .map_err(|e| format!("acquire held:{i}: {e}"))?;
+                guards.push(guard);
+            }
+            Ok::<_, String>(guards)
+        });
+    }
+    let mut held: Vec<Vec<fencelock::LockGuard>> = Vec::with_capacity(TASKS);
+    let mut failure = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(guards)) => held.push(guards),
+            Ok(Err(e)) => failure = failure.or(Some(e)),
+            Err(e) => failure = failure.or(Some(format!("acquiring task failed: {e}"))),
+        }
+    }
+    if let Some(e) = failure {
+        drop(held);
+        tokio::time::timeout(FLUSH_TIMEOUT, client.flush())
+            .await
+            .ok();
+        return Err(e);
+    }
+    Ok(held)
+}
+
+/// One command on `conn`: `args[0]` with the rest as its arguments; errors name the
+/// command.
 pub async fn query<T: redis::FromRedisValue>(
     conn: &mut MultiplexedConnection,
     args: &[&str],
