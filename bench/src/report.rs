@@ -156,7 +156,8 @@ fn machine(s: &mut String, r: &Results) {
         s,
         "- redis-server {} (throwaway, loopback, no persistence; started by testkit: one \
          for the handoff, hot-key and single-node latency runs, five for Redlock, one for \
-         the held-locks run)",
+         the held-locks run; a Sentinel group and clusters for the Sentinel and Cluster \
+         section)",
         r.redis_version
     );
     match &r.python {
