@@ -63,7 +63,8 @@ pub struct Series {
 }
 
 impl Series {
-    fn new(mut samples: Vec<u64>) -> Result<Series, String> {
+    /// Sorts `samples` and summarizes them; an error without samples.
+    pub(crate) fn new(mut samples: Vec<u64>) -> Result<Series, String> {
         samples.sort_unstable();
         let summary = summarize(&samples).ok_or_else(|| "no samples".to_owned())?;
         Ok(Series { samples, summary })
@@ -102,7 +103,7 @@ pub struct LatencyRun {
 }
 
 /// One client of the rotation.
-enum Cycler {
+pub(crate) enum Cycler {
     Fence(fencelock::LockBuilder),
     Rslock(rslock::LockManager, String),
     Redlock(redlock::RedLock, String),
@@ -112,7 +113,7 @@ enum Cycler {
 
 impl Cycler {
     /// One acquire + release (or PING round); its duration in ns.
-    async fn once(&mut self) -> Result<u64, String> {
+    pub(crate) async fn once(&mut self) -> Result<u64, String> {
         let t = Instant::now();
         match self {
             Cycler::Fence(lock) => {
@@ -202,24 +203,7 @@ pub async fn run<P>(
         (None, Cycler::FanOut(node_conns)),
     ];
     let (pins, placement) = pin();
-
-    let warmup = (cycles / 10).max(BLOCK);
-    for _ in 0..warmup {
-        for (who, c) in &mut clients {
-            c.once().await.map_err(|e| format!("{who:?}: {e}"))?;
-        }
-    }
-    let mut samples: Vec<Vec<u64>> = clients.iter().map(|_| Vec::with_capacity(cycles)).collect();
-    let mut done = 0;
-    while done < cycles {
-        let k = BLOCK.min(cycles - done);
-        for ((who, c), s) in clients.iter_mut().zip(&mut samples) {
-            for _ in 0..k {
-                s.push(c.once().await.map_err(|e| format!("{who:?}: {e}"))?);
-            }
-        }
-        done += k;
-    }
+    let (warmup, samples) = in_turns(&mut clients, cycles).await?;
     drop(pins);
     fence_single.flush().await;
     fence_redlock.flush().await;
@@ -246,6 +230,34 @@ pub async fn run<P>(
         fan_out,
         placement,
     })
+}
+
+/// Warms every client up (a tenth of `cycles`, at least [`BLOCK`], taking turns cycle by
+/// cycle), then measures `cycles` cycles of each, taking turns in blocks of [`BLOCK`] so
+/// that the machine's drift hits them alike. Returns the warm-up cycles and each client's
+/// samples (ns, in `clients`' order); the first error, labelled with its client, ends it.
+pub(crate) async fn in_turns<W: std::fmt::Debug>(
+    clients: &mut [(W, Cycler)],
+    cycles: usize,
+) -> Result<(usize, Vec<Vec<u64>>), String> {
+    let warmup = (cycles / 10).max(BLOCK);
+    for _ in 0..warmup {
+        for (who, c) in clients.iter_mut() {
+            c.once().await.map_err(|e| format!("{who:?}: {e}"))?;
+        }
+    }
+    let mut samples: Vec<Vec<u64>> = clients.iter().map(|_| Vec::with_capacity(cycles)).collect();
+    let mut done = 0;
+    while done < cycles {
+        let k = BLOCK.min(cycles - done);
+        for ((who, c), s) in clients.iter_mut().zip(&mut samples) {
+            for _ in 0..k {
+                s.push(c.once().await.map_err(|e| format!("{who:?}: {e}"))?);
+            }
+        }
+        done += k;
+    }
+    Ok((warmup, samples))
 }
 
 /// What the Python driver measured for one peer.
@@ -324,7 +336,8 @@ pub(crate) async fn ping_baseline(url: &str, n: usize) -> Result<Summary, String
     summarize(&samples).ok_or_else(|| "no samples".to_owned())
 }
 
-async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
+/// A redis-rs multiplexed connection to `url` (a plain node, not a cluster).
+pub(crate) async fn connect(url: &str) -> Result<MultiplexedConnection, String> {
     redis::Client::open(url)
         .map_err(|e| e.to_string())?
         .get_multiplexed_async_connection()

@@ -1,10 +1,12 @@
 //! `fencelock-bench`: fencelock side by side with its peers (the Rust crates rslock and
 //! redlock, redis-py's `Lock` and python-redis-lock), on the same throwaway Redis in
 //! one run: uncontended acquire + release, release-to-waiter handoff, one hot key,
-//! Redlock vs single node; and what keeping many fencelock leases alive costs.
+//! Redlock vs single node; what keeping many fencelock leases alive costs; and fencelock
+//! through Sentinel and Cluster (latency, throughput, renewals, failover).
 //!
 //! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key and
-//! single-node latency runs, five for Redlock, one for the held-locks run. It measures,
+//! single-node latency runs, five for Redlock, one for the held-locks run, and a Sentinel
+//! group and clusters for the Sentinel and Cluster runs. It measures,
 //! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
 //! subcommand, or `bench/py/driver.py` for the Python peers.
@@ -21,6 +23,7 @@ mod report;
 mod results;
 mod servers;
 mod spawn;
+mod topologies;
 mod worker;
 
 use std::path::PathBuf;
@@ -43,14 +46,16 @@ use crate::worker::WorkerArgs;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Short run (under 2 minutes): 1 s per handoff row (2 s for peers polling at
+    /// Short run (about 2 minutes): 1 s per handoff row (2 s for peers polling at
     /// 100 ms or more), 1.5 s per hot-key row, 1,000 latency cycles per client, 10,000
-    /// held locks watched for 5 s. Charts go to target/bench-img.
+    /// held locks watched for 5 s; Sentinel and Cluster: 2 s per throughput row, 10,000
+    /// leases on the cluster, one failover each. Charts go to target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 10 minutes): 10 s per handoff row (20 s for slow
+    /// Full run (the default; about 13 minutes): 10 s per handoff row (20 s for slow
     /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
-    /// locks watched for 20 s. Charts go to docs/img.
+    /// locks watched for 20 s; Sentinel and Cluster: 10 s per throughput row, 100,000
+    /// leases on the cluster, three failovers each. Charts go to docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
@@ -289,6 +294,11 @@ async fn bench(
         Ok(_) => {}
     }
 
+    // 6. Sentinel and Cluster (fencelock only), on deployments of their own; the
+    // standalone figures on the main node.
+    let topologies = topologies::run(plan, server).await;
+    failed |= topologies.failed();
+
     eprintln!("baseline again: {} PINGs", plan.pings);
     let ping_after = latency::ping_baseline(&url, plan.pings).await.ok();
     let (_, load_after) = servers::machine();
@@ -308,6 +318,7 @@ async fn bench(
         handoff,
         hot_key,
         held,
+        topologies,
         elapsed: started.elapsed(),
     };
     (results, failed)

@@ -18,6 +18,11 @@ pub(crate) const TARGET_PING_RATIO: f64 = 1.25;
 pub(crate) const TARGET_REDLOCK_RATIO: f64 = 1.5;
 /// Nodes of the Redlock clients.
 pub(crate) const REDLOCK_NODES: usize = 5;
+/// Issue 15: uncontended p50 through Sentinel, and through a cluster, at most this
+/// multiple of a standalone node's.
+pub(crate) const TARGET_TOPOLOGY_RATIO: f64 = 1.1;
+/// Issue 15: the watchdog's script calls per cluster master per renewal tick.
+pub(crate) const TARGET_CALLS_PER_MASTER_TICK: f64 = 1.0;
 
 /// What a run measures and for how long: [`QUICK`] or [`FULL`].
 pub(crate) struct Plan {
@@ -32,6 +37,11 @@ pub(crate) struct Plan {
     /// Locks held at once with the watchdog on, and how long they are watched.
     pub(crate) held_locks: usize,
     pub(crate) held_window: Duration,
+    /// Sentinel and Cluster: per throughput row, leases held on the cluster (watched
+    /// for `held_window`), and failovers of each kind.
+    pub(crate) topology_run: Duration,
+    pub(crate) cluster_held_locks: usize,
+    pub(crate) failovers: usize,
     pub(crate) img_dir: &'static str,
 }
 
@@ -44,6 +54,9 @@ pub(crate) const QUICK: Plan = Plan {
     latency_cycles: 1_000,
     held_locks: 10_000,
     held_window: Duration::from_secs(5),
+    topology_run: Duration::from_secs(2),
+    cluster_held_locks: 10_000,
+    failovers: 1,
     img_dir: "target/bench-img",
 };
 
@@ -56,5 +69,8 @@ pub(crate) const FULL: Plan = Plan {
     latency_cycles: 20_000,
     held_locks: 100_000,
     held_window: Duration::from_secs(20),
+    topology_run: Duration::from_secs(10),
+    cluster_held_locks: 100_000,
+    failovers: 3,
     img_dir: "docs/img",
 };

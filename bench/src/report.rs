@@ -13,6 +13,7 @@ use crate::plan::{
     TARGET_HANDOFF_RATIO, TARGET_PING_RATIO, TARGET_REDLOCK_RATIO, WAITERS,
 };
 use crate::results::{HandoffRow, HotKeyRow, Results};
+use crate::topologies;
 
 /// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
 pub(crate) fn fmt_ns(ns: u64) -> String {
@@ -37,7 +38,7 @@ pub(crate) fn fmt_dur(d: Duration) -> String {
 }
 
 /// `3.2x`, `0.45x`, `1234x`.
-fn x(ratio: f64) -> String {
+pub(crate) fn x(ratio: f64) -> String {
     if !ratio.is_finite() {
         "–".to_owned()
     } else if ratio >= 100.0 {
@@ -143,6 +144,7 @@ pub fn render(r: &Results, charts: &Charts) -> String {
          python-redis-lock's `auto_renewal` starts one thread per lock; redis-py's `Lock` \
          and the redlock crate renew only when the caller calls `extend`.\n"
     );
+    topologies::render(&mut s, &r.topologies, r.plan);
     s
 }
 
@@ -154,7 +156,8 @@ fn machine(s: &mut String, r: &Results) {
         s,
         "- redis-server {} (throwaway, loopback, no persistence; started by testkit: one \
          for the handoff, hot-key and single-node latency runs, five for Redlock, one for \
-         the held-locks run)",
+         the held-locks run; a Sentinel group and clusters for the Sentinel and Cluster \
+         section)",
         r.redis_version
     );
     match &r.python {
@@ -407,6 +410,8 @@ fn targets(s: &mut String, r: &Results) {
             let _ = writeln!(s, "| held locks | run failed: {e} | **no** |");
         }
     }
+    // 6. Sentinel and Cluster.
+    topologies::target_rows(s, &r.topologies);
     let _ = writeln!(s);
 }
 

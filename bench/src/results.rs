@@ -8,6 +8,7 @@ use crate::latency::{LatencyRun, PythonRun, Summary};
 use crate::peers::Peer;
 use crate::plan::{HOT_KEY_CONTENDERS, Plan};
 use crate::spawn::Report;
+use crate::topologies::Topologies;
 
 /// One handoff row.
 pub(crate) struct HandoffRow {
@@ -75,6 +76,8 @@ pub(crate) struct Results {
     pub(crate) handoff: Vec<HandoffRow>,
     pub(crate) hot_key: Vec<HotKeyRow>,
     pub(crate) held: Result<HeldRun, String>,
+    /// Sentinel and Cluster.
+    pub(crate) topologies: Topologies,
     pub(crate) elapsed: Duration,
 }
 

@@ -83,6 +83,61 @@ pub(crate) fn pin_for_latency(
     (pins, placement)
 }
 
+/// Pins the harness thread to the first CPU it may use and every server in `servers`
+/// (`(what, server)`) to the others, round robin in that order, until the result is
+/// dropped; and says where each runs. As [`pin_for_latency`], for the Sentinel and
+/// Cluster runs, whose servers are many processes.
+pub(crate) fn pin_apart(servers: &[(&str, &testkit::RedisServer)]) -> (affinity::Pins, String) {
+    let cpus = affinity::allowed_cpus();
+    if cpus.len() < 2 {
+        return (
+            affinity::Pins::default(),
+            format!("not pinned ({} CPU allowed)", cpus.len()),
+        );
+    }
+    let (client_cpu, rest) = (cpus[0], &cpus[1..]);
+    let mut pins = affinity::Pins::default();
+    let mut placed = Vec::new();
+    let pinned = (|| {
+        pins.pin_thread(client_cpu)?;
+        for (i, (what, s)) in servers.iter().enumerate() {
+            let cpu = rest[i % rest.len()];
+            pins.pin_process(s.pid(), cpu)?;
+            let said = format!("{what} to CPU {cpu}");
+            if !placed.contains(&said) {
+                placed.push(said);
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    })();
+    if let Err(e) = pinned {
+        drop(pins);
+        return (affinity::Pins::default(), format!("not pinned ({e})"));
+    }
+    let placement = if rest.len() == 1 {
+        format!(
+            "the harness (one thread) pinned to CPU {client_cpu}, every redis-server ({}) to \
+             CPU {}",
+            servers
+                .iter()
+                .fold(Vec::new(), |mut seen, (what, _)| {
+                    if !seen.contains(what) {
+                        seen.push(*what);
+                    }
+                    seen
+                })
+                .join(", "),
+            rest[0]
+        )
+    } else {
+        format!(
+            "the harness (one thread) pinned to CPU {client_cpu}, {}",
+            placed.join(", ")
+        )
+    };
+    (pins, placement)
+}
+
 /// The `redis_version` of `INFO server`, or `unknown`.
 pub(crate) fn redis_version(server: &testkit::RedisServer) -> String {
     let info = server.cmd(&["INFO", "server"]);

@@ -61,8 +61,10 @@ impl Default for ClusterBuilder {
 }
 
 impl ClusterBuilder {
-    /// Number of masters (at least 3, as `redis-cli --cluster create`
-    /// requires; default 3).
+    /// Number of masters (default 3). `redis-cli --cluster create` needs at
+    /// least 3; a cluster of 1 or 2 masters (say, the baseline of a
+    /// throughput comparison) is built without it and without replicas:
+    /// see [`start`](Self::start).
     pub fn masters(mut self, n: usize) -> Self {
         self.masters = n;
         self
@@ -134,18 +136,25 @@ impl ClusterBuilder {
     /// [`RedisServer`] on `PR_SET_PDEATHSIG`; `redis-cli` gets the same
     /// treatment).
     ///
+    /// With 1 or 2 masters (which `redis-cli --cluster create` refuses) and
+    /// no replicas, the slots are split between the masters with `CLUSTER
+    /// ADDSLOTSRANGE` and the nodes introduced with `CLUSTER MEET` instead;
+    /// the cluster then settles the same way (well under a second).
+    ///
     /// # Panics
-    /// With fewer than 3 masters, if a process does not start, if
-    /// `redis-cli` fails (the message has its output), or if the cluster does
-    /// not settle within 30 s. Processes started so far are killed.
+    /// With no master, or fewer than 3 masters with replicas; if a process
+    /// does not start, if `redis-cli` (or a node) fails (the message has its
+    /// output), or if the cluster does not settle within 30 s. Processes
+    /// started so far are killed.
     ///
     /// With [`tls`](Self::tls), `redis-cli --tls` creates the cluster, and the
     /// nodes' ports (TLS ports) are drawn as the plain ones are, since the
     /// bus port is then the TLS port + 10000.
     pub fn start(self) -> Cluster {
         assert!(
-            self.masters >= 3,
-            "testkit: a Cluster needs at least 3 masters (redis-cli --cluster create refuses fewer)"
+            self.masters >= 3 || (self.masters >= 1 && self.replicas_per_master == 0),
+            "testkit: a Cluster needs at least 3 masters, or 1 or 2 without replicas \
+             (redis-cli --cluster create refuses fewer than 3)"
         );
         let total = self.masters * (1 + self.replicas_per_master);
         let timeout_ms = self.node_timeout.as_millis().to_string();
@@ -178,25 +187,29 @@ impl ClusterBuilder {
                 .collect(),
         );
         let deadline = Instant::now() + START_TIMEOUT;
-        let mut args: Vec<String> = Vec::new();
-        if self.tls.is_some() {
-            // The first node's copies: the files given may be gone by now.
-            let [_, _, ca] = TlsConfig::copies(nodes[0].dir());
-            let [cert, key] = TlsConfig::client_copies(nodes[0].dir());
-            args.push("--tls".into());
-            for (flag, path) in [("--cacert", ca), ("--cert", cert), ("--key", key)] {
-                args.push(flag.into());
-                args.push(path.display().to_string());
+        if self.masters >= 3 {
+            let mut args: Vec<String> = Vec::new();
+            if self.tls.is_some() {
+                // The first node's copies: the files given may be gone by now.
+                let [_, _, ca] = TlsConfig::copies(nodes[0].dir());
+                let [cert, key] = TlsConfig::client_copies(nodes[0].dir());
+                args.push("--tls".into());
+                for (flag, path) in [("--cacert", ca), ("--cert", cert), ("--key", key)] {
+                    args.push(flag.into());
+                    args.push(path.display().to_string());
+                }
             }
+            args.extend(["--cluster".into(), "create".into()]);
+            args.extend(nodes.iter().map(RedisServer::addr));
+            args.extend([
+                "--cluster-replicas".into(),
+                self.replicas_per_master.to_string(),
+                "--cluster-yes".into(),
+            ]);
+            run_redis_cli(&args, deadline);
+        } else {
+            create_small(&nodes);
         }
-        args.extend(["--cluster".into(), "create".into()]);
-        args.extend(nodes.iter().map(RedisServer::addr));
-        args.extend([
-            "--cluster-replicas".into(),
-            self.replicas_per_master.to_string(),
-            "--cluster-yes".into(),
-        ]);
-        run_redis_cli(&args, deadline);
 
         let ids = nodes
             .iter()
@@ -223,6 +236,35 @@ impl ClusterBuilder {
         }
         cluster.seeds = cluster.masters().iter().map(|m| m.addr()).collect();
         cluster
+    }
+}
+
+/// Makes a cluster of `masters` (1 or 2, no replicas) by hand, as `redis-cli
+/// --cluster create` would: each gets an even share of the slots (`CLUSTER
+/// ADDSLOTSRANGE`) and its own config epoch, then every node meets the first.
+fn create_small(masters: &[RedisServer]) {
+    let expect_ok = |node: &RedisServer, args: &[&str]| {
+        let reply = node.cmd(args);
+        assert!(
+            reply.as_str() == Some("OK"),
+            "testkit: `{}` on {}: {reply}",
+            args.join(" "),
+            node.addr()
+        );
+    };
+    let n = masters.len();
+    for (i, node) in masters.iter().enumerate() {
+        // A node that has met no other does not know its own address: CLUSTER NODES
+        // and CLUSTER SLOTS would name it ":PORT", which no client can reach.
+        expect_ok(node, &["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"]);
+        let (first, last) = (i * SLOTS / n, (i + 1) * SLOTS / n - 1);
+        let (first, last, epoch) = (first.to_string(), last.to_string(), (i + 1).to_string());
+        expect_ok(node, &["CLUSTER", "ADDSLOTSRANGE", &first, &last]);
+        expect_ok(node, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch]);
+    }
+    for node in &masters[1..] {
+        let port = masters[0].port().to_string();
+        expect_ok(node, &["CLUSTER", "MEET", "127.0.0.1", &port]);
     }
 }
 

@@ -81,6 +81,30 @@ fn a_cluster_starts_with_every_slot_covered() {
 }
 
 #[test]
+fn a_cluster_of_one_or_two_masters_covers_every_slot_without_redis_cli() {
+    for n in [1, 2] {
+        let cluster = Cluster::builder().masters(n).replicas_per_master(0).start();
+        let masters = cluster.masters();
+        assert_eq!(masters.len(), n);
+        let covered: usize = masters.iter().map(|m| slots_served_by(m)).sum();
+        assert_eq!(covered, 16384);
+        for m in &masters {
+            assert!(
+                slots_served_by(m) >= 16384 / n - 1,
+                "{} serves too few",
+                m.addr()
+            );
+        }
+        let owner = cluster.node_for_key("lock:a");
+        assert_eq!(
+            owner.cmd(&["SET", "lock:a", "v"]).as_str(),
+            Some("OK"),
+            "{n} masters"
+        );
+    }
+}
+
+#[test]
 fn a_keys_master_is_found_and_migrate_slot_moves_its_keys() {
     let cluster = Cluster::start();
     let key = "lock:{orders}";
