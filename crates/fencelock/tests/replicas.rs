@@ -155,9 +155,11 @@ async fn a_waiting_acquire_retries_when_the_master_stops_answering_during_wait()
     let acquiring = tokio::spawn(acquire);
     // The grant is made and its WAIT blocks (the replica acknowledges nothing); then
     // the master stops too, so the WAIT's answer never comes.
-    eventually("the grant's WAIT blocks", Duration::from_secs(10), async || {
-        master.info_field("clients", "blocked_clients").as_deref() == Some("1")
-    })
+    eventually(
+        "the grant's WAIT blocks",
+        Duration::from_secs(10),
+        async || master.info_field("clients", "blocked_clients").as_deref() == Some("1"),
+    )
     .await;
     master.pause();
     eventually(
@@ -171,14 +173,19 @@ async fn a_waiting_acquire_retries_when_the_master_stops_answering_during_wait()
     .await;
     master.resume();
     replica.resume();
-    let guard = acquiring.await.unwrap().expect("the lock, once both are back");
+    let guard = acquiring
+        .await
+        .unwrap()
+        .expect("the lock, once both are back");
     assert_eq!(
         master.get("fencelock:{w}").as_deref(),
         Some(guard.holder_token().as_str())
     );
-    eventually("the replica has the grant", Duration::from_secs(5), async || {
-        replica.get("fencelock:{w}").as_deref() == Some(guard.holder_token().as_str())
-    })
+    eventually(
+        "the replica has the grant",
+        Duration::from_secs(5),
+        async || replica.get("fencelock:{w}").as_deref() == Some(guard.holder_token().as_str()),
+    )
     .await;
     guard.release().await.unwrap();
 }
