@@ -83,8 +83,9 @@ pub const CLUSTER_FAILOVER_REPLICAS: Scenario = Scenario {
     expected: "no double grant: the isolated replica acknowledges nothing, so every \
         grant in the fault (the stale holder's included) is refused as Unreplicated \
         and shows as a failed acquire, as are grants on the new master until the old \
-        one rejoins as its replica; zero double grants, C2-C4 hold, the counter equals \
-        the acknowledged writes",
+        one rejoins as its replica, and none is reported between the kill and the \
+        promotion; zero double grants, C2-C4 hold, the counter equals the \
+        acknowledged writes",
     run: |lab, tag, scale| lab.failover(tag, scale, 1, &mut ClusterRig::start(tag)),
 };
 
@@ -215,6 +216,8 @@ struct Failover {
     /// Whether it held the lock when the master was killed (stopped before its write).
     held: bool,
     killed_at: u64,
+    /// When the replica was the new master.
+    promoted_at: u64,
 }
 
 impl Lab {
@@ -279,6 +282,7 @@ impl Lab {
             let killed_at = monotonic_ns();
             rig.promote(&replica, &old)
                 .map_err(|e| format!("{tag}: {e}"))?;
+            let promoted_at = monotonic_ns();
             if held {
                 // Another worker writes on the new master; then the holder writes late.
                 wait_until(tag, "a write on the new master", || {
@@ -294,6 +298,7 @@ impl Lab {
                 holder,
                 held,
                 killed_at,
+                promoted_at,
             });
         }
         // The lock serves the steady workers again, then they stop.
@@ -367,6 +372,26 @@ impl Lab {
                 if f.held || !refusal.is_some_and(unreplicated) {
                     o.failed.push(format!(
                         "p{p} was not refused as unreplicated with its replica isolated"
+                    ));
+                }
+                // Between the kill and the promotion no master has a replica that could
+                // acknowledge a grant (the old one is dead, the new one still a replica):
+                // a grant reported then was acknowledged by a node that never had it.
+                // (A grant acknowledged before the isolation would have to be reported
+                // over the whole stale holder's refusal later.)
+                let unfounded = h
+                    .iter()
+                    .filter(|e| {
+                        e.op == Op::Acquire
+                            && e.phase == Phase::Ok
+                            && e.time_ns > f.killed_at
+                            && e.time_ns < f.promoted_at
+                    })
+                    .count();
+                if unfounded > 0 {
+                    o.failed.push(format!(
+                        "{unfounded} grant(s) reported as replicated between the kill and \
+                         the promotion, when no replica could have them"
                     ));
                 }
             }
