@@ -56,8 +56,9 @@ pub const SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
     expected: "no double grant: the isolated replica acknowledges nothing, so every \
         grant in the fault (the stale holder's included) is refused as Unreplicated \
         and shows as a failed acquire, as are grants on the new master until the old \
-        one rejoins as its replica; zero double grants, C2-C4 hold, the counter equals \
-        the acknowledged writes",
+        one rejoins as its replica, and none is reported between the kill and the \
+        promotion; zero double grants, C2-C4 hold, the counter equals the \
+        acknowledged writes",
     run: |lab, tag, scale| lab.failover(tag, scale, 1, &mut SentinelRig::start()),
 };
 
