@@ -2,8 +2,9 @@
 //!
 //! `fencelock-lab run --short|--long [--seed N] [--out DIR] [--report FILE]` starts a
 //! lock `redis-server`, a resource `redis-server` and 5 Redlock nodes (testkit; the
-//! failover scenarios start a Sentinel group of their own each round), runs the
-//! seeded fault scenarios with worker processes (this binary re-executed as the hidden
+//! failover scenarios start a Sentinel group or a Redis Cluster of their own each
+//! round), runs the seeded fault scenarios with worker processes (this binary
+//! re-executed as the hidden
 //! `worker` subcommand, each writing its own JSON Lines history), merges the histories,
 //! runs the checkers C1-C6 and prints a markdown table (and writes it to FILE). The long
 //! mode repeats every scenario for many rounds with more iterations (at least 100,000

@@ -793,3 +793,48 @@ async fn the_batch_across_slots_renews_one_masters_slots_and_refuses_another_mas
     assert!(error.contains("non local key"), "{error}");
     here.cmd(&["DEL", &key(&a)]);
 }
+
+/// A grant whose master is killed while its `WAIT` blocks (its replica isolated, so the
+/// replica never had it) is not reported as replicated: the `WAIT` goes to the master
+/// that took the grant or nowhere, never to another master, whose own replicas would
+/// answer for writes they never saw.
+#[tokio::test]
+async fn a_grant_whose_master_dies_during_its_wait_is_not_reported_replicated() {
+    let mut cluster = Cluster::start();
+    // WAIT may block for a second (a tenth of the lease, at most three quarters of the
+    // response timeout): time enough to kill the master while it does.
+    let c = Client::builder(cluster.url())
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let master = cluster.node_for_key(&key("wait-dies")).addr();
+    let replica = cluster.replicas_of(&master)[0].addr();
+    cluster.isolate_replica(&replica);
+    let acquiring = tokio::spawn(
+        c.lock("wait-dies")
+            .lease(Duration::from_secs(10))
+            .replicas(1)
+            .try_acquire(),
+    );
+    eventually(
+        "the grant's WAIT blocks",
+        Duration::from_secs(10),
+        async || {
+            node(&cluster, &master)
+                .info_field("clients", "blocked_clients")
+                .as_deref()
+                == Some("1")
+        },
+    )
+    .await;
+    cluster.node_mut(&master).kill();
+    match acquiring.await.unwrap() {
+        Err(e) => eprintln!("refused: {e}"),
+        Ok(g) => panic!(
+            "granted as replicated (token {}) by a master killed before its replica had it",
+            g.fencing_token()
+        ),
+    }
+    cluster.resume_node(&replica);
+}

@@ -325,7 +325,9 @@ fn run_redis_cli(args: &[String], deadline: Instant) {
 /// [`masters`](Self::masters), [`master_of_slot`](Self::master_of_slot) and
 /// [`node_for_key`](Self::node_for_key) follow failovers and migrations.
 /// Faults: [`kill_master_of`](Self::kill_master_of) then
-/// [`wait_for_failover`](Self::wait_for_failover),
+/// [`wait_for_failover`](Self::wait_for_failover) (and
+/// [`restart_as_replica`](Self::restart_as_replica) for the next one; before it,
+/// [`isolate_replica`](Self::isolate_replica) to have the failover lose writes),
 /// [`pause_node`](Self::pause_node) / [`resume_node`](Self::resume_node),
 /// and [`migrate_slot`](Self::migrate_slot) (or its steps,
 /// [`begin_migration`](Self::begin_migration),
@@ -680,6 +682,151 @@ impl Cluster {
             );
             thread::sleep(POLL);
         }
+    }
+
+    /// Pauses the replica at `addr` (`SIGSTOP`) and closes its replication link at
+    /// its master (`CLIENT KILL ADDR`), so writes the master takes from now on never
+    /// reach it (a paused replica alone would still get them: the kernel buffers
+    /// the stream until it resumes). Stages a lost write, as
+    /// [`SentinelGroup::isolate_replica`](crate::SentinelGroup::isolate_replica)
+    /// does: isolate the replica, write to the master,
+    /// [`kill_master_of`](Self::kill_master_of) the key,
+    /// [`resume_node`](Self::resume_node) the replica; the cluster promotes it
+    /// without the write.
+    ///
+    /// The replica stays eligible for the failover: its data age, which
+    /// `cluster-replica-validity-factor` bounds (10 node timeouts +
+    /// `repl-ping-replica-period`, 20 s with the defaults), counts from when it
+    /// sees its link closed, which is after it resumes.
+    ///
+    /// # Panics
+    /// If `addr` is not a node, or not a replica with a link to a master.
+    pub fn isolate_replica(&mut self, addr: &str) {
+        // The replica's end of its link: the master's client with flag M.
+        let clients = self.cmd(addr, &["CLIENT", "LIST"]);
+        let link = clients
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.split(' ').any(|f| f == "flags=M"))
+            .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("laddr=")))
+            .map(str::to_owned)
+            .unwrap_or_else(|| {
+                panic!("testkit: replica {addr} has no link to a master: {clients}")
+            });
+        let master = self
+            .own_view(addr)
+            .and_then(|view| {
+                let me = view.iter().find(|l| l.is_myself())?;
+                let id = me.master_id.as_deref()?;
+                view.iter().find(|l| l.id == id).map(|l| l.addr.clone())
+            })
+            .unwrap_or_else(|| panic!("testkit: {addr} does not name its master"));
+        self.pause_node(addr);
+        let reply = self.cmd(&master, &["CLIENT", "KILL", "ADDR", &link]);
+        // The filter form answers with the number of clients closed.
+        assert!(
+            reply == Reply::Int(1),
+            "testkit: closing replica {addr}'s link ({link}) at master {master}: {reply}"
+        );
+    }
+
+    /// Brings a killed former master back as a replica, ready for the next
+    /// failover: restarts it in place (empty, on its port, with its own
+    /// `nodes.conf`, so with its node id), where it learns from the other nodes
+    /// that its slots went to a master of a newer epoch and turns itself into
+    /// that master's replica. Waits until it calls itself a replica with its link
+    /// up, its master lists it `state=online`, and every live node reports
+    /// `cluster_state:ok` and sees it as a connected, healthy replica of that
+    /// master. Returns the master's address.
+    ///
+    /// Call it from the thread that owns the cluster (see [`RedisServer`] on
+    /// `PR_SET_PDEATHSIG`).
+    ///
+    /// # Panics
+    /// If no node has that address, or it is not back as a replica within
+    /// `within` (the message tells what was missing).
+    #[track_caller]
+    pub fn restart_as_replica(&mut self, addr: &str, within: Duration) -> String {
+        self.node_mut(addr).restart();
+        let deadline = Instant::now() + within;
+        loop {
+            match self.replica_gap(addr) {
+                Ok(master) => return master,
+                Err(missing) => assert!(
+                    Instant::now() < deadline,
+                    "testkit: {addr} not back as a replica within {within:?}: {missing}"
+                ),
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// The master of the node at `addr` if it is a healthy replica in its own, its
+    /// master's and every live node's view; else what is missing.
+    fn replica_gap(&self, addr: &str) -> Result<String, String> {
+        let view = self
+            .own_view(addr)
+            .ok_or_else(|| format!("{addr} does not answer CLUSTER NODES"))?;
+        let me = view
+            .iter()
+            .find(|l| l.is_myself())
+            .ok_or_else(|| format!("{addr} has no myself line"))?;
+        let master_id = match (&me.master_id, me.is_master()) {
+            (Some(id), false) => id.clone(),
+            _ => return Err(format!("{addr} says {:?}", me.flags)),
+        };
+        let master = view
+            .iter()
+            .find(|l| l.id == master_id)
+            .map(|l| l.addr.clone())
+            .ok_or_else(|| format!("{addr} does not know its master {master_id}"))?;
+        let node = &self.nodes[self.index(addr)];
+        let link = query(node, &["INFO", "replication"])
+            .ok()
+            .and_then(|r| info_value(r.as_str()?, "master_link_status").map(str::to_owned));
+        if link.as_deref() != Some("up") {
+            return Err(format!("{addr}: master_link_status {link:?}"));
+        }
+        let port = addr.rsplit_once(':').map_or("", |(_, p)| p);
+        let info = query(&self.nodes[self.index(&master)], &["INFO", "replication"])
+            .map_err(|e| format!("master {master}: {e}"))?;
+        let info = info.as_str().unwrap_or_default();
+        let online = (0..self.nodes.len()).any(|i| {
+            info_value(info, &format!("slave{i}"))
+                .is_some_and(|v| v.contains(&format!("port={port},")) && v.contains("state=online"))
+        });
+        if !online {
+            return Err(format!("not online at master {master}:\n{info}"));
+        }
+        for n in self.live() {
+            let state = query(n, &["CLUSTER", "INFO"])
+                .ok()
+                .and_then(|r| info_value(r.as_str()?, "cluster_state").map(str::to_owned));
+            if state.as_deref() != Some("ok") {
+                return Err(format!("{}: cluster_state {state:?}", n.addr()));
+            }
+            let seen = node_view(n)
+                .ok()
+                .and_then(|v| v.into_iter().find(|l| l.addr == addr));
+            let healthy = seen.as_ref().is_some_and(|l| {
+                l.connected
+                    && l.master_id.as_deref() == Some(master_id.as_str())
+                    && l.flags
+                        .iter()
+                        .all(|f| matches!(f.as_str(), "myself" | "slave"))
+            });
+            if !healthy {
+                return Err(format!("{} sees {seen:?}", n.addr()));
+            }
+        }
+        Ok(master)
+    }
+
+    /// `CLUSTER NODES` of the node at `addr` itself, parsed (`None` if it does
+    /// not answer).
+    fn own_view(&self, addr: &str) -> Option<Vec<NodeLine>> {
+        node_view(&self.nodes[self.index(addr)]).ok()
     }
 
     /// Moves `slot` and all its keys to the master at `to_master`, as

@@ -364,3 +364,59 @@ fn a_tls_cluster_meets_replicates_and_fails_over_over_tls_only() {
     assert_eq!(new, replica);
     assert_eq!(cluster.cmd(&new, &["GET", key]).as_str(), Some("owner-1"));
 }
+
+#[test]
+fn an_isolated_replica_is_promoted_without_the_write_it_missed_and_the_old_master_returns_as_its_replica()
+ {
+    let mut cluster = Cluster::start();
+    let key = "lock:{lost}";
+    let slot = cluster.slot_of(key);
+    let master = cluster.node_for_key(key).addr();
+    let replica = cluster.replicas_of(&master)[0].addr();
+    cluster.cmd(&master, &["SET", "before:{lost}", "1"]);
+    assert_eq!(
+        cluster.cmd(&master, &["WAIT", "1", "5000"]).as_int(),
+        Some(1)
+    );
+
+    cluster.isolate_replica(&replica);
+    cluster.cmd(&master, &["SET", key, "lost"]);
+    assert_eq!(cluster.kill_master_of(key), master);
+    cluster.resume_node(&replica);
+    let t = Instant::now();
+    assert_eq!(
+        cluster.wait_for_failover(slot, Duration::from_secs(15)),
+        replica
+    );
+    eprintln!("isolated replica promoted after {:?}", t.elapsed());
+    assert_eq!(
+        cluster.cmd(&replica, &["GET", "before:{lost}"]).as_str(),
+        Some("1")
+    );
+    assert!(
+        cluster.cmd(&replica, &["GET", key]).is_nil(),
+        "the write it missed"
+    );
+
+    cluster.cmd(&replica, &["SET", "after:{lost}", "1"]);
+    let t = Instant::now();
+    assert_eq!(
+        cluster.restart_as_replica(&master, Duration::from_secs(15)),
+        replica
+    );
+    eprintln!("old master back as a replica after {:?}", t.elapsed());
+    assert_eq!(cluster.replicas_of(&replica)[0].addr(), master);
+    // A replica answers GET with MOVED; its key count shows the sync (before, after).
+    assert_eq!(
+        cluster.cmd(&master, &["DBSIZE"]).as_int(),
+        Some(2),
+        "synced"
+    );
+
+    // The next failover of the slot promotes it again.
+    assert_eq!(cluster.kill_master_of(key), replica);
+    assert_eq!(
+        cluster.wait_for_failover(slot, Duration::from_secs(15)),
+        master
+    );
+}

@@ -16,8 +16,9 @@
 //!   set back, a lease expiring under its holder;
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
-//! - [`failover`]: a Sentinel group's or a cluster's master killed right after a grant
-//!   its replica missed, with and without replica acknowledgement.
+//! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
+//!   killed right after a grant its replica missed, with and without replica
+//!   acknowledgement.
 //!
 //! [`ALL`] lists them in run order.
 
@@ -110,6 +111,8 @@ pub const ALL: &[Scenario] = &[
     redlock::REDLOCK_PARTITIONED,
     failover::SENTINEL_FAILOVER,
     failover::SENTINEL_FAILOVER_REPLICAS,
+    failover::CLUSTER_FAILOVER,
+    failover::CLUSTER_FAILOVER_REPLICAS,
 ];
 
 /// The scenarios whose name contains one of `only` (all if empty).

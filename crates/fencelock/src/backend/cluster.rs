@@ -34,7 +34,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::{
     ClusterTopology, ReadCandidates, ReadRoutingStrategy, ReadRoutingStrategyFactory,
 };
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
 
 use super::access::{self, Access, TlsSettings};
@@ -541,8 +541,12 @@ impl ClusterLink {
         }
     }
 
-    /// `WAIT replicas timeout` on the master that serves `key` (the one that just took
-    /// the grant, on the connection that sent it).
+    /// `WAIT replicas timeout` on the master that serves `key` as the driver last saw
+    /// it (the one that just took the grant, on the connection that sent it), by its
+    /// address. Routed by the key instead, the driver sends it elsewhere while that
+    /// master's connection is down (a failover under way): to the slot's replica, or to
+    /// any other master, which answers at once for its own replicas and the writes of
+    /// its own connection, so a grant no replica had counted as replicated.
     pub async fn wait(
         &self,
         key: &str,
@@ -550,15 +554,33 @@ impl ClusterLink {
         within: Duration,
         bound: Duration,
     ) -> Result<Result<i64, RedisError>, Error> {
+        let Some(master) = self.topology.master_of(key_slot(key)) else {
+            return Err(Error::Unavailable {
+                node: self.label(),
+                reason: UnavailableReason::SlotMoving,
+                detail: "no master known for the lock's slot".to_owned(),
+                source: None,
+            });
+        };
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(within.as_millis() as u64);
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-            key,
-            SlotAddr::Master,
-        )));
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: master.host().to_owned(),
+            port: master.port(),
+        });
         let waited = tokio::time::timeout(bound, self.send(wait, route)).await;
         match waited {
             Ok(Ok(v)) => Ok(i64::from_redis_value(v).map_err(RedisError::from)),
+            Ok(Err(e)) if e.kind() == redis::ErrorKind::ClusterConnectionNotFound => {
+                Err(Error::Unavailable {
+                    node: master.to_string(),
+                    reason: UnavailableReason::Refused,
+                    detail: "the master that took the grant is not connected (a failover \
+                             under way?)"
+                        .to_owned(),
+                    source: None,
+                })
+            }
             Ok(Err(e)) => Ok(Err(e)),
             Err(_) => Err(timed_out(&self.addr_for(key), bound)),
         }
