@@ -824,3 +824,45 @@ async fn the_returned_futures_borrow_nothing() {
     assert_eq!(lost.await, Ok(LossCause::Expired));
     drop(g);
 }
+
+/// A server that lost its scripts while the client's connection stayed up (`SCRIPT
+/// FLUSH`, a failover to a replica that never ran them) answers `NOSCRIPT`; the client
+/// loads the script and runs the call again, once, and the caller sees nothing of it.
+#[tokio::test]
+async fn scripts_flushed_on_the_server_are_loaded_again() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    let lock = c
+        .lock("flushed")
+        .lease(Duration::from_secs(10))
+        .renew(false);
+    lock.try_acquire().await.unwrap().release().await.unwrap();
+    let loads = |r: &RedisServer| {
+        r.info_field("commandstats", "cmdstat_script|load")
+            .and_then(|c| {
+                c.strip_prefix("calls=")?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let before = loads(&r);
+    r.cmd(&["SCRIPT", "FLUSH"]);
+    let guard = lock
+        .try_acquire()
+        .await
+        .expect("acquired after SCRIPT FLUSH");
+    assert_eq!(
+        r.get("fencelock:{flushed}").as_deref(),
+        Some(guard.holder_token().as_str())
+    );
+    guard.release().await.expect("released after SCRIPT FLUSH");
+    assert!(!r.exists("fencelock:{flushed}"));
+    assert_eq!(
+        loads(&r) - before,
+        2,
+        "acquire.lua and release.lua loaded again"
+    );
+}

@@ -500,7 +500,7 @@ impl Standalone {
     }
 
     /// As [`Node::run`]. `load`: the script may be missing on this connection, so load
-    /// it in the same write ([`Call::load_and_run`]).
+    /// it in the same write; otherwise `EVALSHA` alone, and the load after a `NOSCRIPT`.
     async fn run<T: FromRedisValue>(
         &self,
         call: &Call,
@@ -509,24 +509,32 @@ impl Standalone {
     ) -> Result<T, Error> {
         let within = within.unwrap_or(self.call_timeout);
         let deadline = tokio::time::Instant::now() + within;
-        let invocation = call.invocation(Flavor::Standalone);
+        let run = call.evalsha(Flavor::Standalone);
+        // SCRIPT LOAD and the EVALSHA, both sent before either answer is awaited: the
+        // futures are polled in order, and the connection sends in the order it is given.
+        let load_and_run = async |conn: &mut ConnectionManager| -> redis::RedisResult<T> {
+            let mut same = conn.clone();
+            let load = call.load(Flavor::Standalone);
+            let (loaded, answer) = futures_util::join!(
+                load.query_async::<()>(conn),
+                run.query_async::<T>(&mut same)
+            );
+            match (loaded, answer) {
+                (Err(e), Err(_)) => Err(e),
+                (_, answer) => answer,
+            }
+        };
         let send = async |conn: &mut ConnectionManager| -> redis::RedisResult<T> {
             if load {
-                // Both sent before either answer is awaited: the futures are polled in
-                // order, and the connection sends in the order it is given.
-                let mut same = conn.clone();
-                let load = call.load(Flavor::Standalone);
-                let run = call.evalsha(Flavor::Standalone);
-                let (loaded, answer) = futures_util::join!(
-                    load.query_async::<()>(conn),
-                    run.query_async::<T>(&mut same)
-                );
-                match (loaded, answer) {
-                    (Err(e), Err(_)) => Err(e),
-                    (_, answer) => answer,
+                return load_and_run(conn).await;
+            }
+            match run.query_async::<T>(conn).await {
+                // The server lost its scripts (SCRIPT FLUSH, or a restart this
+                // connection did not see): load it and run it again.
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    load_and_run(conn).await
                 }
-            } else {
-                invocation.invoke_async(conn).await
+                answer => answer,
             }
         };
         let refused = |e| refused(call, e, Flavor::Standalone);
