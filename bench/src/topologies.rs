@@ -785,6 +785,33 @@ pub(crate) fn target_rows(s: &mut String, t: &Topologies) {
                     yes_no(ratio <= TARGET_TOPOLOGY_RATIO)
                 );
             }
+            // The library's own share: the same cycle through a plain `redis://` client
+            // at the same master (which also streams to its replica and shares its CPU
+            // with its neighbours), so only the Sentinel or cluster path differs.
+            for (what, series, plain) in [
+                (
+                    "Sentinel",
+                    &l.sentinel,
+                    "Sentinel's master through redis://",
+                ),
+                ("Cluster", &l.cluster, "the cluster master through redis://"),
+            ] {
+                let Some((_, at_master)) = l.diagnostics.iter().find(|(d, _)| d.starts_with(plain))
+                else {
+                    continue;
+                };
+                let ratio = series.summary.p50 as f64 / at_master.summary.p50 as f64;
+                let _ = writeln!(
+                    s,
+                    "| the library's {what} path: p50 through {what} within \
+                     {TARGET_TOPOLOGY_RATIO}x of a plain `redis://` client at the same \
+                     master | {} / {} = {} | {} |",
+                    fmt_ns(series.summary.p50),
+                    fmt_ns(at_master.summary.p50),
+                    x(ratio),
+                    yes_no(ratio <= TARGET_TOPOLOGY_RATIO)
+                );
+            }
         }
         Err(e) => {
             let _ = writeln!(
