@@ -489,6 +489,46 @@ async fn a_second_name_of_one_server_unreachable_at_connect_gets_no_vote_later()
     assert!(!holds(&server, "x") && !server.exists(KEY));
 }
 
+/// Answers are tallied as they come: a second name of one server that answers first
+/// still gives that server one vote, and the name given first keeps it.
+#[tokio::test]
+async fn a_server_named_twice_votes_once_whichever_name_answers_first() {
+    use testkit::{Fault, FaultProxy};
+    let server = RedisServer::start();
+    // Node 1 reaches the server through a proxy: refusing while the client connects (so
+    // only node 2's name is known then), then slow, so node 2 answers first.
+    let proxy = FaultProxy::start(&server.addr());
+    proxy.set(Fault::Reset);
+    let down = format!("redis://127.0.0.1:{}", testkit::free_port());
+    let c = Client::redlock([proxy.url(), server.url(), down])
+        .restart_protection(None)
+        .node_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect: the first name is not known yet");
+    proxy.set(Fault::Delay {
+        base: Duration::from_millis(100),
+        jitter: Duration::ZERO,
+    });
+    let err = c.lock("rl").try_acquire().await.unwrap_err();
+    let Error::NoQuorum { granted, nodes, .. } = &err else {
+        panic!("a fake majority: {err:?}")
+    };
+    assert_eq!(*granted, 1, "{err}");
+    assert_eq!(nodes[0].outcome, NodeOutcome::Granted, "{err}");
+    assert!(
+        matches!(&nodes[1].outcome, NodeOutcome::Refused(why) if why.contains("same Redis server")),
+        "{err}"
+    );
+    proxy.set(Fault::Pass);
+    eventually(
+        "the attempt taken back",
+        Duration::from_secs(5),
+        async || !server.exists(KEY),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_release_with_a_stopped_minority_takes_no_longer_than_the_node_timeout() {
     let mut servers = RedisServer::start_many(3);

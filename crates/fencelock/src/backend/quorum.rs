@@ -215,6 +215,7 @@ impl Quorum {
             held: None,
             held_nodes: 0,
             report: vec![None; nodes.len()],
+            voters: Vec::new(),
             fatal: None,
         }
     }
@@ -238,19 +239,7 @@ impl Quorum {
         if let AcquireOutcome::Held { blocked_by } = reply.outcome {
             return NodeOutcome::Held { blocked_by };
         }
-        // Nodes are judged in any order; the first name of a server keeps its vote.
-        let known = node.health().run_id.clone();
-        if let Some(j) = known.and_then(|id| same_server(nodes, i, &id)) {
-            let other = nodes[j].addr();
-            tracing::error!(
-                node = node.addr(),
-                other,
-                "two Redlock nodes are one Redis server; its second vote is refused"
-            );
-            return NodeOutcome::Refused(format!(
-                "the same Redis server as {other} (one run id): it votes once"
-            ));
-        }
+        // Two names of one server: the tally counts its vote once (AcquireTally::add).
         if self.quarantine.is_some() {
             if reply.identity.is_none() && node.generation() != generation {
                 // Its connection changed while it answered: the server may have
@@ -342,6 +331,9 @@ pub(crate) struct AcquireTally<'a> {
     held_nodes: usize,
     /// What each node answered, by node index; `None` while it has not.
     report: Vec<Option<NodeOutcome>>,
+    /// The servers whose grant counted (run id, the node index that voted): answers
+    /// come in any order, and a server named twice votes once, by its first name.
+    voters: Vec<(String, usize)>,
     /// A key holds data fencelock did not write: no retry will help.
     fatal: Option<Error>,
 }
@@ -353,9 +345,14 @@ impl AcquireTally<'_> {
     pub fn add(&mut self, i: usize, answer: Result<AcquireReply, Error>, generation: u64) -> bool {
         let outcome = match answer {
             Ok(reply) => {
-                let vote = self
+                let mut vote = self
                     .quorum
                     .judge(self.nodes, i, &reply, generation, self.ttl);
+                if vote == NodeOutcome::Granted
+                    && let Some(refused) = self.second_name(i)
+                {
+                    vote = refused;
+                }
                 match (&vote, reply.outcome) {
                     (NodeOutcome::Granted, AcquireOutcome::Acquired { fence, .. }) => {
                         self.granted += 1;
@@ -379,6 +376,36 @@ impl AcquireTally<'_> {
         };
         self.report[i] = Some(outcome);
         self.granted >= self.quorum.needed() && self.valid_until > Instant::now()
+    }
+
+    /// Records the grant of `nodes[i]` as its server's vote. If that server voted
+    /// already under another name, the name given later is refused: `i`'s refusal is
+    /// returned, or the other name's recorded in its place (and its vote taken back).
+    fn second_name(&mut self, i: usize) -> Option<NodeOutcome> {
+        let id = self.nodes[i].health().run_id.clone()?;
+        let Some(k) = self.voters.iter().position(|(known, _)| *known == id) else {
+            self.voters.push((id, i));
+            return None;
+        };
+        let first = self.voters[k].1;
+        let (kept, refused) = if i < first { (i, first) } else { (first, i) };
+        let (kept_addr, refused_addr) = (self.nodes[kept].addr(), self.nodes[refused].addr());
+        tracing::error!(
+            node = refused_addr,
+            other = kept_addr,
+            "two Redlock nodes are one Redis server; its second vote is refused"
+        );
+        let refusal = NodeOutcome::Refused(format!(
+            "the same Redis server as {kept_addr} (one run id): it votes once"
+        ));
+        if refused == i {
+            return Some(refusal);
+        }
+        // The earlier name answered later: it keeps the vote the later name had.
+        self.voters[k].1 = i;
+        self.report[first] = Some(refusal);
+        self.granted -= 1;
+        None
     }
 
     /// The verdict on the answers added, and whether what the attempt may have written
