@@ -1,35 +1,36 @@
 # Shared set-up for scripts/test, scripts/demo and .ci/run. Source it; do not run it.
 
-# Installs redis-server from Debian's packages when it is not on PATH.
-need_redis_server() {
-  if command -v redis-server >/dev/null 2>&1; then
+# Installs Debian package $2 with apt-get when command $1 is not on PATH.
+need_command() {
+  local cmd="$1" package="$2"
+  if command -v "$cmd" >/dev/null 2>&1; then
     return
   fi
-  echo "redis-server not found: installing it with apt-get" >&2
+  echo "$cmd not found: installing $package with apt-get" >&2
   local sudo=""
   if [ "$(id -u)" -ne 0 ]; then
     sudo="sudo"
   fi
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
-  # Debian starts a system service on 6379; fencelock never uses it, and it is left alone.
-  command -v redis-server >/dev/null 2>&1 || { echo "could not install redis-server" >&2; exit 1; }
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$package" >/dev/null
+  command -v "$cmd" >/dev/null 2>&1 || { echo "could not install $package" >&2; exit 1; }
 }
 
-# Installs tmux from Debian's packages when it is not on PATH: the CLI's terminal tests
-# (Ctrl-C, Ctrl-Z, a COMMAND that reads the terminal) run fencelock inside it.
+# redis-server (and redis-cli, which the cluster rigs use) from Debian's packages. Debian
+# starts a system service on 6379; fencelock never uses it, and it is left alone.
+need_redis_server() {
+  need_command redis-server redis-server
+}
+
+# tmux: the CLI's terminal tests (Ctrl-C, Ctrl-Z, a COMMAND that reads the terminal) run
+# fencelock inside it.
 need_tmux() {
-  if command -v tmux >/dev/null 2>&1; then
-    return
-  fi
-  echo "tmux not found: installing it with apt-get" >&2
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    sudo="sudo"
-  fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq tmux >/dev/null
-  command -v tmux >/dev/null 2>&1 || { echo "could not install tmux" >&2; exit 1; }
+  need_command tmux tmux
+}
+
+# openssl: the TLS tests make their CA and certificates with it at test time.
+need_openssl() {
+  need_command openssl openssl
 }
 
 # Checks for a Rust toolchain (1.88 or newer).
