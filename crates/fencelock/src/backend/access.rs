@@ -61,6 +61,49 @@ impl Access {
     }
 }
 
+/// The credentials of a multi-host URL's `user:password@` part, split off the rest:
+/// percent-decoded, an empty user name as none. (`redis://` URLs are the driver's to
+/// parse; the Sentinel and Cluster forms list several hosts, which it does not take.)
+pub(crate) fn split_credentials(rest: &str) -> (Option<String>, Option<String>, &str) {
+    let Some((userinfo, rest)) = rest.rsplit_once('@') else {
+        return (None, None, rest);
+    };
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let (user, password) = match userinfo.split_once(':') {
+        Some((user, pass)) => (decode(user), Some(decode(pass))),
+        None => (decode(userinfo), None),
+    };
+    (Some(user).filter(|u| !u.is_empty()), password, rest)
+}
+
+/// A URL's `host:port[,host:port...]`, each host without IPv6 brackets; `what` names one
+/// host in `bad`'s reasons ("sentinel", "node").
+pub(crate) fn host_list(
+    hosts: &str,
+    what: &str,
+    bad: impl Fn(&str) -> Error,
+) -> Result<Vec<(String, u16)>, Error> {
+    hosts
+        .split(',')
+        .map(|host| {
+            let (h, p) = host
+                .rsplit_once(':')
+                .ok_or_else(|| bad(&format!("a {what} without a port")))?;
+            let port = p
+                .parse()
+                .map_err(|_| bad(&format!("a {what} port is not a number")))?;
+            if h.is_empty() {
+                return Err(bad(&format!("a {what} without a host")));
+            }
+            Ok((h.trim_matches(['[', ']']).to_owned(), port))
+        })
+        .collect()
+}
+
 impl TlsSettings {
     /// Whether any TLS setting was given (they are a mistake with a URL without TLS).
     pub(crate) fn given(&self) -> bool {

@@ -84,42 +84,14 @@ impl ClusterUrl {
         if rest.contains('?') {
             return Err(bad("a cluster URL takes no query parameters"));
         }
-        let (userinfo, rest) = match rest.rsplit_once('@') {
-            Some((u, r)) => (Some(u), r),
-            None => (None, rest),
-        };
+        let (username, password, rest) = access::split_credentials(rest);
         let hosts = match rest.split_once('/') {
             // A cluster has one database, 0.
             Some((hosts, "" | "0")) => hosts,
             Some(_) => return Err(bad("a Redis Cluster has only database 0")),
             None => rest,
         };
-        let mut seeds = Vec::new();
-        for host in hosts.split(',') {
-            let (h, p) = host
-                .rsplit_once(':')
-                .ok_or_else(|| bad("a node without a port"))?;
-            let port = p.parse().map_err(|_| bad("a node port is not a number"))?;
-            if h.is_empty() {
-                return Err(bad("a node without a host"));
-            }
-            seeds.push((h.trim_matches(['[', ']']).to_owned(), port));
-        }
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        let (username, password) = match userinfo {
-            None => (None, None),
-            Some(u) => match u.split_once(':') {
-                Some((user, pass)) => (
-                    Some(decode(user)).filter(|s| !s.is_empty()),
-                    Some(decode(pass)),
-                ),
-                None => (Some(decode(u)).filter(|s| !s.is_empty()), None),
-            },
-        };
+        let seeds = access::host_list(hosts, "node", bad)?;
         if tls.is_none() && access.tls.given() {
             return Err(Error::invalid(
                 "TLS settings",

@@ -68,10 +68,7 @@ impl SentinelUrl {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
         };
-        let (userinfo, rest) = match rest.rsplit_once('@') {
-            Some((u, r)) => (Some(u), r),
-            None => (None, rest),
-        };
+        let (username, password, rest) = access::split_credentials(rest);
         let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("no service name"))?;
         let mut parts = path.split('/');
         let service = parts
@@ -87,29 +84,7 @@ impl SentinelUrl {
         if parts.next().is_some() {
             return Err(bad("too many path parts"));
         }
-        let mut sentinels = Vec::new();
-        for host in hosts.split(',') {
-            let (h, p) = host
-                .rsplit_once(':')
-                .ok_or_else(|| bad("a sentinel without a port"))?;
-            let port = p
-                .parse()
-                .map_err(|_| bad("a sentinel port is not a number"))?;
-            if h.is_empty() {
-                return Err(bad("a sentinel without a host"));
-            }
-            sentinels.push((h.trim_matches(['[', ']']).to_owned(), port));
-        }
-        let (username, password) = match userinfo {
-            None => (None, None),
-            Some(u) => match u.split_once(':') {
-                Some((user, pass)) => (
-                    Some(decode(user)).filter(|s| !s.is_empty()),
-                    Some(decode(pass)),
-                ),
-                None => (Some(decode(u)).filter(|s| !s.is_empty()), None),
-            },
-        };
+        let sentinels = access::host_list(hosts, "sentinel", bad)?;
         let mut sentinel_username = None;
         let mut sentinel_password = None;
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
