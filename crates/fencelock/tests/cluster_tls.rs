@@ -13,15 +13,11 @@
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
-use fencelock::{Client, ClientBuilder, Error, UnavailableReason};
+use fencelock::{Client, ClientBuilder, Error};
 use testkit::{Cluster, RedisServer, TlsFiles};
 
 mod common;
-use common::eventually;
-
-/// How long a connect that fails may take: a refused handshake fails at once, and one
-/// that never comes ends with the default timeouts (about 2 s).
-const PROMPT: Duration = Duration::from_secs(5);
+use common::{connect_error, eventually, tls_line};
 
 /// The key of lock `name` under the default prefix.
 fn key(name: &str) -> String {
@@ -42,37 +38,11 @@ fn shard_subscribers(node: &RedisServer, channel: &str) -> i64 {
         .unwrap_or_else(|| panic!("PUBSUB SHARDNUMSUB: {reply:?}"))
 }
 
-/// Connects (eagerly) with `builder`, expecting an error within [`PROMPT`].
-async fn connect_error(builder: ClientBuilder) -> Error {
-    let started = Instant::now();
-    let err = builder
-        .connect()
-        .await
-        .expect_err("the connect should fail");
-    assert!(
-        started.elapsed() < PROMPT,
-        "the error took {:?}: {err}",
-        started.elapsed()
-    );
-    err
-}
-
 /// Asserts that `err` is a TLS failure said in one line that names the untrusted CA
 /// and does not blame the seeds, and returns the line.
 #[track_caller]
 fn untrusted_ca(err: &Error) -> String {
-    assert!(
-        matches!(
-            err,
-            Error::Unavailable {
-                reason: UnavailableReason::Tls,
-                ..
-            }
-        ),
-        "expected Unavailable with reason Tls, got {err:?}"
-    );
-    let line = err.to_string();
-    assert_eq!(line.lines().count(), 1, "one line: {line:?}");
+    let line = tls_line(err);
     assert!(line.contains("CA this client does not trust"), "{line}");
     assert!(!line.contains("every seed"), "{line}");
     line

@@ -10,11 +10,7 @@ use fencelock::{Client, ClientBuilder, Error, UnavailableReason};
 use testkit::{ClientAuth, RedisServer, SentinelGroup, TlsFiles};
 
 mod common;
-use common::eventually;
-
-/// How long a connect that fails may take: a refused handshake fails at once, and a
-/// handshake that never comes ends with the default timeouts (about 2 s).
-const PROMPT: Duration = Duration::from_secs(5);
+use common::{connect_error, eventually, tls_line};
 
 /// A client builder for the server's TLS port, trusting testkit's CA (`--cacert`).
 fn over_tls(server: &RedisServer) -> ClientBuilder {
@@ -27,39 +23,6 @@ fn serving(cert: impl AsRef<std::path::Path>, key: impl AsRef<std::path::Path>) 
     RedisServer::builder()
         .tls_with(files, cert, key, ClientAuth::No)
         .start()
-}
-
-/// Connects (eagerly) with `builder`, expecting an error within [`PROMPT`].
-async fn connect_error(builder: ClientBuilder) -> Error {
-    let started = Instant::now();
-    let err = builder
-        .connect()
-        .await
-        .expect_err("the connect should fail");
-    assert!(
-        started.elapsed() < PROMPT,
-        "the error took {:?}: {err}",
-        started.elapsed()
-    );
-    err
-}
-
-/// Asserts that `err` is a TLS failure whose message is one line, and returns the line.
-#[track_caller]
-fn tls_line(err: &Error) -> String {
-    assert!(
-        matches!(
-            err,
-            Error::Unavailable {
-                reason: UnavailableReason::Tls,
-                ..
-            }
-        ),
-        "expected Unavailable with reason Tls, got {err:?}"
-    );
-    let line = err.to_string();
-    assert_eq!(line.lines().count(), 1, "one line: {line:?}");
-    line
 }
 
 /// Asserts that `err` is `InvalidArgument` about `what`, and returns its message.

@@ -108,3 +108,41 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for TraceLog {
         self.clone()
     }
 }
+
+/// How soon a connect that cannot succeed (a TLS mistake, bad settings) must say so: a
+/// refused handshake fails at once, one that never comes ends with the default
+/// timeouts (about 2 s).
+pub const CONNECT_PROMPT: Duration = Duration::from_secs(5);
+
+/// Connects (eagerly) with `builder`, expecting an error within [`CONNECT_PROMPT`].
+pub async fn connect_error(builder: fencelock::ClientBuilder) -> fencelock::Error {
+    let started = Instant::now();
+    let err = builder
+        .connect()
+        .await
+        .expect_err("the connect should fail");
+    assert!(
+        started.elapsed() < CONNECT_PROMPT,
+        "the error took {:?}: {err}",
+        started.elapsed()
+    );
+    err
+}
+
+/// Asserts that `err` is a TLS failure whose message is one line, and returns the line.
+#[track_caller]
+pub fn tls_line(err: &fencelock::Error) -> String {
+    assert!(
+        matches!(
+            err,
+            fencelock::Error::Unavailable {
+                reason: fencelock::UnavailableReason::Tls,
+                ..
+            }
+        ),
+        "expected Unavailable with reason Tls, got {err:?}"
+    );
+    let line = err.to_string();
+    assert_eq!(line.lines().count(), 1, "one line: {line:?}");
+    line
+}
