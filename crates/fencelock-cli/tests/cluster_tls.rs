@@ -8,123 +8,14 @@
 //! Its own file (not `tls.rs` or `cluster.rs`) so that one TLS cluster serves these
 //! tests and no other test binary starts one.
 
-use std::io::Read;
-use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Child, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 use testkit::{Cluster, TlsFiles};
 
-/// No single `fencelock` run in these tests may take longer than this.
-const RUN_TIMEOUT: Duration = Duration::from_secs(20);
-const POLL: Duration = Duration::from_millis(10);
-
-/// The variables of the caller that would change what a run does: none reaches it.
-const CALLERS_VARIABLES: &[&str] = &[
-    "FENCELOCK_REDIS",
-    "FENCELOCK_CACERT",
-    "FENCELOCK_CERT",
-    "FENCELOCK_KEY",
-    "FENCELOCK_INSECURE",
-    "FENCELOCK_USER",
-    "FENCELOCK_PASSWORD",
-    "FENCELOCK_PASSWORD_FILE",
-];
-
-/// The binary under test: `FENCELOCK_BIN` if set, else the one Cargo built for these
-/// tests.
-fn bin() -> std::ffi::OsString {
-    std::env::var_os("FENCELOCK_BIN")
-        .filter(|b| !b.is_empty())
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_fencelock").into())
-}
-
-/// What a user sees of one finished `fencelock` run.
-#[derive(Debug)]
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-impl Run {
-    /// Asserts the exit code, and that stderr is one `fencelock: ...` line; returns it.
-    #[track_caller]
-    fn fails_with(&self, code: i32) -> &str {
-        assert_eq!(self.status.code(), Some(code), "{self:#?}");
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "stderr should be one line: {self:#?}");
-        assert!(lines[0].starts_with("fencelock: "), "{self:#?}");
-        lines[0]
-    }
-
-    /// Asserts exit 0, and returns stdout.
-    #[track_caller]
-    fn succeeded(&self) -> &str {
-        assert_eq!(self.status.code(), Some(0), "{self:#?}");
-        &self.stdout
-    }
-}
-
-/// A `fencelock` command with `args` and none of the caller's variables.
-fn command(args: &[&str]) -> Command {
-    let mut cmd = Command::new(bin());
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for var in CALLERS_VARIABLES {
-        cmd.env_remove(var);
-    }
-    cmd
-}
-
-/// Runs `fencelock args` to the end (at most [`RUN_TIMEOUT`]), asserting that it did not
-/// panic.
-#[track_caller]
-fn fencelock(args: &[&str]) -> Run {
-    let started = Instant::now();
-    let mut child = command(args).spawn().expect("spawn fencelock");
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fencelock {args:?} did not exit within {RUN_TIMEOUT:?}");
-        }
-        thread::sleep(POLL);
-    };
-    let took = started.elapsed();
-    let read = |pipe: Option<Box<dyn Read>>| {
-        let mut text = String::new();
-        if let Some(mut pipe) = pipe {
-            pipe.read_to_string(&mut text)
-                .expect("read fencelock's output");
-        }
-        text
-    };
-    let stdout = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read>));
-    let stderr = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read>));
-    let run = Run {
-        status,
-        stdout,
-        stderr,
-        took,
-    };
-    assert_ne!(run.status.code(), Some(101), "fencelock panicked: {run:#?}");
-    assert!(!run.stderr.contains("panicked"), "{run:#?}");
-    run
-}
-
-/// A path as an argument.
-fn arg(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 path")
-}
+mod common;
+use common::{arg, command, fencelock};
 
 fn key(name: &str) -> String {
     format!("fencelock:{{{name}}}")
@@ -156,7 +47,7 @@ struct Holder(Child);
 impl Holder {
     fn start(cluster: &Cluster, name: &str) -> Self {
         let options = with_ca(cluster);
-        let child = command(&args("run", &options, &[name, "--", "sleep", "60"]))
+        let child = command(&args("run", &options, &[name, "--", "sleep", "60"]), &[])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -9,133 +9,14 @@
 //! one `cargo build` makes at the workspace root (`target/debug/fencelock`), whose
 //! dependencies' features are those of the whole workspace.
 
-use std::ffi::OsString;
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Child, Stdio};
+use std::time::Duration;
 
 use testkit::{ClientAuth, RedisServer, SentinelGroup, TlsFiles};
 
-/// No single `fencelock` run in these tests may take longer than this.
-const RUN_TIMEOUT: Duration = Duration::from_secs(20);
-const POLL: Duration = Duration::from_millis(10);
-
-/// The variables of the caller that would change what a run does: none reaches it.
-const CALLERS_VARIABLES: &[&str] = &[
-    "FENCELOCK_REDIS",
-    "FENCELOCK_CACERT",
-    "FENCELOCK_CERT",
-    "FENCELOCK_KEY",
-    "FENCELOCK_INSECURE",
-    "FENCELOCK_USER",
-    "FENCELOCK_PASSWORD",
-    "FENCELOCK_PASSWORD_FILE",
-];
-
-/// The binary under test: `FENCELOCK_BIN` if set, else the one Cargo built for these
-/// tests.
-fn bin() -> OsString {
-    std::env::var_os("FENCELOCK_BIN")
-        .filter(|b| !b.is_empty())
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_fencelock").into())
-}
-
-/// What a user sees of one finished `fencelock` run.
-#[derive(Debug)]
-struct Run {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    /// Asserts the exit code, and that stderr is one `fencelock: ...` line; returns it.
-    #[track_caller]
-    fn fails_with(&self, code: i32) -> &str {
-        assert_eq!(self.status.code(), Some(code), "{self:#?}");
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "stderr should be one line: {self:#?}");
-        assert!(lines[0].starts_with("fencelock: "), "{self:#?}");
-        lines[0]
-    }
-
-    /// Asserts that the run exited 0 after COMMAND printed `ran`.
-    #[track_caller]
-    fn ran(&self) {
-        assert_eq!(self.status.code(), Some(0), "{self:#?}");
-        assert_eq!(self.stdout, "ran\n", "{self:#?}");
-    }
-}
-
-/// A `fencelock` command with `args` and `vars`, and none of the caller's variables.
-fn command(args: &[&str], vars: &[(&str, &Path)]) -> Command {
-    let mut cmd = Command::new(bin());
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for var in CALLERS_VARIABLES {
-        cmd.env_remove(var);
-    }
-    for (var, value) in vars {
-        cmd.env(var, value);
-    }
-    cmd
-}
-
-/// Runs `fencelock` to the end (at most [`RUN_TIMEOUT`]), and asserts that it did not
-/// panic, whatever else it did: a panic exits 101 and says "panicked" on stderr.
-#[track_caller]
-fn fencelock_with(args: &[&str], vars: &[(&str, &Path)]) -> Run {
-    let started = Instant::now();
-    let mut child = command(args, vars).spawn().expect("spawn fencelock");
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > RUN_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("fencelock {args:?} did not exit within {RUN_TIMEOUT:?}");
-        }
-        thread::sleep(POLL);
-    };
-    let run = Run {
-        status,
-        stdout: read_all(&mut child, true),
-        stderr: read_all(&mut child, false),
-    };
-    assert_ne!(run.status.code(), Some(101), "fencelock panicked: {run:#?}");
-    assert!(!run.stderr.contains("panicked"), "{run:#?}");
-    run
-}
-
-/// [`fencelock_with`] without variables.
-#[track_caller]
-fn fencelock(args: &[&str]) -> Run {
-    fencelock_with(args, &[])
-}
-
-fn read_all(child: &mut Child, stdout: bool) -> String {
-    let mut text = String::new();
-    let pipe: Option<Box<dyn Read>> = if stdout {
-        child.stdout.take().map(|p| Box::new(p) as Box<dyn Read>)
-    } else {
-        child.stderr.take().map(|p| Box::new(p) as Box<dyn Read>)
-    };
-    if let Some(mut pipe) = pipe {
-        pipe.read_to_string(&mut text)
-            .expect("read fencelock's output");
-    }
-    text
-}
-
-/// A path as an argument.
-fn arg(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 path")
-}
+mod common;
+use common::{arg, command, fencelock, fencelock_with};
 
 /// A server with a TLS port serving testkit's good certificate.
 fn tls_server(clients: ClientAuth) -> RedisServer {
