@@ -406,6 +406,8 @@ impl Backend {
     /// confirmed by `enough` (see [`Quorum::confirm`]). Redlock answers as soon as the
     /// answers so far are decided with `early` as the number that confirms. Returns the
     /// confirmation and the nodes' errors, in node order.
+    ///
+    /// Cancel safety: as [`Node::run`]; calls already left to the background finish.
     async fn confirm_everywhere<T>(
         &self,
         call: Call,

@@ -443,6 +443,8 @@ impl Node {
     /// id, random for every start of a server process (two nodes with one run id are one
     /// server), and its uptime. Returns the run id. (Redlock only, which a cluster cannot
     /// be part of.)
+    ///
+    /// Cancel safe: it only reads; a dropped call records nothing.
     pub async fn identify(&self, within: Duration) -> Result<String, Error> {
         let generation = self.generation();
         let (run_id, uptime) = self.noted(self.who(within).await)?;
