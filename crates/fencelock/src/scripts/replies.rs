@@ -21,7 +21,7 @@ pub(crate) fn wrong_type(e: &RedisError) -> Option<(String, String)> {
     Some((key.to_owned(), found.to_owned()))
 }
 
-/// Who a node said it is, when asked (`acquire.lua` with ARGV[4] "1").
+/// Who a node said it is, when asked (`acquire.lua` with `ARGV[3]` "1").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Identity {
     /// Random for every start of a server process.
