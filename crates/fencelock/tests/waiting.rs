@@ -376,6 +376,7 @@ async fn a_holder_killed_without_releasing_frees_the_lock_after_its_ttl() {
 
 #[tokio::test]
 async fn a_cancelled_wait_leaves_no_key_queue_entry_or_subscription() {
+    let log = common::traces();
     let r = RedisServer::start();
     let c = Client::connect(&r.url()).await.unwrap();
     for fair in [false, true] {
@@ -388,10 +389,22 @@ async fn a_cancelled_wait_leaves_no_key_queue_entry_or_subscription() {
         }
         let waiting = tokio::spawn(lock.acquire());
         let queue = format!("fencelock:{{{name}}}:queue");
+        // Registered, and its attempt after registering answered: it sleeps until a
+        // release (cancelled while an attempt is in flight, the acquire must withdraw
+        // what that attempt may have written, which the plain case checks it does not
+        // do needlessly).
+        let asleep = format!("lock=\"{name}\" ");
         eventually(
-            "the waiter is registered",
+            "the waiter is registered and asleep",
             Duration::from_secs(5),
-            async || c.stats().waiters == 1 && (!fair || llen(&r, &queue) == 1),
+            async || {
+                c.stats().waiters == 1
+                    && (!fair || llen(&r, &queue) == 1)
+                    && log
+                        .text()
+                        .lines()
+                        .any(|l| l.contains(&asleep) && l.contains("lock still held"))
+            },
         )
         .await;
         waiting.abort();
