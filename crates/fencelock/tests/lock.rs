@@ -866,3 +866,60 @@ async fn scripts_flushed_on_the_server_are_loaded_again() {
         "acquire.lua and release.lua loaded again"
     );
 }
+
+/// Operators watch `INFO errorstats`: the library's normal use, in every mode, must not
+/// add to it (a script probing a key with the wrong command would count a WRONGTYPE).
+#[tokio::test]
+async fn normal_use_counts_no_errors_in_redis() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    for (name, fair) in [("e:plain", false), ("e:fair", true)] {
+        let lock = || {
+            let l = c.lock(name);
+            if fair { l.fair() } else { l }
+        };
+        let mut holder = lock().try_acquire().await.unwrap();
+        assert!(matches!(
+            lock().try_acquire().await,
+            Err(Error::Held { .. })
+        ));
+        let waiter = tokio::spawn(lock().wait(Duration::from_secs(10)).acquire());
+        eventually("the waiter waits", Duration::from_secs(5), async || {
+            c.stats().waiters == 1
+        })
+        .await;
+        holder.extend(Duration::from_secs(1)).await.unwrap();
+        holder.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+    }
+    let outer = c.lock("e:re").reentrant("me").try_acquire().await.unwrap();
+    let inner = c.lock("e:re").reentrant("me").try_acquire().await.unwrap();
+    assert!(matches!(
+        c.lock("e:re").reentrant("other").try_acquire().await,
+        Err(Error::Held { .. })
+    ));
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+    // Each new connection's CLIENT SETINFO (the driver's, unknown before Redis 7.2)
+    // counts one ERR; nothing else may count.
+    let info = |section: &str| {
+        r.cmd(&["INFO", section])
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let field = |text: &str, name: &str| -> i64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let errors = info("errorstats");
+    let connections = field(&info("stats"), "total_connections_received:");
+    let setinfo = field(&errors, "errorstat_ERR:count=");
+    assert!(setinfo <= connections, "{errors}");
+    let others: Vec<&str> = errors
+        .lines()
+        .filter(|l| l.starts_with("errorstat_") && !l.starts_with("errorstat_ERR:"))
+        .collect();
+    assert!(others.is_empty(), "errors counted: {others:?}");
+}

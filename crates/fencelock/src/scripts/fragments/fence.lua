@@ -14,13 +14,13 @@
 --   granted more than once per microsecond on average
 
 local function read_counter(key)
-  local kind = redis.call('TYPE', key).ok
-  if kind == 'none' then
+  local raw = redis.pcall('GET', key)
+  if not raw then
     return nil, nil
-  elseif kind ~= 'string' then
-    return nil, kind
+  elseif type(raw) ~= 'string' then
+    -- Another type (WRONGTYPE, counted in INFO errorstats; fencelock never writes one)
+    return nil, redis.call('TYPE', key).ok
   end
-  local raw = redis.call('GET', key)
   if not string.match(raw, '^%d+$') or string.len(raw) > 18 then
     return nil, 'string'
   end

@@ -1,14 +1,19 @@
 -- holder.lua: who holds a lock key; the one holder check of every script that acts on
 -- a holder (acquire, release, renew, in every mode). Functions only.
 --
--- lock_holder(key) -> kind, holder
+-- lock_holder(key, expected) -> kind, holder
 --   'none'       the key is absent (never taken, expired, or deleted); holder nil
 --   'plain'      a string: holder is the holder token in it (plain and fair locks, and
 --                the other libraries that write the token as a plain string)
 --   'reentrant'  a hash with an "owner" field: holder is that owner id
 --   'foreign'    anything else, which fencelock did not write: holder is the Redis type
+-- expected: the kind the calling script works on, read first with one call ('plain':
+--   GET, 'reentrant': HGET owner); any other kind found costs a TYPE after it, and
+--   the probe that failed on the wrong type counts in Redis's error statistics
+--   (INFO errorstats), so a script that may meet either kind passes nil: TYPE first,
+--   no error counted
 
-local function lock_holder(key)
+local function holder_by_type(key)
   local kind = redis.call('TYPE', key).ok
   if kind == 'none' then
     return 'none', nil
@@ -23,3 +28,19 @@ local function lock_holder(key)
   return 'foreign', kind
 end
 
+local function lock_holder(key, expected)
+  if expected == 'plain' then
+    local found = redis.pcall('GET', key)
+    if not found then
+      return 'none', nil
+    elseif type(found) == 'string' then
+      return 'plain', found
+    end
+  elseif expected == 'reentrant' then
+    local owner = redis.pcall('HGET', key, 'owner')
+    if type(owner) == 'string' then
+      return 'reentrant', owner
+    end
+  end
+  return holder_by_type(key)
+end

@@ -44,7 +44,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return reply(1, next_fence(KEYS[2], counter))
 end
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end

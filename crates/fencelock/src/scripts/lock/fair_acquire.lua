@@ -26,7 +26,7 @@
 -- Deadlines come from the server's clock (TIME), never from the clients'. Every check
 -- happens before the first write: scripts do not roll back.
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'reentrant' then
   return {0, redis.call('PTTL', KEYS[1])} -- a reentrant holder: not ours to queue behind
 elseif kind == 'foreign' then

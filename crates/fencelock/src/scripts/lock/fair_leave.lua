@@ -12,7 +12,7 @@
 -- Reply, an integer: 1 if anything of this token was removed, 0 if nothing was there.
 -- A key that holds data fencelock did not write: wrong_type(); nothing written.
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end

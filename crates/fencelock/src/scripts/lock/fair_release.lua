@@ -15,7 +15,7 @@
 -- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
 -- queue key of another type is left alone (nobody is woken through it).
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 elseif kind == 'none' then

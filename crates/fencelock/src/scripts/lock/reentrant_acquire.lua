@@ -21,7 +21,7 @@ if bad then
   return wrong_type(KEYS[2], bad)
 end
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'reentrant')
 local hold = 'hold:' .. ARGV[2]
 if kind == 'none' then
   local fence = next_fence(KEYS[2], counter)

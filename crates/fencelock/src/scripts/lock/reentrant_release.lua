@@ -13,7 +13,7 @@
 --        (the lease expired and the owner took the lock again)
 -- A key that holds data fencelock did not write: wrong_type(); nothing written.
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'reentrant')
 if kind == 'none' then
   return 0
 elseif kind == 'plain' then

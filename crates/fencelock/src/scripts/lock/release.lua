@@ -17,7 +17,7 @@
 -- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
 -- counter that is not an integer is left as it is.
 
-local kind, holder = lock_holder(KEYS[1])
+local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
