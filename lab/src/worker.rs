@@ -110,6 +110,10 @@ pub struct WorkerArgs {
     /// TTL; the write is skipped when the guard reports the lease lost.
     #[arg(long)]
     pub renewed: bool,
+    /// Fair mode (`LockBuilder::fair`) with this waiter timeout, ms: waiters in line,
+    /// the lock handed to the next one by the release.
+    #[arg(long)]
+    pub fair_waiter_timeout_ms: Option<u64>,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -186,6 +190,10 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             builder.lease(ttl)
         } else {
             builder.lease(ttl).renew(false)
+        };
+        let builder = match args.fair_waiter_timeout_ms {
+            Some(ms) => builder.fair().waiter_timeout(Duration::from_millis(ms)),
+            None => builder,
         };
         let guard = match builder.acquire().await {
             Ok(g) => g,

@@ -8,12 +8,14 @@
 //! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | never |
 //! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty, or 2 × the waiter timeout after the last waiter's last call |
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | likewise |
+//! | `fencelock:{orders:42}:grants` | hash | fair mode: what each waiter asked for (its TTL and holder info), so a release can hand the lock over | likewise |
 //! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |
 //!
 //! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
 //! an empty message (a plain or reentrant release) each client wakes its longest-waiting
 //! plain waiter and all its reentrant and fair waiters; a message carrying an owner token
-//! wakes that waiter (the head of a fair queue).
+//! wakes that waiter (the head of a fair queue), and a message `G TOKEN FENCE PX` tells
+//! that waiter a fair release handed it the lock.
 //!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain
@@ -62,6 +64,12 @@ impl LockKeys {
     /// Fair mode: each waiter's deadline to call again.
     pub fn waiters(&self) -> String {
         format!("{}:waiters", self.lock)
+    }
+
+    /// Fair mode: a HASH of each waiter's TTL and holder info, for a release that hands
+    /// the lock over.
+    pub fn grants(&self) -> String {
+        format!("{}:grants", self.lock)
     }
 
     /// What the holder says about itself (set with
@@ -224,6 +232,7 @@ mod tests {
         assert_eq!(k.fence(), "fencelock:{orders:42}:fence");
         assert_eq!(k.queue(), "fencelock:{orders:42}:queue");
         assert_eq!(k.waiters(), "fencelock:{orders:42}:waiters");
+        assert_eq!(k.grants(), "fencelock:{orders:42}:grants");
         assert_eq!(k.channel(), "fencelock:{orders:42}:released");
         assert_eq!(k.holder_info(), "fencelock:{orders:42}:holder");
         let k = LockKeys::new("", "x").unwrap();

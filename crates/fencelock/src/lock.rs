@@ -42,8 +42,8 @@ use crate::token::{FencingToken, HolderToken};
 /// trip), rather than every waiter when only one can win; a woken waiter that is
 /// cancelled or fails before Redis answered its attempt hands the wake to the next.
 /// Waiters with an [`reentrant`](Self::reentrant) owner are all woken (holds of one owner can be held
-/// together). A [fair](Self::fair) release wakes only the waiter at the head of the
-/// queue.
+/// together). A [fair](Self::fair) release hands the lock to the waiter at the head of
+/// the queue and wakes only that one.
 ///
 /// Pub/sub is never trusted alone: every wait is also bounded by the holder's remaining
 /// lease as Redis reported it, so a lost message, a dropped subscription or a holder
@@ -186,9 +186,14 @@ impl LockBuilder {
     /// Serves waiters in arrival order (default: not fair, the first attempt after a
     /// release wins).
     ///
-    /// Waiters queue in Redis. Only the first in line is woken by a release, and a
-    /// caller that arrives while others wait cannot take a free lock ahead of them, even
-    /// with [`try_acquire`](Self::try_acquire). Each waiter calls Redis at least every
+    /// Waiters queue in Redis. A release hands the lock to the first in line inside its
+    /// script, with a new fencing token, and its message tells that waiter, which then
+    /// holds the lock without another round trip (if the lease handed over is shorter
+    /// than the one asked for, because it ends at the waiter's deadline to call again,
+    /// the watchdog extends it; with [`renew(false)`](Self::renew) the waiter's own call
+    /// sets the lease first). A caller that arrives while others wait cannot take a free
+    /// lock ahead of them, even with [`try_acquire`](Self::try_acquire). Each waiter
+    /// calls Redis at least every
     /// third of the [waiter timeout](Self::waiter_timeout); one that stops (crashed,
     /// paused, cancelled without cleanup) is purged once its timeout runs out, so it
     /// delays the queue by at most the waiter timeout plus a third of it. Deadlines come
@@ -453,6 +458,7 @@ impl LockBuilder {
             retry: self.retry,
             info: &self.info,
             replicas: self.replicas,
+            renew: self.renew,
         };
         let granted = acquire::acquire(&self.shared, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped
@@ -465,8 +471,9 @@ impl LockBuilder {
             self.max_hold.map(|h| granted.sent_at + h),
             Grant {
                 sent_at: granted.sent_at,
-                ttl: acquire_ttl,
-                capped,
+                ttl: granted.ttl,
+                // A handover's lease may end before the maximum hold does.
+                capped: capped && granted.ttl == acquire_ttl,
                 valid_until: granted.valid_until,
             },
         );

@@ -43,6 +43,7 @@ const QUEUE: &str = "fencelock:{s}:queue";
 const WAITERS: &str = "fencelock:{s}:waiters";
 const CHANNEL: &str = "fencelock:{s}:released";
 const INFO: &str = "fencelock:{s}:holder";
+const GRANTS: &str = "fencelock:{s}:grants";
 const MINE: &str = "0123456789abcdef0123456789abcdef";
 const THEIRS: &str = "ffffffffffffffffffffffffffffffff";
 
@@ -277,12 +278,13 @@ fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
     let reply = r.cmd(&[
         "EVAL",
         &FAIR_ACQUIRE,
-        "5",
+        "6",
         LOCK,
         FENCE,
         QUEUE,
         WAITERS,
         INFO,
+        GRANTS,
         token,
         "10000",
         "3000",
@@ -342,7 +344,12 @@ fn fair_acquire_serves_the_queue_in_order() {
 
     // Released: it is b's turn; c may not take the free lock ahead of b.
     r.cmd(&["DEL", LOCK]);
-    assert_eq!(ints(&fair_acquire(&r, &c, true)), vec![0, -2]);
+    let counter: i64 = r.get(FENCE).unwrap().parse().unwrap();
+    assert_eq!(
+        ints(&fair_acquire(&r, &c, true)),
+        vec![0, -2, counter],
+        "not yet, and the counter now"
+    );
     assert_eq!(ints(&fair_acquire(&r, &b, true))[0], 1, "the head takes it");
     assert_eq!(queue(&r), vec![c.clone()]);
     assert!(
@@ -388,12 +395,13 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         r.cmd(&[
             "EVAL",
             &FAIR_ACQUIRE,
-            "5",
+            "6",
             LOCK,
             FENCE,
             QUEUE,
             WAITERS,
             INFO,
+            GRANTS,
             MINE,
             "10000",
             "3000",
@@ -408,11 +416,12 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         &r.cmd(&[
             "EVAL",
             &FAIR_LEAVE,
-            "4",
+            "5",
             LOCK,
             QUEUE,
             WAITERS,
             INFO,
+            GRANTS,
             MINE,
             CHANNEL,
         ]),
@@ -420,6 +429,11 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
         "string",
     );
     assert_eq!(r.get(QUEUE).as_deref(), Some("not-a-list"));
+    r.cmd(&["DEL", QUEUE]);
+    r.cmd(&["SET", GRANTS, "not-a-hash"]);
+    assert_wrong_type(&fair("1"), GRANTS, "string");
+    assert!(!r.exists(LOCK));
+    assert_eq!(r.get(GRANTS).as_deref(), Some("not-a-hash"));
 }
 
 #[test]
@@ -429,11 +443,13 @@ fn fair_release_and_leave_in_every_key_state() {
         r.cmd(&[
             "EVAL",
             &FAIR_RELEASE,
-            "4",
+            "6",
             LOCK,
             QUEUE,
             WAITERS,
             INFO,
+            FENCE,
+            GRANTS,
             t,
             CHANNEL,
         ])
@@ -444,11 +460,12 @@ fn fair_release_and_leave_in_every_key_state() {
         r.cmd(&[
             "EVAL",
             &FAIR_LEAVE,
-            "4",
+            "5",
             LOCK,
             QUEUE,
             WAITERS,
             INFO,
+            GRANTS,
             t,
             CHANNEL,
         ])
@@ -477,17 +494,109 @@ fn fair_release_and_leave_in_every_key_state() {
         &r.cmd(&[
             "EVAL",
             &FAIR_RELEASE,
-            "4",
+            "6",
             LOCK,
             QUEUE,
             WAITERS,
             INFO,
+            FENCE,
+            GRANTS,
             MINE,
             CHANNEL,
         ]),
         LOCK,
         "hash",
     );
+}
+
+#[test]
+fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
+    let r = RedisServer::start();
+    let client = redis::Client::open(r.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let mut messages = conn.as_pubsub();
+    messages.subscribe(CHANNEL).unwrap();
+    messages
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let release = |t: &str| {
+        r.cmd(&[
+            "EVAL",
+            &FAIR_RELEASE,
+            "6",
+            LOCK,
+            QUEUE,
+            WAITERS,
+            INFO,
+            FENCE,
+            GRANTS,
+            t,
+            CHANNEL,
+        ])
+        .as_int()
+        .unwrap()
+    };
+    let (dead, next, old) = ("d".repeat(32), "n".repeat(32), "o".repeat(32));
+    assert_eq!(ints(&fair_acquire(&r, THEIRS, true))[0], 1);
+    // In line: a waiter that crashed (its deadline passed), then a live one, then one
+    // of a client that registers no grant (an older fencelock).
+    r.cmd(&["RPUSH", QUEUE, &dead]);
+    r.cmd(&[
+        "ZADD",
+        WAITERS,
+        &(r.server_time().as_millis() as i64 - 1).to_string(),
+        &dead,
+    ]);
+    r.cmd(&["HSET", GRANTS, &dead, "10000 "]);
+    assert_eq!(ints(&fair_acquire(&r, &next, true))[0], 0);
+    r.cmd(&["RPUSH", QUEUE, &old]);
+    r.cmd(&[
+        "ZADD",
+        WAITERS,
+        &(r.server_time().as_millis() as i64 + 3000).to_string(),
+        &old,
+    ]);
+    let before: u64 = r.get(FENCE).unwrap().parse().unwrap();
+
+    assert_eq!(release(THEIRS), 1);
+    assert_eq!(
+        r.get(LOCK).as_deref(),
+        Some(next.as_str()),
+        "handed to the live head"
+    );
+    let fence: u64 = r.get(FENCE).unwrap().parse().unwrap();
+    assert!(
+        fence > before,
+        "a new fencing token: {fence} after {before}"
+    );
+    // Its lease ends at its own deadline to call again (3 s after its call), not after
+    // its 10 s TTL: a head that crashed since holds the queue up no longer than that.
+    let pttl = r.cmd(&["PTTL", LOCK]).as_int().unwrap();
+    assert!((1..=3000).contains(&pttl), "PTTL {pttl}");
+    assert_eq!(
+        queue(&r),
+        vec![old.clone()],
+        "the head and the dead waiter left"
+    );
+    assert_eq!(r.cmd(&["HLEN", GRANTS]).as_int(), Some(0));
+    let message: String = messages.get_message().unwrap().get_payload().unwrap();
+    let fields: Vec<&str> = message.split(' ').collect();
+    assert_eq!(
+        fields[..3],
+        ["G", next.as_str(), fence.to_string().as_str()]
+    );
+    let px: i64 = fields[3].parse().unwrap();
+    assert!(pttl <= px && px <= 3000, "PX {px}, PTTL {pttl}");
+    // The new holder took the lease: a retried acquire finds it (and renews it).
+    assert_eq!(ints(&fair_acquire(&r, &next, true)), vec![2, fence as i64]);
+
+    // Its release finds a head with no grant registered: that one is told its turn and
+    // takes the lock by its own call.
+    assert_eq!(release(&next), 1);
+    assert!(!r.exists(LOCK));
+    let message: String = messages.get_message().unwrap().get_payload().unwrap();
+    assert_eq!(message, old);
+    assert_eq!(ints(&fair_acquire(&r, &old, true))[0], 1);
 }
 
 #[test]

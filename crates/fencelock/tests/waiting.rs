@@ -454,6 +454,68 @@ async fn a_wait_that_times_out_in_fair_mode_leaves_the_queue() {
     holder.release().await.unwrap();
 }
 
+/// Script calls the server ran so far.
+fn script_calls(r: &RedisServer) -> u64 {
+    r.info_field("commandstats", "cmdstat_evalsha")
+        .and_then(|v| v.strip_prefix("calls=")?.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_fair_release_hands_the_lock_to_the_next_waiter_without_a_call_of_its_own() {
+    let log = common::traces();
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // A waiter timeout long enough that no periodic call of the waiter falls in the
+    // handover (it calls again every 10 s); a lease longer than it, so that the
+    // handover's lease (bounded by the waiter's deadline) is shorter than asked for.
+    let lock = |name: &str, renew: bool| {
+        c.lock(name)
+            .fair()
+            .waiter_timeout(Duration::from_secs(30))
+            .lease(Duration::from_secs(40))
+            .renew(renew)
+    };
+    for (name, renew) in [("handover", true), ("handover-fixed", false)] {
+        let holder = lock(name, renew).try_acquire().await.unwrap();
+        let waiting = tokio::spawn(lock(name, renew).wait(Duration::from_secs(20)).acquire());
+        let asleep = format!("lock=\"{name}\" ");
+        eventually("the waiter is asleep", Duration::from_secs(5), async || {
+            log.text()
+                .lines()
+                .any(|l| l.contains(&asleep) && l.contains("lock still held"))
+        })
+        .await;
+        let before = script_calls(&r);
+        let released_fence = holder.fencing_token();
+        holder.release().await.unwrap();
+        let guard = waiting.await.unwrap().expect("the waiter gets the lock");
+        let calls = script_calls(&r) - before;
+        assert!(guard.fencing_token() > released_fence);
+        assert_eq!(
+            r.get(&format!("fencelock:{{{name}}}")).as_deref(),
+            Some(guard.holder_token().as_str())
+        );
+        let pttl = r
+            .cmd(&["PTTL", &format!("fencelock:{{{name}}}")])
+            .as_int()
+            .unwrap();
+        if renew {
+            // The release's call alone: the waiter took the lock from the message. Its
+            // lease ends at its deadline (30 s), which the watchdog extends to 40 s.
+            assert_eq!(calls, 1, "the release only");
+            assert!(pttl <= 30_000, "PTTL {pttl}");
+            assert!(guard.remaining() <= Duration::from_millis(pttl as u64));
+        } else {
+            // Nobody would extend a 30 s lease to the 40 s asked for: the waiter's own
+            // call confirms the grant and sets its lease.
+            assert_eq!(calls, 2, "the release, then the waiter's call");
+            assert!(pttl > 30_000, "PTTL {pttl}");
+        }
+        guard.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_mode_serves_fifty_waiters_in_arrival_order() {
     let r = RedisServer::start();

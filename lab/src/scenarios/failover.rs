@@ -6,14 +6,12 @@
 //! only how the servers are started, which replica is isolated and how a promotion and
 //! a rejoin are awaited.
 
-use std::path::Path;
-use std::thread;
 use std::time::{Duration, Instant};
 
-use testkit::history::{Event, Op, Phase, monotonic_ns, read_history};
+use testkit::history::{Event, Op, Phase, monotonic_ns};
 use testkit::{Cluster, SentinelGroup};
 
-use super::{Scale, Scenario};
+use super::{STEADY_MAX, Scale, Scenario, WITHIN, count, has, wait_until};
 use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, Workers, process_stopped, signal};
 use crate::outcomes::Outcome;
 
@@ -21,8 +19,6 @@ use crate::outcomes::Outcome;
 /// with [`DOWN_AFTER`]; more on a loaded machine), so the holder still believes it holds the lock
 /// when the promoted replica grants it to another worker.
 const STALE_LEASE: Duration = Duration::from_secs(8);
-/// How long a failover, a rejoin or a worker's next step may take here.
-const WITHIN: Duration = Duration::from_secs(20);
 /// The sentinels' `down-after-milliseconds`: twice testkit's default, so a master
 /// stalled on a loaded 2-core machine is not failed over unasked (seen at load 13 with
 /// 1 s: a second failover back to the just-rejoined replica).
@@ -31,9 +27,6 @@ const DOWN_AFTER: Duration = Duration::from_secs(2);
 /// node stalled on a loaded machine must not be failed over unasked. A failover takes
 /// about twice this (the death noticed, then an election).
 const NODE_TIMEOUT: Duration = DOWN_AFTER;
-/// Steady workers: an upper bound on their iterations (the harness's stop file ends
-/// them).
-const STEADY_MAX: u32 = 1_000_000;
 
 pub const SENTINEL_FAILOVER: Scenario = Scenario {
     name: "sentinel-failover",
@@ -423,32 +416,4 @@ fn unreplicated(e: &Event) -> bool {
     e.error
         .as_deref()
         .is_some_and(|m| m.contains("replicas acknowledged it"))
-}
-
-/// How many `op`/`phase` records of the history at `path` come after `from_ns`.
-fn count(path: &Path, from_ns: u64, op: Op, phase: Phase) -> Result<usize, String> {
-    if !path.exists() {
-        return Ok(0);
-    }
-    Ok(read_history(path)
-        .map_err(|e| e.to_string())?
-        .iter()
-        .filter(|e| e.time_ns > from_ns && e.op == op && e.phase == phase)
-        .count())
-}
-
-fn has(path: &Path, from_ns: u64, op: Op, phase: Phase) -> Result<bool, String> {
-    count(path, from_ns, op, phase).map(|n| n > 0)
-}
-
-/// Polls `done` every 20 ms (it reads whole histories) until it holds; an error after [`WITHIN`].
-fn wait_until(tag: &str, what: &str, mut done: impl FnMut() -> bool) -> Result<(), String> {
-    let deadline = Instant::now() + WITHIN;
-    while !done() {
-        if Instant::now() > deadline {
-            return Err(format!("{tag}: {what}: not within {WITHIN:?}"));
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
 }

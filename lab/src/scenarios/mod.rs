@@ -16,6 +16,8 @@
 //!   set back, a lease expiring under its holder;
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
+//! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
+//!   paused and killed in line;
 //! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
 //!   killed right after a grant its replica missed, with and without replica
 //!   acknowledgement.
@@ -24,13 +26,18 @@
 
 mod baseline;
 mod failover;
+mod fair;
 mod lock_state;
 mod network;
 mod pauses_kills;
 mod redlock;
 mod redlock_restart;
 
-use std::time::Duration;
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use testkit::history::{Op, Phase, read_history};
 
 use crate::harness::Lab;
 use crate::outcomes::Outcome;
@@ -100,6 +107,7 @@ pub const ALL: &[Scenario] = &[
     network::DELAYED_REPLIES,
     network::DROPPED_REPLIES,
     pauses_kills::QUEUED_SET_NX,
+    fair::FAIR_HANDOVER,
     lock_state::EXPIRED_HOLDER,
     redlock_restart::REDLOCK_RESTART_PROTECTED,
     redlock_restart::REDLOCK_RESTART_UNPROTECTED,
@@ -120,4 +128,40 @@ pub fn chosen(only: &[String]) -> Vec<&'static Scenario> {
     ALL.iter()
         .filter(|sc| only.is_empty() || only.iter().any(|o| sc.name.contains(o.as_str())))
         .collect()
+}
+
+/// Steady workers: an upper bound on their iterations (the harness's stop file ends
+/// them).
+const STEADY_MAX: u32 = 1_000_000;
+
+/// How long a failover, a rejoin or a worker's next step may take here.
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// How many `op`/`phase` records of the history at `path` come after `from_ns`.
+fn count(path: &Path, from_ns: u64, op: Op, phase: Phase) -> Result<usize, String> {
+    if !path.exists() {
+        return Ok(0);
+    }
+    Ok(read_history(path)
+        .map_err(|e| e.to_string())?
+        .iter()
+        .filter(|e| e.time_ns > from_ns && e.op == op && e.phase == phase)
+        .count())
+}
+
+fn has(path: &Path, from_ns: u64, op: Op, phase: Phase) -> Result<bool, String> {
+    count(path, from_ns, op, phase).map(|n| n > 0)
+}
+
+/// Polls `done` every 20 ms (it reads whole histories) until it holds; an error after
+/// [`WITHIN`].
+fn wait_until(tag: &str, what: &str, mut done: impl FnMut() -> bool) -> Result<(), String> {
+    let deadline = Instant::now() + WITHIN;
+    while !done() {
+        if Instant::now() > deadline {
+            return Err(format!("{tag}: {what}: not within {WITHIN:?}"));
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }

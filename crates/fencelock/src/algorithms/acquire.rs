@@ -9,6 +9,12 @@
 //! which is never longer than the holder's remaining lease as Redis reported it:
 //! pub/sub is never trusted alone.
 //!
+//! A fair waiter may get the lock without an attempt of its own: the release that ends
+//! its predecessor's hold hands the lock to the head of the queue inside its script and
+//! says so in its message ([`Handover`]). The waiter then counts its lease from the
+//! send time of its last attempt that Redis refused (the handover came after that
+//! refusal), so the lease it reports never outlasts the one Redis keeps.
+//!
 //! Every attempt of one acquire uses the same holder token, so an attempt whose reply was
 //! lost and a later attempt that finds the token in Redis resolve to one grant with one
 //! fencing token. Whatever an acquire may have left in Redis when it ends without the
@@ -22,7 +28,8 @@ use futures_util::future::select_all;
 use tracing::Instrument;
 
 use crate::algorithms::retry::Retry;
-use crate::backend::subscriber::{Subscription, next_waiter_id};
+use crate::backend::quorum::lease_end;
+use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
 use crate::backend::{AcquireRequest, Attempt, Backend, Mode};
 use crate::error::{Blocker, Error, NodeList, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
@@ -44,6 +51,9 @@ pub(crate) struct Request<'a> {
     pub info: &'a str,
     /// Replicas that must acknowledge a grant (0: none asked for).
     pub replicas: u32,
+    /// Whether the watchdog renews the lease: a handover that gives a shorter lease
+    /// than `ttl` (bounded by the waiter's deadline) is taken as it is only then.
+    pub renew: bool,
 }
 
 /// A lock that was granted.
@@ -52,8 +62,11 @@ pub(crate) struct Granted {
     pub token: HolderToken,
     pub mode: Mode,
     pub fence: FencingToken,
-    /// When the request that got the grant was sent.
+    /// When the request that got the grant was sent (for a handover: the last attempt
+    /// Redis refused, which came before it).
     pub sent_at: Instant,
+    /// The lease the grant set (the request's TTL, or a handover's shorter one).
+    pub ttl: Duration,
     pub valid_until: Instant,
 }
 
@@ -122,9 +135,15 @@ async fn attempts(
     // Whether an attempt that went out got no definite answer (a timeout, a dropped
     // connection): its write may still land, so it must be withdrawn at the end.
     let mut unanswered = false;
+    // The last attempt Redis answered "not yours" (fair mode): when it was sent, and the
+    // fencing counter it reported. A handover minted a higher token than that counter
+    // only if it came after that answer, so its lease started after that send; one
+    // with a lower token is older (its message read late) and is not trusted.
+    let mut refused: Option<(Instant, Option<FencingToken>)> = None;
     loop {
         // Until this attempt is answered, its outcome is unknown too.
         pending.maybe_written = true;
+        let sent = Instant::now();
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
         report.attempts = attempt.saturating_add(1);
@@ -180,16 +199,21 @@ async fn attempts(
                             Err(e) => return Err(e),
                         }
                     } else {
-                        return Ok(pending.granted(fence, sent_at, valid_until));
+                        return Ok(pending.granted(fence, sent_at, req.ttl, valid_until));
                     }
                 } else {
-                    return Ok(pending.granted(fence, sent_at, valid_until));
+                    return Ok(pending.granted(fence, sent_at, req.ttl, valid_until));
                 }
             }
-            Ok(Attempt::Held { blocked_by, nodes }) => {
+            Ok(Attempt::Held {
+                blocked_by,
+                nodes,
+                fence_seen,
+            }) => {
                 // A definite answer (a failed Redlock quorum was already taken back
                 // everywhere); only an earlier unanswered attempt is still a maybe.
                 pending.maybe_written = unanswered;
+                refused = Some((sent, fence_seen));
                 report.held(waits, attempt, blocked_by, &nodes);
                 // The lock is someone else's: their release will wake a waiter. An
                 // attempt that failed on an error settles nothing, so if this wait ends
@@ -259,6 +283,29 @@ async fn attempts(
         };
         observe::woken(woken_by);
         tracing::trace!(by = woken_by.as_str(), "woken");
+        let handover = waiter.as_ref().and_then(Waiter::handover);
+        if let (Some(h), Some((refused_at, Some(seen)))) = (handover, refused)
+            && h.fence > seen.get()
+        {
+            let ttl = Duration::from_millis(h.px);
+            let valid_until = lease_end(refused_at, ttl);
+            // Taken as it is if the lease is the one asked for, or the watchdog will
+            // renew it to that; with replicas asked for, the next attempt confirms it
+            // and waits for them, as it does when the reply says the key is ours.
+            if req.replicas == 0 && (ttl >= req.ttl || req.renew) && valid_until > Instant::now() {
+                tracing::trace!(
+                    fence = h.fence,
+                    lease_ms = h.px,
+                    "handed the lock by the release"
+                );
+                return Ok(pending.granted(
+                    FencingToken::new(h.fence),
+                    refused_at,
+                    ttl,
+                    valid_until,
+                ));
+            }
+        }
         attempt = attempt.saturating_add(1);
     }
 }
@@ -467,6 +514,11 @@ impl Waiter {
         }
     }
 
+    /// The lock, if a release handed it to this waiter (fair mode, one node).
+    fn handover(&self) -> Option<Handover> {
+        self.subscriptions.iter().find_map(Subscription::handover)
+    }
+
     /// Sleeps until a release notification from any node, or `pause`; says which.
     async fn wait(&self, pause: Duration) -> WokenBy {
         if self.subscriptions.is_empty() {
@@ -501,7 +553,13 @@ impl Pending {
     }
 
     /// The grant: nothing is owed any more.
-    fn granted(mut self, fence: FencingToken, sent_at: Instant, valid_until: Instant) -> Granted {
+    fn granted(
+        mut self,
+        fence: FencingToken,
+        sent_at: Instant,
+        ttl: Duration,
+        valid_until: Instant,
+    ) -> Granted {
         self.maybe_written = false;
         self.queued = false;
         Granted {
@@ -510,6 +568,7 @@ impl Pending {
             mode: self.mode.clone(),
             fence,
             sent_at,
+            ttl,
             valid_until,
         }
     }

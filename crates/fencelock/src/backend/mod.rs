@@ -124,6 +124,9 @@ pub(crate) enum Attempt {
         blocked_by: Blocker,
         /// Redlock: what each node answered; empty for one node.
         nodes: Vec<NodeReport>,
+        /// Fair mode: the fencing counter when the node refused (a handover with a
+        /// higher token came after the refusal).
+        fence_seen: Option<FencingToken>,
     },
 }
 
@@ -352,7 +355,15 @@ impl Backend {
                 sent_at,
                 valid_until,
             }),
-            Verdict::Held { blocked_by, nodes } => Ok(Attempt::Held { blocked_by, nodes }),
+            Verdict::Held {
+                blocked_by,
+                nodes,
+                fence_seen,
+            } => Ok(Attempt::Held {
+                blocked_by,
+                nodes,
+                fence_seen,
+            }),
             Verdict::Failed(e) => Err(e),
         }
     }

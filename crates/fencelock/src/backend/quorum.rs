@@ -77,6 +77,8 @@ pub(crate) enum Verdict {
     Held {
         blocked_by: Blocker,
         nodes: Vec<NodeReport>,
+        /// The fencing counter the node said it had (fair mode, one node).
+        fence_seen: Option<FencingToken>,
     },
     /// Not granted, for another reason: an outage (for one node, whose outcome may be
     /// unknown), a refusal, a quorum that failed.
@@ -184,12 +186,17 @@ impl Quorum {
                 }
             }
             Ok(AcquireReply {
-                outcome: AcquireOutcome::Held { blocked_by },
+                outcome:
+                    AcquireOutcome::Held {
+                        blocked_by,
+                        fence_seen,
+                    },
                 ..
             }) => (
                 Verdict::Held {
                     blocked_by,
                     nodes: Vec::new(),
+                    fence_seen,
                 },
                 false,
             ),
@@ -236,7 +243,7 @@ impl Quorum {
             node.health()
                 .observe(&id.run_id, id.uptime, generation, now);
         }
-        if let AcquireOutcome::Held { blocked_by } = reply.outcome {
+        if let AcquireOutcome::Held { blocked_by, .. } = reply.outcome {
             return NodeOutcome::Held { blocked_by };
         }
         // Two names of one server: the tally counts its vote once (AcquireTally::add).
@@ -440,6 +447,7 @@ impl AcquireTally<'_> {
             Some(blocked_by) if self.held_nodes >= needed => Verdict::Held {
                 blocked_by,
                 nodes: report,
+                fence_seen: None,
             },
             _ => Verdict::Failed(Error::NoQuorum {
                 name: name.to_owned(),

@@ -6,7 +6,9 @@
 //! **one** plain waiter of this client, every reentrant waiter (any number of holds of
 //! one owner can be held together, so no one of them can stand for the others) and
 //! every fair waiter. A message carrying an owner token wakes only the fair waiter with
-//! that token (the head of the queue). Waking one plain waiter, not all of them, keeps a
+//! that token (the head of the queue); so does a handover (`G TOKEN FENCE PX`: a fair
+//! release gave that waiter the lock), which the waiter reads with
+//! [`Subscription::handover`]. Waking one plain waiter, not all of them, keeps a
 //! release from setting off one acquire per waiter when only one can win: every client
 //! still hears of the release, so the lock goes to one of them, and the next release
 //! wakes the next waiter. The one woken is the longest-waiting plain waiter that is not
@@ -219,9 +221,34 @@ enum Kind {
     Turn(Vec<u8>),
 }
 
+/// A fair release handed the lock to a waiter: its fencing token, and the lease it set,
+/// in ms from the release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Handover {
+    pub fence: u64,
+    pub px: u64,
+}
+
+impl Handover {
+    /// Reads `G TOKEN FENCE PX`: the token it is for, and the handover.
+    fn parse(payload: &[u8]) -> Option<(&[u8], Handover)> {
+        let mut parts = payload.strip_prefix(b"G ")?.split(|b| *b == b' ');
+        let token = parts.next()?;
+        let mut number =
+            || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
+        let handover = Handover {
+            fence: number()?,
+            px: number()?,
+        };
+        Some((token, handover))
+    }
+}
+
 struct Waiter {
     kind: Kind,
     notify: Arc<Notify>,
+    /// A handover delivered and not yet taken.
+    handover: Option<Handover>,
     /// Wakes delivered to this waiter so far.
     wakes: u64,
     /// Wakes that an answered attempt has covered (see [`Subscription::settle`]).
@@ -317,6 +344,7 @@ impl Subscriber {
                 Waiter {
                     kind,
                     notify: notify.clone(),
+                    handover: None,
                     wakes: 0,
                     settled: 0,
                 },
@@ -350,6 +378,14 @@ impl Subscription {
     /// the last call).
     pub async fn notified(&self) {
         self.notify.notified().await;
+    }
+
+    /// The handover delivered to this (fair) waiter, if one came: taken, so it is
+    /// returned once.
+    pub fn handover(&self) -> Option<Handover> {
+        lock(&self.channel.waiters)
+            .get_mut(&self.id)
+            .and_then(|w| w.handover.take())
     }
 
     /// The wakes delivered to this waiter so far: read it before sending an attempt.
@@ -545,8 +581,13 @@ impl Inner {
             }
             wake_one_plain(&mut waiters);
         } else {
+            let (token, handover) = match Handover::parse(payload) {
+                Some((token, handover)) => (token, Some(handover)),
+                None => (payload, None),
+            };
             for waiter in waiters.values_mut() {
-                if matches!(&waiter.kind, Kind::Turn(t) if t.as_slice() == payload) {
+                if matches!(&waiter.kind, Kind::Turn(t) if t.as_slice() == token) {
+                    waiter.handover = handover.or(waiter.handover);
                     waiter.wake();
                 }
             }
@@ -684,6 +725,26 @@ mod tests {
     use testkit::RedisServer;
 
     const WITHIN: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn a_handover_message_names_its_waiter_its_token_and_its_lease() {
+        let token = [b'a'; 32];
+        let message = [b"G ".as_slice(), &token, b" 1795462274400006 2999"].concat();
+        assert_eq!(
+            Handover::parse(&message),
+            Some((
+                token.as_slice(),
+                Handover {
+                    fence: 1_795_462_274_400_006,
+                    px: 2999
+                }
+            ))
+        );
+        // A bare token (its turn, to take by its own call), and anything malformed.
+        for other in [&token[..], b"G", b"G aaaa 12", b"G aaaa x 5", b"G aaaa 1 -5"] {
+            assert_eq!(Handover::parse(other), None, "{other:?}");
+        }
+    }
 
     fn subscriber(r: &RedisServer) -> Subscriber {
         let timeouts = Timeouts {

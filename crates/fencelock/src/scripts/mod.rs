@@ -162,7 +162,7 @@ impl Lua {
             ),
             FairRelease => (
                 "lock/fair_release.lua",
-                &[TYPES, HOLDER, CLOCK, FAIR_QUEUE, PUBLISH],
+                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH],
                 include_str!("lock/fair_release.lua"),
             ),
             FairLeave => (
@@ -548,6 +548,7 @@ pub(crate) fn fair_acquire(
         .key(keys.queue())
         .key(keys.waiters())
         .key(keys.holder_info())
+        .key(keys.grants())
         .arg(token.as_str())
         .arg(ms(ttl))
         .arg(ms(waiter_timeout))
@@ -563,6 +564,8 @@ pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> Call {
         .key(keys.queue())
         .key(keys.waiters())
         .key(keys.holder_info())
+        .key(keys.fence())
+        .key(keys.grants())
         .arg(token.as_str())
         .arg(keys.channel());
     inv
@@ -574,6 +577,7 @@ pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> Call {
         .key(keys.queue())
         .key(keys.waiters())
         .key(keys.holder_info())
+        .key(keys.grants())
         .arg(token.as_str())
         .arg(keys.channel());
     inv

@@ -45,7 +45,12 @@ pub(crate) enum AcquireOutcome {
     /// retry).
     Acquired { fence: FencingToken, fresh: bool },
     /// Another holder has it, or in fair mode it is free but another waiter is first.
-    Held { blocked_by: Blocker },
+    /// `fence_seen`: the fencing counter when it said so (`fair_acquire.lua` only): a
+    /// handover with a higher token came after this answer.
+    Held {
+        blocked_by: Blocker,
+        fence_seen: Option<FencingToken>,
+    },
 }
 
 impl FromRedisValue for AcquireReply {
@@ -73,11 +78,17 @@ impl FromRedisValue for AcquireReply {
                         u64::try_from(pttl).map_err(|_| bad())?,
                     )),
                 },
+                fence_seen: match items.as_slice() {
+                    [_, _, Value::Int(counter)] => Some(FencingToken::new(
+                        u64::try_from(*counter).map_err(|_| bad())?,
+                    )),
+                    _ => None,
+                },
             },
             _ => return Err(bad()),
         };
         let identity = match items.as_slice() {
-            [_, _] => None,
+            [_, _] | [Value::Int(0), _, Value::Int(_)] => None,
             [_, _, Value::BulkString(id), Value::Int(up)] => Some(Identity {
                 run_id: String::from_utf8_lossy(id).into_owned(),
                 uptime: Duration::from_secs(u64::try_from(*up).unwrap_or(0)),
@@ -370,21 +381,34 @@ mod tests {
         assert_eq!(
             held(0),
             AcquireOutcome::Held {
-                blocked_by: Blocker::Lease(Duration::ZERO)
+                blocked_by: Blocker::Lease(Duration::ZERO),
+                fence_seen: None,
             },
             "a lease ending now is a lease, not a queue"
         );
         assert_eq!(
             held(-2),
             AcquireOutcome::Held {
-                blocked_by: Blocker::Queue
+                blocked_by: Blocker::Queue,
+                fence_seen: None,
             }
         );
         assert_eq!(
             held(-1),
             AcquireOutcome::Held {
-                blocked_by: Blocker::NoExpiry
+                blocked_by: Blocker::NoExpiry,
+                fence_seen: None,
             }
+        );
+        assert_eq!(
+            a(vec![Value::Int(0), Value::Int(-2), Value::Int(42)])
+                .unwrap()
+                .outcome,
+            AcquireOutcome::Held {
+                blocked_by: Blocker::Queue,
+                fence_seen: Some(FencingToken::new(42)),
+            },
+            "fair_acquire.lua says the counter with a refusal"
         );
         let with_id = a(vec![
             Value::Int(2),

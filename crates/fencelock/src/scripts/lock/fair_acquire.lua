@@ -9,6 +9,9 @@
 --                          waiter, unless a later call of another waiter extends them)
 -- KEYS[5]  holder info     plain string, with the lock key's expiry (when ARGV[6] is
 --                          not empty)
+-- KEYS[6]  grants          HASH holder token -> "TTL_MS INFO": what each queued waiter
+--                          asked for, so that a release can hand the lock straight to the
+--                          head of the queue (fair_release.lua); expires with the queue
 -- ARGV[1]  holder token
 -- ARGV[2]  ttl, ms
 -- ARGV[3]  waiter timeout, ms: how long a queued waiter may stay silent
@@ -19,8 +22,12 @@
 -- Reply:
 --   {1, fence}        acquired now
 --   {2, fence}        the key already held this token (a retried acquire)
---   {0, pttl}         not acquired: held by another holder (pttl ms left, -1 for no
---                     expiry), or free but another waiter is first in line (pttl -2)
+--   {0, pttl, fence}  not acquired: held by another holder (pttl ms left, -1 for no
+--                     expiry), or free but another waiter is first in line (pttl -2);
+--                     fence: the counter now (0 if none), so the caller can tell a
+--                     handover that came after this answer (a higher token) from one
+--                     that came before it
+--   {0, pttl}         held by a reentrant holder
 -- A key that holds data fencelock did not write: wrong_type(); nothing written.
 --
 -- Deadlines come from the server's clock (TIME), never from the clients'. Every check
@@ -32,7 +39,7 @@ if kind == 'reentrant' then
 elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
-local bad = check_types({KEYS[3], 'list', KEYS[4], 'zset'})
+local bad = check_types({KEYS[3], 'list', KEYS[4], 'zset', KEYS[6], 'hash'})
 if bad then
   return bad
 end
@@ -42,11 +49,12 @@ if bad_counter then
 end
 
 local now = server_ms()
-purge_waiters(KEYS[3], KEYS[4], now)
+purge_waiters(KEYS[3], KEYS[4], now, KEYS[6])
 
 local function on_grant() -- leave the queue, describe the holder
   redis.call('LREM', KEYS[3], 0, ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
   if ARGV[6] ~= '' then
     redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[2])
   end
@@ -74,9 +82,10 @@ if ARGV[5] == '1' then
   end
   local timeout = tonumber(ARGV[3])
   redis.call('ZADD', KEYS[4], now + timeout, ARGV[1])
+  redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[6])
   -- The queue outlives every live waiter's deadline, and goes by itself once the last
   -- waiter stopped calling (crashed) even if nobody calls a fair script again.
-  for _, key in ipairs({KEYS[3], KEYS[4]}) do
+  for _, key in ipairs({KEYS[3], KEYS[4], KEYS[6]}) do
     if redis.call('PTTL', key) < 2 * timeout then
       redis.call('PEXPIRE', key, 2 * timeout)
     end
@@ -86,6 +95,6 @@ end
 if kind == 'none' then
   -- Free, and another waiter's turn: make sure it knows, in case it missed a message.
   announce(ARGV[4], head)
-  return {0, -2}
+  return {0, -2, counter or 0}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, redis.call('PTTL', KEYS[1]), counter or 0}

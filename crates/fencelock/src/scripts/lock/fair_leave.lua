@@ -1,11 +1,13 @@
 -- fair_leave.lua: a waiter gives up. Leave the queue, drop a grant that may have been
--- made for it without its knowing (a reply lost in a timeout), and if that frees the
+-- made for it without its knowing (a reply lost in a timeout, or a release that handed
+-- it the lock while it was leaving), and if that frees the
 -- lock or the head of the line, wake the next waiter.
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  queue     LIST of waiting holder tokens, in arrival order
 -- KEYS[3]  waiters   ZSET holder token -> deadline (server ms)
 -- KEYS[4]  holder info (deleted with a grant dropped here)
+-- KEYS[5]  grants    HASH holder token -> what the waiter asked for (fair_acquire.lua)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel
 --
@@ -16,11 +18,12 @@ local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
-local bad = check_types({KEYS[2], 'list', KEYS[3], 'zset'})
+local bad = check_types({KEYS[2], 'list', KEYS[3], 'zset', KEYS[5], 'hash'})
 if bad then
   return bad
 end
 
+redis.call('HDEL', KEYS[5], ARGV[1])
 local removed = redis.call('LREM', KEYS[2], 0, ARGV[1]) + redis.call('ZREM', KEYS[3], ARGV[1])
 if kind == 'plain' and holder == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[4])

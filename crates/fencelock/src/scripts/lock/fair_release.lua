@@ -1,12 +1,22 @@
--- fair_release.lua: delete the lock only if it still holds the caller's token, then wake
--- the first live waiter in line, and only that one.
+-- fair_release.lua: delete the lock only if it still holds the caller's token, then hand
+-- it to the first live waiter in line: the lock goes to that waiter inside this script,
+-- with a new fencing token, and the message tells it so; no other waiter is woken.
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  queue     LIST of waiting holder tokens, in arrival order
 -- KEYS[3]  waiters   ZSET holder token -> deadline (server ms)
--- KEYS[4]  holder info (deleted with the lock)
+-- KEYS[4]  holder info (deleted with the lock; the next holder's, if it gave one)
+-- KEYS[5]  fence counter
+-- KEYS[6]  grants    HASH holder token -> "TTL_MS INFO" (fair_acquire.lua)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel
+--
+-- The head of the queue gets the lock for its TTL, but no longer than its own deadline
+-- to call again: a waiter that crashed since its last call holds up the queue no longer
+-- than it would have without the handover. The message is "G TOKEN FENCE PX": TOKEN
+-- holds the lock now, for PX ms from this script, with fencing token FENCE. A head
+-- without a grants entry (a client that does not register one), or a counter of
+-- another type, gets the message TOKEN instead: its turn, to take by its own call.
 --
 -- Reply, an integer:
 --    1   released
@@ -25,11 +35,34 @@ elseif kind ~= 'plain' or holder ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[1], KEYS[4])
 
-if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'zset' then
-  purge_waiters(KEYS[2], KEYS[3], server_ms())
-  local head = redis.call('LINDEX', KEYS[2], 0)
-  if head then
-    announce(ARGV[2], head)
+if redis.call('TYPE', KEYS[2]).ok ~= 'list' or redis.call('TYPE', KEYS[3]).ok ~= 'zset' then
+  return 1
+end
+local grants = redis.call('TYPE', KEYS[6]).ok == 'hash'
+local now = server_ms()
+purge_waiters(KEYS[2], KEYS[3], now, grants and KEYS[6] or nil)
+local head = redis.call('LINDEX', KEYS[2], 0)
+if not head then
+  return 1
+end
+local wanted = grants and redis.call('HGET', KEYS[6], head)
+local counter, bad = read_counter(KEYS[5])
+if wanted and not bad then
+  local ttl, info = string.match(wanted, '^(%d+) (.*)$')
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[3], head) or '0')
+  local px = math.min(tonumber(ttl) or 0, deadline - now)
+  if px > 0 then
+    redis.call('SET', KEYS[1], head, 'PX', px)
+    local fence = next_fence(KEYS[5], counter)
+    redis.call('LREM', KEYS[2], 0, head)
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('HDEL', KEYS[6], head)
+    if info ~= '' then
+      redis.call('SET', KEYS[4], info, 'PX', px)
+    end
+    announce(ARGV[2], 'G ' .. head .. ' ' .. string.format('%d', fence) .. ' ' .. px)
+    return 1
   end
 end
+announce(ARGV[2], head)
 return 1
