@@ -96,9 +96,17 @@ pub(crate) fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Chart
                 series.push((p.label().to_owned(), run.cycles.samples.as_slice()));
             }
         }
+        let node = r.node_latency.as_ref().and_then(|n| n.single.as_ref().ok());
+        if let Some(run) = node {
+            let label = Peer::NodeRedlock.label().to_owned();
+            series.push((label, run.cycles.samples.as_slice()));
+        }
         series.push(("PING (redis-rs)".to_owned(), lat.ping.samples.as_slice()));
         if let Some(Ok(run)) = r.python_latency.first().map(|(_, s)| s) {
             series.push(("PING (redis-py)".to_owned(), run.pings.samples.as_slice()));
+        }
+        if let Some(run) = node {
+            series.push(("PING (ioredis)".to_owned(), run.pings.samples.as_slice()));
         }
         charts.latency = draw("latency.png", &|p| {
             latency_cdf(

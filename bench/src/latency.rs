@@ -1,10 +1,12 @@
 //! Uncontended acquire + release latency: one client, one lock name, a sequential loop,
 //! for fencelock and each Rust peer, on a single node and on Redlock over 5 independent
-//! nodes; and for the Python peers, in the Python driver.
+//! nodes; for the Python peers, in the Python driver; and for node-redlock, in the Node
+//! driver, on a single node and on Redlock.
 //!
 //! The Rust clients and two PING loops (to the single node; to every Redlock node at
 //! once) take turns in blocks of [`BLOCK`] cycles, so drift of a noisy machine hits them
-//! alike. The Python driver does the same with its lock and redis-py PINGs.
+//! alike. The Python and Node drivers do the same with their lock and their client's
+//! PINGs.
 //!
 //! Also the percentiles every latency figure is reported with ([`Summary`]), and the PING
 //! baseline of a run ([`ping_baseline`]).
@@ -260,27 +262,41 @@ pub(crate) async fn in_turns<W: std::fmt::Debug>(
     Ok((warmup, samples))
 }
 
-/// What the Python driver measured for one peer.
-pub struct PythonRun {
+/// What the Python or Node driver measured for one peer.
+pub struct DriverRun {
     /// Acquire + release cycles.
     pub cycles: Series,
-    /// redis-py PINGs, interleaved with the cycles.
+    /// The driver's PINGs (redis-py's, ioredis'), interleaved with the cycles: to every
+    /// node at once on Redlock.
     pub pings: Series,
 }
 
-/// The Python driver's uncontended run of one peer: its cycles and its redis-py PINGs
-/// (interleaved in turns of [`BLOCK`]), with the driver pinned to `client_cpu` when given.
-pub async fn python(
-    python: &Path,
+/// node-redlock's uncontended runs in the Node driver.
+pub struct NodeLatency {
+    /// On the single node.
+    pub single: Result<DriverRun, String>,
+    /// On the Redlock nodes.
+    pub redlock: Result<DriverRun, String>,
+    /// Where the driver and the servers ran, for the report.
+    pub placement: Option<String>,
+}
+
+/// A driver's uncontended run of one peer: its cycles and its PINGs (interleaved in turns
+/// of [`BLOCK`]), with the driver pinned by `pin`. `program` runs `driver` (the Python or
+/// Node driver); with more than one of `urls`, the lock is a Redlock over all of them.
+pub async fn in_driver(
+    program: &Path,
     driver: &Path,
-    url: &str,
+    urls: &[String],
     peer: Peer,
     cycles: usize,
     pin: impl FnOnce(u32) -> (affinity::Pins, String),
-) -> Result<(PythonRun, String), String> {
-    let mut args = vec![
-        "--url".to_owned(),
-        url.to_owned(),
+) -> Result<(DriverRun, String), String> {
+    let mut args = Vec::new();
+    for url in urls {
+        args.extend(["--url".to_owned(), url.clone()]);
+    }
+    args.extend([
         "--scenario".to_owned(),
         "latency".to_owned(),
         "--name".to_owned(),
@@ -289,10 +305,10 @@ pub async fn python(
         cycles.to_string(),
         "--ttl-ms".to_owned(),
         TTL.as_millis().to_string(),
-    ];
+    ]);
     args.extend(peer.lock_args());
     let prefix = [driver.display().to_string()];
-    let workers = Workers::start(python, &prefix, &[args]).await?;
+    let workers = Workers::start(program, &prefix, &[args]).await?;
     let pid = workers.pids().first().copied().ok_or("no driver process")?;
     let (pins, placement) = pin(pid);
     // Warm-up happens before `go`; the run itself is bounded by its cycles, not a time.
@@ -303,7 +319,7 @@ pub async fn python(
         return Err(e.clone());
     }
     let pings = std::mem::take(&mut report.pings);
-    let run = PythonRun {
+    let run = DriverRun {
         cycles: Series::new(report.samples)?,
         pings: Series::new(pings)?,
     };

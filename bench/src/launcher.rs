@@ -1,6 +1,6 @@
 //! Launching the contended runs (handoff, hot key) over worker processes: this binary
-//! re-executed as `worker`, or the Python driver for the Python peers; and checking the
-//! Python interpreter those need.
+//! re-executed as `worker`, the Python driver for the Python peers, or the Node driver
+//! for node-redlock; and checking the Python interpreter and the Node install those need.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -41,20 +41,26 @@ pub(crate) struct Run {
     pub(crate) duration: Duration,
 }
 
-/// How to start worker processes: this binary, and the Python driver when there is one.
+/// How to start worker processes: this binary, and the Python and Node drivers when
+/// there are interpreters for them.
 pub(crate) struct Launcher {
     exe: PathBuf,
     pub(crate) python: Result<PathBuf, String>,
     pub(crate) driver: PathBuf,
+    pub(crate) node: Result<PathBuf, String>,
+    pub(crate) node_driver: PathBuf,
 }
 
 impl Launcher {
-    /// This binary (re-executed as `worker`), `python` and `bench/py/driver.py`.
-    pub(crate) fn new(python: Result<PathBuf, String>) -> Self {
+    /// This binary (re-executed as `worker`), `python` with `bench/py/driver.py`, and
+    /// `node` with `bench/js/driver.js`.
+    pub(crate) fn new(python: Result<PathBuf, String>, node: Result<PathBuf, String>) -> Self {
         Launcher {
             exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("fencelock-bench")),
             python,
             driver: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/py/driver.py")),
+            node,
+            node_driver: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/js/driver.js")),
         }
     }
 }
@@ -69,6 +75,9 @@ async fn run_workers(
     let (program, prefix) = if run.peer.python() {
         let python = launch.python.as_ref().map_err(Clone::clone)?;
         (python.clone(), vec![launch.driver.display().to_string()])
+    } else if run.peer.node() {
+        let node = launch.node.as_ref().map_err(Clone::clone)?;
+        (node.clone(), vec![launch.node_driver.display().to_string()])
     } else {
         (launch.exe.clone(), vec!["worker".to_owned()])
     };
@@ -167,6 +176,27 @@ pub(crate) async fn python_version(python: &Path) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// `Node v20.19.2, redlock v5.0.0-beta.2, ioredis 5.9.3` (what `driver.js --versions`
+/// prints once it has loaded both), or why node-redlock cannot be run.
+pub(crate) async fn node_version(node: &Path, driver: &Path) -> Result<String, String> {
+    let out = tokio::process::Command::new(node)
+        .arg(driver)
+        .arg("--versions")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("{}: {e}", node.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} {} cannot load redlock and ioredis (scripts/bench installs them with npm ci): {}",
+            node.display(),
+            driver.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +208,24 @@ mod tests {
         assert_eq!(spread(65).iter().sum::<usize>(), 65);
         assert_eq!(spread(65).len(), MAX_PROCS);
         assert_eq!(spread(0), vec![0]);
+    }
+
+    #[test]
+    fn node_redlock_is_left_out_with_the_reason_when_node_cannot_run() {
+        let launch = Launcher::new(Err("none".to_owned()), Err("none".to_owned()));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let missing = Path::new("/nonexistent/node");
+        let e = runtime
+            .block_on(node_version(missing, &launch.node_driver))
+            .expect_err("no such node");
+        assert!(e.contains("/nonexistent/node"), "{e}");
+        assert!(
+            launch.node_driver.is_file(),
+            "{}",
+            launch.node_driver.display()
+        );
     }
 }

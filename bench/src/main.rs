@@ -1,15 +1,16 @@
 //! `fencelock-bench`: fencelock side by side with its peers (the Rust crates rslock and
-//! redlock, redis-py's `Lock` and python-redis-lock), on the same throwaway Redis in
-//! one run: uncontended acquire + release, release-to-waiter handoff, one hot key,
-//! Redlock vs single node; what keeping many fencelock leases alive costs; and fencelock
-//! through Sentinel and Cluster (latency, throughput, renewals, failover).
+//! redlock, redis-py's `Lock`, python-redis-lock and node-redlock), on the same throwaway
+//! Redis in one run: uncontended acquire + release, release-to-waiter handoff, one hot
+//! key, Redlock vs single node; what keeping many fencelock leases alive costs; and
+//! fencelock through Sentinel and Cluster (latency, throughput, renewals, failover).
 //!
 //! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key and
 //! single-node latency runs, five for Redlock, one for the held-locks run, and a Sentinel
 //! group and clusters for the Sentinel and Cluster runs. It measures,
 //! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
-//! subcommand, or `bench/py/driver.py` for the Python peers.
+//! subcommand, `bench/py/driver.py` for the Python peers, or `bench/js/driver.js` for
+//! node-redlock.
 
 mod affinity;
 mod chart;
@@ -65,6 +66,11 @@ struct Cli {
     /// makes a venv); without it the Python peers are left out.
     #[arg(long, env = "FENCELOCK_BENCH_PYTHON", value_name = "PATH")]
     python: Option<PathBuf>,
+    /// Node.js, to run node-redlock in bench/js/driver.js (scripts/bench installs its
+    /// packages with npm ci into bench/js/node_modules); without it node-redlock is left
+    /// out.
+    #[arg(long, env = "FENCELOCK_BENCH_NODE", value_name = "PATH")]
+    node: Option<PathBuf>,
     /// Where to write the PNG charts (default: docs/img for a full run, target/bench-img
     /// for a quick one).
     #[arg(long, value_name = "DIR")]
@@ -95,6 +101,11 @@ fn main() {
     if let Err(e) = &python {
         eprintln!("Python peers left out: {e}");
     }
+    let node = match cli.node.as_deref() {
+        Some(p) if p.is_file() => Ok(p.to_owned()),
+        Some(p) => Err(format!("{} is not a file", p.display())),
+        None => Err("no --node given (scripts/bench passes it when node is installed)".to_owned()),
+    };
     let img_dir = cli
         .img_dir
         .clone()
@@ -106,7 +117,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (results, failed) = runtime.block_on(bench(plan, &server, python));
+    let (results, failed) = runtime.block_on(bench(plan, &server, python, node));
     drop(runtime);
     drop(server);
     let charts = chart::draw_charts(&results, &img_dir, cli.font.as_deref());
@@ -129,15 +140,24 @@ async fn bench(
     plan: &'static Plan,
     server: &testkit::RedisServer,
     python: Result<PathBuf, String>,
+    node: Result<PathBuf, String>,
 ) -> (Results, bool) {
     let started = Instant::now();
     let url = server.url();
-    let launch = Launcher::new(python);
+    let launch = Launcher::new(python, node);
     let python_version = match &launch.python {
         Ok(p) => launcher::python_version(p).await,
         Err(e) => Err(e.clone()),
     };
     let with_python = python_version.is_ok();
+    let node_version = match &launch.node {
+        Ok(n) => launcher::node_version(n, &launch.node_driver).await,
+        Err(e) => Err(e.clone()),
+    };
+    if let Err(e) = &node_version {
+        eprintln!("node-redlock left out: {e}");
+    }
+    let with_node = node_version.is_ok();
     let mut failed = false;
     let (cpu, load_before) = servers::machine();
     let redis_version = servers::redis_version(server);
@@ -192,9 +212,15 @@ async fn bench(
                 peer.label(),
                 plan.latency_cycles
             );
-            let r = latency::python(py, &launch.driver, &url, peer, plan.latency_cycles, |pid| {
-                servers::pin_for_latency(Some(pid), server, &[])
-            })
+            let urls = [url.clone()];
+            let r = latency::in_driver(
+                py,
+                &launch.driver,
+                &urls,
+                peer,
+                plan.latency_cycles,
+                |pid| servers::pin_for_latency(Some(pid), server, &[]),
+            )
             .await;
             let r = match r {
                 Ok((run, placement)) => {
@@ -210,10 +236,63 @@ async fn bench(
             python_latency.push((peer, r));
         }
     }
+    // ... and node-redlock in the Node driver, on the single node and on the Redlock
+    // nodes (its retry settings only matter under contention).
+    let mut node_latency = None;
+    if let Ok(node) = &launch.node
+        && with_node
+    {
+        let peer = Peer::NodeRedlock;
+        let mut placement = None;
+        let mut runs = Vec::new();
+        for (urls, nodes) in [
+            (vec![url.clone()], &[][..]),
+            (redlock_urls.clone(), &servers.redlock[..]),
+        ] {
+            let what = if nodes.is_empty() {
+                "single node".to_owned()
+            } else {
+                format!("Redlock over {REDLOCK_NODES} nodes")
+            };
+            eprintln!(
+                "latency: {}, {} cycles, {what} (Node driver)",
+                peer.label(),
+                plan.latency_cycles
+            );
+            let pin = |pid| servers::pin_for_latency(Some(pid), server, nodes);
+            let r = latency::in_driver(
+                node,
+                &launch.node_driver,
+                &urls,
+                peer,
+                plan.latency_cycles,
+                pin,
+            )
+            .await;
+            runs.push(match r {
+                Ok((run, p)) => {
+                    placement = Some(p);
+                    Ok(run)
+                }
+                Err(e) => {
+                    eprintln!("{} latency ({what}) failed: {e}", peer.label());
+                    failed = true;
+                    Err(e)
+                }
+            });
+        }
+        let redlock = runs.pop().expect("two runs");
+        let single = runs.pop().expect("two runs");
+        node_latency = Some(latency::NodeLatency {
+            single,
+            redlock,
+            placement,
+        });
+    }
 
     // 3. Handoff.
     let mut handoff = Vec::new();
-    for peer in peers::peers(with_python) {
+    for peer in peers::peers(with_python, with_node) {
         for waiters in WAITERS {
             let duration = if peer.slow() {
                 plan.slow_run
@@ -248,7 +327,7 @@ async fn bench(
 
     // 4. Hot key.
     let mut hot_key = Vec::new();
-    for peer in peers::peers(with_python) {
+    for peer in peers::peers(with_python, with_node) {
         let run = Run {
             scenario: Scenario::HotKey,
             peer,
@@ -310,11 +389,13 @@ async fn bench(
         load_after,
         redis_version,
         python: python_version,
+        node: node_version,
         ping,
         ping_after,
         latency,
         python_latency,
         python_placement,
+        node_latency,
         handoff,
         hot_key,
         held,

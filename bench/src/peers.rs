@@ -13,6 +13,19 @@ pub const RUST_PEER_TUNED_DELAY: Duration = Duration::from_millis(2);
 /// redis-py `Lock(sleep=...)`: its default, and tuned.
 pub const REDIS_PY_DEFAULT_SLEEP: f64 = 0.1;
 pub const REDIS_PY_TUNED_SLEEP: f64 = 0.001;
+/// node-redlock (npm `redlock` 5): retries after a refused try (its default `retryCount`;
+/// `acquire` makes at most one more try than this, then throws).
+pub const NODE_REDLOCK_RETRY_COUNT: u32 = 10;
+/// node-redlock's default `retryDelay`, ms: the pause after a refused try is
+/// `retryDelay ± retryJitter`.
+pub const NODE_REDLOCK_DEFAULT_DELAY_MS: u32 = 200;
+/// node-redlock's default `retryJitter`, ms.
+pub const NODE_REDLOCK_DEFAULT_JITTER_MS: u32 = 100;
+/// node-redlock tuned `retryDelay`, ms: with [`NODE_REDLOCK_TUNED_JITTER_MS`], a pause of
+/// 1 ± 1 ms, the 0–2 ms of the tuned Rust peers.
+pub const NODE_REDLOCK_TUNED_DELAY_MS: u32 = 1;
+/// node-redlock tuned `retryJitter`, ms.
+pub const NODE_REDLOCK_TUNED_JITTER_MS: u32 = 1;
 
 /// One lock under test, with its settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,11 +48,15 @@ pub enum Peer {
     RedisPyTuned,
     /// python-redis-lock (BLPOP signalling; no waiting knob).
     PythonRedisLock,
+    /// node-redlock at its defaults (retry 10 × 200 ± 100 ms).
+    NodeRedlock,
+    /// node-redlock with a 1 ± 1 ms retry pause.
+    NodeRedlockTuned,
 }
 
 impl Peer {
     /// Every lock, in the order of the tables.
-    pub const ALL: [Peer; 9] = [
+    pub const ALL: [Peer; 11] = [
         Peer::Fencelock,
         Peer::FencelockFair,
         Peer::Rslock,
@@ -49,6 +66,8 @@ impl Peer {
         Peer::RedisPy,
         Peer::RedisPyTuned,
         Peer::PythonRedisLock,
+        Peer::NodeRedlock,
+        Peer::NodeRedlockTuned,
     ];
 
     /// The name shown in the tables and charts.
@@ -63,6 +82,8 @@ impl Peer {
             Peer::RedisPy => "redis-py Lock",
             Peer::RedisPyTuned => "redis-py Lock tuned",
             Peer::PythonRedisLock => "python-redis-lock",
+            Peer::NodeRedlock => "node-redlock",
+            Peer::NodeRedlockTuned => "node-redlock tuned",
         }
     }
 
@@ -111,13 +132,33 @@ impl Peer {
                                       pushes one element to (it wakes one waiter, no polling); \
                                       no knob for waiting"
                 .to_owned(),
+            Peer::NodeRedlock => format!(
+                "node-redlock (npm `redlock` 5.0.0-beta.2, on ioredis), `new Redlock([client])` \
+                 defaults: `acquire` runs its script (`EXISTS`, then `SET PX`) and, while \
+                 refused, tries again after a random pause of {NODE_REDLOCK_DEFAULT_DELAY_MS} \
+                 ± {NODE_REDLOCK_DEFAULT_JITTER_MS} ms, {NODE_REDLOCK_RETRY_COUNT} times at \
+                 most (`retryCount`), then runs its release script and throws \
+                 `ExecutionError`; waiting = `acquire` in a loop (it has no other way to \
+                 wait); contenders are async tasks of the Node driver, each with its own \
+                 ioredis client"
+            ),
+            Peer::NodeRedlockTuned => format!(
+                "node-redlock, `retryDelay: {NODE_REDLOCK_TUNED_DELAY_MS}, retryJitter: \
+                 {NODE_REDLOCK_TUNED_JITTER_MS}` (`retryCount` at its default, \
+                 {NODE_REDLOCK_RETRY_COUNT}): a random pause of \
+                 {NODE_REDLOCK_TUNED_DELAY_MS} ± {NODE_REDLOCK_TUNED_JITTER_MS} ms, which it \
+                 rounds down to 0 or 1 ms and Node's timers make at least 1 ms"
+            ),
         }
     }
 
     /// Whether it waits by polling with a pause of up to 100 ms or more (its rows get the
     /// longer run time, so they collect enough samples).
     pub fn slow(self) -> bool {
-        matches!(self, Peer::Rslock | Peer::Redlock | Peer::RedisPy)
+        matches!(
+            self,
+            Peer::Rslock | Peer::Redlock | Peer::RedisPy | Peer::NodeRedlock
+        )
     }
 
     /// A polling peer at its defaults: the handoff target is measured against these.
@@ -133,8 +174,13 @@ impl Peer {
         )
     }
 
-    /// The arguments that select it: for the Rust worker (`--lock ...`) or the Python
-    /// driver (`--lock ... --sleep ...`).
+    /// Runs in the Node driver (`bench/js/driver.js`).
+    pub fn node(self) -> bool {
+        matches!(self, Peer::NodeRedlock | Peer::NodeRedlockTuned)
+    }
+
+    /// The arguments that select it: for the Rust worker (`--lock ...`), the Python
+    /// driver (`--lock ... --sleep ...`) or the Node driver (`--lock ... --retry-...`).
     pub fn lock_args(self) -> Vec<String> {
         let v: &[&str] = match self {
             Peer::Fencelock => &["--lock", "plain"],
@@ -146,6 +192,15 @@ impl Peer {
             Peer::RedisPy => return redis_py(REDIS_PY_DEFAULT_SLEEP),
             Peer::RedisPyTuned => return redis_py(REDIS_PY_TUNED_SLEEP),
             Peer::PythonRedisLock => &["--lock", "python-redis-lock"],
+            Peer::NodeRedlock => {
+                return node_redlock(
+                    NODE_REDLOCK_DEFAULT_DELAY_MS,
+                    NODE_REDLOCK_DEFAULT_JITTER_MS,
+                );
+            }
+            Peer::NodeRedlockTuned => {
+                return node_redlock(NODE_REDLOCK_TUNED_DELAY_MS, NODE_REDLOCK_TUNED_JITTER_MS);
+            }
         };
         v.iter().map(|s| (*s).to_owned()).collect()
     }
@@ -162,15 +217,18 @@ impl Peer {
             Peer::RedisPy => "redis-py",
             Peer::RedisPyTuned => "redis-py-tuned",
             Peer::PythonRedisLock => "python-redis-lock",
+            Peer::NodeRedlock => "node-redlock",
+            Peer::NodeRedlockTuned => "node-redlock-tuned",
         }
     }
 }
 
-/// The peers of this run: all, less the Python ones when there is no interpreter.
-pub fn peers(python: bool) -> Vec<Peer> {
+/// The peers of this run: all, less the Python ones when there is no interpreter and the
+/// Node ones when there is no Node.
+pub fn peers(python: bool, node: bool) -> Vec<Peer> {
     Peer::ALL
         .into_iter()
-        .filter(|p| python || !p.python())
+        .filter(|p| (python || !p.python()) && (node || !p.node()))
         .collect()
 }
 
@@ -181,6 +239,22 @@ fn redis_py(sleep: f64) -> Vec<String> {
         "--sleep".to_owned(),
         sleep.to_string(),
     ]
+}
+
+fn node_redlock(delay_ms: u32, jitter_ms: u32) -> Vec<String> {
+    [
+        "--lock",
+        "node-redlock",
+        "--retry-count",
+        &NODE_REDLOCK_RETRY_COUNT.to_string(),
+        "--retry-delay",
+        &delay_ms.to_string(),
+        "--retry-jitter",
+        &jitter_ms.to_string(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
 }
 
 #[cfg(test)]
@@ -198,5 +272,29 @@ mod tests {
             ["--lock", "redis-py", "--sleep", "0.001"]
         );
         assert!(Peer::ALL.iter().filter(|p| p.python()).count() == 3);
+    }
+
+    #[test]
+    fn node_peers_get_their_retry_settings() {
+        assert_eq!(
+            Peer::NodeRedlock.lock_args(),
+            [
+                "--lock",
+                "node-redlock",
+                "--retry-count",
+                "10",
+                "--retry-delay",
+                "200",
+                "--retry-jitter",
+                "100"
+            ]
+        );
+        assert_eq!(
+            Peer::NodeRedlockTuned.lock_args()[5..],
+            ["1", "--retry-jitter", "1"]
+        );
+        assert!(Peer::ALL.iter().all(|p| !(p.python() && p.node())));
+        assert_eq!(peers(true, false).len(), Peer::ALL.len() - 2);
+        assert_eq!(peers(false, true).len(), Peer::ALL.len() - 3);
     }
 }

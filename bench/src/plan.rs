@@ -32,7 +32,7 @@ pub(crate) struct Plan {
     pub(crate) handoff_run: Duration,
     pub(crate) slow_run: Duration,
     pub(crate) hot_key_run: Duration,
-    /// Acquire + release cycles per client (single node, Redlock, Python).
+    /// Acquire + release cycles per client (single node, Redlock, Python, Node).
     pub(crate) latency_cycles: usize,
     /// Locks held at once with the watchdog on, and how long they are watched.
     pub(crate) held_locks: usize,

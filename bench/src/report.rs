@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::chart::Charts;
 use crate::held;
-use crate::latency::{BLOCK, LatencyRun, Series, Summary, TTL};
+use crate::latency::{BLOCK, LatencyRun, NodeLatency, Series, Summary, TTL};
 use crate::launcher::{MAX_PROCS, START_SPREAD_MS};
 use crate::peers::Peer;
 use crate::plan::{
@@ -78,9 +78,14 @@ fn errors_cell(errors: &[String], fatal: Option<&str>) -> String {
 /// the retry settings only matter under contention).
 fn uncontended(r: &Results, peer: Peer) -> Option<&Series> {
     let base = match peer {
-        Peer::FencelockFair | Peer::RslockTuned | Peer::RedlockTuned | Peer::RedisPyTuned => {
+        Peer::FencelockFair
+        | Peer::RslockTuned
+        | Peer::RedlockTuned
+        | Peer::RedisPyTuned
+        | Peer::NodeRedlockTuned => {
             return None;
         }
+        Peer::NodeRedlock => return node_redlock_cycles(r).map(|(one, _)| one),
         p => p,
     };
     if let Ok(lat) = &r.latency
@@ -93,6 +98,14 @@ fn uncontended(r: &Results, peer: Peer) -> Option<&Series> {
         .find(|(p, _)| *p == base)
         .and_then(|(_, s)| s.as_ref().ok())
         .map(|run| &run.cycles)
+}
+
+/// node-redlock's uncontended cycles in the Node driver: single node, and on the Redlock
+/// nodes when that run succeeded.
+fn node_redlock_cycles(r: &Results) -> Option<(&Series, Option<&Series>)> {
+    let node = r.node_latency.as_ref()?;
+    let one = &node.single.as_ref().ok()?.cycles;
+    Some((one, node.redlock.as_ref().ok().map(|run| &run.cycles)))
 }
 
 fn handoff_row(r: &Results, peer: Peer, waiters: usize) -> Option<&HandoffRow> {
@@ -121,7 +134,7 @@ fn ping_unit(r: &Results) -> u64 {
 }
 
 fn peers_of(r: &Results) -> Vec<Peer> {
-    crate::peers::peers(r.python.is_ok())
+    crate::peers::peers(r.python.is_ok(), r.node.is_ok())
 }
 
 pub fn render(r: &Results, charts: &Charts) -> String {
@@ -141,8 +154,10 @@ pub fn render(r: &Results, charts: &Charts) -> String {
         s,
         "The peers are not in this row: none of them renews many leases together. rslock's \
          `using` renews each lock with its own timer and one script call per lock; \
-         python-redis-lock's `auto_renewal` starts one thread per lock; redis-py's `Lock` \
-         and the redlock crate renew only when the caller calls `extend`.\n"
+         python-redis-lock's `auto_renewal` starts one thread per lock; node-redlock's \
+         `using` extends each lock with its own timer and one script call per lock; \
+         redis-py's `Lock` and the redlock crate renew only when the caller calls \
+         `extend`.\n"
     );
     topologies::render(&mut s, &r.topologies, r.plan);
     s
@@ -166,6 +181,14 @@ fn machine(s: &mut String, r: &Results) {
         }
         Err(e) => {
             let _ = writeln!(s, "- Python peers left out: {e}");
+        }
+    }
+    match &r.node {
+        Ok(v) => {
+            let _ = writeln!(s, "- {v} (pinned in `bench/js/package-lock.json`)");
+        }
+        Err(e) => {
+            let _ = writeln!(s, "- node-redlock left out: {e}");
         }
     }
     let _ = writeln!(
@@ -248,20 +271,29 @@ fn side_by_side(s: &mut String, r: &Results) {
             ),
             None => ("–".to_owned(), "–".to_owned()),
         };
-        let redlock = match &r.latency {
-            Ok(lat) => match (
-                lat.single.iter().find(|(q, _)| *q == p),
-                lat.redlock.iter().find(|(q, _)| *q == p),
-            ) {
-                (Some((_, one)), Some((_, many))) => format!(
-                    "{} ({} / {})",
-                    x(many.summary.p50 as f64 / one.summary.p50 as f64),
-                    fmt_ns(many.summary.p50),
-                    fmt_ns(one.summary.p50)
-                ),
-                _ => "–".to_owned(),
-            },
-            Err(_) => "–".to_owned(),
+        let pair = match &r.latency {
+            Ok(lat) => lat
+                .single
+                .iter()
+                .find(|(q, _)| *q == p)
+                .map(|(_, one)| one)
+                .zip(lat.redlock.iter().find(|(q, _)| *q == p).map(|(_, m)| m)),
+            Err(_) => None,
+        };
+        let pair = match (pair, p) {
+            (None, Peer::NodeRedlock) => {
+                node_redlock_cycles(r).and_then(|(one, many)| Some((one, many?)))
+            }
+            (pair, _) => pair,
+        };
+        let redlock = match pair {
+            Some((one, many)) => format!(
+                "{} ({} / {})",
+                x(many.summary.p50 as f64 / one.summary.p50 as f64),
+                fmt_ns(many.summary.p50),
+                fmt_ns(one.summary.p50)
+            ),
+            None => "–".to_owned(),
         };
         let _ = writeln!(
             s,
@@ -476,12 +508,18 @@ fn uncontended_section(s: &mut String, r: &Results, charts: &Charts) {
          turns in blocks of {BLOCK} with a PING loop, so the machine's drift hits them alike. \
          {} measured cycles per client after {} warm-up cycles. Placement: {}. The Python \
          peers run in the Python driver (one thread), {} cycles each after warm-up, taking \
-         turns in blocks of {BLOCK} with redis-py PINGs; placement: {}.\n",
+         turns in blocks of {BLOCK} with redis-py PINGs; placement: {}. node-redlock runs \
+         in the Node driver (one async task, `acquire` with `retryCount: 0`, then \
+         `release`), the same way with ioredis PINGs; placement: {}.\n",
         lat.cycles,
         lat.warmup,
         lat.placement,
         lat.cycles,
         r.python_placement.as_deref().unwrap_or("–"),
+        r.node_latency
+            .as_ref()
+            .and_then(|n| n.placement.as_deref())
+            .unwrap_or("–"),
     );
     let _ = writeln!(
         s,
@@ -518,6 +556,21 @@ fn uncontended_section(s: &mut String, r: &Results, charts: &Charts) {
     if let Some((_, Ok(run))) = r.python_latency.first() {
         rows.push(("PING (redis-py, interleaved)".to_owned(), &run.pings));
     }
+    if let Some(node) = &r.node_latency {
+        match &node.single {
+            Ok(run) => {
+                rows.push((Peer::NodeRedlock.label().to_owned(), &run.cycles));
+                rows.push(("PING (ioredis, interleaved)".to_owned(), &run.pings));
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    s,
+                    "| {} | run failed: {e} |||||||",
+                    Peer::NodeRedlock.label()
+                );
+            }
+        }
+    }
     for (label, series) in rows {
         let sm = &series.summary;
         let _ = writeln!(
@@ -543,10 +596,10 @@ fn uncontended_section(s: &mut String, r: &Results, charts: &Charts) {
 
 fn redlock_section(s: &mut String, r: &Results) {
     let Ok(lat) = &r.latency else { return };
-    redlock_table(s, lat);
+    redlock_table(s, lat, r.node_latency.as_ref());
 }
 
-fn redlock_table(s: &mut String, lat: &LatencyRun) {
+fn redlock_table(s: &mut String, lat: &LatencyRun, node: Option<&NodeLatency>) {
     let n = lat.nodes;
     let _ = writeln!(s, "## Redlock over {n} nodes vs single node\n");
     let _ = writeln!(
@@ -558,9 +611,16 @@ fn redlock_table(s: &mut String, lat: &LatencyRun) {
          redlock `RedLock::new(urls)` (one node after another, a new connection per \
          command). The Redlock nodes share the CPUs left by the client, so their work runs \
          one after another rather than in parallel as on {n} hosts. For scale: one PING to \
-         each of the {n} nodes at once, until all answered, takes {} (p50).\n",
+         each of the {n} nodes at once, until all answered, takes {} (p50). node-redlock: \
+         `new Redlock(clients)` with one ioredis client per node (to each node at once), in \
+         the Node driver's own two runs (single node, then the {n} nodes; each in turns \
+         with its ioredis PINGs, to every node at once on the {n} nodes: {} p50).\n",
         n / 2 + 1,
         fmt_ns(lat.fan_out.summary.p50),
+        node.and_then(|n| n.redlock.as_ref().ok())
+            .map_or("not measured".to_owned(), |run| fmt_ns(
+                run.pings.summary.p50
+            )),
     );
     let _ = writeln!(
         s,
@@ -571,10 +631,22 @@ fn redlock_table(s: &mut String, lat: &LatencyRun) {
         .iter()
         .find(|(p, _)| *p == Peer::Fencelock)
         .map(|(_, s)| s.summary.p50 as f64);
-    for (p, many) in &lat.redlock {
-        let Some((_, one)) = lat.single.iter().find(|(q, _)| q == p) else {
-            continue;
-        };
+    let mut rows: Vec<(Peer, &Series, &Series)> = lat
+        .redlock
+        .iter()
+        .filter_map(|(p, many)| {
+            let (_, one) = lat.single.iter().find(|(q, _)| q == p)?;
+            Some((*p, one, many))
+        })
+        .collect();
+    let mut node_failed = None;
+    if let Some(node) = node {
+        match (&node.single, &node.redlock) {
+            (Ok(one), Ok(many)) => rows.push((Peer::NodeRedlock, &one.cycles, &many.cycles)),
+            (Err(e), _) | (_, Err(e)) => node_failed = Some(e),
+        }
+    }
+    for (p, one, many) in rows {
         let (o, m): (&Summary, &Summary) = (&one.summary, &many.summary);
         let _ = writeln!(
             s,
@@ -589,6 +661,13 @@ fn redlock_table(s: &mut String, lat: &LatencyRun) {
             fence.map_or("–".into(), |f| x(m.p50 as f64 / f)),
         );
     }
+    if let Some(e) = node_failed {
+        let _ = writeln!(
+            s,
+            "| {} | run failed: {e} |||||||",
+            Peer::NodeRedlock.label()
+        );
+    }
     let _ = writeln!(s);
 }
 
@@ -599,20 +678,21 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
         "From just before the holder's release (its stamp write, then release) until a \
          waiter in another OS process holds the lock, by CLOCK_MONOTONIC. Contenders \
          (waiters + 1) run over up to {MAX_PROCS} processes (tokio tasks in the Rust worker, \
-         threads in the Python driver, each process with its own client); hold {HANDOFF_HOLD:?} \
-         (1–2 ms with the timers' resolution). Strict handoff: a releaser waits until \
-         another contender took the lock before it contends again, so every release has \
-         waiters. Contenders start at offsets spread evenly over {START_SPREAD_MS} ms, so \
-         pollers poll at spread phases (their best case). A sample counts only if the \
-         previous holder was another process and the new holder was already waiting at \
-         the release. {} per row, {} for the slow pollers (rslock, redlock and redis-py at \
-         their defaults). The pollers' handoff shrinks as waiters are added (N waiters at \
-         spread phases poll, together, N times as often), while their load on Redis grows; \
-         python-redis-lock does not poll (BLPOP). Redis commands/s: `total_commands_processed` \
-         of `INFO stats` over the row / its length (commands run inside scripts count too, so \
-         it measures the work Redis does); it includes the harness's own \
-         bookkeeping (a GET, an LPUSH, a DEL + SET and a BLPOP per handoff, the same for \
-         every lock).\n",
+         threads in the Python driver, async tasks in the Node driver; each process with its \
+         own client; in the Python and Node drivers, each contender with its own); hold \
+         {HANDOFF_HOLD:?} (1–2 ms with the timers' resolution). Strict handoff: a releaser \
+         waits until another contender took the lock before it contends again, so every \
+         release has waiters. Contenders start at offsets spread evenly over \
+         {START_SPREAD_MS} ms, so pollers poll at spread phases (their best case). A sample \
+         counts only if the previous holder was another process and the new holder was \
+         already waiting at the release. {} per row, {} for the slow pollers (rslock, \
+         redlock, redis-py and node-redlock at their defaults). The pollers' handoff shrinks \
+         as waiters are added (N waiters at spread phases poll, together, N times as often), \
+         while their load on Redis grows; python-redis-lock does not poll (BLPOP). Redis \
+         commands/s: `total_commands_processed` of `INFO stats` over the row / its length \
+         (commands run inside scripts count too, so it measures the work Redis does); it \
+         includes the harness's own bookkeeping (a GET, an LPUSH, a DEL + SET and a BLPOP \
+         per handoff, the same for every lock).\n",
         fmt_dur(r.plan.handoff_run),
         fmt_dur(r.plan.slow_run),
     );

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::held::HeldRun;
-use crate::latency::{LatencyRun, PythonRun, Summary};
+use crate::latency::{DriverRun, LatencyRun, NodeLatency, Summary};
 use crate::peers::Peer;
 use crate::plan::{HOT_KEY_CONTENDERS, Plan};
 use crate::spawn::Report;
@@ -67,12 +67,16 @@ pub(crate) struct Results {
     pub(crate) redis_version: String,
     /// The Python interpreter's version, or why the Python peers were left out.
     pub(crate) python: Result<String, String>,
+    /// The versions of Node, redlock and ioredis, or why node-redlock was left out.
+    pub(crate) node: Result<String, String>,
     pub(crate) ping: Summary,
     pub(crate) ping_after: Option<Summary>,
     pub(crate) latency: Result<LatencyRun, String>,
     /// Per Python peer: its cycles and the driver's redis-py PINGs.
-    pub(crate) python_latency: Vec<(Peer, Result<PythonRun, String>)>,
+    pub(crate) python_latency: Vec<(Peer, Result<DriverRun, String>)>,
     pub(crate) python_placement: Option<String>,
+    /// node-redlock's single-node and Redlock cycles (`None` without Node).
+    pub(crate) node_latency: Option<NodeLatency>,
     pub(crate) handoff: Vec<HandoffRow>,
     pub(crate) hot_key: Vec<HotKeyRow>,
     pub(crate) held: Result<HeldRun, String>,

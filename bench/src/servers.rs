@@ -60,7 +60,7 @@ pub(crate) fn pin_for_latency(
         return (affinity::Pins::default(), format!("not pinned ({e})"));
     }
     let who = if client.is_some() {
-        "the Python driver (all its threads)"
+        "the driver (all its threads)"
     } else {
         "the harness (one thread)"
     };

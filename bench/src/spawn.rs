@@ -1,5 +1,5 @@
-//! Running worker processes: the bench binary re-executing itself as `worker`, or the
-//! Python driver of the Python peers (same protocol).
+//! Running worker processes: the bench binary re-executing itself as `worker`, the
+//! Python driver of the Python peers or the Node driver of node-redlock (same protocol).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -25,7 +25,7 @@ const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Report {
     /// Handoff (or acquire + release) latencies, ns.
     pub samples: Vec<u64>,
-    /// PING round trips, ns (the Python driver's latency run).
+    /// PING round trips, ns (the Python and Node drivers' latency runs).
     pub pings: Vec<u64>,
     /// Acquisitions per contender (grid).
     pub counts: Vec<u64>,
