@@ -100,6 +100,12 @@ pub struct LatencyRun {
     /// PINGs sent to every Redlock node at once, until all answered, interleaved with
     /// the cycles: the floor of one Redlock round on this machine.
     pub fan_out: Series,
+    /// redis-rs alone on the single node: `SET NX PX`, then an owner-checked release
+    /// script ([`Cycler::Raw`]), interleaved with the cycles.
+    pub raw: Series,
+    /// fencelock's Redlock over the same nodes with the first one behind a blackholed
+    /// proxy (requests vanish, no reply comes), interleaved with the cycles.
+    pub blackholed: Series,
     /// Where the threads ran (the pinning), for the report.
     pub placement: String,
 }
@@ -111,7 +117,14 @@ pub(crate) enum Cycler {
     Redlock(redlock::RedLock, String),
     Ping(MultiplexedConnection),
     FanOut(Vec<MultiplexedConnection>),
+    /// The floor of a library on redis-rs: `SET key token NX PX ttl`, then a one-line
+    /// owner-checked `DEL` script, on one multiplexed connection (no fencing token).
+    Raw(MultiplexedConnection, redis::Script, String),
 }
+
+/// The raw pair's release: delete the key only if it holds the token.
+const RAW_RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 impl Cycler {
     /// One acquire + release (or PING round); its duration in ns.
@@ -144,6 +157,28 @@ impl Cycler {
                 ping(conn).await?;
             }
             Cycler::FanOut(conns) => ping_all(conns).await?,
+            Cycler::Raw(conn, release, key) => {
+                let token = "0123456789abcdef0123456789abcdef";
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&*key)
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| format!("SET NX: {e}"))?;
+                set.ok_or("SET NX: not set, uncontended")?;
+                let deleted: i64 = release
+                    .key(&*key)
+                    .arg(token)
+                    .invoke_async(conn)
+                    .await
+                    .map_err(|e| format!("release: {e}"))?;
+                if deleted != 1 {
+                    return Err("release: the key was not ours".into());
+                }
+            }
         }
         Ok(t.elapsed().as_nanos() as u64)
     }
@@ -174,54 +209,94 @@ pub async fn run<P>(
         }
         v
     };
+    // One node blackholed: connected through a proxy that then swallows everything.
+    let proxy = testkit::FaultProxy::start(redlock_urls[0].trim_start_matches("redis://"));
+    let blackholed_urls = std::iter::once(proxy.url()).chain(redlock_urls[1..].iter().cloned());
+    let fence_blackholed = fencelock::Client::redlock(blackholed_urls)
+        .restart_protection(None)
+        .connect()
+        .await
+        .map_err(|e| format!("Redlock connect through the proxy: {e}"))?;
+    proxy.set(testkit::Fault::Blackhole);
     let key = |p: Peer| format!("{NAME}:{}", p.slug());
-    // (peer, on Redlock, client); then the two PING loops.
-    let mut clients: Vec<(Option<(Peer, bool)>, Cycler)> = vec![
+    // Who each client of the rotation is, for sorting the samples out.
+    #[derive(Debug, Clone, Copy)]
+    enum Who {
+        Lock(Peer, bool),
+        Ping,
+        FanOut,
+        Blackholed,
+        Raw,
+    }
+    let mut clients: Vec<(Who, Cycler)> = vec![
         (
-            Some((Peer::Fencelock, false)),
+            Who::Lock(Peer::Fencelock, false),
             Cycler::Fence(fence_single.lock(NAME).lease(TTL).renew(false)),
         ),
         (
-            Some((Peer::Fencelock, true)),
+            Who::Lock(Peer::Fencelock, true),
             Cycler::Fence(fence_redlock.lock(NAME).lease(TTL).renew(false)),
         ),
         (
-            Some((Peer::Rslock, false)),
+            Who::Lock(Peer::Rslock, false),
             Cycler::Rslock(rslock_manager(&single_urls, false), key(Peer::Rslock)),
         ),
         (
-            Some((Peer::Rslock, true)),
+            Who::Lock(Peer::Rslock, true),
             Cycler::Rslock(rslock_manager(redlock_urls, false), key(Peer::Rslock)),
         ),
         (
-            Some((Peer::Redlock, false)),
+            Who::Lock(Peer::Redlock, false),
             Cycler::Redlock(redlock_manager(&single_urls, false)?, key(Peer::Redlock)),
         ),
         (
-            Some((Peer::Redlock, true)),
+            Who::Lock(Peer::Redlock, true),
             Cycler::Redlock(redlock_manager(redlock_urls, false)?, key(Peer::Redlock)),
         ),
-        (None, Cycler::Ping(connect(single_url).await?)),
-        (None, Cycler::FanOut(node_conns)),
+        (Who::Ping, Cycler::Ping(connect(single_url).await?)),
+        (
+            Who::Raw,
+            Cycler::Raw(
+                connect(single_url).await?,
+                redis::Script::new(RAW_RELEASE),
+                format!("{NAME}:raw"),
+            ),
+        ),
+        (Who::FanOut, Cycler::FanOut(node_conns)),
+        (
+            Who::Blackholed,
+            Cycler::Fence(
+                fence_blackholed
+                    .lock(format!("{NAME}:blackholed"))
+                    .lease(TTL)
+                    .renew(false),
+            ),
+        ),
     ];
     let (pins, placement) = pin();
     let (warmup, samples) = in_turns(&mut clients, cycles).await?;
     drop(pins);
     fence_single.flush().await;
     fence_redlock.flush().await;
+    fence_blackholed.flush().await;
+    drop(proxy);
     let mut single = Vec::new();
     let mut redlock = Vec::new();
-    let mut pings = Vec::new();
+    let (mut ping, mut fan_out, mut blackholed, mut raw) = (None, None, None, None);
     for ((who, _), s) in clients.into_iter().zip(samples) {
         let series = Series::new(s)?;
         match who {
-            Some((peer, false)) => single.push((peer, series)),
-            Some((peer, true)) => redlock.push((peer, series)),
-            None => pings.push(series),
+            Who::Lock(peer, false) => single.push((peer, series)),
+            Who::Lock(peer, true) => redlock.push((peer, series)),
+            Who::Ping => ping = Some(series),
+            Who::FanOut => fan_out = Some(series),
+            Who::Blackholed => blackholed = Some(series),
+            Who::Raw => raw = Some(series),
         }
     }
-    let fan_out = pings.pop().ok_or("no fan-out PINGs")?;
-    let ping = pings.pop().ok_or("no PINGs")?;
+    let (ping, fan_out) = (ping.ok_or("no PINGs")?, fan_out.ok_or("no fan-out PINGs")?);
+    let blackholed = blackholed.ok_or("no blackholed Redlock cycles")?;
+    let raw = raw.ok_or("no raw redis-rs cycles")?;
     Ok(LatencyRun {
         cycles,
         warmup,
@@ -230,6 +305,8 @@ pub async fn run<P>(
         redlock,
         ping,
         fan_out,
+        blackholed,
+        raw,
         placement,
     })
 }

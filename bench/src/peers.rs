@@ -91,11 +91,13 @@ impl Peer {
     pub fn settings(self) -> String {
         let ms = |d: Duration| d.as_millis();
         match self {
-            Peer::Fencelock => "fencelock 0.1.0 (this repo), `wait_forever()`: one script call to \
+            Peer::Fencelock => "fencelock 0.1.0 (this repo), `wait_forever()`, its defaults \
+                                otherwise (the watchdog renews the lease): one script call to \
                                 acquire; a waiter is woken by pub/sub on release"
                 .to_owned(),
             Peer::FencelockFair => "as fencelock, with `.fair()`: waiters queue in FIFO order and \
-                                    the release hands the lock to the head of the queue"
+                                    the release hands the lock to the head of the queue, whose \
+                                    waiter takes it from the release message"
                 .to_owned(),
             Peer::Rslock => format!(
                 "rslock 0.10.0, `LockManager` defaults: `acquire` loops `lock()`, which tries \
@@ -159,11 +161,6 @@ impl Peer {
             self,
             Peer::Rslock | Peer::Redlock | Peer::RedisPy | Peer::NodeRedlock
         )
-    }
-
-    /// A polling peer at its defaults: the handoff target is measured against these.
-    pub fn polling_default(self) -> bool {
-        self.slow()
     }
 
     /// Runs in the Python driver rather than the Rust worker.

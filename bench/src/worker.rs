@@ -287,10 +287,12 @@ async fn run_async(
             let client = fencelock::Client::connect(&args.url)
                 .await
                 .map_err(|e| e.to_string())?;
+            // The library's defaults but the lease (the watchdog renews it): a fair
+            // waiter takes a handover from the release message only with it on, when
+            // the lease handed over ends at its deadline, before the lease asked for.
             let mut builder = client
                 .lock(args.name.as_str())
                 .lease(Duration::from_millis(args.ttl_ms))
-                .renew(false)
                 .wait_forever();
             if args.lock == LockKind::Fair {
                 builder = builder.fair();

@@ -741,7 +741,13 @@ mod tests {
             ))
         );
         // A bare token (its turn, to take by its own call), and anything malformed.
-        for other in [&token[..], b"G", b"G aaaa 12", b"G aaaa x 5", b"G aaaa 1 -5"] {
+        for other in [
+            &token[..],
+            b"G",
+            b"G aaaa 12",
+            b"G aaaa x 5",
+            b"G aaaa 1 -5",
+        ] {
             assert_eq!(Handover::parse(other), None, "{other:?}");
         }
     }
