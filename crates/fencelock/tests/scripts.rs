@@ -44,6 +44,8 @@ const WAITERS: &str = "fencelock:{s}:waiters";
 const CHANNEL: &str = "fencelock:{s}:released";
 const INFO: &str = "fencelock:{s}:holder";
 const GRANTS: &str = "fencelock:{s}:grants";
+/// The waiting client's own release channel (`fair_acquire.lua`'s ARGV[7]).
+const OWN_CHANNEL: &str = "fencelock:{s}:released:0123456789abcdef";
 const MINE: &str = "0123456789abcdef0123456789abcdef";
 const THEIRS: &str = "ffffffffffffffffffffffffffffffff";
 
@@ -291,6 +293,7 @@ fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
         CHANNEL,
         join,
         "",
+        OWN_CHANNEL,
     ]);
     reply
         .as_array()
@@ -408,6 +411,7 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
             CHANNEL,
             join,
             "",
+            OWN_CHANNEL,
         ])
     };
     assert_wrong_type(&fair("1"), QUEUE, "string");
@@ -515,7 +519,7 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
     let client = redis::Client::open(r.url()).unwrap();
     let mut conn = client.get_connection().unwrap();
     let mut messages = conn.as_pubsub();
-    messages.subscribe(CHANNEL).unwrap();
+    messages.subscribe(&[CHANNEL, OWN_CHANNEL]).unwrap();
     messages
         .set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .unwrap();
@@ -547,7 +551,7 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
         &(r.server_time().as_millis() as i64 - 1).to_string(),
         &dead,
     ]);
-    r.cmd(&["HSET", GRANTS, &dead, "10000 "]);
+    r.cmd(&["HSET", GRANTS, &dead, &format!("10000 {OWN_CHANNEL} ")]);
     assert_eq!(ints(&fair_acquire(&r, &next, true))[0], 0);
     r.cmd(&["RPUSH", QUEUE, &old]);
     r.cmd(&[
@@ -579,7 +583,10 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
         "the head and the dead waiter left"
     );
     assert_eq!(r.cmd(&["HLEN", GRANTS]).as_int(), Some(0));
-    let message: String = messages.get_message().unwrap().get_payload().unwrap();
+    // Told on its client's own channel only.
+    let message = messages.get_message().unwrap();
+    assert_eq!(message.get_channel_name(), OWN_CHANNEL);
+    let message: String = message.get_payload().unwrap();
     let fields: Vec<&str> = message.split(' ').collect();
     assert_eq!(
         fields[..3],
@@ -594,7 +601,9 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
     // takes the lock by its own call.
     assert_eq!(release(&next), 1);
     assert!(!r.exists(LOCK));
-    let message: String = messages.get_message().unwrap().get_payload().unwrap();
+    let message = messages.get_message().unwrap();
+    assert_eq!(message.get_channel_name(), CHANNEL);
+    let message: String = message.get_payload().unwrap();
     assert_eq!(message, old);
     assert_eq!(ints(&fair_acquire(&r, &old, true))[0], 1);
 }

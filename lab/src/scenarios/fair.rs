@@ -27,7 +27,8 @@ pub const FAIR_HANDOVER: Scenario = Scenario {
     run: |lab, tag, scale| lab.fair_handover(tag, scale),
 };
 
-/// Counts the handover messages (`G TOKEN FENCE PX`) on a lock's release channel.
+/// Counts the handover messages (`G TOKEN FENCE PX`) on a lock's clients' own release
+/// channels.
 struct Handovers {
     seen: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -50,7 +51,10 @@ impl Handovers {
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let thread = thread::spawn(move || {
             let mut messages = conn.as_pubsub();
-            messages.subscribe(&channel).map_err(|e| e.to_string())?;
+            // Each client's own channel: the lock's channel, then ":" and the client.
+            messages
+                .psubscribe(format!("{channel}:*"))
+                .map_err(|e| e.to_string())?;
             let _ = ready_tx.send(());
             while !done.load(Ordering::Relaxed) {
                 match messages.get_message() {

@@ -490,8 +490,22 @@ impl Waiter {
         // One place in line on every node.
         let id = next_waiter_id();
         let wake = pending.mode.wake(&pending.token);
-        let subscriptions = backend.subscribe(&channel, id, wake).await;
+        // A fair waiter also listens on its client's own channel, where the release that
+        // hands it the lock says so (only that client hears it).
+        let own = match pending.mode {
+            Mode::Fair { .. } => Some(backend.own_channel(&pending.keys)),
+            _ => None,
+        };
+        let (mut subscriptions, own) =
+            futures_util::future::join(backend.subscribe(&channel, id, wake), async {
+                match &own {
+                    Some(own) => backend.subscribe(own, id, wake).await,
+                    None => Vec::new(),
+                }
+            })
+            .await;
         let everywhere = subscriptions.len() == backend.nodes().len();
+        subscriptions.extend(own);
         Self {
             subscriptions,
             everywhere,

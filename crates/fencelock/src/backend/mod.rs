@@ -150,6 +150,14 @@ pub(crate) struct Backend {
     /// client's background releases: [`Client::flush`](crate::Client::flush) waits
     /// for them.
     background: TaskTracker,
+    /// This client's name in its own release channels (random, 16 hex digits): a fair
+    /// release hands the lock over on the channel of the waiter's client only.
+    client_tag: String,
+}
+
+/// A fresh [`Backend::client_tag`].
+fn client_tag() -> String {
+    format!("{:016x}", rand::random::<u64>())
 }
 
 /// Asks `nodes` at once, each within `within` (its own call timeout when `None`), and
@@ -217,6 +225,7 @@ impl Backend {
             nodes: vec![Node::open(url, timeouts, access, eager).await?],
             quorum: Quorum::single(timeouts.response),
             background: TaskTracker::new(),
+            client_tag: client_tag(),
         })
     }
 
@@ -259,12 +268,20 @@ impl Backend {
             nodes,
             quorum,
             background: TaskTracker::new(),
+            client_tag: client_tag(),
         })
     }
 
     /// Where calls that outlive their operation run (see [`fan_out_until`]).
     pub fn background(&self) -> &TaskTracker {
         &self.background
+    }
+
+    /// This client's own release channel for the lock of `keys`: where a fair release
+    /// hands the lock to one of this client's waiters (in the lock's slot, like its
+    /// other channel).
+    pub fn own_channel(&self, keys: &LockKeys) -> String {
+        format!("{}:{}", keys.channel(), self.client_tag)
     }
 
     /// Every node, in the order given.
@@ -302,6 +319,7 @@ impl Backend {
                 *waiter_timeout,
                 req.join,
                 req.info,
+                &self.own_channel(req.keys),
             ),
             Mode::Reentrant { owner } => {
                 scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl)

@@ -366,9 +366,17 @@ impl Subscriber {
 
     pub fn stats(&self) -> SubscriberStats {
         let channels = lock(&self.inner.channels);
+        // A fair waiter listens on two channels (the lock's and its client's own): it
+        // counts once.
+        let mut ids: Vec<u64> = channels
+            .values()
+            .flat_map(|c| lock(&c.waiters).keys().copied().collect::<Vec<_>>())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
         SubscriberStats {
             channels: channels.len(),
-            waiters: channels.values().map(|c| lock(&c.waiters).len()).sum(),
+            waiters: ids.len(),
         }
     }
 }

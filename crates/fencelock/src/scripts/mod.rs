@@ -533,7 +533,8 @@ pub(crate) fn reentrant_release(keys: &LockKeys, owner: &str, token: &HolderToke
 }
 
 /// `join`: enter the queue when it is not our turn (a waiting acquire), or only try;
-/// `info`: the holder info to store with the grant ("" for none).
+/// `info`: the holder info to store with the grant ("" for none); `own_channel`: where a
+/// release that hands this waiter the lock says so.
 pub(crate) fn fair_acquire(
     keys: &LockKeys,
     token: &HolderToken,
@@ -541,6 +542,7 @@ pub(crate) fn fair_acquire(
     waiter_timeout: Duration,
     join: bool,
     info: &str,
+    own_channel: &str,
 ) -> Call {
     let mut inv = Call::new(Lua::FairAcquire);
     inv.key(&keys.lock)
@@ -554,7 +556,8 @@ pub(crate) fn fair_acquire(
         .arg(ms(waiter_timeout))
         .arg(keys.channel())
         .arg(flag(join))
-        .arg(info);
+        .arg(info)
+        .arg(own_channel);
     inv
 }
 

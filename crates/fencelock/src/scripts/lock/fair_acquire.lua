@@ -9,15 +9,18 @@
 --                          waiter, unless a later call of another waiter extends them)
 -- KEYS[5]  holder info     plain string, with the lock key's expiry (when ARGV[6] is
 --                          not empty)
--- KEYS[6]  grants          HASH holder token -> "TTL_MS INFO": what each queued waiter
---                          asked for, so that a release can hand the lock straight to the
---                          head of the queue (fair_release.lua); expires with the queue
+-- KEYS[6]  grants          HASH holder token -> "TTL_MS CHANNEL INFO": what each queued
+--                          waiter asked for and where its client listens, so that a
+--                          release can hand the lock straight to the head of the queue
+--                          (fair_release.lua); expires with the queue
 -- ARGV[1]  holder token
 -- ARGV[2]  ttl, ms
 -- ARGV[3]  waiter timeout, ms: how long a queued waiter may stay silent
 -- ARGV[4]  release channel: a message carrying a token wakes that waiter
 -- ARGV[5]  "1": join the queue when it is not our turn; "0": only try
 -- ARGV[6]  holder info, or "" for none
+-- ARGV[7]  the waiter's client's own release channel (no spaces): where a release that
+--          hands it the lock says so
 --
 -- Reply:
 --   {1, fence}        acquired now
@@ -82,7 +85,7 @@ if ARGV[5] == '1' then
   end
   local timeout = tonumber(ARGV[3])
   redis.call('ZADD', KEYS[4], now + timeout, ARGV[1])
-  redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[6])
+  redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[7] .. ' ' .. ARGV[6])
   -- The queue outlives every live waiter's deadline, and goes by itself once the last
   -- waiter stopped calling (crashed) even if nobody calls a fair script again.
   for _, key in ipairs({KEYS[3], KEYS[4], KEYS[6]}) do

@@ -7,14 +7,15 @@
 -- KEYS[3]  waiters   ZSET holder token -> deadline (server ms)
 -- KEYS[4]  holder info (deleted with the lock; the next holder's, if it gave one)
 -- KEYS[5]  fence counter
--- KEYS[6]  grants    HASH holder token -> "TTL_MS INFO" (fair_acquire.lua)
+-- KEYS[6]  grants    HASH holder token -> "TTL_MS CHANNEL INFO" (fair_acquire.lua)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel
 --
 -- The head of the queue gets the lock for its TTL, but no longer than its own deadline
 -- to call again: a waiter that crashed since its last call holds up the queue no longer
--- than it would have without the handover. The message is "G TOKEN FENCE PX": TOKEN
--- holds the lock now, for PX ms from this script, with fencing token FENCE. A head
+-- than it would have without the handover. The message, on the channel of the head's
+-- client only (CHANNEL: no other client is woken), is "G TOKEN FENCE PX": TOKEN holds
+-- the lock now, for PX ms from this script, with fencing token FENCE. A head
 -- without a grants entry (a client that does not register one), or a counter of
 -- another type, gets the message TOKEN instead: its turn, to take by its own call.
 --
@@ -48,7 +49,7 @@ end
 local wanted = grants and redis.call('HGET', KEYS[6], head)
 local counter, bad = read_counter(KEYS[5])
 if wanted and not bad then
-  local ttl, info = string.match(wanted, '^(%d+) (.*)$')
+  local ttl, channel, info = string.match(wanted, '^(%d+) (%S+) (.*)$')
   local deadline = tonumber(redis.call('ZSCORE', KEYS[3], head) or '0')
   local px = math.min(tonumber(ttl) or 0, deadline - now)
   if px > 0 then
@@ -60,7 +61,7 @@ if wanted and not bad then
     if info ~= '' then
       redis.call('SET', KEYS[4], info, 'PX', px)
     end
-    announce(ARGV[2], 'G ' .. head .. ' ' .. string.format('%d', fence) .. ' ' .. px)
+    announce(channel, 'G ' .. head .. ' ' .. string.format('%d', fence) .. ' ' .. px)
     return 1
   end
 end
