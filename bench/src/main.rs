@@ -14,6 +14,7 @@
 mod affinity;
 mod chart;
 mod clock;
+mod growth;
 mod held;
 mod latency;
 mod launcher;
@@ -79,12 +80,17 @@ enum Command {
     /// Internal: one worker process of a run (started by the harness).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Internal: one size of the held-leases growth run (started by the harness).
+    #[command(hide = true)]
+    Held(growth::HeldArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Command::Worker(args)) = cli.command {
-        std::process::exit(worker::run(args));
+    match cli.command {
+        Some(Command::Worker(args)) => std::process::exit(worker::run(args)),
+        Some(Command::Held(args)) => std::process::exit(growth::held_child(args)),
+        None => {}
     }
     let plan = if cli.quick { &QUICK } else { &FULL };
     let python = match cli.python.as_deref() {
@@ -246,6 +252,13 @@ async fn bench(
         }
     }
 
+    // 3b. How cost grows: fencelock's handoff at the waiter counts the handoff rows do
+    // not have.
+    let mut growth = growth::Growth {
+        handoff: growth::handoff_growth(plan, &launch, server).await,
+        ..growth::Growth::default()
+    };
+
     // 4. Hot key.
     let mut hot_key = Vec::new();
     for peer in peers::peers(with_python) {
@@ -294,6 +307,10 @@ async fn bench(
         Ok(_) => {}
     }
 
+    // 5b. How cost grows: the held-locks run at each size, on the same server.
+    growth.held = growth::held_growth(plan, &servers.held.url()).await;
+    failed |= growth.failed(plan.held_locks);
+
     // 6. Sentinel and Cluster (fencelock only), on deployments of their own; the
     // standalone figures on the main node.
     let topologies = topologies::run(plan, server).await;
@@ -318,6 +335,7 @@ async fn bench(
         handoff,
         hot_key,
         held,
+        growth,
         topologies,
         elapsed: started.elapsed(),
     };
