@@ -1,15 +1,18 @@
 //! `fencelock-bench`: fencelock side by side with its peers (the Rust crates rslock and
 //! redlock, redis-py's `Lock` and python-redis-lock), on the same throwaway Redis in
 //! one run: uncontended acquire + release, release-to-waiter handoff, one hot key,
-//! Redlock vs single node; what keeping many fencelock leases alive costs; and fencelock
-//! through Sentinel and Cluster (latency, throughput, renewals, failover).
+//! Redlock vs single node; what keeping many fencelock leases alive costs; how those
+//! costs grow (held leases by the thousand to the million, handoff against 1 to 256
+//! waiters); and fencelock through Sentinel and Cluster (latency, throughput, renewals,
+//! failover).
 //!
 //! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key and
 //! single-node latency runs, five for Redlock, one for the held-locks run, and a Sentinel
 //! group and clusters for the Sentinel and Cluster runs. It measures,
 //! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
-//! subcommand, or `bench/py/driver.py` for the Python peers.
+//! subcommand, or `bench/py/driver.py` for the Python peers; each size of the held-leases
+//! growth run in this binary re-executed as the hidden `held` subcommand.
 
 mod affinity;
 mod chart;
@@ -49,14 +52,18 @@ struct Cli {
     command: Option<Command>,
     /// Short run (about 2 minutes): 1 s per handoff row (2 s for peers polling at
     /// 100 ms or more), 1.5 s per hot-key row, 1,000 latency cycles per client, 10,000
-    /// held locks watched for 5 s; Sentinel and Cluster: 2 s per throughput row, 10,000
-    /// leases on the cluster, one failover each. Charts go to target/bench-img.
+    /// held locks watched for 5 s; how cost grows: 1,000 to 100,000 held locks, 5 s
+    /// each, and fencelock's handoff at 1 to 256 waiters (five counts); Sentinel and
+    /// Cluster: 2 s per throughput row, 10,000 leases on the cluster, one failover each.
+    /// Charts go to target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 13 minutes): 10 s per handoff row (20 s for slow
+    /// Full run (the default; about 16 minutes): 10 s per handoff row (20 s for slow
     /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
-    /// locks watched for 20 s; Sentinel and Cluster: 10 s per throughput row, 100,000
-    /// leases on the cluster, three failovers each. Charts go to docs/img.
+    /// locks watched for 20 s; how cost grows: 1,000 to 1,000,000 held locks, 10 s
+    /// each, and fencelock's handoff at 1 to 256 waiters (nine counts); Sentinel and
+    /// Cluster: 10 s per throughput row, 100,000 leases on the cluster, three failovers
+    /// each. Charts go to docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
