@@ -9,6 +9,7 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
+use crate::growth;
 use crate::peers::Peer;
 use crate::plan::{HOT_KEY_CONTENDERS, TARGET_FAIRNESS, WAITERS};
 use crate::results::Results;
@@ -20,7 +21,8 @@ const FONT_PATHS: [&str; 4] = [
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
 ];
-const FONT: &str = "sans-serif";
+/// The font family the charts' text is drawn in (the font [`register`] loaded).
+pub(crate) const FONT: &str = "sans-serif";
 const SIZE: (u32, u32) = (1000, 600);
 
 /// The first font of [`FONT_PATHS`] that exists, or `explicit`.
@@ -46,6 +48,9 @@ pub(crate) struct Charts {
     pub(crate) latency: Option<String>,
     pub(crate) handoff: Option<String>,
     pub(crate) fairness: Option<String>,
+    /// How cost grows (see [`crate::growth`]).
+    pub(crate) held_growth: Option<String>,
+    pub(crate) handoff_growth: Option<String>,
     pub(crate) error: Option<String>,
 }
 
@@ -57,6 +62,8 @@ pub(crate) fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Chart
         latency: None,
         handoff: None,
         fairness: None,
+        held_growth: None,
+        handoff_growth: None,
         error: None,
     };
     let prepared = (|| {
@@ -154,6 +161,7 @@ pub(crate) fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Chart
             &rows,
         )
     });
+    (charts.held_growth, charts.handoff_growth) = growth::draw(r, &mut draw);
     if !errors.is_empty() {
         eprintln!("charts: {}", errors.join("; "));
         charts.error = Some(errors.join("; "));
@@ -162,7 +170,7 @@ pub(crate) fn draw_charts(r: &Results, dir: &Path, font: Option<&Path>) -> Chart
 }
 
 /// One colour per lock, the same in every chart; other series (PINGs) after them.
-fn color(label: &str, fallback: usize) -> RGBAColor {
+pub(crate) fn color(label: &str, fallback: usize) -> RGBAColor {
     let i = Peer::ALL
         .iter()
         .position(|p| p.label() == label)
@@ -170,7 +178,8 @@ fn color(label: &str, fallback: usize) -> RGBAColor {
     Palette99::pick(i).to_rgba()
 }
 
-fn err<E: std::fmt::Display>(e: E) -> String {
+/// A plotters error, as the charts report it.
+pub(crate) fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
 
@@ -398,8 +407,8 @@ pub fn fairness(
     root.present().map_err(err)
 }
 
-/// `0.05 ms`, `1.2 ms`, `150 ms`.
-fn fmt_ms(v: f64) -> String {
+/// `0.05 ms`, `1.2 ms`, `150 ms` (any axis value: two significant digits or more).
+pub(crate) fn fmt_ms(v: f64) -> String {
     if v >= 10.0 {
         format!("{v:.0}")
     } else if v >= 1.0 {

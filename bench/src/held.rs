@@ -56,6 +56,9 @@ pub struct HeldRun {
     pub flushed: bool,
     /// `DBSIZE` after the releases (the fence counters stay).
     pub dbsize_released: u64,
+    /// CPU time the redis-server used over the window (`used_cpu_sys` + `used_cpu_user`
+    /// of `INFO cpu`, all its threads); `None` if it did not say.
+    pub redis_cpu: Option<Duration>,
 }
 
 impl HeldRun {
@@ -109,9 +112,11 @@ pub async fn run(url: &str, locks: usize, window: Duration) -> Result<HeldRun, S
     let rss_acquired = vm_rss()?;
 
     query::<String>(&mut admin, &["CONFIG", "RESETSTAT"]).await?;
+    let redis_cpu0 = redis_cpu(&mut admin).await?;
     let (t0, cpu0) = (Instant::now(), cpu_time());
     tokio::time::sleep(window).await;
     let (cpu1, window) = (cpu_time(), t0.elapsed());
+    let redis_cpu1 = redis_cpu(&mut admin).await?;
     let stats: String = query(&mut admin, &["INFO", "commandstats"]).await?;
     let rss_end = vm_rss()?;
     let calls = |cmd: &str| command_stat(&stats, cmd, "calls");
@@ -147,7 +152,22 @@ pub async fn run(url: &str, locks: usize, window: Duration) -> Result<HeldRun, S
         release_time,
         flushed,
         dbsize_released,
+        redis_cpu: redis_cpu0.zip(redis_cpu1).map(|(a, b)| b.saturating_sub(a)),
     })
+}
+
+/// The CPU time the server has used so far: `used_cpu_sys` + `used_cpu_user` of `INFO
+/// cpu`; `None` if it does not say.
+async fn redis_cpu(admin: &mut MultiplexedConnection) -> Result<Option<Duration>, String> {
+    let info: String = query(admin, &["INFO", "cpu"]).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    Ok(field("used_cpu_sys")
+        .zip(field("used_cpu_user"))
+        .map(|(sys, user)| Duration::from_secs_f64(sys + user)))
 }
 
 /// Acquires `locks` distinct locks (`held:0`, `held:1`, ...) with a renewed [`LEASE`],
@@ -326,6 +346,16 @@ pub fn render(s: &mut String, run: &Result<HeldRun, String>, locks: usize, windo
                 "{:.3} s = {cpu_pct:.2} % of one core",
                 run.cpu.as_secs_f64()
             ),
+        ),
+        (
+            "redis-server CPU over the window (INFO cpu)",
+            run.redis_cpu.map_or("–".to_owned(), |c| {
+                format!(
+                    "{:.3} s = {:.2} % of one core",
+                    c.as_secs_f64(),
+                    100.0 * c.as_secs_f64() / secs
+                )
+            }),
         ),
         (
             "client VmRSS before / after acquiring / end of window",

@@ -1,8 +1,10 @@
 //! `fencelock-bench`: fencelock side by side with its peers (the Rust crates rslock and
 //! redlock, redis-py's `Lock`, python-redis-lock and node-redlock), on the same throwaway
 //! Redis in one run: uncontended acquire + release, release-to-waiter handoff, one hot
-//! key, Redlock vs single node; what keeping many fencelock leases alive costs; and
-//! fencelock through Sentinel and Cluster (latency, throughput, renewals, failover).
+//! key, Redlock vs single node; what keeping many fencelock leases alive costs; how those
+//! costs grow (held leases by the thousand to the million, handoff against 1 to 256
+//! waiters); and fencelock through Sentinel and Cluster (latency, throughput, renewals,
+//! failover).
 //!
 //! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key and
 //! single-node latency runs, five for Redlock, one for the held-locks run, and a Sentinel
@@ -10,11 +12,13 @@
 //! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
 //! subcommand, `bench/py/driver.py` for the Python peers, or `bench/js/driver.js` for
-//! node-redlock.
+//! node-redlock; each size of the held-leases growth run in this binary re-executed as
+//! the hidden `held` subcommand.
 
 mod affinity;
 mod chart;
 mod clock;
+mod growth;
 mod held;
 mod latency;
 mod launcher;
@@ -49,14 +53,18 @@ struct Cli {
     command: Option<Command>,
     /// Short run (about 2 minutes): 1 s per handoff row (2 s for peers polling at
     /// 100 ms or more), 1.5 s per hot-key row, 1,000 latency cycles per client, 10,000
-    /// held locks watched for 5 s; Sentinel and Cluster: 2 s per throughput row, 10,000
-    /// leases on the cluster, one failover each. Charts go to target/bench-img.
+    /// held locks watched for 5 s; how cost grows: 1,000 to 100,000 held locks, 5 s
+    /// each, and fencelock's handoff at 1 to 256 waiters (five counts); Sentinel and
+    /// Cluster: 2 s per throughput row, 10,000 leases on the cluster, one failover each.
+    /// Charts go to target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 13 minutes): 10 s per handoff row (20 s for slow
+    /// Full run (the default; about 16 minutes): 10 s per handoff row (20 s for slow
     /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
-    /// locks watched for 20 s; Sentinel and Cluster: 10 s per throughput row, 100,000
-    /// leases on the cluster, three failovers each. Charts go to docs/img.
+    /// locks watched for 20 s; how cost grows: 1,000 to 1,000,000 held locks, 10 s
+    /// each, and fencelock's handoff at 1 to 256 waiters (nine counts); Sentinel and
+    /// Cluster: 10 s per throughput row, 100,000 leases on the cluster, three failovers
+    /// each. Charts go to docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
@@ -85,12 +93,17 @@ enum Command {
     /// Internal: one worker process of a run (started by the harness).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Internal: one size of the held-leases growth run (started by the harness).
+    #[command(hide = true)]
+    Held(growth::HeldArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Command::Worker(args)) = cli.command {
-        std::process::exit(worker::run(args));
+    match cli.command {
+        Some(Command::Worker(args)) => std::process::exit(worker::run(args)),
+        Some(Command::Held(args)) => std::process::exit(growth::held_child(args)),
+        None => {}
     }
     let plan = if cli.quick { &QUICK } else { &FULL };
     let python = match cli.python.as_deref() {
@@ -325,6 +338,13 @@ async fn bench(
         }
     }
 
+    // 3b. How cost grows: fencelock's handoff at the waiter counts the handoff rows do
+    // not have.
+    let mut growth = growth::Growth {
+        handoff: growth::handoff_growth(plan, &launch, server).await,
+        ..growth::Growth::default()
+    };
+
     // 4. Hot key.
     let mut hot_key = Vec::new();
     for peer in peers::peers(with_python, with_node) {
@@ -373,6 +393,10 @@ async fn bench(
         Ok(_) => {}
     }
 
+    // 5b. How cost grows: the held-locks run at each size, on the same server.
+    growth.held = growth::held_growth(plan, &servers.held.url()).await;
+    failed |= growth.failed(plan.held_locks);
+
     // 6. Sentinel and Cluster (fencelock only), on deployments of their own; the
     // standalone figures on the main node.
     let topologies = topologies::run(plan, server).await;
@@ -399,6 +423,7 @@ async fn bench(
         handoff,
         hot_key,
         held,
+        growth,
         topologies,
         elapsed: started.elapsed(),
     };

@@ -51,6 +51,13 @@ pub(crate) struct Plan {
     pub(crate) topology_run: Duration,
     pub(crate) cluster_held_locks: usize,
     pub(crate) failovers: usize,
+    /// How cost grows: the held-locks run at each of these sizes (each in a process of
+    /// its own), watched for `growth_window` each.
+    pub(crate) growth_held: &'static [usize],
+    pub(crate) growth_window: Duration,
+    /// How cost grows: fencelock's handoff (plain and `fair()`) at each of these waiter
+    /// counts, `handoff_run` each (those in [`WAITERS`] are the handoff rows').
+    pub(crate) growth_waiters: &'static [usize],
     pub(crate) img_dir: &'static str,
 }
 
@@ -66,6 +73,9 @@ pub(crate) const QUICK: Plan = Plan {
     topology_run: Duration::from_secs(2),
     cluster_held_locks: 10_000,
     failovers: 1,
+    growth_held: &[1_000, 10_000, 100_000],
+    growth_window: Duration::from_secs(5),
+    growth_waiters: &[1, 4, 16, 64, 256],
     img_dir: "target/bench-img",
 };
 
@@ -81,5 +91,8 @@ pub(crate) const FULL: Plan = Plan {
     topology_run: Duration::from_secs(10),
     cluster_held_locks: 100_000,
     failovers: 3,
+    growth_held: &[1_000, 10_000, 100_000, 200_000, 1_000_000],
+    growth_window: Duration::from_secs(10),
+    growth_waiters: &[1, 2, 4, 8, 16, 32, 64, 128, 256],
     img_dir: "docs/img",
 };

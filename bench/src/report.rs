@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::chart::Charts;
+use crate::growth;
 use crate::held;
 use crate::latency::{BLOCK, LatencyRun, NodeLatency, Series, Summary, TTL};
 use crate::launcher::{MAX_PROCS, START_SPREAD_MS};
@@ -160,6 +161,7 @@ pub fn render(r: &Results, charts: &Charts) -> String {
          redis-py's `Lock` and the redlock crate renew only when the caller calls \
          `extend`.\n"
     );
+    growth::render(&mut s, r, charts);
     topologies::render(&mut s, &r.topologies, r.plan);
     s
 }
@@ -556,7 +558,8 @@ fn baseline(s: &mut String, r: &Results) {
     let _ = writeln!(s);
 }
 
-fn chart_link(s: &mut String, charts: &Charts, file: &Option<String>, alt: &str) {
+/// A link to chart `file` of `charts` (inline for a full run), or why it was not drawn.
+pub(crate) fn chart_link(s: &mut String, charts: &Charts, file: &Option<String>, alt: &str) {
     match (file, &charts.error) {
         (Some(f), _) => {
             // A full run writes into docs/img, next to this report; show it inline.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::growth::Growth;
 use crate::held::HeldRun;
 use crate::latency::{DriverRun, LatencyRun, NodeLatency, Summary};
 use crate::peers::Peer;
@@ -80,6 +81,8 @@ pub(crate) struct Results {
     pub(crate) handoff: Vec<HandoffRow>,
     pub(crate) hot_key: Vec<HotKeyRow>,
     pub(crate) held: Result<HeldRun, String>,
+    /// How cost grows: held leases by size, handoff by waiters.
+    pub(crate) growth: Growth,
     /// Sentinel and Cluster.
     pub(crate) topologies: Topologies,
     pub(crate) elapsed: Duration,
