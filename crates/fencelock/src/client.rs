@@ -428,6 +428,9 @@ impl ClientBuilder {
             inner: Arc::new(Shared {
                 watchdog: Watchdog::new(backend.clone()),
                 background: backend.background().clone(),
+                background_turns: Arc::new(tokio::sync::Semaphore::new(
+                    crate::limits::BACKGROUND_RELEASES_IN_FLIGHT,
+                )),
                 backend,
                 prefix: self.prefix,
             }),

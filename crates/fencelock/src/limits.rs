@@ -53,8 +53,15 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// The key prefix when none is given.
 pub const DEFAULT_PREFIX: &str = "fencelock";
 
-/// Leases renewed by one `renew.lua` call of the watchdog.
+/// Leases renewed by one `renew.lua` call of the watchdog. The batches of one tick go
+/// out one after another, so a call sent meanwhile (an acquire, a release) waits behind
+/// one batch at most, not behind all of them.
 pub const RENEWAL_BATCH: usize = 1000;
+
+/// Background releases (of dropped guards, of abandoned acquires) in flight at once per
+/// client; the others wait their turn before they are sent, so that dropping many guards
+/// together does not queue so many calls that the later ones time out unsent.
+pub const BACKGROUND_RELEASES_IN_FLIGHT: usize = 64;
 
 /// The first pause of a waiting acquire's backoff, when release notifications are
 /// unavailable ([`Retry::default`](crate::Retry)): 5 ms.

@@ -1,8 +1,10 @@
 //! What every lock, guard and delay queue of one [`Client`](crate::Client) shares: where
 //! the locks live, the key prefix, the watchdog, and the releases sent in the background.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::algorithms::watchdog::Watchdog;
@@ -17,6 +19,10 @@ pub(crate) struct Shared {
     pub prefix: String,
     /// Releases sent in the background by dropped guards and abandoned acquires.
     pub background: TaskTracker,
+    /// Turns of the background releases: at most
+    /// [`BACKGROUND_RELEASES_IN_FLIGHT`](crate::limits::BACKGROUND_RELEASES_IN_FLIGHT)
+    /// in flight.
+    pub background_turns: Arc<Semaphore>,
     /// Renews the leases of held locks.
     pub watchdog: Watchdog,
 }
@@ -72,8 +78,11 @@ impl Shared {
         };
         let backend = self.backend.clone();
         let (keys, token, mode) = (keys.clone(), token.clone(), mode.clone());
+        let turns = self.background_turns.clone();
         self.background.spawn_on(
             async move {
+                // Never closed, so a permit always comes.
+                let _turn = turns.acquire_owned().await;
                 let result = backend.abandon(&keys, &token, &mode, ttl, fence).await;
                 if what == Withdrawn::Guard {
                     observe::released(ReleaseKind::Drop, ReleaseOutcome::of(&result), None);
