@@ -14,8 +14,10 @@
 //! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
 //! an empty message (a plain or reentrant release) each client wakes its longest-waiting
 //! plain waiter and all its reentrant and fair waiters; a message carrying an owner token
-//! wakes that waiter (the head of a fair queue), and a message `G TOKEN FENCE PX` tells
-//! that waiter a fair release handed it the lock.
+//! wakes that waiter (the head of a fair queue). A fair release that hands the lock to
+//! the head of the queue says so with `G TOKEN FENCE PX` on the channel of that
+//! waiter's client only, `fencelock:{orders:42}:released:<client tag>` (a random tag per
+//! [`Client`](crate::Client)).
 //!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain
