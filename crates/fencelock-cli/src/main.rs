@@ -199,8 +199,8 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     if args.replicas > 0 {
         lock = lock.replicas(args.replicas);
     }
-    let acquiring = lock.acquire();
-    tokio::pin!(acquiring);
+    // Boxed, so that a signal can drop it before the flush below.
+    let mut acquiring = Box::pin(lock.acquire());
     // On a terminal, a line that says what the wait is waiting for.
     let mut status_line = StatusLine::new(&client, &args.name, args.wait);
     let signal = loop {
@@ -215,8 +215,10 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
         }
     };
     status_line.clear();
-    // Dropping `acquiring` made the library withdraw, in the background, whatever its
-    // last attempt may have written; let that finish before the runtime goes away.
+    // Dropping `acquiring` makes the library withdraw, in the background, whatever its
+    // attempts may have written (a grant whose reply is under way, a place in a fair
+    // queue); let that finish before the runtime goes away.
+    drop(acquiring);
     client.flush().await;
     Err(Failure::Interrupted(signal))
 }

@@ -576,6 +576,41 @@ fn sigterm_while_waiting_gives_up_and_leaves_the_holder_alone() {
     assert_eq!(server.get(&key).as_deref(), Some("other-token"));
 }
 
+/// A fair waiter interrupted in line withdraws before it exits: no queue entry is left
+/// to hold up the others (or, with the release's handover, to be handed the lock).
+#[test]
+fn sigint_while_waiting_in_a_fair_queue_leaves_no_place_in_line() {
+    let server = RedisServer::start();
+    let key = lock_key("fq-int");
+    server.cmd(&["SET", &key, "other-token", "PX", "60000"]);
+    let queue = "fencelock:{fq-int}:queue";
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--fair",
+        "--wait",
+        "20s",
+        "fq-int",
+        "--",
+        "true",
+    ];
+    let started = Instant::now();
+    let child = command(&args).spawn().expect("spawn fencelock");
+    testkit::eventually("the run queued", EVENT_TIMEOUT, || {
+        server.cmd(&["LLEN", queue]).as_int() == Some(1)
+    });
+    kill(child.id(), "INT");
+    let run = finish(child, started);
+    let line = run.fails_with(128 + 2);
+    assert!(line.contains("SIGINT"), "{line}");
+    // Checked as soon as it exited: nothing it wrote waits for a purge.
+    assert!(!server.exists(queue), "place in line left behind");
+    assert!(!server.exists("fencelock:{fq-int}:waiters"));
+    assert!(!server.exists("fencelock:{fq-int}:grants"));
+    assert_eq!(server.get(&key).as_deref(), Some("other-token"));
+}
+
 /// Whether process `pid` is gone: no such process, or a zombie (dead, waiting for a
 /// parent, maybe a slow PID 1, to reap it).
 fn process_gone(pid: u32) -> bool {
