@@ -516,6 +516,43 @@ async fn a_fair_release_hands_the_lock_to_the_next_waiter_without_a_call_of_its_
     }
 }
 
+#[tokio::test]
+async fn a_waiter_dropped_as_the_lock_is_handed_to_it_leaves_nothing_behind() {
+    let log = common::traces();
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lock = || c.lock("handed-drop").fair();
+    let holder = lock().try_acquire().await.unwrap();
+    let waiting = tokio::spawn(lock().wait(Duration::from_secs(20)).acquire());
+    eventually("the waiter is asleep", Duration::from_secs(5), async || {
+        log.text()
+            .lines()
+            .any(|l| l.contains("lock=\"handed-drop\" ") && l.contains("lock still held"))
+    })
+    .await;
+    // The release hands the lock to the waiter in Redis; the waiter's task is dropped
+    // before it can take it (or, if it already has, its guard is dropped unreleased).
+    holder.release().await.unwrap();
+    waiting.abort();
+    if let Ok(Ok(guard)) = waiting.await {
+        drop(guard);
+    }
+    c.flush().await;
+    for key in ["", ":queue", ":waiters", ":grants", ":holder"] {
+        assert!(
+            !r.exists(&format!("fencelock:{{handed-drop}}{key}")),
+            "{key} left"
+        );
+    }
+    lock()
+        .try_acquire()
+        .await
+        .expect("free at once")
+        .release()
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_mode_serves_fifty_waiters_in_arrival_order() {
     let r = RedisServer::start();
