@@ -275,9 +275,9 @@ fn extend_in_every_key_state_and_never_recreates() {
     assert!(!r.exists(LOCK), "expired lease stays lost");
 }
 
-fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
+fn fair_acquire_raw(r: &RedisServer, token: &str, join: bool) -> Reply {
     let join = if join { "1" } else { "0" };
-    let reply = r.cmd(&[
+    r.cmd(&[
         "EVAL",
         &FAIR_ACQUIRE,
         "6",
@@ -294,7 +294,11 @@ fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
         join,
         "",
         OWN_CHANNEL,
-    ]);
+    ])
+}
+
+fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
+    let reply = fair_acquire_raw(r, token, join);
     reply
         .as_array()
         .unwrap_or_else(|| panic!("fair_acquire replied {reply:?}"))
@@ -309,6 +313,41 @@ fn queue(r: &RedisServer) -> Vec<String> {
         .iter()
         .map(|t| t.as_str().unwrap().to_owned())
         .collect()
+}
+
+fn fair_release_raw(r: &RedisServer, token: &str) -> Reply {
+    r.cmd(&[
+        "EVAL",
+        &FAIR_RELEASE,
+        "6",
+        LOCK,
+        QUEUE,
+        WAITERS,
+        INFO,
+        FENCE,
+        GRANTS,
+        token,
+        CHANNEL,
+    ])
+}
+
+fn fair_release(r: &RedisServer, token: &str) -> i64 {
+    fair_release_raw(r, token).as_int().expect("integer reply")
+}
+
+fn fair_leave_raw(r: &RedisServer, token: &str) -> Reply {
+    r.cmd(&[
+        "EVAL",
+        &FAIR_LEAVE,
+        "5",
+        LOCK,
+        QUEUE,
+        WAITERS,
+        INFO,
+        GRANTS,
+        token,
+        CHANNEL,
+    ])
 }
 
 #[test]
@@ -394,48 +433,14 @@ fn fair_acquire_purges_waiters_that_stopped_calling() {
 fn fair_scripts_never_touch_keys_of_a_wrong_type() {
     let r = RedisServer::start();
     r.cmd(&["SET", QUEUE, "not-a-list"]);
-    let fair = |join| {
-        r.cmd(&[
-            "EVAL",
-            &FAIR_ACQUIRE,
-            "6",
-            LOCK,
-            FENCE,
-            QUEUE,
-            WAITERS,
-            INFO,
-            GRANTS,
-            MINE,
-            "10000",
-            "3000",
-            CHANNEL,
-            join,
-            "",
-            OWN_CHANNEL,
-        ])
-    };
-    assert_wrong_type(&fair("1"), QUEUE, "string");
+    let fair = |join| fair_acquire_raw(&r, MINE, join);
+    assert_wrong_type(&fair(true), QUEUE, "string");
     assert!(!r.exists(LOCK));
-    assert_wrong_type(
-        &r.cmd(&[
-            "EVAL",
-            &FAIR_LEAVE,
-            "5",
-            LOCK,
-            QUEUE,
-            WAITERS,
-            INFO,
-            GRANTS,
-            MINE,
-            CHANNEL,
-        ]),
-        QUEUE,
-        "string",
-    );
+    assert_wrong_type(&fair_leave_raw(&r, MINE), QUEUE, "string");
     assert_eq!(r.get(QUEUE).as_deref(), Some("not-a-list"));
     r.cmd(&["DEL", QUEUE]);
     r.cmd(&["SET", GRANTS, "not-a-hash"]);
-    assert_wrong_type(&fair("1"), GRANTS, "string");
+    assert_wrong_type(&fair(true), GRANTS, "string");
     assert!(!r.exists(LOCK));
     assert_eq!(r.get(GRANTS).as_deref(), Some("not-a-hash"));
 }
@@ -443,39 +448,8 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
 #[test]
 fn fair_release_and_leave_in_every_key_state() {
     let r = RedisServer::start();
-    let release = |t: &str| {
-        r.cmd(&[
-            "EVAL",
-            &FAIR_RELEASE,
-            "6",
-            LOCK,
-            QUEUE,
-            WAITERS,
-            INFO,
-            FENCE,
-            GRANTS,
-            t,
-            CHANNEL,
-        ])
-        .as_int()
-        .unwrap()
-    };
-    let leave = |t: &str| {
-        r.cmd(&[
-            "EVAL",
-            &FAIR_LEAVE,
-            "5",
-            LOCK,
-            QUEUE,
-            WAITERS,
-            INFO,
-            GRANTS,
-            t,
-            CHANNEL,
-        ])
-        .as_int()
-        .unwrap()
-    };
+    let release = |t: &str| fair_release(&r, t);
+    let leave = |t: &str| fair_leave_raw(&r, t).as_int().unwrap();
     assert_eq!(release(MINE), 0, "absent");
     fair_acquire(&r, THEIRS, true);
     assert_eq!(release(MINE), -1, "other token");
@@ -494,23 +468,7 @@ fn fair_release_and_leave_in_every_key_state() {
     assert_eq!(leave(MINE), 1);
     assert!(!r.exists(LOCK));
     r.cmd(&["HSET", LOCK, "f", "v"]);
-    assert_wrong_type(
-        &r.cmd(&[
-            "EVAL",
-            &FAIR_RELEASE,
-            "6",
-            LOCK,
-            QUEUE,
-            WAITERS,
-            INFO,
-            FENCE,
-            GRANTS,
-            MINE,
-            CHANNEL,
-        ]),
-        LOCK,
-        "hash",
-    );
+    assert_wrong_type(&fair_release_raw(&r, MINE), LOCK, "hash");
 }
 
 #[test]
@@ -523,23 +481,7 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
     messages
         .set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .unwrap();
-    let release = |t: &str| {
-        r.cmd(&[
-            "EVAL",
-            &FAIR_RELEASE,
-            "6",
-            LOCK,
-            QUEUE,
-            WAITERS,
-            INFO,
-            FENCE,
-            GRANTS,
-            t,
-            CHANNEL,
-        ])
-        .as_int()
-        .unwrap()
-    };
+    let release = |t: &str| fair_release(&r, t);
     let (dead, next, old) = ("d".repeat(32), "n".repeat(32), "o".repeat(32));
     assert_eq!(ints(&fair_acquire(&r, THEIRS, true))[0], 1);
     // In line: a waiter that crashed (its deadline passed), then a live one, then one
