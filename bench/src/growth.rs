@@ -21,8 +21,7 @@ use plotters::prelude::*;
 
 use crate::chart::{Charts, FONT, color, err, fmt_ms};
 use crate::held::{self, HeldRun, LEASE, TICK};
-use crate::latency::summarize;
-use crate::launcher::{self, Launcher, MAX_PROCS, Run, Scenario, measured};
+use crate::launcher::{self, Launcher, MAX_PROCS};
 use crate::peers::Peer;
 use crate::plan::{HANDOFF_HOLD, Plan, WAITERS};
 use crate::report::{chart_link, fmt_dur, fmt_ns, yes_no};
@@ -281,35 +280,21 @@ pub(crate) async fn handoff_growth(
             if WAITERS.contains(&waiters) {
                 continue;
             }
-            let run = Run {
-                scenario: Scenario::Handoff,
-                peer,
-                name: format!("growth-handoff-{}-{waiters}", peer.slug()),
-                contenders: waiters + 1,
-                hold: HANDOFF_HOLD,
-                duration: plan.handoff_run,
-            };
             eprintln!(
                 "growth: handoff, {} with {waiters} waiters, {:?}",
                 peer.label(),
                 plan.handoff_run
             );
-            let (tasks, report, commands_per_s, error) = measured(launch, server, &run).await;
-            if let Some(e) = &error {
+            let name = format!("growth-handoff-{}-{waiters}", peer.slug());
+            let row =
+                launcher::handoff_row(launch, server, peer, name, waiters, plan.handoff_run).await;
+            if let Some(e) = &row.error {
                 eprintln!(
                     "growth: handoff, {} with {waiters} waiters: {e}",
                     peer.label()
                 );
             }
-            rows.push(HandoffRow {
-                peer,
-                waiters,
-                tasks,
-                summary: summarize(&report.samples),
-                report,
-                commands_per_s,
-                error,
-            });
+            rows.push(row);
         }
     }
     rows

@@ -5,7 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::latency::summarize;
 use crate::peers::Peer;
+use crate::plan::HANDOFF_HOLD;
+use crate::results::HandoffRow;
 use crate::servers;
 use crate::spawn::{Report, Workers};
 
@@ -131,6 +134,36 @@ async fn run_workers(
         merged.errors.extend(r.errors);
     }
     Ok((tasks, merged))
+}
+
+/// One handoff row: `peer` with `waiters` waiters for `duration`, run on `server` under
+/// the worker name `name`.
+pub(crate) async fn handoff_row(
+    launch: &Launcher,
+    server: &testkit::RedisServer,
+    peer: Peer,
+    name: String,
+    waiters: usize,
+    duration: Duration,
+) -> HandoffRow {
+    let run = Run {
+        scenario: Scenario::Handoff,
+        peer,
+        name,
+        contenders: waiters + 1,
+        hold: HANDOFF_HOLD,
+        duration,
+    };
+    let (tasks, report, commands_per_s, error) = measured(launch, server, &run).await;
+    HandoffRow {
+        peer,
+        waiters,
+        tasks,
+        summary: summarize(&report.samples),
+        report,
+        commands_per_s,
+        error,
+    }
 }
 
 /// Runs `run` on `server`: tasks per process, the merged reports, the commands per

@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 
-use crate::latency::{Summary, summarize};
+use crate::latency::Summary;
 use crate::launcher::{Launcher, Run, Scenario, measured};
 use crate::peers::Peer;
-use crate::plan::{FULL, HANDOFF_HOLD, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
-use crate::results::{HandoffRow, HotKeyRow, Results};
+use crate::plan::{FULL, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
+use crate::results::{HotKeyRow, Results};
 use crate::servers::Servers;
 use crate::worker::WorkerArgs;
 
@@ -312,29 +312,14 @@ async fn bench(
             } else {
                 plan.handoff_run
             };
-            let run = Run {
-                scenario: Scenario::Handoff,
-                peer,
-                name: format!("handoff-{}-{waiters}", peer.slug()),
-                contenders: waiters + 1,
-                hold: HANDOFF_HOLD,
-                duration,
-            };
             eprintln!(
                 "handoff: {} with {waiters} waiters, {duration:?}",
                 peer.label()
             );
-            let (tasks, report, commands_per_s, error) = measured(&launch, server, &run).await;
-            failed |= error.is_some() || !report.errors.is_empty();
-            handoff.push(HandoffRow {
-                peer,
-                waiters,
-                tasks,
-                summary: summarize(&report.samples),
-                report,
-                commands_per_s,
-                error,
-            });
+            let name = format!("handoff-{}-{waiters}", peer.slug());
+            let row = launcher::handoff_row(&launch, server, peer, name, waiters, duration).await;
+            failed |= row.error.is_some() || !row.report.errors.is_empty();
+            handoff.push(row);
         }
     }
 
