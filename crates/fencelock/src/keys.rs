@@ -48,6 +48,15 @@ impl LockKeys {
         Ok(Self { lock })
     }
 
+    /// The lock key followed by `suffix`, in one allocation (these names are built for
+    /// every script call).
+    fn with_suffix(&self, suffix: &str) -> String {
+        let mut key = String::with_capacity(self.lock.len() + suffix.len());
+        key.push_str(&self.lock);
+        key.push_str(suffix);
+        key
+    }
+
     /// The lock name, as it sits in the key's hash tag: what logs call the lock.
     pub fn name(&self) -> &str {
         name_in(&self.lock)
@@ -55,35 +64,35 @@ impl LockKeys {
 
     /// The fencing counter: never expires.
     pub fn fence(&self) -> String {
-        format!("{}:fence", self.lock)
+        self.with_suffix(":fence")
     }
 
     /// Fair mode: the waiters' owner tokens, in arrival order.
     pub fn queue(&self) -> String {
-        format!("{}:queue", self.lock)
+        self.with_suffix(":queue")
     }
 
     /// Fair mode: each waiter's deadline to call again.
     pub fn waiters(&self) -> String {
-        format!("{}:waiters", self.lock)
+        self.with_suffix(":waiters")
     }
 
     /// Fair mode: a HASH of each waiter's TTL and holder info, for a release that hands
     /// the lock over.
     pub fn grants(&self) -> String {
-        format!("{}:grants", self.lock)
+        self.with_suffix(":grants")
     }
 
     /// What the holder says about itself (set with
     /// [`LockBuilder::holder_info`](crate::LockBuilder::holder_info)): with the lock key's
     /// expiry, deleted with it.
     pub fn holder_info(&self) -> String {
-        format!("{}:holder", self.lock)
+        self.with_suffix(":holder")
     }
 
     /// The pub/sub channel releases are announced on.
     pub fn channel(&self) -> String {
-        format!("{}:released", self.lock)
+        self.with_suffix(":released")
     }
 }
 

@@ -30,7 +30,7 @@ use tracing::Instrument;
 use crate::algorithms::retry::Retry;
 use crate::backend::quorum::lease_end;
 use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
-use crate::backend::{AcquireRequest, Attempt, Backend, Mode};
+use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Mode};
 use crate::error::{Blocker, Error, NodeList, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
@@ -140,6 +140,7 @@ async fn attempts(
     // only if it came after that answer, so its lease started after that send; one
     // with a lower token is older (its message read late) and is not trusted.
     let mut refused: Option<(Instant, Option<FencingToken>)> = None;
+    let calls = AcquireCalls::default();
     loop {
         // Until this attempt is answered, its outcome is unknown too.
         pending.maybe_written = true;
@@ -156,6 +157,7 @@ async fn attempts(
                 mode: &pending.mode,
                 join: waits,
                 info: req.info,
+                calls: &calls,
             })
             .await;
         let found = match outcome {
@@ -539,7 +541,15 @@ impl Waiter {
             tokio::time::sleep(pause).await;
             return WokenBy::Timer;
         }
-        let any_release = select_all(self.subscriptions.iter().map(|s| Box::pin(s.notified())));
+        let any_release = async {
+            match self.subscriptions.as_slice() {
+                // The usual case (one node, not fair): no boxes to poll through.
+                [one] => one.notified().await,
+                many => {
+                    select_all(many.iter().map(|s| Box::pin(s.notified()))).await;
+                }
+            }
+        };
         tokio::select! {
             _ = any_release => WokenBy::Notification,
             () = tokio::time::sleep(pause) => WokenBy::Timer,

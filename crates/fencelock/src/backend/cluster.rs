@@ -450,10 +450,14 @@ impl ClusterLink {
                 port: addr.port(),
             })
         };
-        let value = match self.send(call.evalsha(Flavor::Cluster), route()).await {
+        let value = match self
+            .send(call.evalsha(Flavor::Cluster).clone(), route())
+            .await
+        {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 self.send(call.load(Flavor::Cluster), route()).await?;
-                self.send(call.evalsha(Flavor::Cluster), route()).await?
+                self.send(call.evalsha(Flavor::Cluster).clone(), route())
+                    .await?
             }
             other => other?,
         };

@@ -19,7 +19,7 @@ pub(crate) mod quorum;
 pub(crate) mod sentinel;
 pub(crate) mod subscriber;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -109,6 +109,18 @@ pub(crate) struct AcquireRequest<'a> {
     pub join: bool,
     /// What the holder says about itself, stored with the grant ("" for nothing).
     pub info: &'a str,
+    /// The calls built by the first attempt, sent again by the later ones.
+    pub calls: &'a AcquireCalls,
+}
+
+/// The script calls of one acquire: built by its first attempt and sent again by every
+/// later one, since nothing in them changes between attempts.
+#[derive(Default)]
+pub(crate) struct AcquireCalls {
+    /// The call every node gets (a Redlock node that has said who it is, every other).
+    anonymous: OnceLock<Arc<Call>>,
+    /// A Redlock node that has not said who it is yet: the call that asks it.
+    identified: OnceLock<Arc<Call>>,
 }
 
 /// The outcome of one acquire attempt that the nodes answered.
@@ -325,40 +337,51 @@ impl Backend {
                 scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl)
             }
         };
+        let anonymous = req
+            .calls
+            .anonymous
+            .get_or_init(|| Arc::new(invocation(false)));
         let sent_at = Instant::now();
         let (verdict, take_back) = if let Some(node) = self.only_node() {
-            let call = invocation(false);
-            let answer = node.run(&call, q.within(req.ttl)).await;
+            let answer = node.run(anonymous, q.within(req.ttl)).await;
             q.acquire_one(node, answer, sent_at, req.ttl)
         } else {
-            let (identified, anonymous) = (Arc::new(invocation(true)), Arc::new(invocation(false)));
-            // Each node's generation when its call went out: what it says about itself
-            // holds for that connection.
-            let generations: Vec<u64> = self.nodes.iter().map(Node::generation).collect();
-            let mut tally = q.tally(&self.nodes, sent_at, req.ttl);
-            let late = {
-                let (q, nodes, generations, ttl) =
-                    (q.clone(), self.nodes.clone(), generations.clone(), req.ttl);
-                move |i, answer: Result<AcquireReply, Error>| {
-                    q.judge_late(&nodes, i, &answer, generations[i], ttl);
-                }
-            };
-            fan_out_until(
-                &self.background,
-                &self.nodes,
-                q.within(req.ttl),
-                |node| {
-                    if q.identify(node) {
-                        identified.clone()
-                    } else {
-                        anonymous.clone()
+            // Boxed: the fan-out's state would otherwise make every single-node attempt's
+            // future as large as a Redlock one's.
+            Box::pin(async {
+                let identified = req
+                    .calls
+                    .identified
+                    .get_or_init(|| Arc::new(invocation(true)));
+                // Each node's generation when its call went out: what it says about itself
+                // holds for that connection.
+                let generations: Vec<u64> = self.nodes.iter().map(Node::generation).collect();
+                let mut tally = q.tally(&self.nodes, sent_at, req.ttl);
+                let late = {
+                    let (q, nodes, generations, ttl) =
+                        (q.clone(), self.nodes.clone(), generations.clone(), req.ttl);
+                    move |i, answer: Result<AcquireReply, Error>| {
+                        q.judge_late(&nodes, i, &answer, generations[i], ttl);
                     }
-                },
-                |i, answer| tally.add(i, answer, generations[i]),
-                late,
-            )
-            .await;
-            tally.verdict(req.name)
+                };
+                fan_out_until(
+                    &self.background,
+                    &self.nodes,
+                    q.within(req.ttl),
+                    |node| {
+                        if q.identify(node) {
+                            identified.clone()
+                        } else {
+                            anonymous.clone()
+                        }
+                    },
+                    |i, answer| tally.add(i, answer, generations[i]),
+                    late,
+                )
+                .await;
+                tally.verdict(req.name)
+            })
+            .await
         };
         if take_back
             && let Err(e) = self

@@ -21,7 +21,7 @@
 
 pub(crate) mod replies;
 
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use redis::{RedisWrite, ScriptInvocation};
@@ -265,6 +265,9 @@ pub(crate) struct Call {
     args: Vec<Vec<u8>>,
     /// Keys the script gets in `ARGV` (`renew_across_slots.lua`): named in errors too.
     keys_in_args: Vec<String>,
+    /// The `EVALSHA` command per [`Flavor`], built when first sent: a call sent again (an
+    /// acquire's next attempt) is not built again.
+    evalsha: [OnceLock<redis::Cmd>; 2],
 }
 
 impl Call {
@@ -274,11 +277,12 @@ impl Call {
             keys: Vec::new(),
             args: Vec::new(),
             keys_in_args: Vec::new(),
+            evalsha: [OnceLock::new(), OnceLock::new()],
         }
     }
 
-    fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
-        self.keys.push(key.as_ref().to_owned());
+    fn key(&mut self, key: impl Into<String>) -> &mut Self {
+        self.keys.push(key.into());
         self
     }
 
@@ -309,9 +313,19 @@ impl Call {
 
     /// `EVALSHA` of this call for `flavor`, as one command (to route it by hand, e.g. to a
     /// cluster node by address); [`Self::load`] after a `NOSCRIPT`.
-    pub(crate) fn evalsha(&self, flavor: Flavor) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.lua.script(flavor).get_hash())
+    pub(crate) fn evalsha(&self, flavor: Flavor) -> &redis::Cmd {
+        self.evalsha[flavor as usize].get_or_init(|| self.build_evalsha(flavor))
+    }
+
+    fn build_evalsha(&self, flavor: Flavor) -> redis::Cmd {
+        let hash = self.lua.script(flavor).get_hash();
+        let data = hash.len()
+            + 8
+            + self.keys.iter().map(String::len).sum::<usize>()
+            + self.args.iter().map(Vec::len).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
+        cmd.arg("EVALSHA")
+            .arg(hash)
             .arg(self.keys.len())
             .arg(&self.keys)
             .arg(&self.args);
