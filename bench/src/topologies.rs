@@ -174,10 +174,13 @@ impl ClusterRenewals {
         self.masters.iter().map(|m| m.renewals).sum::<u64>() as f64 / self.ticks()
     }
 
-    /// The fewest batches per tick the watchdog could send: leases renewed per tick / the
-    /// batch size (each batch is one call per master when the library groups by master).
-    pub(crate) fn batches_per_tick(&self) -> f64 {
-        self.renewals_per_tick() / fencelock::limits::RENEWAL_BATCH as f64
+    /// The fewest calls per tick the watchdog could send one master: its share of the
+    /// leases renewed per tick / the batch size (the watchdog groups the due leases by
+    /// master, then cuts each group into batches, one call each).
+    pub(crate) fn floor_calls_per_master_tick(&self) -> f64 {
+        self.renewals_per_tick()
+            / self.masters.len().max(1) as f64
+            / fencelock::limits::RENEWAL_BATCH as f64
     }
 
     /// Every lease stayed alive through the window.
@@ -826,12 +829,12 @@ pub(crate) fn target_rows(s: &mut String, t: &Topologies) {
                 s,
                 "| {} leases held on a {}-master cluster: about \
                  {TARGET_CALLS_PER_MASTER_TICK} watchdog call per master per renewal tick | \
-                 busiest master {:.1} calls/tick (renewals per tick need at least {:.1} \
-                 batches of up to {} leases, one call per master each) | {} |",
+                 busiest master {:.1} calls/tick (a master's share of the renewals per tick \
+                 needs at least {:.1} calls of up to {} leases) | {} |",
                 r.locks,
                 r.masters.len(),
                 r.max_calls_per_master_tick(),
-                r.batches_per_tick(),
+                r.floor_calls_per_master_tick(),
                 fencelock::limits::RENEWAL_BATCH,
                 yes_no(
                     r.max_calls_per_master_tick() <= 1.5 * TARGET_CALLS_PER_MASTER_TICK
@@ -994,18 +997,18 @@ fn renewals_table(s: &mut String, t: &Topologies, plan: &Plan) {
          master, a window of {:.2} s = {:.1} ticks of {TICK:?}, then `INFO commandstats` on \
          each master: script calls (`evalsha` + `eval`) and leases renewed (`pexpire` calls, \
          run by the scripts, / 2: a renewal extends the lock key and its holder-info key). \
-         The watchdog hands out batches of up to {} due leases \
-         (`fencelock::limits::RENEWAL_BATCH`); the cluster backend splits each batch by \
-         master and sends each part in one `renew_across_slots.lua` call, so the floor is \
-         one call per master per batch: at least {:.1} batches per tick here ({:.0} leases \
-         renewed per tick / {}). Calls per batch: a master's calls per tick / that floor \
-         (above 1 when ticks carry partial batches). Acquiring took {:.2} s; dropping them all and `flush()` {:.2} s{}.\n",
+         The watchdog groups the leases that fall due by master and cuts each group into \
+         batches of up to {} leases (`fencelock::limits::RENEWAL_BATCH`), one \
+         `renew_across_slots.lua` call each, so the floor per master is its share of the \
+         renewals over the batch size: at least {:.1} calls per master and tick here ({:.0} \
+         leases renewed per tick / the masters / {}). Calls per batch: a master's calls per \
+         tick / that floor (above 1 when ticks carry partial batches). Acquiring took {:.2} s; dropping them all and `flush()` {:.2} s{}.\n",
         r.locks,
         held::TASKS,
         r.window.as_secs_f64(),
         r.ticks(),
         fencelock::limits::RENEWAL_BATCH,
-        r.batches_per_tick(),
+        r.floor_calls_per_master_tick(),
         r.renewals_per_tick(),
         fencelock::limits::RENEWAL_BATCH,
         r.acquire_time.as_secs_f64(),
@@ -1018,7 +1021,7 @@ fn renewals_table(s: &mut String, t: &Topologies, plan: &Plan) {
          batch | DBSIZE |\n|---|---|---|---|---|---|---|"
     );
     let ticks = r.ticks();
-    let batches = r.batches_per_tick();
+    let batches = r.floor_calls_per_master_tick();
     for m in &r.masters {
         let _ = writeln!(
             s,

@@ -99,6 +99,7 @@ impl Client {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            renewal_batch: crate::limits::RENEWAL_BATCH,
             access: Access::default(),
         }
     }
@@ -252,6 +253,7 @@ pub struct ClientBuilder {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    renewal_batch: usize,
     access: Access,
 }
 
@@ -267,6 +269,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("node_timeout", &self.node_timeout)
             .field("restart_protection", &self.restart_protection)
+            .field("renewal_batch", &self.renewal_batch)
             .field("access", &self.access)
             .finish()
     }
@@ -310,6 +313,21 @@ impl ClientBuilder {
     /// you accept two holders after a crash and restart.
     pub fn restart_protection(mut self, quarantine: Option<Duration>) -> Self {
         self.restart_protection = quarantine;
+        self
+    }
+
+    /// How many leases the watchdog renews with one script call (default
+    /// [`RENEWAL_BATCH`](crate::limits::RENEWAL_BATCH), 1,000; from 1 to
+    /// [`MAX_RENEWAL_BATCH`](crate::limits::MAX_RENEWAL_BATCH)). One node runs one call
+    /// at a time, and a renewal costs it about 4.5 µs (measured on this project's
+    /// machine; docs/benchmarks.md), so a batch of 1,000 holds the server for about
+    /// 5 ms, during which every other client's command waits; the batches of one node
+    /// go one after another. A client holding many leases may raise it to send fewer
+    /// calls (on a cluster, one call per master and tick needs a batch as large as the
+    /// leases due on one master in a tick: about a sixth of them), at the price of
+    /// longer stalls for everyone else on that server; lower it to shorten them.
+    pub fn renewal_batch(mut self, leases: usize) -> Self {
+        self.renewal_batch = leases;
         self
     }
 
@@ -392,6 +410,16 @@ impl ClientBuilder {
         ] {
             Error::check_range(what, t, Duration::from_millis(1), MAX_TIMEOUT)?;
         }
+        if !(1..=crate::limits::MAX_RENEWAL_BATCH).contains(&self.renewal_batch) {
+            return Err(Error::invalid(
+                "renewal batch",
+                format!(
+                    "{} leases per call; give 1 to {}",
+                    self.renewal_batch,
+                    crate::limits::MAX_RENEWAL_BATCH
+                ),
+            ));
+        }
         let timeouts = Timeouts {
             connect: self.connect_timeout,
             response: self.response_timeout,
@@ -426,7 +454,7 @@ impl ClientBuilder {
         };
         Ok(Client {
             inner: Arc::new(Shared {
-                watchdog: Watchdog::new(backend.clone()),
+                watchdog: Watchdog::new(backend.clone(), self.renewal_batch),
                 background: backend.background().clone(),
                 background_turns: Arc::new(tokio::sync::Semaphore::new(
                     crate::limits::BACKGROUND_RELEASES_IN_FLIGHT,

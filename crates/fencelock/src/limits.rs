@@ -56,7 +56,12 @@ pub const DEFAULT_PREFIX: &str = "fencelock";
 /// Leases renewed by one `renew.lua` call of the watchdog. The batches of one tick go
 /// out one after another, so a call sent meanwhile (an acquire, a release) waits behind
 /// one batch at most, not behind all of them.
+/// A client may set its own ([`ClientBuilder::renewal_batch`](crate::ClientBuilder::renewal_batch)).
 pub const RENEWAL_BATCH: usize = 1000;
+
+/// The largest [`ClientBuilder::renewal_batch`](crate::ClientBuilder::renewal_batch)
+/// accepted: a call of that many leases holds a server for about half a second.
+pub const MAX_RENEWAL_BATCH: usize = 100_000;
 
 /// Background releases (of dropped guards, of abandoned acquires) in flight at once per
 /// client; the others wait their turn before they are sent, so that dropping many guards

@@ -644,6 +644,15 @@ async fn bad_client_settings_are_invalid() {
             "timeout",
             Client::builder("redis://127.0.0.1:1").connect_timeout(Duration::ZERO),
         ),
+        (
+            "renewal batch",
+            Client::builder("redis://127.0.0.1:1").renewal_batch(0),
+        ),
+        (
+            "renewal batch",
+            Client::builder("redis://127.0.0.1:1")
+                .renewal_batch(fencelock::limits::MAX_RENEWAL_BATCH + 1),
+        ),
     ] {
         assert!(
             matches!(builder.connect().await, Err(Error::InvalidArgument { .. })),

@@ -3,9 +3,13 @@
 //!
 //! One task per client serves every lease. It wakes on a fixed tick (a sixth of the
 //! shortest renewed lease) and renews, in batches, every lease that falls due before the
-//! next tick: one `renew.lua` call per node carries up to [`RENEWAL_BATCH`] leases, so
-//! 100,000 held locks cost about 100 calls per renewal round, sent one after another (a
-//! call sent meanwhile waits behind one batch, not a round). A lease is renewed once a
+//! next tick: one `renew.lua` call per node carries up to
+//! [`RENEWAL_BATCH`](crate::limits::RENEWAL_BATCH) leases (the client's
+//! [`renewal_batch`](crate::ClientBuilder::renewal_batch)), so 100,000 held locks cost
+//! about 100 calls per renewal round, sent one after another (a call sent meanwhile waits
+//! behind one batch, not a round). On a cluster the leases are grouped by the master that
+//! serves them first: each call goes to one master with a full batch, and the masters
+//! are renewed at once. A lease is renewed once a
 //! third of its length has passed since the last renewal was sent (up to one tick
 //! earlier); a failed renewal is retried on the next tick. A guard that is released or
 //! dropped unregisters its lease synchronously: no renewal is sent for it afterwards.
@@ -25,13 +29,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Renewal};
 use crate::error::LossCause;
 use crate::keys::name_in;
-use crate::limits::RENEWAL_BATCH;
+
 use crate::observe;
 
 /// The watchdog of one client.
@@ -43,6 +48,8 @@ pub(crate) struct Watchdog {
 struct Inner {
     /// Where the leases live.
     backend: Backend,
+    /// Leases per renewal call (see [`crate::ClientBuilder::renewal_batch`]).
+    batch: usize,
     leases: Mutex<Leases>,
     /// Wakes the task: a lease needs attention before the task's next wake.
     changed: Notify,
@@ -115,10 +122,12 @@ pub(crate) struct Registration {
 }
 
 impl Watchdog {
-    pub fn new(backend: Backend) -> Self {
+    /// A watchdog renewing on `backend`, `batch` leases per call.
+    pub fn new(backend: Backend, batch: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
                 backend,
+                batch,
                 leases: Mutex::new(Leases::default()),
                 changed: Notify::new(),
                 next_id: AtomicU64::new(0),
@@ -377,15 +386,34 @@ async fn run(weak: Weak<Inner>) {
     }
 }
 
-/// Renews `due` in batches of [`RENEWAL_BATCH`], one batch after another: a call the
-/// client sends meanwhile waits behind one batch at most, not behind a whole tick's
-/// (100 batches for 200,000 leases renewed every 2 s would hold the connection for about
-/// half a second of Redis time, longer than a call's response timeout allows).
-async fn renew_in_turn(inner: Arc<Inner>, mut due: Vec<(Arc<Lease>, Duration, bool)>) {
-    while !due.is_empty() {
-        let rest = due.split_off(due.len().min(RENEWAL_BATCH));
-        renew(inner.clone(), std::mem::replace(&mut due, rest)).await;
+/// A lease that falls due: the lease, the TTL to renew it to, and whether that TTL was
+/// shortened to end at the maximum hold.
+type Due = (Arc<Lease>, Duration, bool);
+
+/// Renews `due` in batches of up to the client's
+/// [`renewal_batch`](crate::ClientBuilder::renewal_batch) leases. On a cluster, the leases
+/// are first grouped by the master that serves them, so each batch is one call to one
+/// master (rather than a call to every master with a third of a batch each). The
+/// batches of one group go one after another: a call the client sends meanwhile waits
+/// behind one batch at most, not behind a whole tick's (100 batches for 200,000 leases
+/// renewed every 2 s would hold the connection for about half a second of Redis time,
+/// longer than a call's response timeout allows). The groups go at once.
+async fn renew_in_turn(inner: Arc<Inner>, due: Vec<Due>) {
+    let mut groups: HashMap<Option<String>, Vec<Due>> = HashMap::new();
+    for lease in due {
+        let group = inner.backend.renewal_group(&lease.0.key);
+        groups.entry(group).or_default().push(lease);
     }
+    join_all(groups.into_values().map(|mut due| {
+        let inner = inner.clone();
+        async move {
+            while !due.is_empty() {
+                let rest = due.split_off(due.len().min(inner.batch));
+                renew(inner.clone(), std::mem::replace(&mut due, rest)).await;
+            }
+        }
+    }))
+    .await;
 }
 
 /// Sends one batch (to every node, for Redlock) and applies the answers: a lease is

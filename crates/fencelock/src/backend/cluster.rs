@@ -5,11 +5,14 @@
 //! `MOVED` (a slot that moved, a failover) and `ASK` (a slot migrating) by itself. What
 //! the driver does not do, this module does:
 //!
-//! - **Renewals per node.** The watchdog's batches carry leases of every slot. They are
-//!   grouped by the master that serves each slot now, as the driver last saw the
-//!   topology (kept by [`MasterReads`]), and each group goes to its master in one call
-//!   of `renew_across_slots.lua` (`#!lua flags=allow-cross-slot-keys`): about one call
-//!   per node and tick, however many slots. A group whose master no longer serves one of
+//! - **Renewals per node.** The watchdog groups the leases that fall due by the master
+//!   that serves each one's slot now, as the driver last saw the topology (kept by
+//!   [`MasterReads`]), and cuts each group into batches of up to
+//!   [`RENEWAL_BATCH`](crate::limits::RENEWAL_BATCH); a batch goes to its master in one
+//!   call of `renew_across_slots.lua` (`#!lua flags=allow-cross-slot-keys`), however many
+//!   slots it spans: one call per master and tick for up to a batch of leases due there,
+//!   and one per further batch. (A batch that spans masters, after the map changed
+//!   between grouping and sending, is split again here, one call per master.) A group whose master no longer serves one of
 //!   its slots (a stale map, a migration under way) or that refuses the flag is sent
 //!   again at once per slot with `renew.lua`, which the driver routes and redirects; a
 //!   group whose master cannot be reached stays unknown until the next tick, except one
@@ -327,6 +330,13 @@ impl ClusterLink {
             Some(addr) => addr.to_string(),
             None => self.label(),
         }
+    }
+
+    /// The master of `key`'s slot now, if the slot map is known.
+    pub fn master_for(&self, key: &str) -> Option<String> {
+        self.topology
+            .master_of(key_slot(key))
+            .map(|addr| addr.to_string())
     }
 
     /// Runs a script on the master of its keys' slot, within `within` (the call timeout

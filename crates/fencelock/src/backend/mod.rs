@@ -596,6 +596,13 @@ impl Backend {
         }))
     }
 
+    /// Which renewal batch a lease's `key` belongs in: on a cluster, the master that
+    /// serves it (one batch goes to one master, in one call); `None` everywhere else, where
+    /// every node serves every key.
+    pub fn renewal_group(&self, key: &str) -> Option<String> {
+        self.only_node()?.master_for(key)
+    }
+
     /// One renewal batch: `(lock key, holder, ttl)` per lease, sent now to every node.
     /// A lease is renewed when a majority confirmed it in time; lost when so many nodes
     /// said it is gone that no majority can confirm it; otherwise unknown (retry).

@@ -270,6 +270,15 @@ impl Node {
         }
     }
 
+    /// On a cluster, the master that serves `key` now (`None` while the slot map is not
+    /// known); `None` on a standalone node, which serves every key.
+    pub fn master_for(&self, key: &str) -> Option<String> {
+        match &self.inner.link {
+            Link::Standalone(_) => None,
+            Link::Cluster(c) => c.master_for(key),
+        }
+    }
+
     /// Redlock: who the node is, and its restart protection.
     pub fn health(&self) -> std::sync::MutexGuard<'_, Health> {
         self.inner
