@@ -185,6 +185,12 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
         result = connecting => result.map_err(Failure::Lock)?,
         signal = signals.recv() => return Err(Failure::Interrupted(signal)),
     };
+    // Asked beside the acquire: a server that can evict lock keys gets a warning line
+    // before COMMAND starts.
+    let eviction = tokio::spawn({
+        let client = client.clone();
+        async move { client.eviction_risks().await }
+    });
     let mut lock = client
         .lock(args.name.as_str())
         .lease(args.ttl)
@@ -208,6 +214,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
             result = &mut acquiring => {
                 status_line.clear();
                 let guard = result.map_err(Failure::Lock)?;
+                warn_eviction(eviction).await;
                 return Ok(Held { guard });
             }
             signal = signals.recv() => break signal,
@@ -221,6 +228,20 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     drop(acquiring);
     client.flush().await;
     Err(Failure::Interrupted(signal))
+}
+
+/// Writes a warning line per server that can evict lock keys, if the check asked beside
+/// the acquire has answered by now or within a moment more (a server that does not
+/// answer `INFO` is not waited for: COMMAND starts).
+async fn warn_eviction(
+    check: tokio::task::JoinHandle<Result<fencelock::Eviction, fencelock::Error>>,
+) {
+    let answer = tokio::time::timeout(Duration::from_millis(200), check).await;
+    if let Ok(Ok(Ok(found))) = answer {
+        for risk in &found.risks {
+            warn(format_args!("{risk}"));
+        }
+    }
 }
 
 /// Releases the lock after COMMAND exited with `status` at `ended`, when the lease was

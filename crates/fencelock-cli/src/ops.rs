@@ -141,11 +141,29 @@ pub(crate) async fn client(connection: &Connection) -> Result<Client, Failure> {
 pub(crate) async fn status(args: &StatusArgs) -> Result<u8, Failure> {
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     let client = client(&args.connection).await?;
-    let status = client.inspect(&args.name).await.map_err(Failure::Lock)?;
+    let (status, eviction) = tokio::join!(client.inspect(&args.name), client.eviction_risks());
+    let status = status.map_err(Failure::Lock)?;
+    // What could not be read is left out: the lock's status is what was asked for.
+    let risks = eviction.map(|e| e.risks).unwrap_or_default();
     if json_output() {
-        println!("{}", status_json(&status));
+        let mut out = status_json(&status);
+        out["eviction"] = risks
+            .iter()
+            .map(|r| {
+                json!({
+                    "node": r.node,
+                    "policy": r.policy,
+                    "maxmemory": r.maxmemory,
+                    "counters_too": r.counters_too,
+                })
+            })
+            .collect();
+        println!("{out}");
     } else {
         print!("{}", status_text(&status));
+        for risk in &risks {
+            println!("warning: {risk}");
+        }
     }
     Ok(0)
 }

@@ -334,3 +334,49 @@ fn run_and_status_take_a_sentinel_url() {
     let v: Value = serde_json::from_str(stdout(&status).trim()).unwrap();
     assert_eq!(v["nodes"][0]["node"], group.master_addr());
 }
+
+#[test]
+fn a_server_that_can_evict_lock_keys_is_said_by_status_and_once_by_run() {
+    let evicting = RedisServer::builder()
+        .args(["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"])
+        .start();
+    let warning = "may evict lock keys before their lease ends (maxmemory-policy volatile-lru";
+
+    let out = fencelock(&evicting, &["status", "stock"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.lines().any(|l| l.starts_with("warning: ")
+            && l.contains(warning)
+            && l.contains(&evicting.addr())),
+        "{text}"
+    );
+    let json = parse(&fencelock(&evicting, &["--json", "status", "stock"]));
+    assert_eq!(json["eviction"][0]["policy"], "volatile-lru");
+    assert_eq!(json["eviction"][0]["maxmemory"], 64u64 << 20);
+    assert_eq!(json["eviction"][0]["counters_too"], false);
+
+    // `run` says it once, on stderr, and runs COMMAND.
+    let out = fencelock(&evicting, &["run", "stock", "--", "echo", "ran"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "ran\n");
+    let err = stderr(&out);
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.starts_with("fencelock: warning: ") && l.contains(warning))
+            .count(),
+        1,
+        "{err}"
+    );
+
+    // The default server: nothing said.
+    let safe = RedisServer::start();
+    let out = fencelock(&safe, &["run", "stock", "--", "true"]);
+    assert!(!stderr(&out).contains("evict"), "{}", stderr(&out));
+    let out = fencelock(&safe, &["status", "stock"]);
+    assert!(!stdout(&out).contains("evict"), "{}", stdout(&out));
+    assert_eq!(
+        parse(&fencelock(&safe, &["--json", "status", "stock"]))["eviction"],
+        serde_json::json!([])
+    );
+}

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admin::{self, Broken, Listing, LockStatus};
+use crate::admin::{self, Broken, Eviction, Listing, LockStatus};
 use crate::algorithms::watchdog::Watchdog;
 use std::path::PathBuf;
 
@@ -153,6 +153,22 @@ impl Client {
     /// Cancel safe: it only reads.
     pub async fn list(&self, pattern: &str) -> Result<Listing, Error> {
         admin::list(&self.inner.backend, &self.inner.prefix, pattern).await
+    }
+
+    /// Which of this client's servers can evict lock keys (a `maxmemory` limit with a
+    /// `maxmemory-policy` other than `noeviction`; see [`EvictionRisk`](crate::EvictionRisk) for what that
+    /// costs), read with `INFO memory` on every node (every master of a cluster). The
+    /// client also reads it by itself, once per connection, and warns (a `WARN` tracing
+    /// event, once per server and policy).
+    ///
+    /// # Errors
+    /// A node's error when no node answered; the others are listed in
+    /// [`Eviction::unanswered`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn eviction_risks(&self) -> Result<Eviction, Error> {
+        admin::eviction_risks(&self.inner.backend).await
     }
 
     /// Breaks a stuck lock, whoever holds it: deletes its key (and holder info) on every

@@ -118,8 +118,8 @@ mod shared;
 mod token;
 
 pub use admin::{
-    BreakOutcome, Broken, Holder, Listing, LockState, LockStatus, NodeBroken, NodeStatus,
-    Unanswered,
+    BreakOutcome, Broken, Eviction, EvictionRisk, Holder, Listing, LockState, LockStatus,
+    NodeBroken, NodeStatus, Unanswered,
 };
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};

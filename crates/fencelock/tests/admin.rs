@@ -228,3 +228,90 @@ async fn redlock_list_names_a_node_it_could_not_ask() {
         Error::Unavailable { .. }
     ));
 }
+
+/// The client's own eviction warnings about the server at `addr` traced so far.
+fn eviction_warnings(addr: &str) -> usize {
+    common::traces()
+        .text()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("may evict lock keys") && l.contains(addr))
+        .count()
+}
+
+#[tokio::test]
+async fn a_server_that_can_evict_lock_keys_is_reported_and_warned_about_once() {
+    common::traces();
+    let volatile = RedisServer::builder()
+        .args(["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"])
+        .start();
+    let c = client(&volatile).await;
+    let found = c.eviction_risks().await.unwrap();
+    assert!(found.unanswered.is_empty());
+    assert_eq!(found.risks.len(), 1, "{found:?}");
+    let risk = &found.risks[0];
+    assert_eq!(risk.node, volatile.addr());
+    assert_eq!(risk.policy, "volatile-lru");
+    assert_eq!(risk.maxmemory, 64 << 20);
+    assert!(!risk.counters_too);
+    assert!(risk.to_string().contains("noeviction"), "{risk}");
+
+    // The client reads the policy by itself on its first call of a connection, and
+    // warns once, not once per call.
+    for _ in 0..3 {
+        c.lock("ev")
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    eventually(
+        "the client's own warning",
+        Duration::from_secs(5),
+        async || eviction_warnings(&volatile.addr()) > 0,
+    )
+    .await;
+    for _ in 0..3 {
+        c.lock("ev")
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    c.flush().await;
+    assert_eq!(eviction_warnings(&volatile.addr()), 1);
+
+    // allkeys-*: the fencing counters can go too.
+    let allkeys = RedisServer::builder()
+        .args(["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
+        .start();
+    let found = client(&allkeys).await.eviction_risks().await.unwrap();
+    assert!(found.risks[0].counters_too);
+
+    // The default (no maxmemory): no risk, no warning.
+    let safe = RedisServer::start();
+    let c = client(&safe).await;
+    assert!(c.eviction_risks().await.unwrap().risks.is_empty());
+    c.lock("ev")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    eventually(
+        "the client's own check of the default server",
+        Duration::from_secs(5),
+        async || {
+            common::traces()
+                .text()
+                .lines()
+                .any(|l| l.contains("memory policy read") && l.contains(&safe.addr()))
+        },
+    )
+    .await;
+    assert_eq!(eviction_warnings(&safe.addr()), 0);
+}

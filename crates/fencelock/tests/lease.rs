@@ -217,6 +217,7 @@ async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
     for (_, source) in fencelock::lua_scripts() {
         assert!(!r.cmd(&["SCRIPT", "LOAD", &source]).is_error());
     }
+    common::traces();
     // However long a loaded machine makes the fault below, the release behind the
     // renewal does not time out.
     let c = Client::builder(r.url())
@@ -232,6 +233,7 @@ async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
     // however long a loaded machine makes the fault: an extend moves both a minute
     // ahead. Renewals still come every third of the lease, each for one lease.
     guard.extend(Duration::from_secs(60)).await.unwrap();
+    common::memory_policy_read(&r.addr()).await;
     r.cmd(&["CONFIG", "RESETSTAT"]);
     // Stop Redis, and wait until the next renewal has reached it: it sits there unread,
     // unanswered. (Had Redis read a renewal just before it stopped, the response

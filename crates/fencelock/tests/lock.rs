@@ -383,6 +383,7 @@ async fn a_cancelled_wait_leaves_nothing_behind() {
 /// background rather than block the lock for its whole TTL.
 #[tokio::test]
 async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
+    common::traces();
     let mut r = RedisServer::start();
     let c = client(&r).await;
     c.lock("f")
@@ -392,6 +393,7 @@ async fn an_acquire_cancelled_in_flight_releases_what_it_may_have_written() {
         .release()
         .await
         .unwrap(); // scripts loaded
+    common::memory_policy_read(&r.addr()).await;
     r.cmd(&["CONFIG", "RESETSTAT"]);
     r.pause();
     let mut attempt = Box::pin(
@@ -522,6 +524,7 @@ async fn a_grant_that_arrives_after_its_lease_is_refused() {
 /// the lock and the retry finds its own token: one grant, one fencing token.
 #[tokio::test]
 async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
+    common::traces();
     let mut r = RedisServer::start();
     let response_timeout = Duration::from_millis(150);
     let c = Client::builder(r.url())
@@ -529,6 +532,17 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
         .connect()
         .await
         .unwrap();
+    // Scripts loaded on this connection first, so that an attempt is one EVALSHA (not
+    // SCRIPT LOAD and EVALSHA, which the checks below would take for two attempts); and
+    // the client's one memory-policy read of the connection done before the fault.
+    c.lock("warm")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    common::memory_policy_read(&r.addr()).await;
     // A counter ahead of the server clock goes up by exactly one per token minted.
     let last_fence = r.server_time().as_micros() as u64 + 3_600_000_000;
     r.cmd(&["SET", "fencelock:{i}:fence", &last_fence.to_string()]);

@@ -638,8 +638,32 @@ async fn a_node_is_asked_who_it_is_once_per_connection_and_again_after_a_restart
         },
     )
     .await;
+    // The client also reads each node's memory policy once per connection, in the
+    // background after its first call there (one `INFO memory` each): let that happen
+    // before counting.
+    let policy_reads = |s: &RedisServer| {
+        common::traces()
+            .text()
+            .lines()
+            .filter(|l| l.contains("memory policy read") && l.contains(&s.addr()))
+            .count()
+    };
     for protection in [None, Some(Duration::from_secs(1))] {
+        let reads: Vec<usize> = servers.iter().map(policy_reads).collect();
         let c = redlock(&servers, protection).await;
+        let lock = c.lock("rl").lease(Duration::from_secs(1)).renew(false);
+        lock.try_acquire().await.unwrap().release().await.unwrap();
+        eventually(
+            "the memory policy read on every node",
+            Duration::from_secs(5),
+            async || {
+                servers
+                    .iter()
+                    .zip(&reads)
+                    .all(|(s, r)| policy_reads(s) > *r)
+            },
+        )
+        .await;
         let before: Vec<u64> = servers.iter().map(infos).collect();
         for _ in 0..20 {
             let lock = c.lock("rl").lease(Duration::from_secs(1)).renew(false);

@@ -476,24 +476,52 @@ impl ClusterLink {
 
     /// Every key matching `pattern` on every master, by `SCAN`.
     pub async fn scan(&self, pattern: &str) -> Result<Vec<String>, Error> {
-        let mut masters = self.topology.masters();
-        if masters.is_empty() {
-            // Not connected yet: a first command makes the driver learn the topology.
-            let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-            let ping = self.send(redis::cmd("PING"), random);
-            match tokio::time::timeout(self.call_timeout, ping).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(cluster_error(&self.label(), &e)),
-                Err(_) => return Err(timed_out(&self.label(), self.call_timeout)),
-            }
-            masters = self.topology.masters();
-        }
+        let masters = self.known_masters().await?;
         let scans = masters.iter().map(|m| self.scan_master(m, pattern));
         let mut keys = Vec::new();
         for found in join_all(scans).await {
             keys.extend(found?);
         }
         Ok(keys)
+    }
+
+    /// Every master that serves slots now; before the first command, after one that
+    /// makes the driver learn the topology.
+    async fn known_masters(&self) -> Result<Vec<NodeAddress>, Error> {
+        let masters = self.topology.masters();
+        if !masters.is_empty() {
+            return Ok(masters);
+        }
+        let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+        let ping = self.send(redis::cmd("PING"), random);
+        match tokio::time::timeout(self.call_timeout, ping).await {
+            Ok(Ok(_)) => Ok(self.topology.masters()),
+            Ok(Err(e)) => Err(cluster_error(&self.label(), &e)),
+            Err(_) => Err(timed_out(&self.label(), self.call_timeout)),
+        }
+    }
+
+    /// `INFO section` on every master, with each master's `host:port`.
+    pub async fn info_each_master(&self, section: &str) -> Result<Vec<(String, String)>, Error> {
+        let masters = self.known_masters().await?;
+        let asks = masters.iter().map(|master| async move {
+            let addr = master.to_string();
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: master.host().to_owned(),
+                port: master.port(),
+            });
+            let info = redis::cmd("INFO").arg(section).to_owned();
+            let value = match tokio::time::timeout(self.call_timeout, self.send(info, route)).await
+            {
+                Ok(Ok(value)) => value,
+                Ok(Err(e)) => return Err(cluster_error(&addr, &e)),
+                Err(_) => return Err(timed_out(&addr, self.call_timeout)),
+            };
+            let text: String = FromRedisValue::from_redis_value(value)
+                .map_err(|e| cluster_error(&addr, &RedisError::from(e)))?;
+            Ok((addr, text))
+        });
+        join_all(asks).await.into_iter().collect()
     }
 
     async fn scan_master(&self, master: &NodeAddress, pattern: &str) -> Result<Vec<String>, Error> {

@@ -51,6 +51,12 @@ struct Inner {
     /// The scripts known loaded on the connection of a generation: `(generation, one
     /// bit per [`Lua::index`](crate::scripts::Lua::index))`.
     loaded: Mutex<(u64, u32)>,
+    /// One more than the generation whose connection had its memory policy read (0:
+    /// none yet): the policy is read once per connection.
+    eviction_checked: AtomicU64,
+    /// The servers warned about, each with the policy it was warned for: a warning is
+    /// written once per server and policy.
+    eviction_warned: Mutex<Vec<(String, String)>>,
     /// Cancelled when the node is dropped: its Sentinel watcher stops.
     closed: CancellationToken,
 }
@@ -184,6 +190,8 @@ impl Node {
                     health: Mutex::new(Health::default()),
                     failures: AtomicU64::new(0),
                     loaded: Mutex::new((0, 0)),
+                    eviction_checked: AtomicU64::new(0),
+                    eviction_warned: Mutex::new(Vec::new()),
                     closed: CancellationToken::new(),
                 }),
             });
@@ -243,6 +251,8 @@ impl Node {
                 health: Mutex::new(Health::default()),
                 failures: AtomicU64::new(0),
                 loaded: Mutex::new((0, 0)),
+                eviction_checked: AtomicU64::new(0),
+                eviction_warned: Mutex::new(Vec::new()),
                 closed: CancellationToken::new(),
             }
         });
@@ -348,7 +358,75 @@ impl Node {
             }
             Link::Cluster(c) => c.run(call, within).await,
         };
+        if result.is_ok() {
+            self.check_eviction_once();
+        }
         self.noted(result)
+    }
+
+    /// Once per connection (per [`generation`](Self::generation)), in the background:
+    /// reads the server's memory policy and warns, once per server and policy, when it
+    /// can evict lock keys (see [`eviction_risk`](crate::admin::eviction_risk)).
+    fn check_eviction_once(&self) {
+        let mark = self.generation() + 1;
+        if self.inner.eviction_checked.swap(mark, Ordering::Relaxed) == mark {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            let servers = match node.info("memory").await {
+                Ok(servers) => servers,
+                Err(e) => {
+                    tracing::debug!(node = %node.addr(), error = %e, "could not read the memory policy");
+                    return;
+                }
+            };
+            for (addr, text) in servers {
+                let risk = crate::admin::eviction_risk(&addr, &text);
+                tracing::debug!(node = %addr, can_evict = risk.is_some(), "memory policy read");
+                let Some(risk) = risk else {
+                    continue;
+                };
+                {
+                    let mut warned = node
+                        .inner
+                        .eviction_warned
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let seen = (risk.node.clone(), risk.policy.clone());
+                    if warned.contains(&seen) {
+                        continue;
+                    }
+                    warned.push(seen);
+                }
+                tracing::warn!(
+                    node = %risk.node,
+                    policy = %risk.policy,
+                    maxmemory = risk.maxmemory,
+                    "{risk}"
+                );
+            }
+        });
+    }
+
+    /// `INFO section` on the node's server (on a cluster: on every master), with each
+    /// server's `host:port`.
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn info(&self, section: &str) -> Result<Vec<(String, String)>, Error> {
+        let s = match &self.inner.link {
+            Link::Standalone(s) => s,
+            Link::Cluster(c) => return c.info_each_master(section).await,
+        };
+        let current = s.current().await?;
+        let mut conn = current.conn.clone();
+        let cmd = redis::cmd("INFO").arg(section).to_owned();
+        let within = self.inner.call_timeout;
+        match tokio::time::timeout(within, cmd.query_async::<String>(&mut conn)).await {
+            Ok(Ok(text)) => Ok(vec![(current.addr.clone(), text)]),
+            Ok(Err(e)) => Err(current.error(&e)),
+            Err(_) => Err(timed_out(&current.addr, within)),
+        }
     }
 
     /// One renewal batch, `(lock key, holder, ttl)` per lease, within `within`: what the

@@ -79,6 +79,24 @@ pub fn traces() -> &'static TraceLog {
     })
 }
 
+/// Waits until the client has read the memory policy of the server at `addr` (the one
+/// `INFO memory` a client sends per connection, in the background after its first call):
+/// for tests that then count or hold back the requests that reach the server. The test
+/// must have installed [`traces`] before the client's first call.
+pub async fn memory_policy_read(addr: &str) {
+    eventually(
+        "the client read the memory policy",
+        Duration::from_secs(5),
+        async || {
+            traces()
+                .text()
+                .lines()
+                .any(|l| l.contains("memory policy read") && l.contains(addr))
+        },
+    )
+    .await;
+}
+
 /// A `tracing-subscriber` writer into memory (see [`traces`]).
 #[derive(Clone, Default)]
 pub struct TraceLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
