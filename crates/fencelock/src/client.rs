@@ -100,6 +100,7 @@ impl Client {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             renewal_batch: crate::limits::RENEWAL_BATCH,
+            counter_idle: crate::limits::FENCE_COUNTER_IDLE,
             access: Access::default(),
         }
     }
@@ -270,6 +271,7 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     response_timeout: Duration,
     renewal_batch: usize,
+    counter_idle: Duration,
     access: Access,
 }
 
@@ -286,6 +288,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("node_timeout", &self.node_timeout)
             .field("restart_protection", &self.restart_protection)
             .field("renewal_batch", &self.renewal_batch)
+            .field("counter_idle", &self.counter_idle)
             .field("access", &self.access)
             .finish()
     }
@@ -344,6 +347,24 @@ impl ClientBuilder {
     /// longer stalls for everyone else on that server; lower it to shorten them.
     pub fn renewal_batch(mut self, leases: usize) -> Self {
         self.renewal_batch = leases;
+        self
+    }
+
+    /// How long a lock's fencing counter (`PREFIX:{NAME}:fence`) stays in Redis after
+    /// the last grant of that lock (default
+    /// [`FENCE_COUNTER_IDLE`](crate::limits::FENCE_COUNTER_IDLE), 7 days; at least 1 s;
+    /// `Duration::ZERO`: for ever, as before this setting). A service that locks one
+    /// name per order or per user leaves no key behind for the names it stops using.
+    ///
+    /// Tokens keep increasing when a counter expired: the next grant reseeds it from
+    /// the server clock in microseconds, and every token is at least that clock when it
+    /// was minted. So they hold as long as the server clock has not stepped back by more
+    /// than this idle time since the lock's last grant (and tokens were not minted faster
+    /// than one per microsecond, which one server cannot do). Every client that takes a
+    /// lock sets its counter's expiry at each grant: clients with different settings
+    /// leave the one of the last grant.
+    pub fn fence_counter_idle(mut self, idle: Duration) -> Self {
+        self.counter_idle = idle;
         self
     }
 
@@ -426,6 +447,14 @@ impl ClientBuilder {
         ] {
             Error::check_range(what, t, Duration::from_millis(1), MAX_TIMEOUT)?;
         }
+        if !self.counter_idle.is_zero() {
+            Error::check_range(
+                "fence counter idle time",
+                self.counter_idle,
+                Duration::from_secs(1),
+                Duration::from_secs(100 * 365 * 24 * 3600),
+            )?;
+        }
         if !(1..=crate::limits::MAX_RENEWAL_BATCH).contains(&self.renewal_batch) {
             return Err(Error::invalid(
                 "renewal batch",
@@ -468,6 +497,8 @@ impl ClientBuilder {
                 ));
             }
         };
+        let mut backend = backend;
+        backend.set_counter_idle(self.counter_idle);
         Ok(Client {
             inner: Arc::new(Shared {
                 watchdog: Watchdog::new(backend.clone(), self.renewal_batch),

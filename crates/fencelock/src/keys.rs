@@ -62,7 +62,8 @@ impl LockKeys {
         name_in(&self.lock)
     }
 
-    /// The fencing counter: never expires.
+    /// The fencing counter: expires after the client's
+    /// [`fence_counter_idle`](crate::ClientBuilder::fence_counter_idle) without a grant.
     pub fn fence(&self) -> String {
         self.with_suffix(":fence")
     }

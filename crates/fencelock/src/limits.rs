@@ -53,6 +53,11 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// The key prefix when none is given.
 pub const DEFAULT_PREFIX: &str = "fencelock";
 
+/// How long a lock's fencing counter stays in Redis after the last grant, by default:
+/// a lock name that is not taken again for this long leaves no key behind. A client may
+/// set its own ([`ClientBuilder::fence_counter_idle`](crate::ClientBuilder::fence_counter_idle)).
+pub const FENCE_COUNTER_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Leases renewed by one `renew.lua` call of the watchdog. The batches of one tick go
 /// out one after another, so a call sent meanwhile (an acquire, a release) waits behind
 /// one batch at most, not behind all of them.

@@ -663,6 +663,10 @@ async fn bad_client_settings_are_invalid() {
             Client::builder("redis://127.0.0.1:1").renewal_batch(0),
         ),
         (
+            "fence counter idle time",
+            Client::builder("redis://127.0.0.1:1").fence_counter_idle(Duration::from_millis(999)),
+        ),
+        (
             "renewal batch",
             Client::builder("redis://127.0.0.1:1")
                 .renewal_batch(fencelock::limits::MAX_RENEWAL_BATCH + 1),
@@ -977,5 +981,92 @@ async fn dropping_many_guards_at_once_releases_every_one() {
         left.as_array().map(<[_]>::len),
         Some(0),
         "lock keys left behind of {LOCKS}"
+    );
+}
+
+fn dbsize(r: &RedisServer) -> i64 {
+    r.cmd(&["DBSIZE"]).as_int().expect("DBSIZE is an integer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_locked_once_leave_no_key_behind_after_the_counter_idle_time() {
+    use futures_util::stream::{self, StreamExt};
+
+    let r = RedisServer::start();
+    let idle = Duration::from_secs(1);
+    let c = Client::builder(r.url())
+        .fence_counter_idle(idle)
+        .connect()
+        .await
+        .unwrap();
+    // 100,000 names (one per order, say), each locked and released once.
+    let names = 100_000;
+    let first = c.lock("order:0").try_acquire().await.unwrap();
+    let first_token = first.fencing_token();
+    first.release().await.unwrap();
+    let taken = stream::iter(1..names)
+        .map(|i| {
+            let c = c.clone();
+            async move {
+                let g = c.lock(format!("order:{i}")).try_acquire().await?;
+                g.release().await
+            }
+        })
+        .buffer_unordered(64)
+        .filter(|r| std::future::ready(r.is_err()))
+        .count()
+        .await;
+    assert_eq!(taken, 0, "every acquire and release succeeded");
+    // What is left: at most the fencing counters (the ones taken first may have gone
+    // already), each with its idle expiry.
+    assert!(dbsize(&r) <= names);
+    c.lock("probe")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let pttl = r.pttl("fencelock:{probe}:fence");
+    assert!(pttl > 0 && pttl <= 1000, "counter PTTL {pttl}");
+    // After the idle time, nothing.
+    testkit::eventually("every counter expired", Duration::from_secs(60), || {
+        dbsize(&r) == 0
+    });
+    // A name taken again after its counter expired still gets a higher token: the
+    // counter is reseeded from the server clock.
+    let again = c.lock("order:0").try_acquire().await.unwrap();
+    assert!(again.fencing_token() > first_token);
+    again.release().await.unwrap();
+
+    // Zero: counters for ever, as before the setting.
+    let forever = Client::builder(r.url())
+        .fence_counter_idle(Duration::ZERO)
+        .connect()
+        .await
+        .unwrap();
+    forever
+        .lock("kept")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(r.pttl("fencelock:{kept}:fence"), -1);
+    // The default: a week.
+    let default = Client::connect(&r.url()).await.unwrap();
+    default
+        .lock("week")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let pttl = r.pttl("fencelock:{week}:fence");
+    assert!(
+        pttl > 6 * 24 * 3600 * 1000 && pttl <= 7 * 24 * 3600 * 1000,
+        "{pttl}"
     );
 }

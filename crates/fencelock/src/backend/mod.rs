@@ -165,6 +165,9 @@ pub(crate) struct Backend {
     /// This client's name in its own release channels (random, 16 hex digits): a fair
     /// release hands the lock over on the channel of the waiter's client only.
     client_tag: String,
+    /// How long a lock's fencing counter lives without a grant (zero: for ever); see
+    /// [`ClientBuilder::fence_counter_idle`](crate::ClientBuilder::fence_counter_idle).
+    counter_idle: Duration,
 }
 
 /// A fresh [`Backend::client_tag`].
@@ -238,6 +241,7 @@ impl Backend {
             quorum: Quorum::single(timeouts.response),
             background: TaskTracker::new(),
             client_tag: client_tag(),
+            counter_idle: crate::limits::FENCE_COUNTER_IDLE,
         })
     }
 
@@ -281,6 +285,7 @@ impl Backend {
             quorum,
             background: TaskTracker::new(),
             client_tag: client_tag(),
+            counter_idle: crate::limits::FENCE_COUNTER_IDLE,
         })
     }
 
@@ -310,6 +315,11 @@ impl Backend {
         }
     }
 
+    /// Sets how long a lock's fencing counter lives without a grant (zero: for ever).
+    pub fn set_counter_idle(&mut self, idle: Duration) {
+        self.counter_idle = idle;
+    }
+
     /// Whether this is Redlock.
     pub fn is_redlock(&self) -> bool {
         self.quorum.is_redlock()
@@ -323,7 +333,14 @@ impl Backend {
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
         let q = &self.quorum;
         let invocation = |identify| match req.mode {
-            Mode::Plain => scripts::acquire(req.keys, req.token, req.ttl, identify, req.info),
+            Mode::Plain => scripts::acquire(
+                req.keys,
+                req.token,
+                req.ttl,
+                identify,
+                req.info,
+                self.counter_idle,
+            ),
             Mode::Fair { waiter_timeout } => scripts::fair_acquire(
                 req.keys,
                 req.token,
@@ -332,9 +349,10 @@ impl Backend {
                 req.join,
                 req.info,
                 &self.own_channel(req.keys),
+                self.counter_idle,
             ),
             Mode::Reentrant { owner } => {
-                scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl)
+                scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl, self.counter_idle)
             }
         };
         let anonymous = req
@@ -544,8 +562,13 @@ impl Backend {
     /// the grant's token.
     fn release_call(&self, keys: &LockKeys, token: &HolderToken, mode: &Mode, fence: u64) -> Call {
         match mode {
-            Mode::Plain => scripts::release(keys, token, if self.is_redlock() { fence } else { 0 }),
-            Mode::Fair { .. } => scripts::fair_release(keys, token),
+            Mode::Plain => scripts::release(
+                keys,
+                token,
+                if self.is_redlock() { fence } else { 0 },
+                self.counter_idle,
+            ),
+            Mode::Fair { .. } => scripts::fair_release(keys, token, self.counter_idle),
             Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
         }
     }
@@ -666,7 +689,7 @@ impl Backend {
 
     /// Breaks the lock on every node, whoever holds it.
     pub async fn break_lock(&self, keys: &LockKeys) -> Vec<Result<Broke, Error>> {
-        let invocation = scripts::break_lock(keys);
+        let invocation = scripts::break_lock(keys, self.counter_idle);
         fan_out(&self.nodes, None, |_| &invocation).await
     }
 

@@ -461,35 +461,44 @@ fn flag(on: bool) -> &'static str {
 }
 
 /// `identify`: report run id and uptime; `info`: the holder info to store with the
-/// grant ("" for none).
+/// grant ("" for none); `counter_idle`: how long the fencing counter lives without a
+/// grant (zero: for ever), as in every script that writes the counter.
 pub(crate) fn acquire(
     keys: &LockKeys,
     token: &HolderToken,
     ttl: Duration,
     identify: bool,
     info: &str,
+    counter_idle: Duration,
 ) -> Call {
     let mut inv = Call::new(Lua::Acquire);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .arg(token.as_str())
-        .arg(ms(ttl))
-        .arg(flag(identify));
+    inv.key(&keys.lock).key(keys.fence());
     if !info.is_empty() {
-        inv.key(keys.holder_info()).arg(info);
+        inv.key(keys.holder_info());
     }
+    inv.arg(token.as_str())
+        .arg(ms(ttl))
+        .arg(flag(identify))
+        .arg(info)
+        .arg(ms(counter_idle));
     inv
 }
 
 /// `fence`: the grant's token, raised into the counter (0: none).
-pub(crate) fn release(keys: &LockKeys, token: &HolderToken, fence: u64) -> Call {
+pub(crate) fn release(
+    keys: &LockKeys,
+    token: &HolderToken,
+    fence: u64,
+    counter_idle: Duration,
+) -> Call {
     let mut inv = Call::new(Lua::Release);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.holder_info())
         .arg(token.as_str())
         .arg(keys.channel())
-        .arg(fence);
+        .arg(fence)
+        .arg(ms(counter_idle));
     inv
 }
 
@@ -527,13 +536,15 @@ pub(crate) fn reentrant_acquire(
     owner: &str,
     token: &HolderToken,
     ttl: Duration,
+    counter_idle: Duration,
 ) -> Call {
     let mut inv = Call::new(Lua::ReentrantAcquire);
     inv.key(&keys.lock)
         .key(keys.fence())
         .arg(owner)
         .arg(token.as_str())
-        .arg(ms(ttl));
+        .arg(ms(ttl))
+        .arg(ms(counter_idle));
     inv
 }
 
@@ -549,6 +560,8 @@ pub(crate) fn reentrant_release(keys: &LockKeys, owner: &str, token: &HolderToke
 /// `join`: enter the queue when it is not our turn (a waiting acquire), or only try;
 /// `info`: the holder info to store with the grant ("" for none); `own_channel`: where a
 /// release that hands this waiter the lock says so.
+// One argument per script argument: a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fair_acquire(
     keys: &LockKeys,
     token: &HolderToken,
@@ -557,6 +570,7 @@ pub(crate) fn fair_acquire(
     join: bool,
     info: &str,
     own_channel: &str,
+    counter_idle: Duration,
 ) -> Call {
     let mut inv = Call::new(Lua::FairAcquire);
     inv.key(&keys.lock)
@@ -571,11 +585,12 @@ pub(crate) fn fair_acquire(
         .arg(keys.channel())
         .arg(flag(join))
         .arg(info)
-        .arg(own_channel);
+        .arg(own_channel)
+        .arg(ms(counter_idle));
     inv
 }
 
-pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> Call {
+pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken, counter_idle: Duration) -> Call {
     let mut inv = Call::new(Lua::FairRelease);
     inv.key(&keys.lock)
         .key(keys.queue())
@@ -584,7 +599,8 @@ pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken) -> Call {
         .key(keys.fence())
         .key(keys.grants())
         .arg(token.as_str())
-        .arg(keys.channel());
+        .arg(keys.channel())
+        .arg(ms(counter_idle));
     inv
 }
 
@@ -612,13 +628,14 @@ pub(crate) fn inspect(keys: &LockKeys) -> Call {
 }
 
 /// Breaks the lock, whoever holds it.
-pub(crate) fn break_lock(keys: &LockKeys) -> Call {
+pub(crate) fn break_lock(keys: &LockKeys, counter_idle: Duration) -> Call {
     let mut inv = Call::new(Lua::Break);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.queue())
         .key(keys.holder_info())
-        .arg(keys.channel());
+        .arg(keys.channel())
+        .arg(ms(counter_idle));
     inv
 }
 

@@ -6,8 +6,12 @@
 --   bad_type: the Redis type found (or "string" for a string that is not an integer of
 --   at most 18 digits) when the key holds something fencelock did not write; check it
 --   before any write
--- next_fence(key, value) -> the new token, stored in the counter: value + 1, and at
---   least the server clock in microseconds. So tokens keep increasing when the counter
+-- store_counter(key, value, idle_ms) -> stores value in the counter, which then expires
+--   after idle_ms without another write (nil, or "0": never). A counter that expired
+--   is reseeded from the server clock by next_fence, so tokens keep increasing as long
+--   as that clock has not stepped back by more than the idle time since the last grant
+-- next_fence(key, value, idle_ms) -> the new token, stored in the counter (see
+--   store_counter): value + 1, and at least the server clock in microseconds. So tokens keep increasing when the counter
 --   is lost (FLUSHALL, a restart without persistence) or older than the last grants (a
 --   replica promoted after missing them), and tokens minted on different Redlock nodes
 --   stay comparable: as long as the server clocks do not step back, and the lock is not
@@ -27,9 +31,17 @@ local function read_counter(key)
   return tonumber(raw), nil
 end
 
-local function next_fence(key, value)
+local function store_counter(key, value, idle_ms)
+  if idle_ms and idle_ms ~= '0' then
+    redis.call('SET', key, string.format('%d', value), 'PX', idle_ms)
+  else
+    redis.call('SET', key, string.format('%d', value))
+  end
+end
+
+local function next_fence(key, value, idle_ms)
   local fence = math.max((value or 0) + 1, server_us())
-  redis.call('SET', key, string.format('%d', fence))
+  store_counter(key, fence, idle_ms)
   return fence
 end
 

@@ -2,14 +2,16 @@
 -- trip. Used on a single node, and on each node of a Redlock acquire.
 --
 -- KEYS[1]  lock key        plain string holding the holder token, with a PX expiry
--- KEYS[2]  fence counter   plain integer string, never expires
+-- KEYS[2]  fence counter   plain integer string, expiring after ARGV[5] without a grant
 -- KEYS[3]  holder info     optional: a plain string, what the holder says about
 --                          itself, with the lock key's expiry
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  "1": also say who the server is, its run id and uptime (Redlock: two names
 --          of one server must not vote twice, and restart protection); "0": do not
--- ARGV[4]  holder info, with KEYS[3]
+-- ARGV[4]  holder info, with KEYS[3] ("" without)
+-- ARGV[5]  counter idle time, ms: the counter expires after this long without a grant
+--          (absent or "0": never)
 --
 -- Reply {code, value}, or with ARGV[3] "1" {code, value, run_id, uptime_s}:
 --   code 1  acquired now; value is the new fencing token
@@ -41,7 +43,7 @@ local function reply(code, value)
 end
 
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return reply(1, next_fence(KEYS[2], counter))
+  return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
 end
 
 local kind, holder = lock_holder(KEYS[1], 'plain')
@@ -53,7 +55,7 @@ if kind == 'plain' and holder == ARGV[1] then
   if counter == nil then
     -- The counter vanished while we held the lock: our first token is unknowable, so
     -- mint a fresh one, which is higher than any token handed out before.
-    return reply(2, next_fence(KEYS[2], counter))
+    return reply(2, next_fence(KEYS[2], counter, ARGV[5]))
   end
   return reply(2, counter)
 end

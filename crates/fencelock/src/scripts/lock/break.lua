@@ -7,6 +7,7 @@
 -- KEYS[3]  fair queue      LIST of waiting holder tokens
 -- KEYS[4]  holder info
 -- ARGV[1]  release channel
+-- ARGV[2]  counter idle time, ms (as acquire.lua's ARGV[5])
 --
 -- Reply, an array: {kind, holder, pttl, counter}
 --   kind     what was broken: "none" (it was free: nothing deleted), "plain" or
@@ -29,7 +30,7 @@ local pttl = redis.call('PTTL', KEYS[1])
 if kind == 'none' then
   return {kind, '', pttl, counter and string.format('%d', counter) or ''}
 end
-local fence = next_fence(KEYS[2], counter)
+local fence = next_fence(KEYS[2], counter, ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[4])
 -- Every waiter: plain and reentrant ones on the empty message, fair ones on their token
 -- (the head of the line).

@@ -1,7 +1,7 @@
 -- fair_acquire.lua: take the lock in arrival order, or join (and stay in) the queue.
 --
 -- KEYS[1]  lock key        plain string holding the holder token, with a PX expiry
--- KEYS[2]  fence counter   plain integer string, never expires
+-- KEYS[2]  fence counter   plain integer string, expiring after ARGV[8] without a grant
 -- KEYS[3]  queue           LIST of waiting holder tokens, in arrival order
 -- KEYS[4]  waiters         ZSET holder token -> deadline (server ms) by which the waiter
 --                          must call again, or be purged as crashed
@@ -21,6 +21,7 @@
 -- ARGV[6]  holder info, or "" for none
 -- ARGV[7]  the waiter's client's own release channel (no spaces): where a release that
 --          hands it the lock says so
+-- ARGV[8]  counter idle time, ms (as acquire.lua's ARGV[5])
 --
 -- Reply:
 --   {1, fence}        acquired now
@@ -67,7 +68,7 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   on_grant()
   if counter == nil then
-    return {2, next_fence(KEYS[2], counter)}
+    return {2, next_fence(KEYS[2], counter, ARGV[8])}
   end
   return {2, counter}
 end
@@ -76,7 +77,7 @@ local head = redis.call('LINDEX', KEYS[3], 0)
 if kind == 'none' and (not head or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   on_grant()
-  return {1, next_fence(KEYS[2], counter)}
+  return {1, next_fence(KEYS[2], counter, ARGV[8])}
 end
 
 if ARGV[5] == '1' then

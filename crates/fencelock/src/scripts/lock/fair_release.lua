@@ -10,6 +10,7 @@
 -- KEYS[6]  grants    HASH holder token -> "TTL_MS CHANNEL INFO" (fair_acquire.lua)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel
+-- ARGV[3]  counter idle time, ms (as acquire.lua's ARGV[5])
 --
 -- The head of the queue gets the lock for its TTL, but no longer than its own deadline
 -- to call again: a waiter that crashed since its last call holds up the queue no longer
@@ -54,7 +55,7 @@ if wanted and not bad then
   local px = math.min(tonumber(ttl) or 0, deadline - now)
   if px > 0 then
     redis.call('SET', KEYS[1], head, 'PX', px)
-    local fence = next_fence(KEYS[5], counter)
+    local fence = next_fence(KEYS[5], counter, ARGV[3])
     redis.call('LREM', KEYS[2], 0, head)
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[6], head)

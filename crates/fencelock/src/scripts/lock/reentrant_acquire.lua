@@ -3,10 +3,11 @@
 --
 -- KEYS[1]  lock key        a hash: "owner" -> owner id, "fence" -> fencing token, and one
 --                          field "hold:<token>" per live hold; PX expiry
--- KEYS[2]  fence counter   plain integer string, never expires
+-- KEYS[2]  fence counter   plain integer string, expiring after ARGV[4] without a grant
 -- ARGV[1]  owner id
 -- ARGV[2]  acquisition token (32 hex digits, fresh for every acquire call)
 -- ARGV[3]  ttl, ms
+-- ARGV[4]  counter idle time, ms (as acquire.lua's ARGV[5])
 --
 -- Reply:
 --   {1, fence}        acquired: the first hold, a new fencing token
@@ -24,7 +25,7 @@ end
 local kind, holder = lock_holder(KEYS[1], 'reentrant')
 local hold = 'hold:' .. ARGV[2]
 if kind == 'none' then
-  local fence = next_fence(KEYS[2], counter)
+  local fence = next_fence(KEYS[2], counter, ARGV[4])
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, hold, '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {1, fence}

@@ -9,6 +9,7 @@
 -- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
 --          the key (Redlock: the next grant on any majority gets a higher token); "0":
 --          leave the counter alone
+-- ARGV[4]  counter idle time, ms, for a raised counter (as acquire.lua's ARGV[5])
 --
 -- Reply, an integer:
 --    1   released (the key held this token and is gone now)
@@ -26,7 +27,7 @@ local floor = tonumber(ARGV[3])
 if floor > 0 then
   local counter, bad = read_counter(KEYS[2])
   if not bad and (counter == nil or counter < floor) then
-    redis.call('SET', KEYS[2], ARGV[3])
+    store_counter(KEYS[2], floor, ARGV[4])
   end
 end
 
