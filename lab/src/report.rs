@@ -103,7 +103,7 @@ pub fn report(
          key's state unknown, e.g. right after a node restarted). A positive control is a \
          known anomaly its checker must find on every run, or the run fails (a checker that \
          cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
-         redlock-restart-unprotected, sentinel-failover and cluster-failover, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         redlock-restart-unprotected, sentinel-failover, cluster-failover and evicted-lock-key, C2 paused-worker-unfenced, C3 resource-crash, C4 \
          counter-rewound, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
          are the expected non-zero counts in the table. Unavailability: acquires that ended in an error (after \
          waiting up to 5 s), the longest single acquire, and for C6 the time from the kill \

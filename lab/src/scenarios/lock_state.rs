@@ -1,6 +1,7 @@
 //! Single-node scenarios the harness plays itself through the library, on the lock's own
 //! state: the fencing counter set back by hand between two holders (C4's positive
-//! control), a lease expiring under its holder followed by an unchecked `DEL` (C5's).
+//! control), a lease expiring under its holder followed by an unchecked `DEL` (C5's), the
+//! lock key evicted by a server under memory pressure (C1's).
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -250,5 +251,134 @@ fn server_time_us(server: &RedisServer) -> u64 {
     match parts[..] {
         [secs, micros] => secs * 1_000_000 + micros,
         _ => 0,
+    }
+}
+
+pub const EVICTED_LOCK_KEY: Scenario = Scenario {
+    name: "evicted-lock-key",
+    what: "A acquires (a 30 s lease) and writes; the lock server is given a `maxmemory` just \
+        above its use with `maxmemory-policy volatile-lru`, and filled with keys without an \
+        expiry until Redis evicts A's lock key; B acquires and writes; A writes again",
+    expected: "the client reports the server can evict lock keys \
+        (`Client::eviction_risks`); **positive control**: C1 flags A and B holding at once; \
+        the fence rejects A's late write (C2 holds)",
+    run: |lab, tag, _| lab.evicted_lock_key(tag),
+};
+
+impl Lab {
+    /// Positive control of C1 through eviction: Redis itself deletes A's lock key (it has
+    /// an expiry, so `volatile-lru` picks it) while A's lease lasts, and B takes the lock.
+    /// Nothing in the client can see it; only `noeviction` prevents it, and the fence
+    /// keeps the data safe. The server's memory settings are restored and the filler
+    /// keys deleted before the round ends.
+    fn evicted_lock_key(&self, tag: &str) -> Result<Outcome, String> {
+        let Harness {
+            rt,
+            client,
+            lock,
+            key,
+        } = self.harness(tag)?;
+        let lease = Duration::from_secs(30);
+        let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
+        let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
+        let mut wa = HistoryWriter::create(&hist_a).map_err(|e| e.to_string())?;
+        let mut wb = HistoryWriter::create(&hist_b).map_err(|e| e.to_string())?;
+        let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
+        let mut resource = self.resource_writer(tag)?;
+        let mut failed = Vec::new();
+
+        rec(&mut wa, Event::now(1, Op::Acquire, Phase::Invoke))?;
+        let guard_a = rt
+            .block_on(client.lock(&lock).lease(lease).renew(false).try_acquire())
+            .map_err(|e| format!("{tag}: A did not acquire: {e}"))?;
+        rec(&mut wa, acquired(1, &guard_a, &client))?;
+        let (owner_a, token_a) = (
+            guard_a.holder_token().clone(),
+            guard_a.fencing_token().get(),
+        );
+        resource.write(&mut wa, 1, token_a, owner_a.as_str(), 1)?;
+
+        // Memory pressure: a limit just above what the server uses now.
+        let used: u64 = self
+            .lock
+            .info_field("memory", "used_memory")
+            .and_then(|u| u.parse().ok())
+            .ok_or(format!("{tag}: no used_memory in INFO memory"))?;
+        let limit = (used + (2 << 20)).to_string();
+        self.lock
+            .cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+        self.lock.cmd(&["CONFIG", "SET", "maxmemory", &limit]);
+        let warned = rt
+            .block_on(client.eviction_risks())
+            .map(|e| e.risks.iter().any(|r| r.policy == "volatile-lru"))
+            .unwrap_or(false);
+        if !warned {
+            failed.push("the client did not report that the server can evict lock keys".into());
+        }
+        let filler = "x".repeat(10_000);
+        let mut filled = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let evicted = loop {
+            if self.lock.cmd(&["EXISTS", &key]).as_int() == Some(0) {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            let k = format!("lab:{{{tag}}}:fill:{}", filled.len());
+            self.lock.cmd(&["SET", &k, &filler]);
+            filled.push(k);
+        };
+        self.lock.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+        self.lock
+            .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+        for chunk in filled.chunks(500) {
+            let mut args = vec!["DEL"];
+            args.extend(chunk.iter().map(String::as_str));
+            self.lock.cmd(&args);
+        }
+        if !evicted {
+            return Err(format!(
+                "{tag}: A's lock key was not evicted after {} filler keys",
+                filled.len()
+            ));
+        }
+
+        rec(&mut wb, Event::now(2, Op::Acquire, Phase::Invoke))?;
+        let guard_b = rt
+            .block_on(client.lock(&lock).lease(lease).renew(false).try_acquire())
+            .map_err(|e| format!("{tag}: B did not acquire after the eviction: {e}"))?;
+        rec(&mut wb, acquired(2, &guard_b, &client))?;
+        let (owner_b, token_b) = (
+            guard_b.holder_token().clone(),
+            guard_b.fencing_token().get(),
+        );
+        resource.write(&mut wb, 2, token_b, owner_b.as_str(), 2)?;
+        // A, unaware, writes again inside its lease: the fence refuses it.
+        if resource.write(&mut wa, 1, token_a, owner_a.as_str(), 3)? {
+            failed.push("the fenced resource accepted A's write after B's".into());
+        }
+
+        rec(&mut wa, release(1, Phase::Invoke, &owner_a, token_a))?;
+        let r = rt.block_on(guard_a.release());
+        rec(&mut wa, release(1, release_phase(&r), &owner_a, token_a))?;
+        rec(&mut wb, release(2, Phase::Invoke, &owner_b, token_b))?;
+        let r = rt.block_on(guard_b.release());
+        rec(&mut wb, release(2, release_phase(&r), &owner_b, token_b))?;
+
+        // C5 replays each server's MONITOR stream, which does not show evictions: it would
+        // take B's key for A's. Not judged here.
+        let (mut o, _) = self.judge_unmonitored(
+            tag,
+            &[hist_a, hist_b],
+            format!(
+                "maxmemory {limit} with volatile-lru: A's lock key evicted after {} filler keys",
+                filled.len()
+            ),
+        )?;
+        o.expect_detected(1, "A and B holding at once");
+        o.expect_clean(&[2, 3, 4]);
+        o.failed.extend(failed);
+        Ok(o)
     }
 }

@@ -13,7 +13,8 @@
 //!   resource server killed, the lock server paused;
 //! - [`network`]: one lock server; a worker's link delayed or its replies dropped;
 //! - [`lock_state`]: one lock server, the harness as the clients; the fencing counter
-//!   set back, a lease expiring under its holder;
+//!   set back, a lease expiring under its holder, the lock key evicted under memory
+//!   pressure;
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
@@ -109,6 +110,7 @@ pub const ALL: &[Scenario] = &[
     pauses_kills::QUEUED_SET_NX,
     fair::FAIR_HANDOVER,
     lock_state::EXPIRED_HOLDER,
+    lock_state::EVICTED_LOCK_KEY,
     redlock_restart::REDLOCK_RESTART_PROTECTED,
     redlock_restart::REDLOCK_RESTART_UNPROTECTED,
     redlock_restart::REDLOCK_RESTART_PERSISTENT,
