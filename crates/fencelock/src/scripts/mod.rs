@@ -319,8 +319,10 @@ impl Call {
 
     fn build_evalsha(&self, flavor: Flavor) -> redis::Cmd {
         let hash = self.lua.script(flavor).get_hash();
-        let data = hash.len()
-            + 8
+        // A capacity hint: the command name, the hash, the key count's digits, the rest.
+        let data = "EVALSHA".len()
+            + hash.len()
+            + 20
             + self.keys.iter().map(String::len).sum::<usize>()
             + self.args.iter().map(Vec::len).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
