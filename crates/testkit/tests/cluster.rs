@@ -10,6 +10,32 @@ use std::time::{Duration, Instant};
 
 use testkit::{Cluster, RedisServer, Reply, TlsFiles};
 
+/// Waits until the replica at `replica` holds `keys` keys (its `DBSIZE`, which a replica
+/// answers without a redirection): the write is on it. `WAIT` alone does not say so here:
+/// it waits for the writes of its own connection, and `Cluster::cmd` opens a connection
+/// per command, so the `WAIT` after a `SET` waited for nothing. In about one run of this
+/// file in three the master was then killed before the replica had the write (the
+/// promoted replica showed replication offset 0); with this wait, 8 runs in a row passed.
+fn replicated(cluster: &Cluster, master: &str, replica: &str, keys: i64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.cmd(replica, &["DBSIZE"]).as_int() != Some(keys) {
+        if Instant::now() >= deadline {
+            panic!(
+                "replica {replica} never held the {keys} key(s) of {master}; master: {}\nreplica: {}",
+                cluster
+                    .cmd(master, &["INFO", "replication"])
+                    .as_str()
+                    .unwrap_or_default(),
+                cluster
+                    .cmd(replica, &["INFO", "replication"])
+                    .as_str()
+                    .unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `true` if `kill(pid, 0)` fails with `ESRCH`: no such process.
 fn process_gone(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence; nothing is delivered.
@@ -209,12 +235,18 @@ fn kill_master_of_then_the_replica_takes_over_the_slot() {
     let slot = cluster.slot_of(key);
     let master = cluster.node_for_key(key).addr();
     let replica = cluster.replicas_of(&master)[0].addr();
-    cluster.cmd(&master, &["SET", key, "owner-1"]);
+    // The write must have been taken (a node that does not serve the slot answers MOVED,
+    // and WAIT would still count its replica for the offset it already had).
+    let set = cluster.cmd(&master, &["SET", key, "owner-1"]);
+    assert_eq!(set.as_str(), Some("OK"), "SET on {master}: {set:?}");
     assert_eq!(
         cluster.cmd(&master, &["WAIT", "1", "5000"]).as_int(),
         Some(1)
     );
+    replicated(&cluster, &master, &replica, 1);
 
+    let before = cluster.cmd(&master, &["INFO", "replication"]);
+    let replica_before = cluster.cmd(&replica, &["INFO", "replication"]);
     let killed = cluster.kill_master_of(key);
     assert_eq!(killed, master);
     let t = Instant::now();
@@ -226,7 +258,18 @@ fn kill_master_of_then_the_replica_takes_over_the_slot() {
 
     assert_eq!(new, replica);
     assert_eq!(cluster.master_of_slot(slot).addr(), replica);
-    assert_eq!(cluster.cmd(&new, &["GET", key]).as_str(), Some("owner-1"));
+    let got = cluster.cmd(&new, &["GET", key]);
+    assert_eq!(
+        got.as_str(),
+        Some("owner-1"),
+        "master {master} before the kill: {}\nreplica {replica} before: {}\nafter: {}",
+        before.as_str().unwrap_or_default(),
+        replica_before.as_str().unwrap_or_default(),
+        cluster
+            .cmd(&new, &["INFO", "replication"])
+            .as_str()
+            .unwrap_or_default()
+    );
     assert_eq!(cluster.masters().len(), 3);
     assert!(!cluster.masters().iter().any(|m| m.addr() == killed));
 }
@@ -354,11 +397,15 @@ fn a_tls_cluster_meets_replicates_and_fails_over_over_tls_only() {
     let slot = cluster.slot_of(key);
     let master = cluster.node_for_key(key).addr();
     let replica = cluster.replicas_of(&master)[0].addr();
-    cluster.cmd(&master, &["SET", key, "owner-1"]);
+    // The write must have been taken (a node that does not serve the slot answers MOVED,
+    // and WAIT would still count its replica for the offset it already had).
+    let set = cluster.cmd(&master, &["SET", key, "owner-1"]);
+    assert_eq!(set.as_str(), Some("OK"), "SET on {master}: {set:?}");
     assert_eq!(
         cluster.cmd(&master, &["WAIT", "1", "5000"]).as_int(),
         Some(1)
     );
+    replicated(&cluster, &master, &replica, 1);
     cluster.kill_master_of(key);
     let new = cluster.wait_for_failover(slot, Duration::from_secs(15));
     assert_eq!(new, replica);
@@ -370,10 +417,18 @@ fn a_tls_cluster_meets_replicates_and_fails_over_over_tls_only() {
         if reply.as_str() == Some("owner-1") {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the promoted replica {new} answers {reply:?} for the replicated key"
-        );
+        if std::time::Instant::now() >= deadline {
+            let dbsize = cluster.cmd(&new, &["DBSIZE"]);
+            let repl = cluster.cmd(&new, &["INFO", "replication"]);
+            let nodes = cluster.cmd(&new, &["CLUSTER", "NODES"]);
+            panic!(
+                "the promoted replica {new} answers {reply:?} for the replicated key; DBSIZE \
+                 {:?}; {}; {}; killed {master}",
+                dbsize.as_int(),
+                repl.as_str().unwrap_or_default(),
+                nodes.as_str().unwrap_or_default()
+            );
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -391,6 +446,7 @@ fn an_isolated_replica_is_promoted_without_the_write_it_missed_and_the_old_maste
         cluster.cmd(&master, &["WAIT", "1", "5000"]).as_int(),
         Some(1)
     );
+    replicated(&cluster, &master, &replica, 1);
 
     cluster.isolate_replica(&replica);
     cluster.cmd(&master, &["SET", key, "lost"]);
