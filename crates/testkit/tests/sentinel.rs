@@ -80,7 +80,10 @@ fn kill_master_then_the_sentinels_promote_the_replica() {
     let mut group = SentinelGroup::start();
     let replica = group.replicas()[0].addr();
     group.master().cmd(&["SET", "k", "v"]);
-    assert_eq!(group.master().cmd(&["WAIT", "1", "5000"]).as_int(), Some(1));
+    // On the replica (WAIT on `cmd`'s fresh connection would wait for nothing).
+    testkit::eventually("the replica has the write", Duration::from_secs(5), || {
+        group.replicas()[0].get("k").as_deref() == Some("v")
+    });
 
     let old = group.kill_master();
     assert_eq!(old, group.nodes()[0].addr());
@@ -135,7 +138,10 @@ fn a_tls_group_replicates_and_fails_over_by_its_tls_ports() {
     assert_eq!(group.replicas()[0].tls_port(), group.nodes()[1].tls_port());
     // Replication runs over TLS (the replica was told the master's TLS port).
     group.master().cmd(&["SET", "k", "v"]);
-    assert_eq!(group.master().cmd(&["WAIT", "1", "5000"]).as_int(), Some(1));
+    // On the replica (WAIT on `cmd`'s fresh connection would wait for nothing).
+    testkit::eventually("the replica has the write", Duration::from_secs(5), || {
+        group.replicas()[0].get("k").as_deref() == Some("v")
+    });
 
     let old = group.kill_master();
     let new = group.wait_for_new_master(&old, Duration::from_secs(10));
@@ -205,7 +211,10 @@ fn an_isolated_replica_is_promoted_without_the_writes_it_missed() {
     let mut group = SentinelGroup::start();
     let replica = group.replicas()[0].addr();
     group.master().cmd(&["SET", "before", "1"]);
-    assert_eq!(group.master().cmd(&["WAIT", "1", "5000"]).as_int(), Some(1));
+    // On the replica (WAIT on `cmd`'s fresh connection would wait for nothing).
+    testkit::eventually("the replica has the write", Duration::from_secs(5), || {
+        group.replicas()[0].get("before").as_deref() == Some("1")
+    });
 
     group.isolate_replica(&replica);
     group.master().cmd(&["SET", "lost", "1"]);
