@@ -8,16 +8,16 @@
 //! - **Renewals per node.** The watchdog groups the leases that fall due by the master
 //!   that serves each one's slot now, as the driver last saw the topology (kept by
 //!   [`MasterReads`]), and cuts each group into batches of up to
-//!   [`RENEWAL_BATCH`](crate::limits::RENEWAL_BATCH); a batch goes to its master in one
-//!   call of `renew_across_slots.lua` (`#!lua flags=allow-cross-slot-keys`), however many
-//!   slots it spans: one call per master and tick for up to a batch of leases due there,
-//!   and one per further batch. (A batch that spans masters, after the map changed
-//!   between grouping and sending, is split again here, one call per master.) A group whose master no longer serves one of
-//!   its slots (a stale map, a migration under way) or that refuses the flag is sent
-//!   again at once per slot with `renew.lua`, which the driver routes and redirects; a
-//!   group whose master cannot be reached stays unknown until the next tick, except one
-//!   slot of it, sent per slot at once so that the driver learns where the slots went
-//!   (a failover).
+//!   [`renewal_batch`](crate::ClientBuilder::renewal_batch) leases; a batch goes to its
+//!   master in one call of `renew_across_slots.lua` (`#!lua flags=allow-cross-slot-keys`),
+//!   however many slots it spans: one call per master and tick for up to a batch of
+//!   leases due there, and one per further batch. (A batch that spans masters, after the
+//!   map changed between grouping and sending, is split again here, one call per
+//!   master.) A group whose master no longer serves one of its slots (a stale map, a
+//!   migration under way) or that refuses the flag is sent again at once per slot with
+//!   `renew.lua`, which the driver routes and redirects; a group whose master cannot be
+//!   reached stays unknown until the next tick, except one slot of it, sent per slot at
+//!   once so that the driver learns where the slots went (a failover).
 //! - `SCAN` on every master, and `WAIT` on the master of the lock's slot.
 //! - Errors said for a cluster: a node without cluster mode, a cluster that is down
 //!   (`CLUSTERDOWN`: a slot without a master), every seed down.
