@@ -354,7 +354,7 @@ pub(crate) fn eviction_risk(node: &str, info: &str) -> Option<EvictionRisk> {
 }
 
 pub(crate) async fn eviction_risks(backend: &Backend) -> Result<Eviction, Error> {
-    let answers = join_all(backend.nodes().iter().map(|n| n.info("memory"))).await;
+    let answers = join_all(backend.nodes().iter().map(|n| n.eviction_risks())).await;
     if all_failed(&answers) {
         return Err(first_err(answers));
     }
@@ -364,11 +364,7 @@ pub(crate) async fn eviction_risks(backend: &Backend) -> Result<Eviction, Error>
     };
     for (answer, node) in answers.into_iter().zip(backend.nodes()) {
         match answer {
-            Ok(servers) => eviction.risks.extend(
-                servers
-                    .iter()
-                    .filter_map(|(addr, text)| eviction_risk(addr, text)),
-            ),
+            Ok(risks) => eviction.risks.extend(risks),
             Err(error) => eviction.unanswered.push(Unanswered {
                 node: node.addr(),
                 error,

@@ -365,8 +365,8 @@ impl Node {
     }
 
     /// Once per connection (per [`generation`](Self::generation)), in the background:
-    /// reads the server's memory policy and warns, once per server and policy, when it
-    /// can evict lock keys (see [`eviction_risk`](crate::admin::eviction_risk)).
+    /// [`eviction_risks`](Self::eviction_risks), unless something read them on this
+    /// connection already (the CLI asks beside its acquire).
     fn check_eviction_once(&self) {
         let mark = self.generation() + 1;
         if self.inner.eviction_checked.swap(mark, Ordering::Relaxed) == mark {
@@ -374,31 +374,46 @@ impl Node {
         }
         let node = self.clone();
         tokio::spawn(async move {
-            let servers = match node.info("memory").await {
-                Ok(servers) => servers,
-                Err(e) => {
-                    tracing::debug!(node = %node.addr(), error = %e, "could not read the memory policy");
-                    return;
-                }
+            if let Err(e) = node.eviction_risks().await {
+                tracing::debug!(node = %node.addr(), error = %e, "could not read the memory policy");
+            }
+        });
+    }
+
+    /// Reads the memory policy of the node's servers (`INFO memory`; a cluster: every
+    /// master) and returns those that can evict lock keys (see
+    /// [`eviction_risk`](crate::admin::eviction_risk)); warns of each (a `WARN` event) the
+    /// first time this node sees that server with that policy. Marks the connection as
+    /// checked, so the client's own check per connection does not ask again.
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn eviction_risks(&self) -> Result<Vec<crate::EvictionRisk>, Error> {
+        // Claimed before asking: a call that succeeds meanwhile does not ask again.
+        self.inner
+            .eviction_checked
+            .store(self.generation() + 1, Ordering::Relaxed);
+        let servers = self.info("memory").await?;
+        let mut risks = Vec::new();
+        for (addr, text) in servers {
+            let risk = crate::admin::eviction_risk(&addr, &text);
+            tracing::debug!(node = %addr, can_evict = risk.is_some(), "memory policy read");
+            let Some(risk) = risk else {
+                continue;
             };
-            for (addr, text) in servers {
-                let risk = crate::admin::eviction_risk(&addr, &text);
-                tracing::debug!(node = %addr, can_evict = risk.is_some(), "memory policy read");
-                let Some(risk) = risk else {
-                    continue;
-                };
-                {
-                    let mut warned = node
-                        .inner
-                        .eviction_warned
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let seen = (risk.node.clone(), risk.policy.clone());
-                    if warned.contains(&seen) {
-                        continue;
-                    }
+            let first = {
+                let mut warned = self
+                    .inner
+                    .eviction_warned
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let seen = (risk.node.clone(), risk.policy.clone());
+                let first = !warned.contains(&seen);
+                if first {
                     warned.push(seen);
                 }
+                first
+            };
+            if first {
                 tracing::warn!(
                     node = %risk.node,
                     policy = %risk.policy,
@@ -406,7 +421,9 @@ impl Node {
                     "{risk}"
                 );
             }
-        });
+            risks.push(risk);
+        }
+        Ok(risks)
     }
 
     /// `INFO section` on the node's server (on a cluster: on every master), with each
