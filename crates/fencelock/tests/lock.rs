@@ -1069,4 +1069,46 @@ async fn names_locked_once_leave_no_key_behind_after_the_counter_idle_time() {
         pttl > 6 * 24 * 3600 * 1000 && pttl <= 7 * 24 * 3600 * 1000,
         "{pttl}"
     );
+
+    // Every other script that writes a counter sets the expiry too: a fair grant (and
+    // the handover inside a fair release), a reentrant grant, a break.
+    let minute = Client::builder(r.url())
+        .fence_counter_idle(Duration::from_secs(60))
+        .connect()
+        .await
+        .unwrap();
+    let counter_pttl = |name: &str| r.pttl(&format!("fencelock:{{{name}}}:fence"));
+    let in_a_minute = |pttl: i64| pttl > 0 && pttl <= 60_000;
+    let fair = minute.lock("fair").fair().try_acquire().await.unwrap();
+    assert!(in_a_minute(counter_pttl("fair")));
+    let waiter = tokio::spawn(
+        minute
+            .lock("fair")
+            .fair()
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    eventually(
+        "the fair waiter queued",
+        Duration::from_secs(5),
+        async || minute.stats().waiters == 1,
+    )
+    .await;
+    r.cmd(&["PERSIST", "fencelock:{fair}:fence"]);
+    fair.release().await.unwrap();
+    let handed = waiter.await.unwrap().unwrap();
+    assert!(in_a_minute(counter_pttl("fair")), "handed over");
+    handed.release().await.unwrap();
+    let re = minute
+        .lock("re")
+        .reentrant("job")
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(in_a_minute(counter_pttl("re")));
+    r.cmd(&["PERSIST", "fencelock:{re}:fence"]);
+    minute.break_lock("re").await.unwrap();
+    assert!(in_a_minute(counter_pttl("re")), "broken");
+    drop(re);
+    minute.flush().await;
 }

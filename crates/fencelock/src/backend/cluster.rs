@@ -501,7 +501,8 @@ impl ClusterLink {
         }
     }
 
-    /// `INFO section` on every master, with each master's `host:port`.
+    /// `INFO section` on every master, with each master's `host:port`. Cancel safe: it
+    /// only reads.
     pub async fn info_each_master(&self, section: &str) -> Result<Vec<(String, String)>, Error> {
         let masters = self.known_masters().await?;
         let asks = masters.iter().map(|master| async move {
