@@ -46,6 +46,9 @@
 //! [`SentinelBuilder::tls`] and [`ClusterBuilder::tls`] run whole deployments
 //! over TLS (a TLS cluster on TLS ports only, its bus and replication too).
 //!
+//! [`ServerClock`] is a wall clock a test steps forward or back under a
+//! running server ([`ServerBuilder::clock`]); see [`clock`].
+//!
 //! For the safety lab, [`history`] is the per-process JSON Lines history
 //! format (timestamps from `CLOCK_MONOTONIC`) and [`checkers`] are the
 //! linear safety checkers (C1-C6) run over the merged history;
@@ -67,6 +70,7 @@
 #![allow(unsafe_code)]
 
 pub mod checkers;
+pub mod clock;
 pub mod cluster;
 pub mod history;
 pub mod monitor;
@@ -77,6 +81,7 @@ mod server;
 pub mod tls;
 mod wait;
 
+pub use clock::ServerClock;
 pub use cluster::{Cluster, ClusterBuilder, SlotMigration};
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::clock::ServerClock;
 use crate::resp::{Reply, encode_command, read_reply};
 use crate::tls::{ClientAuth, TlsFiles};
 
@@ -151,6 +152,8 @@ struct Config {
     port_source: Option<fn() -> u16>,
     /// A TLS port besides the plain one.
     tls: Option<TlsConfig>,
+    /// A wall clock the test steps.
+    clock: Option<ServerClock>,
 }
 
 /// What [`ServerBuilder::tls_with`] asked for: the files are copied into the
@@ -313,6 +316,13 @@ impl ServerBuilder {
             client: None,
             only: false,
         })
+    }
+
+    /// Runs the server on `clock`, a wall clock the test can step while the
+    /// server runs (see [`clock`](crate::clock)); restarts keep it.
+    pub fn clock(mut self, clock: &ServerClock) -> Self {
+        self.config.clock = Some(clock.clone());
+        self
     }
 
     /// [`tls_with`](Self::tls_with), from what it was given.
@@ -1148,6 +1158,9 @@ fn spawn(binary: &Path, config: &Config, port: u16, tls_port: Option<u16>, dir: 
     let stderr = fs::File::create(dir.join(STDERR_FILE))
         .map(Stdio::from)
         .unwrap_or_else(|_| Stdio::null());
+    if let Some(clock) = &config.clock {
+        cmd.envs(clock.env());
+    }
     cmd.args(&config.extra_args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

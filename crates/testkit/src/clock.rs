@@ -1,0 +1,235 @@
+//! A wall clock that a test can step under a running `redis-server`.
+//!
+//! Redis expires keys by its wall clock (`CLOCK_REALTIME`): a clock stepped
+//! forward expires every lease early, one stepped back keeps keys alive
+//! longer and moves `TIME` (and tokens seeded from it) back. [`ServerClock`]
+//! lets a test do that to one server and to nothing else:
+//!
+//! ```
+//! use std::time::{SystemTime, UNIX_EPOCH};
+//! use testkit::{RedisServer, ServerClock};
+//!
+//! let clock = ServerClock::new().expect("cc builds the clock shim");
+//! let server = RedisServer::builder().clock(&clock).start();
+//! server.cmd(&["SET", "k", "v", "PX", "10000"]);
+//! clock.step_ms(20_000); // the server's clock jumps 20 s ahead
+//! assert!(!server.exists("k")); // and the key's 10 s are over
+//! clock.step_ms(-3_620_000); // now an hour behind
+//! let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+//! assert!((now - server.server_time()).as_secs() >= 3_599);
+//! ```
+//!
+//! How: a small `LD_PRELOAD` library, compiled from C with the machine's
+//! `cc` when the clock is created, defines `clock_gettime`, `gettimeofday`
+//! and `time`. Each asks the kernel directly (`syscall`: no `dlsym`, no
+//! allocation, which is what breaks libfaketime under Redis's jemalloc) and
+//! adds to `CLOCK_REALTIME` (and its coarse variant) an offset in
+//! nanoseconds that it reads, on every call, from an 8-byte file mapped into
+//! its memory. The test writes that file ([`ServerClock::step_ms`]); the
+//! server sees the new time on its next call. `CLOCK_MONOTONIC` and every
+//! other clock are untouched, as is every process other than the servers
+//! started with [`ServerBuilder::clock`](crate::ServerBuilder::clock).
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use tempfile::TempDir;
+
+/// The environment variable naming the offset file, for the shim.
+pub(crate) const OFFSET_FILE_ENV: &str = "TESTKIT_CLOCK_OFFSET_FILE";
+
+/// The shim's source. The offset file is mapped on first use (by whichever
+/// thread gets there; a second mapping of a race is harmless). An offset file
+/// that cannot be mapped leaves the clock as the kernel gives it.
+const SHIM_SOURCE: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile const int64_t *offset_ns_at = 0;
+static volatile int unavailable = 0;
+
+static int64_t offset_ns(void) {
+    if (offset_ns_at == 0 && !unavailable) {
+        const char *path = getenv("TESTKIT_CLOCK_OFFSET_FILE");
+        long fd = path ? syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC) : -1;
+        if (fd < 0) {
+            unavailable = 1;
+            return 0;
+        }
+        long at = syscall(SYS_mmap, 0, sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
+        syscall(SYS_close, fd);
+        if (at == -1) {
+            unavailable = 1;
+            return 0;
+        }
+        offset_ns_at = (const int64_t *)at;
+    }
+    return offset_ns_at ? *offset_ns_at : 0;
+}
+
+static void shift(struct timespec *ts) {
+    int64_t ns = (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec + offset_ns();
+    ts->tv_sec = ns / 1000000000;
+    ts->tv_nsec = ns % 1000000000;
+    if (ts->tv_nsec < 0) {
+        ts->tv_sec -= 1;
+        ts->tv_nsec += 1000000000;
+    }
+}
+
+int clock_gettime(clockid_t id, struct timespec *ts) {
+    if (syscall(SYS_clock_gettime, id, ts) != 0) {
+        return -1;
+    }
+    if (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE) {
+        shift(ts);
+    }
+    return 0;
+}
+
+int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
+    (void)tz;
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0) {
+        return -1;
+    }
+    if (tv) {
+        tv->tv_sec = ts.tv_sec;
+        tv->tv_usec = ts.tv_nsec / 1000;
+    }
+    return 0;
+}
+
+time_t time(time_t *out) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_REALTIME, &ts) != 0) {
+        return (time_t)-1;
+    }
+    if (out) {
+        *out = ts.tv_sec;
+    }
+    return ts.tv_sec;
+}
+"#;
+
+/// A wall clock for the servers started with
+/// [`ServerBuilder::clock`](crate::ServerBuilder::clock): the real one plus
+/// an offset that [`step_ms`](Self::step_ms) moves while they run. Clones
+/// share the clock; its files live as long as the last clone (a server's
+/// configuration keeps one, so a restart finds them).
+#[derive(Clone)]
+pub struct ServerClock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: TempDir,
+    /// The offset file, open for writing; the offset itself (ns).
+    offset: Mutex<(File, i64)>,
+}
+
+impl std::fmt::Debug for ServerClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerClock")
+            .field("offset_ms", &self.offset_ms())
+            .finish()
+    }
+}
+
+impl ServerClock {
+    /// A clock at offset zero: compiles the shim with `cc` into a temporary
+    /// directory and creates its offset file.
+    ///
+    /// # Errors
+    /// If `cc` is missing or fails (its output is in the error), or the
+    /// files cannot be written.
+    pub fn new() -> io::Result<ServerClock> {
+        let dir = tempfile::Builder::new()
+            .prefix("testkit-clock-")
+            .tempdir()?;
+        let source = dir.path().join("clock.c");
+        fs::write(&source, SHIM_SOURCE)?;
+        let out = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(dir.path().join(LIBRARY))
+            .arg(&source)
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "cc could not build the clock shim: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(dir.path().join(OFFSET_FILE))?;
+        file.write_all_at(&0i64.to_ne_bytes(), 0)?;
+        Ok(ServerClock {
+            inner: Arc::new(Inner {
+                dir,
+                offset: Mutex::new((file, 0)),
+            }),
+        })
+    }
+
+    /// Steps the clock by `ms` milliseconds (negative: back); the servers
+    /// see it on their next reading of the time.
+    ///
+    /// # Panics
+    /// If the offset file cannot be written (its directory was removed).
+    pub fn step_ms(&self, ms: i64) {
+        let mut offset = self.inner.offset.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = offset.1.saturating_add(ms.saturating_mul(1_000_000));
+        // One 8-byte write at offset 0 of a file that keeps its size: the
+        // shim's aligned read sees the old value or the new one.
+        offset
+            .0
+            .write_all_at(&ns.to_ne_bytes(), 0)
+            .unwrap_or_else(|e| panic!("testkit: cannot step the server clock: {e}"));
+        offset.1 = ns;
+    }
+
+    /// Sets the offset back to zero: the servers see the real time again.
+    pub fn reset(&self) {
+        self.step_ms(-self.offset_ms());
+    }
+
+    /// The clock's offset from the real time, ms.
+    pub fn offset_ms(&self) -> i64 {
+        self.inner
+            .offset
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            / 1_000_000
+    }
+
+    /// The environment a server needs to run on this clock.
+    pub(crate) fn env(&self) -> [(&'static str, PathBuf); 2] {
+        [
+            ("LD_PRELOAD", self.path(LIBRARY)),
+            (OFFSET_FILE_ENV, self.path(OFFSET_FILE)),
+        ]
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        Path::new(self.inner.dir.path()).join(name)
+    }
+}
+
+const LIBRARY: &str = "libtestkit-clock.so";
+const OFFSET_FILE: &str = "offset";
