@@ -12,7 +12,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fencelock::HolderToken;
-use testkit::RedisServer;
 use testkit::checkers::{
     Violation, fenced_order, foreign_touch, leases_overlap, lost_writes, tokens_increase,
 };
@@ -20,6 +19,7 @@ use testkit::history::{
     Event, HistoryWriter, Op, Phase, monotonic_ns, read_histories, read_history,
 };
 use testkit::monitor::{self, Monitor};
+use testkit::{RedisServer, ServerClock};
 
 use crate::outcomes::Outcome;
 use crate::worker::{FENCED_WRITE, ResourceKeys};
@@ -155,6 +155,10 @@ pub struct Lab {
     /// A node with `appendfsync always`, standing in for n2 in the persistent
     /// crash-restart scenario.
     pub persistent: RedisServer,
+    /// A lock server on a wall clock the scenarios step ([`clock`](Self::clock)).
+    pub clocked: RedisServer,
+    /// The clocked server's wall clock, at offset zero between scenarios.
+    pub clock: ServerClock,
     /// MONITOR recorders of the lock server and every node (C5's input), replaced by
     /// fresh ones at each judgement so memory stays bounded by one scenario.
     pub monitors: RefCell<Vec<Monitor>>,
@@ -169,7 +173,9 @@ impl Lab {
         let lock = RedisServer::start();
         let nodes = RedisServer::start_many(REDLOCK_NODES);
         let persistent = RedisServer::builder().persistence(true).start();
-        let monitors = [&lock, &persistent]
+        let clock = ServerClock::new().map_err(|e| format!("server clock: {e}"))?;
+        let clocked = RedisServer::builder().clock(&clock).start();
+        let monitors = [&lock, &persistent, &clocked]
             .into_iter()
             .chain(&nodes)
             .map(|s| Monitor::start(&s.addr()).map_err(|e| format!("MONITOR of {}: {e}", s.addr())))
@@ -180,6 +186,8 @@ impl Lab {
             resource: RedisServer::start(),
             nodes,
             persistent,
+            clocked,
+            clock,
             monitors: RefCell::new(monitors),
             dir,
             seed,
@@ -231,7 +239,7 @@ impl Lab {
     /// commands until a release deletes it.
     pub fn start_from_nothing(&self, tag: &str) {
         let key = format!("fencelock:{{lab:{tag}}}");
-        for server in [&self.lock, &self.persistent]
+        for server in [&self.lock, &self.persistent, &self.clocked]
             .into_iter()
             .chain(&self.nodes)
         {
@@ -361,6 +369,7 @@ impl Lab {
             failed_acquires: count(Op::Acquire, Phase::Fail),
             longest_acquire_ns: longest(&h, Op::Acquire),
             faults,
+            under_fault: 0,
             violations: [c1, c2, c3, c4, monitored.then_some(c5.len()), None],
             touches: (judged, skipped),
             recovery_ns: None,
@@ -517,10 +526,16 @@ pub struct Harness {
 }
 
 impl Lab {
+    /// The harness as a client of the lock server.
     pub fn harness(&self, tag: &str) -> Result<Harness, String> {
+        self.harness_on(tag, &self.lock)
+    }
+
+    /// The harness as a client of `server`.
+    pub fn harness_on(&self, tag: &str, server: &RedisServer) -> Result<Harness, String> {
         let rt = runtime()?;
         let client = rt
-            .block_on(fencelock::Client::connect(&self.lock.url()))
+            .block_on(fencelock::Client::connect(&server.url()))
             .map_err(|e| format!("{tag}: connect: {e}"))?;
         let lock = format!("lab:{tag}");
         let key = format!("fencelock:{{{lock}}}");

@@ -19,6 +19,9 @@ pub struct Outcome {
     /// The longest single acquire (invoke to completion), ns.
     pub longest_acquire_ns: u64,
     pub faults: String,
+    /// Acquisitions that succeeded while a fault was active (see
+    /// [`count_under_fault`](Self::count_under_fault)).
+    pub under_fault: usize,
     /// Violations of C1..C6; `None`: not judged in this scenario.
     pub violations: [Option<usize>; 6],
     /// C5: lock-key writes by scripts judged / skipped (state unknown).
@@ -88,10 +91,26 @@ impl Outcome {
             .map(|e| e.time_ns - from_ns);
     }
 
+    /// Counts the successful acquires of `h` that fall inside one of `windows`
+    /// (`[from, to)` in the histories' monotonic ns): the acquisitions made while a fault
+    /// was active. A fault that never heals in the round has a window up to `u64::MAX`.
+    pub fn count_under_fault(&mut self, h: &[Event], windows: &[(u64, u64)]) {
+        self.under_fault = h
+            .iter()
+            .filter(|e| e.op == Op::Acquire && e.phase == Phase::Ok)
+            .filter(|e| {
+                windows
+                    .iter()
+                    .any(|&(from, to)| (from..to).contains(&e.time_ns))
+            })
+            .count();
+    }
+
     /// Adds another round of the same scenario.
     pub fn merge(&mut self, round: Outcome) {
         self.rounds += round.rounds;
         self.acquisitions += round.acquisitions;
+        self.under_fault += round.under_fault;
         self.attempts += round.attempts;
         self.failed_acquires += round.failed_acquires;
         self.longest_acquire_ns = self.longest_acquire_ns.max(round.longest_acquire_ns);

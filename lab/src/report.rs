@@ -27,11 +27,15 @@ pub fn report(
     use std::fmt::Write as _;
     let mut out = String::new();
     let total: usize = outcomes.iter().map(|o| o.acquisitions).sum();
+    let faulty = outcomes.iter().filter(|o| o.name != "no-faults");
+    let in_fault_scenarios: usize = faulty.clone().map(|o| o.acquisitions).sum();
+    let under_faults: usize = faulty.map(|o| o.under_fault).sum();
     let _ = writeln!(
         out,
         "# Safety lab: {} mode\n\n\
          `./scripts/lab run --{} --seed {seed}{}`: {} scenarios × {} round(s), {total} \
-         acquisitions in {:.0} s, **{}**. Machine: {}; {}.\n",
+         acquisitions in {:.0} s ({in_fault_scenarios} in the scenarios with faults, \
+         {under_faults} of them while a fault was active), **{}**. Machine: {}; {}.\n",
         scale.name,
         scale.name,
         if scale.name == "long" {
@@ -65,9 +69,9 @@ pub fn report(
     );
     let _ = writeln!(
         out,
-        "| scenario | acquisitions | faults injected (last round) | C1 | C2 | C3 | C4 | C5 | C6 | unavailability | expectations |"
+        "| scenario | acquisitions | under faults | faults injected (last round) | C1 | C2 | C3 | C4 | C5 | C6 | unavailability | expectations |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for o in outcomes {
         let cell = |v: Option<usize>| v.map_or_else(|| "–".to_owned(), |n| n.to_string());
         let [c1, c2, c3, c4, c5, c6] = o.violations.map(cell);
@@ -82,9 +86,10 @@ pub fn report(
         );
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {c1} | {c2} | {c3} | {c4} | {c5} | {c6} | {unavailability} | {} |",
+            "| {} | {} | {} | {} | {c1} | {c2} | {c3} | {c4} | {c5} | {c6} | {unavailability} | {} |",
             o.name,
             o.acquisitions,
+            o.under_fault,
             o.faults,
             if o.failed.is_empty() {
                 "held".to_owned()
@@ -103,9 +108,13 @@ pub fn report(
          key's state unknown, e.g. right after a node restarted). A positive control is a \
          known anomaly its checker must find on every run, or the run fails (a checker that \
          cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
-         redlock-restart-unprotected, sentinel-failover, cluster-failover and evicted-lock-key, C2 paused-worker-unfenced, C3 resource-crash, C4 \
-         counter-rewound, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
-         are the expected non-zero counts in the table. Unavailability: acquires that ended in an error (after \
+         redlock-restart-unprotected, sentinel-failover, cluster-failover, evicted-lock-key and \
+         clock-step-forward, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
+         are the expected non-zero counts in the table, with those the nemesis explains by \
+         the faults it drew. Under faults: acquisitions made while a fault was active (from \
+         its injection to its heal; a fault that never heals in the round counts to its \
+         end; in the nemesis a kill or a clock step counts for one TTL). Unavailability: acquires that ended in an error (after \
          waiting up to 5 s), the longest single acquire, and for C6 the time from the kill \
          or heal to the next holder."
     );

@@ -248,6 +248,7 @@ impl Lab {
         self.wait_for_acquire(tag, &histories)?;
 
         let mut failovers = Vec::new();
+        let mut windows = Vec::new();
         for f in 0..scale.failovers {
             // The stale holder: connected, stopped before its first acquire.
             let holder = 3 + f;
@@ -265,6 +266,7 @@ impl Lab {
             wait_until(tag, "the holder stopped before its acquire", || {
                 process_stopped(pid)
             })?;
+            let isolated_at = monotonic_ns();
             let replica = rig.isolate_replica();
             signal(pid, libc::SIGCONT);
             // Granted and stopped before its write, or refused and gone.
@@ -288,6 +290,8 @@ impl Lab {
             }
             wait_until(tag, "the holder done", || workers.exited(pid))?;
             rig.rejoin(&old).map_err(|e| format!("{tag}: {e}"))?;
+            // From the replica's isolation to the old master's rejoin.
+            windows.push((isolated_at, monotonic_ns()));
             failovers.push(Failover {
                 holder,
                 held,
@@ -311,6 +315,7 @@ impl Lab {
             failovers.len()
         );
         let (mut o, h) = self.judge_unmonitored(tag, &histories, faults)?;
+        o.count_under_fault(&h, &windows);
         o.recovery_ns = failovers
             .iter()
             .filter_map(|f| {

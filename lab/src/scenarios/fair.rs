@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use testkit::history::{Op, Phase, monotonic_ns};
 
 use super::{STEADY_MAX, Scale, Scenario, count, wait_until};
-use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, signal};
+use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, ns, signal};
 use crate::outcomes::Outcome;
 
 /// The fair workers' waiter timeout: a waiter silent this long is dropped from the
@@ -117,6 +117,7 @@ impl Lab {
         }
         self.wait_for_acquire(tag, &histories)?;
         let mut faults = Vec::new();
+        let mut windows = Vec::new();
         for round in 0..rounds {
             // A few handovers under way before each fault.
             let from = monotonic_ns();
@@ -127,10 +128,13 @@ impl Lab {
                     .sum::<usize>()
                     >= 8
             })?;
+            let stopped = monotonic_ns();
             signal(pids[2], libc::SIGSTOP);
             thread::sleep(3 * WAITER_TIMEOUT);
             signal(pids[2], libc::SIGCONT);
             workers.kill(pids[3]);
+            // The pause, and the killed waiter's place in line until its timeout.
+            windows.push((stopped, monotonic_ns() + ns(WAITER_TIMEOUT)));
             faults.push(format!(
                 "round {}: SIGSTOP p3 for {} ms, SIGKILL p{}",
                 round + 1,
@@ -159,7 +163,8 @@ impl Lab {
         let handed = handovers.stop()?;
 
         faults.push(format!("{handed} handovers"));
-        let (mut o, _) = self.judge(tag, &histories, faults.join("; "))?;
+        let (mut o, h) = self.judge(tag, &histories, faults.join("; "))?;
+        o.count_under_fault(&h, &windows);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         if handed == 0 {
             o.failed

@@ -26,6 +26,7 @@ impl Lab {
     /// workers 2 and 3 are direct. A grant that arrives late must not become a guard.
     fn delayed_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
         let proxy = FaultProxy::start(&self.lock.addr());
+        let delayed_from = monotonic_ns();
         proxy.set(Fault::Delay {
             base: TTL * 3 / 10,
             jitter: TTL * 6 / 10,
@@ -43,6 +44,7 @@ impl Lab {
         }
         workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
         drop(proxy);
+        let delayed_to = monotonic_ns();
 
         let faults = format!(
             "p1's link delayed {}-{} ms each way (TTL {} ms)",
@@ -51,6 +53,8 @@ impl Lab {
             TTL.as_millis()
         );
         let (mut o, h) = self.judge(tag, &histories, faults)?;
+        // p1's link is delayed from start to end: every acquisition is under the fault.
+        o.count_under_fault(&h, &[(delayed_from, delayed_to)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         let late_refusals = h
@@ -147,6 +151,7 @@ impl Lab {
         }
         proxy.set(Fault::DropReplies);
         let dropped = Instant::now();
+        let dropped_ns = monotonic_ns();
         // Until 3 TTLs after the harness's lease ends: worker 1's lease-bound timer fires
         // then, and its attempt takes the free lock on the server.
         let heal_at = holder_until + 3 * TTL;
@@ -190,6 +195,7 @@ impl Lab {
         histories.push(hist_h);
 
         let (mut o, h) = self.judge(tag, &histories, String::new())?;
+        o.count_under_fault(&h, &[(dropped_ns, healed_at)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         // A holder seen in the fault whose client learned of its grant only after the

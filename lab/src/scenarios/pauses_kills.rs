@@ -64,9 +64,11 @@ impl Lab {
             thread::sleep(Duration::from_millis(1));
         }
         let stopped_at = Instant::now();
+        let stopped_ns = monotonic_ns();
         workers.spawn(&self.exe, &args_b)?;
         thread::sleep((3 * TTL).saturating_sub(stopped_at.elapsed()));
         signal(pid_a, libc::SIGCONT);
+        let resumed_ns = monotonic_ns();
         workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
 
         let faults = format!(
@@ -75,6 +77,7 @@ impl Lab {
             if renewed { "renewed" } else { "fixed" }
         );
         let (mut o, h) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        o.count_under_fault(&h, &[(stopped_ns, resumed_ns)]);
         // A's late write: the completion of its write with its first token (renewed: none,
         // if the guard reported the loss before it).
         let first_token = h
@@ -183,6 +186,8 @@ impl Lab {
             if control { 4 * TTL } else { TTL }.as_millis()
         );
         let (mut o, h) = self.judge(tag, &histories, faults)?;
+        // The dead holder stays dead: every acquisition after the kill is under it.
+        o.count_under_fault(&h, &[(killed_at, u64::MAX)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         o.judge_availability(&h, killed_at, TTL + AVAILABILITY_SLACK, !control);
@@ -214,6 +219,7 @@ impl Lab {
             histories.push(path);
         }
         workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+        // The fault comes after the last acquisition: none is under it.
         self.resource.kill();
         self.resource.restart();
         let (mut o, _) = self.judge(
@@ -264,6 +270,7 @@ impl Lab {
 
         let faults = format!("SIGSTOP the lock server for {} ms", (3 * TTL).as_millis());
         let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.count_under_fault(&h, &[(paused_at, resumed_at)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         // Exercised: an acquire sent while the server was stopped completed after it

@@ -119,9 +119,11 @@ impl Lab {
         }
         waited?;
         drop(proxies);
+        let healed_at = monotonic_ns();
 
         let faults = format!("{fault:?} n2, n4 of 5 after the first acquire").to_lowercase();
         let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.count_under_fault(&h, &[(fault_at, healed_at)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         let after = |phase| {
@@ -179,6 +181,7 @@ impl Lab {
         // A partition as TCP sees it: nothing gets through, and what was sent arrives, in
         // order, when the link heals (a blackhole that drops bytes for good would break
         // the byte stream, which a real partition never does to a live connection).
+        let fault_at = monotonic_ns();
         for p in &proxies[..3] {
             p.set(PARTITIONED);
         }
@@ -219,6 +222,7 @@ impl Lab {
             probe_took.as_millis()
         );
         let (mut o, h) = self.judge(tag, &histories, faults)?;
+        o.count_under_fault(&h, &[(fault_at, healed_at)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         if !matches!(probed, Err(Error::NoQuorum { .. })) {
@@ -282,6 +286,8 @@ impl Lab {
             &histories,
             "p1 sees n1-n2 only, p2 sees n3-n5 only".into(),
         )?;
+        // The partition lasts to the end.
+        o.count_under_fault(&h, &[(fault_at, u64::MAX)]);
         o.expect_clean(&[1, 2, 3, 4, 5]);
         o.expect_counter_matches();
         let after = |p, phase| {

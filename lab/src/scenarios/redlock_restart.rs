@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::{Error, NodeOutcome};
 use testkit::RedisServer;
-use testkit::history::{Event, HistoryWriter, Op, Phase};
+use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 
 use super::Scenario;
 use super::redlock::NODE_TIMEOUT;
@@ -148,6 +148,7 @@ impl Lab {
         } else {
             &mut self.nodes[1]
         };
+        let restarted_at = monotonic_ns();
         n2.kill();
         n2.restart();
 
@@ -231,7 +232,9 @@ impl Lab {
                 "no persistence"
             }
         );
-        let (mut o, _) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        let (mut o, h) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        // A's lost keys stay lost: B's attempt is under the fault.
+        o.count_under_fault(&h, &[(restarted_at, u64::MAX)]);
         if persistent {
             o.expect_clean(&[1, 2, 3, 4, 5]);
             if b_outcome != "B: held on a majority" {
