@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::{Error, LossCause};
 use testkit::RedisServer;
-use testkit::history::{Event, HistoryWriter, Op, Phase};
+use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 
 use super::Scenario;
 use crate::harness::{
@@ -42,6 +42,7 @@ impl Lab {
         let mut resource = self.resource_writer(tag)?;
         let mut histories = Vec::new();
         let mut b_write = None;
+        let mut rewound_at = u64::MAX;
         for p in 1..=2 {
             let path = self.dir.join(format!("{tag}-p{p}.jsonl"));
             let mut w = HistoryWriter::create(&path).map_err(|e| e.to_string())?;
@@ -51,6 +52,7 @@ impl Lab {
                 let ahead = self.lock.server_time().as_micros() + 3_600_000_000;
                 self.lock.cmd(&["SET", &counter, &ahead.to_string()]);
             } else {
+                rewound_at = monotonic_ns();
                 self.lock.cmd(&["SET", &counter, "1"]);
             }
             w.append(&Event::now(p, Op::Acquire, Phase::Invoke))
@@ -71,11 +73,12 @@ impl Lab {
             w.append(&release(p, release_phase(&r), &owner, token))
                 .map_err(|e| e.to_string())?;
         }
-        let (mut o, _) = self.judge(
+        let (mut o, h) = self.judge(
             tag,
             &histories,
             "the fencing counter set an hour ahead, then back to 1 between two holders".into(),
         )?;
+        o.count_under_fault(&h, &[(rewound_at, u64::MAX)]);
         o.expect_clean(&[1, 2, 3, 5]);
         o.expect_detected(4, "B's token below A's");
         if b_write != Some(false) {
@@ -136,6 +139,7 @@ impl Lab {
         }
         // ...and let its clock move past C5's margin around that expiry, so the replay
         // knows the key was free when B takes it.
+        let expired_ns = monotonic_ns();
         let expired_at = server_time_us(&self.lock);
         while server_time_us(&self.lock) < expired_at + 2 * ns(TOUCH_MARGIN) / 1000 {
             if Instant::now() > deadline {
@@ -225,7 +229,8 @@ impl Lab {
         let faults = "A's 300 ms lease expires; B acquires; A extends, releases, then runs an \
                       unchecked DEL script"
             .to_owned();
-        let (mut o, _) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        let (mut o, h) = self.judge(tag, &[hist_a, hist_b], faults)?;
+        o.count_under_fault(&h, &[(expired_ns, u64::MAX)]);
         o.failed.extend(o_failed);
         o.expect_clean(&[1, 2, 3, 4]);
         // Positive control: exactly the unchecked DEL, nothing else.
@@ -270,85 +275,131 @@ impl Lab {
     /// an expiry, so `volatile-lru` picks it) while A's lease lasts, and B takes the lock.
     /// Nothing in the client can see it; only `noeviction` prevents it, and the fence
     /// keeps the data safe. The server's memory settings are restored and the filler
-    /// keys deleted before the round ends.
+    /// keys deleted before B acquires. C5 is not judged: it replays each server's
+    /// MONITOR stream, which does not show evictions, and would take B's key for A's.
     fn evicted_lock_key(&self, tag: &str) -> Result<Outcome, String> {
-        let Harness {
-            rt,
-            client,
-            lock,
-            key,
-        } = self.harness(tag)?;
         let lease = Duration::from_secs(30);
+        self.overtaken_holder(tag, &self.lock, lease, false, |h| {
+            let mut failed = Vec::new();
+            // Memory pressure: a limit just above what the server uses now.
+            let used: u64 = self
+                .lock
+                .info_field("memory", "used_memory")
+                .and_then(|u| u.parse().ok())
+                .ok_or(format!("{tag}: no used_memory in INFO memory"))?;
+            let limit = (used + (2 << 20)).to_string();
+            let from_ns = monotonic_ns();
+            self.lock
+                .cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+            self.lock.cmd(&["CONFIG", "SET", "maxmemory", &limit]);
+            let warned = h
+                .rt
+                .block_on(h.client.eviction_risks())
+                .map(|e| e.risks.iter().any(|r| r.policy == "volatile-lru"))
+                .unwrap_or(false);
+            if !warned {
+                failed
+                    .push("the client did not report that the server can evict lock keys".into());
+            }
+            let filler = "x".repeat(10_000);
+            let mut filled = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let evicted = loop {
+                if self.lock.cmd(&["EXISTS", &h.key]).as_int() == Some(0) {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                let k = format!("lab:{{{tag}}}:fill:{}", filled.len());
+                self.lock.cmd(&["SET", &k, &filler]);
+                filled.push(k);
+            };
+            self.lock.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+            self.lock
+                .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+            for chunk in filled.chunks(500) {
+                let mut args = vec!["DEL"];
+                args.extend(chunk.iter().map(String::as_str));
+                self.lock.cmd(&args);
+            }
+            if !evicted {
+                return Err(format!(
+                    "{tag}: A's lock key was not evicted after {} filler keys",
+                    filled.len()
+                ));
+            }
+            Ok(Overtaking {
+                faults: format!(
+                    "maxmemory {limit} with volatile-lru: A's lock key evicted after {} filler keys",
+                    filled.len()
+                ),
+                from_ns,
+                failed,
+            })
+        })
+    }
+}
+
+/// What the fault of an [`overtaken_holder`](Lab::overtaken_holder) round did.
+pub struct Overtaking {
+    /// The report's "faults injected".
+    pub faults: String,
+    /// When the fault began (monotonic ns): acquisitions from then on are under it.
+    pub from_ns: u64,
+    /// Expectations about the fault itself that failed.
+    pub failed: Vec<String>,
+}
+
+impl Lab {
+    /// A holder overtaken by a fault that removes its lock key while its lease runs: A
+    /// acquires `lease` on `server` (no renewal) and writes; `fault` runs (it must leave
+    /// the lock free); B acquires and writes; A writes again, inside its lease by its own
+    /// clock; both release. Expected: C1 flags A and B holding at once (a positive
+    /// control), the fence rejects A's late write, C2-C4 hold, A's release reports the
+    /// lock taken by another, B's succeeds. `monitored`: C5 judged too (its MONITOR
+    /// replay must be able to follow the fault).
+    pub fn overtaken_holder(
+        &self,
+        tag: &str,
+        server: &RedisServer,
+        lease: Duration,
+        monitored: bool,
+        fault: impl FnOnce(&Harness) -> Result<Overtaking, String>,
+    ) -> Result<Outcome, String> {
+        let harness = self.harness_on(tag, server)?;
+        let Harness {
+            rt, client, lock, ..
+        } = &harness;
         let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
         let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
         let mut wa = HistoryWriter::create(&hist_a).map_err(|e| e.to_string())?;
         let mut wb = HistoryWriter::create(&hist_b).map_err(|e| e.to_string())?;
         let rec = |w: &mut HistoryWriter, e: Event| w.append(&e).map_err(|e| e.to_string());
         let mut resource = self.resource_writer(tag)?;
-        let mut failed = Vec::new();
 
         rec(&mut wa, Event::now(1, Op::Acquire, Phase::Invoke))?;
         let guard_a = rt
-            .block_on(client.lock(&lock).lease(lease).renew(false).try_acquire())
+            .block_on(client.lock(lock).lease(lease).renew(false).try_acquire())
             .map_err(|e| format!("{tag}: A did not acquire: {e}"))?;
-        rec(&mut wa, acquired(1, &guard_a, &client))?;
+        rec(&mut wa, acquired(1, &guard_a, client))?;
         let (owner_a, token_a) = (
             guard_a.holder_token().clone(),
             guard_a.fencing_token().get(),
         );
         resource.write(&mut wa, 1, token_a, owner_a.as_str(), 1)?;
 
-        // Memory pressure: a limit just above what the server uses now.
-        let used: u64 = self
-            .lock
-            .info_field("memory", "used_memory")
-            .and_then(|u| u.parse().ok())
-            .ok_or(format!("{tag}: no used_memory in INFO memory"))?;
-        let limit = (used + (2 << 20)).to_string();
-        self.lock
-            .cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
-        self.lock.cmd(&["CONFIG", "SET", "maxmemory", &limit]);
-        let warned = rt
-            .block_on(client.eviction_risks())
-            .map(|e| e.risks.iter().any(|r| r.policy == "volatile-lru"))
-            .unwrap_or(false);
-        if !warned {
-            failed.push("the client did not report that the server can evict lock keys".into());
-        }
-        let filler = "x".repeat(10_000);
-        let mut filled = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let evicted = loop {
-            if self.lock.cmd(&["EXISTS", &key]).as_int() == Some(0) {
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            let k = format!("lab:{{{tag}}}:fill:{}", filled.len());
-            self.lock.cmd(&["SET", &k, &filler]);
-            filled.push(k);
-        };
-        self.lock.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
-        self.lock
-            .cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
-        for chunk in filled.chunks(500) {
-            let mut args = vec!["DEL"];
-            args.extend(chunk.iter().map(String::as_str));
-            self.lock.cmd(&args);
-        }
-        if !evicted {
-            return Err(format!(
-                "{tag}: A's lock key was not evicted after {} filler keys",
-                filled.len()
-            ));
-        }
+        let Overtaking {
+            faults,
+            from_ns,
+            mut failed,
+        } = fault(&harness)?;
 
         rec(&mut wb, Event::now(2, Op::Acquire, Phase::Invoke))?;
         let guard_b = rt
-            .block_on(client.lock(&lock).lease(lease).renew(false).try_acquire())
-            .map_err(|e| format!("{tag}: B did not acquire after the eviction: {e}"))?;
-        rec(&mut wb, acquired(2, &guard_b, &client))?;
+            .block_on(client.lock(lock).lease(lease).renew(false).try_acquire())
+            .map_err(|e| format!("{tag}: B did not acquire after the fault: {e}"))?;
+        rec(&mut wb, acquired(2, &guard_b, client))?;
         let (owner_b, token_b) = (
             guard_b.holder_token().clone(),
             guard_b.fencing_token().get(),
@@ -362,22 +413,37 @@ impl Lab {
         rec(&mut wa, release(1, Phase::Invoke, &owner_a, token_a))?;
         let r = rt.block_on(guard_a.release());
         rec(&mut wa, release(1, release_phase(&r), &owner_a, token_a))?;
+        if !matches!(
+            r,
+            Err(Error::LeaseLost {
+                cause: LossCause::TakenByOther,
+                ..
+            })
+        ) {
+            failed.push(format!(
+                "A's release: expected LeaseLost(TakenByOther), got {r:?}"
+            ));
+        }
         rec(&mut wb, release(2, Phase::Invoke, &owner_b, token_b))?;
         let r = rt.block_on(guard_b.release());
         rec(&mut wb, release(2, release_phase(&r), &owner_b, token_b))?;
+        if let Err(e) = r {
+            failed.push(format!("B's release failed: {e}"));
+        }
+        drop((wa, wb));
 
-        // C5 replays each server's MONITOR stream, which does not show evictions: it would
-        // take B's key for A's. Not judged here.
-        let (mut o, _) = self.judge_unmonitored(
-            tag,
-            &[hist_a, hist_b],
-            format!(
-                "maxmemory {limit} with volatile-lru: A's lock key evicted after {} filler keys",
-                filled.len()
-            ),
-        )?;
+        let histories = [hist_a, hist_b];
+        let (mut o, h) = if monitored {
+            self.judge(tag, &histories, faults)?
+        } else {
+            self.judge_unmonitored(tag, &histories, faults)?
+        };
         o.expect_detected(1, "A and B holding at once");
         o.expect_clean(&[2, 3, 4]);
+        if monitored {
+            o.expect_clean(&[5]);
+        }
+        o.count_under_fault(&h, &[(from_ns, u64::MAX)]);
         o.failed.extend(failed);
         Ok(o)
     }
