@@ -251,7 +251,9 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                 }
             }
             tokio::time::sleep(pause).await;
-            if args.renewed && guard.loss_cause().is_some() {
+            // A renewed lease: not reported lost, and not about to end (a renewal held
+            // up by a paused server or a slow link ends it without a loss report yet).
+            if args.renewed && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN) {
                 record(
                     Event::now(p, Op::Release, Phase::Invoke)
                         .with_token(token)

@@ -23,7 +23,9 @@
 //!   paused and killed in line;
 //! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
 //!   killed right after a grant its replica missed, with and without replica
-//!   acknowledgement.
+//!   acknowledgement;
+//! - [`nemesis`]: a schedule of faults of every kind drawn from the seed, each violation
+//!   explained by a fault or reported with the seed and a shortened history.
 //!
 //! [`ALL`] lists them in run order.
 
@@ -32,6 +34,7 @@ mod clock;
 mod failover;
 mod fair;
 mod lock_state;
+mod nemesis;
 mod network;
 mod pauses_kills;
 mod redlock;
@@ -134,6 +137,7 @@ pub const ALL: &[Scenario] = &[
     failover::SENTINEL_FAILOVER_REPLICAS,
     failover::CLUSTER_FAILOVER,
     failover::CLUSTER_FAILOVER_REPLICAS,
+    nemesis::NEMESIS,
 ];
 
 /// The scenarios whose name contains one of `only` (all if empty).
