@@ -33,6 +33,12 @@ need_openssl() {
   need_command openssl openssl
 }
 
+# cc: the safety lab builds testkit's clock shim (a small C library preloaded into
+# redis-server to step its wall clock) with it; Rust's linker needs it too.
+need_cc() {
+  need_command cc gcc
+}
+
 # Checks for a Rust toolchain (1.88 or newer).
 need_cargo() {
   if ! command -v cargo >/dev/null 2>&1; then

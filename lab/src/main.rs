@@ -14,14 +14,15 @@
 //! This file holds the command line and the run loop. The rest of the lab:
 //! [`harness`] (servers, proxies, workers, judging histories with the checkers),
 //! [`outcomes`] (what a scenario produced, its expectations), [`report`] (the markdown
-//! report), [`scenarios`] (each scenario with its description, grouped by fault) and
-//! [`worker`] (the worker process).
+//! report), [`scenarios`] (each scenario with its description, grouped by fault),
+//! [`worker`] (the worker process) and [`command`] (the COMMAND of the CLI scenarios).
 
 // Unsafe is needed for process control std does not offer: `libc::kill` (SIGSTOP and
 // SIGCONT of a worker) and `prctl(PR_SET_PDEATHSIG)` in the forked worker, so workers
 // die with the harness even when it is SIGKILLed.
 #![allow(unsafe_code)]
 
+mod command;
 mod harness;
 mod outcomes;
 mod report;
@@ -34,6 +35,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 
+use crate::command::CommandArgs;
 use crate::harness::Lab;
 use crate::outcomes::Outcome;
 use crate::scenarios::{LONG, SHORT, chosen};
@@ -54,6 +56,9 @@ enum Cmd {
     /// Internal: one worker process (started by `run`).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Internal: the COMMAND of the CLI scenarios (run by `fencelock run`).
+    #[command(hide = true)]
+    Command(CommandArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -87,6 +92,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("fencelock-lab worker: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Command(args) => match command::main(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fencelock-lab command: {e}");
                 ExitCode::FAILURE
             }
         },

@@ -108,8 +108,8 @@ pub fn report(
          key's state unknown, e.g. right after a node restarted). A positive control is a \
          known anomaly its checker must find on every run, or the run fails (a checker that \
          cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
-         redlock-restart-unprotected, sentinel-failover, cluster-failover, evicted-lock-key and \
-         clock-step-forward, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         redlock-restart-unprotected, sentinel-failover, cluster-failover, evicted-lock-key, \
+         clock-step-forward and cli-unsupervised, C2 paused-worker-unfenced, C3 resource-crash, C4 \
          counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
          are the expected non-zero counts in the table, with those the nemesis explains by \
          the faults it drew. Under faults: acquisitions made while a fault was active (from \

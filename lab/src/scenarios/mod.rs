@@ -17,6 +17,8 @@
 //!   pressure;
 //! - [`clock`]: the lock server's wall clock stepped forward (leases expire early) and
 //!   back (keys live longer; tokens hold through the counter, not without it);
+//! - [`cli`]: `fencelock run` itself SIGKILLed, SIGSTOPped, sent SIGTSTP while its
+//!   COMMAND works, judged from COMMAND's history (and a COMMAND escaping supervision);
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
@@ -30,6 +32,7 @@
 //! [`ALL`] lists them in run order.
 
 mod baseline;
+mod cli;
 mod clock;
 mod failover;
 mod fair;
@@ -125,6 +128,10 @@ pub const ALL: &[Scenario] = &[
     lock_state::EVICTED_LOCK_KEY,
     clock::CLOCK_STEP_FORWARD,
     clock::CLOCK_STEP_BACK,
+    cli::CLI_KILLED,
+    cli::CLI_STOPPED,
+    cli::CLI_SUSPENDED,
+    cli::CLI_UNSUPERVISED,
     redlock_restart::REDLOCK_RESTART_PROTECTED,
     redlock_restart::REDLOCK_RESTART_UNPROTECTED,
     redlock_restart::REDLOCK_RESTART_PERSISTENT,

@@ -1,0 +1,139 @@
+//! The COMMAND that the CLI scenarios run under `fencelock run`: it records its hold in a
+//! history of its own and writes the fenced resource with the token fencelock gave it.
+//!
+//! On start it records an acquire with `FENCELOCK_TOKEN` and an owner of its own, then
+//! every 20 ms reads the resource's counter and writes it back plus one (through the
+//! fenced write), recording each step, and at the end records its release. COMMAND does
+//! not know its lease's end: its hold lasts until its release, or, when it was killed,
+//! until its last recorded step (the harness records that release for it, see
+//! [`close_history`]). So C1 judges what matters here: no two COMMANDs ever act at once.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use clap::Args;
+use testkit::history::{Event, HistoryWriter, Op, Phase, read_history};
+
+use crate::worker::{FENCED_WRITE, ResourceKeys};
+
+/// Arguments of the hidden `command` subcommand.
+#[derive(Args, Debug, Clone)]
+pub struct CommandArgs {
+    /// Process id recorded in the history.
+    #[arg(long)]
+    pub process: u32,
+    /// `redis://` URL of the resource server.
+    #[arg(long)]
+    pub resource_url: String,
+    /// Key prefix of the resource.
+    #[arg(long)]
+    pub prefix: String,
+    /// Writes (one every 20 ms).
+    #[arg(long)]
+    pub iterations: u32,
+    /// History file (JSON Lines) to append to.
+    #[arg(long)]
+    pub history: PathBuf,
+    /// Escape supervision: do the work in a child in a session of its own (as a
+    /// daemonizing program would), which fencelock's watcher cannot stop, and wait for it.
+    #[arg(long)]
+    pub escape: bool,
+}
+
+/// The pause between two writes.
+const STEP: Duration = Duration::from_millis(20);
+
+/// Runs the COMMAND (or, with `--escape`, a copy of it in a session of its own).
+pub fn main(args: CommandArgs) -> Result<(), String> {
+    if args.escape {
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let mut child = Command::new(exe);
+        child.args(std::env::args_os().skip(1).filter(|a| a != "--escape"));
+        // SAFETY: setsid(2) is async-signal-safe and allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut child, || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let status = child
+            .status()
+            .map_err(|e| format!("cannot start the escaped copy: {e}"))?;
+        return if status.success() {
+            Ok(())
+        } else {
+            Err(format!("the escaped copy exited: {status}"))
+        };
+    }
+    let token: u64 = std::env::var("FENCELOCK_TOKEN")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or("FENCELOCK_TOKEN missing or not a number: not run by fencelock?")?;
+    let p = args.process;
+    let owner = format!("command-p{p}-{token}");
+    let mut hist = HistoryWriter::create(&args.history)
+        .map_err(|e| format!("{}: {e}", args.history.display()))?;
+    let mut record = |e: Event| {
+        hist.append(&e.with_token(token).with_owner(owner.as_str()))
+            .map_err(|err| format!("history append: {err}"))
+    };
+    record(Event::now(p, Op::Acquire, Phase::Ok).with_valid_until(u64::MAX))?;
+    let mut res = redis::Client::open(args.resource_url.as_str())
+        .and_then(|c| c.get_connection())
+        .map_err(|e| format!("resource connect: {e}"))?;
+    let keys = ResourceKeys::new(&args.prefix);
+    let script = redis::Script::new(FENCED_WRITE);
+    for i in 0..args.iterations {
+        record(Event::now(p, Op::Read, Phase::Invoke))?;
+        let current: Option<i64> = redis::cmd("GET")
+            .arg(&keys.counter)
+            .query(&mut res)
+            .map_err(|e| format!("resource read: {e}"))?;
+        let current = current.unwrap_or(0);
+        record(Event::now(p, Op::Read, Phase::Ok).with_value(current))?;
+        let value = i64::from(p) * 1_000_000 + i64::from(i);
+        record(Event::now(p, Op::Write, Phase::Invoke).with_value(value))?;
+        let accepted: i64 = script
+            .key(&keys.max_token)
+            .key(&keys.counter)
+            .key(&keys.values)
+            .key(&keys.log)
+            .arg(token)
+            .arg(current + 1)
+            .arg(value)
+            .invoke(&mut res)
+            .map_err(|e| format!("resource write: {e}"))?;
+        record(if accepted == 1 {
+            Event::now(p, Op::Write, Phase::Ok).with_value(value)
+        } else {
+            Event::now(p, Op::Write, Phase::Fail)
+                .with_value(value)
+                .with_error("stale fencing token")
+        })?;
+        std::thread::sleep(STEP);
+    }
+    record(Event::now(p, Op::Release, Phase::Invoke))?;
+    record(Event::now(p, Op::Release, Phase::Ok))
+}
+
+/// Ends the hold of a COMMAND that did not record its release (it was killed): a release
+/// right after its last recorded step. Returns whether it had to.
+pub fn close_history(path: &Path) -> Result<bool, String> {
+    let events = read_history(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(last) = events.last() else {
+        return Ok(false);
+    };
+    if last.op == Op::Release {
+        return Ok(false);
+    }
+    let mut w = HistoryWriter::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut release = Event::new(last.process, last.time_ns + 1, Op::Release, Phase::Invoke);
+    if let (Some(t), Some(o)) = (last.token, last.owner.as_deref()) {
+        release = release.with_token(t).with_owner(o);
+    }
+    w.append(&release).map_err(|e| e.to_string())?;
+    Ok(true)
+}
