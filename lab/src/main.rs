@@ -74,7 +74,8 @@ struct RunArgs {
     /// Seed of the workers' random waits (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// Keep the histories in DIR (default: a temporary directory, removed at exit).
+    /// Keep the histories in DIR, which must be new or empty (default: a temporary
+    /// directory, removed at exit).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Run only the scenarios whose name contains TEXT (repeatable).
@@ -129,6 +130,18 @@ fn run(args: &RunArgs) -> Result<bool, String> {
     let dir = match &args.out {
         Some(d) => {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            // Histories are appended to: an earlier run's would be judged with this one's.
+            let used = std::fs::read_dir(d)
+                .map_err(|e| format!("{}: {e}", d.display()))?
+                .next()
+                .is_some();
+            if used {
+                return Err(format!(
+                    "{} is not empty: give --out a new or empty directory (histories are \
+                     appended to, and an earlier run's would be judged with this one's)",
+                    d.display()
+                ));
+            }
             d.clone()
         }
         None => temp.path().to_path_buf(),
