@@ -1,5 +1,6 @@
 //! Spawning, controlling and talking to `redis-server` child processes.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, BufReader, Read, Write};
@@ -8,8 +9,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,12 @@ pub fn free_port() -> u16 {
 /// processes rarely collide) and checked by binding both ports; the race
 /// that remains is handled by [`RedisServer::start`]'s retry on a new port.
 ///
+/// A port is handed out at most once per process, even after its server is
+/// gone: the nodes of a cluster go on calling a killed node's address, and
+/// a node of another cluster answering there gets the dead node flagged
+/// `noaddr`, which Redis never times out, so it is never failed (a test
+/// waiting for `cluster_state:fail` waited in vain).
+///
 /// # Panics
 /// If no such pair is found after many attempts.
 pub fn free_cluster_port() -> u16 {
@@ -88,14 +95,20 @@ pub fn free_cluster_port() -> u16 {
         })
         .unwrap_or((32768, 60999));
     let (lo, hi) = cluster_port_range(ephemeral);
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     for _ in 0..1000 {
         let port = lo + (next_random() % u64::from(hi - lo + 1)) as u16;
+        if handed_out.contains(&port) {
+            continue;
+        }
         let both_free = TcpListener::bind(("127.0.0.1", port))
             .and_then(|a| {
                 TcpListener::bind(("127.0.0.1", port + CLUSTER_BUS_OFFSET)).map(|b| (a, b))
             })
             .is_ok();
         if both_free {
+            handed_out.insert(port);
             return port;
         }
     }
@@ -1582,6 +1595,17 @@ mod tests {
         for _ in 0..20 {
             let port = free_cluster_port();
             assert!((10000..=55535).contains(&port), "{port}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_port_is_never_handed_out_twice() {
+        // Not even once its server is gone (here: never started), so no
+        // node of a new cluster answers at a killed node's address.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..500 {
+            let port = free_cluster_port();
+            assert!(seen.insert(port), "{port} handed out twice");
         }
     }
 
