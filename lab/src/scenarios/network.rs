@@ -7,15 +7,17 @@ use std::time::{Duration, Instant};
 use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 use testkit::{Fault, FaultProxy};
 
-use super::{AVAILABILITY_SLACK, Scenario};
+use super::{AVAILABILITY_SLACK, STEADY_MAX, Scenario, WITHIN, wait_until};
 use crate::harness::{
     Harness, Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, acquired, release, release_phase,
 };
 use crate::outcomes::Outcome;
+use testkit::history::read_history;
 
 pub const DELAYED_REPLIES: Scenario = Scenario {
     name: "delayed-replies",
-    what: "p1's link to Redis delayed 150-450 ms each way (TTL 500 ms) by the proxy",
+    what: "p1's link to Redis delayed 150-450 ms each way (TTL 500 ms) by the proxy; p2, p3 \
+        direct; p1 goes on after them until a grant of its arrived late",
     expected: "a grant arriving after its lease is refused, never a guard; every checker holds",
     run: |lab, tag, scale| lab.delayed_replies(tag, scale.faulty),
 };
@@ -24,25 +26,45 @@ impl Lab {
     /// Worker 1 reaches the lock server through a proxy that delays every chunk by
     /// 150-450 ms each way, so most of its grants come back after their 500 ms lease;
     /// workers 2 and 3 are direct. A grant that arrives late must not become a guard.
+    ///
+    /// While 2 and 3 hammer the lock, p1 rarely wins it (its wake-up and its SET come
+    /// 300-900 ms late): with many iterations it may never be granted at all. So p1
+    /// goes on after they are done, until a grant of its was refused for arriving late
+    /// and it made at least [`P1_MIN_ATTEMPTS`] attempts; then its stop file ends it.
     fn delayed_replies(&self, tag: &str, iterations: u32) -> Result<Outcome, String> {
+        const P1_MIN_ATTEMPTS: usize = 3;
         let proxy = FaultProxy::start(&self.lock.addr());
         let delayed_from = monotonic_ns();
         proxy.set(Fault::Delay {
             base: TTL * 3 / 10,
             jitter: TTL * 6 / 10,
         });
-        let mut workers = Workers::default();
-        let mut histories = Vec::new();
-        let (mut args, path) = self.worker_args_on(tag, 1, Resource::Fenced, 3, &[proxy.url()]);
-        args.extend(["--lock-timeout-ms=3000".into(), "--wait-ms=2000".into()]);
-        workers.spawn(&self.exe, &args)?;
-        histories.push(path);
+        let (mut p1, mut direct) = (Workers::default(), Workers::default());
+        let stop_file = self.dir.join(format!("{tag}.stop"));
+        let (mut args, p1_history) =
+            self.worker_args_on(tag, 1, Resource::Fenced, STEADY_MAX, &[proxy.url()]);
+        args.extend([
+            "--lock-timeout-ms=3000".into(),
+            "--wait-ms=2000".into(),
+            format!("--stop-file={}", stop_file.display()),
+        ]);
+        p1.spawn(&self.exe, &args)?;
+        let mut histories = vec![p1_history.clone()];
         for p in 2..=3 {
             let (args, path) = self.worker_args(tag, p, Resource::Fenced, iterations);
-            workers.spawn(&self.exe, &args)?;
+            direct.spawn(&self.exe, &args)?;
             histories.push(path);
         }
-        workers.wait_all(Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT)?;
+        let deadline = Instant::now() + self.timeout(iterations) + SCENARIO_TIMEOUT;
+        direct.wait_all(deadline)?;
+        wait_until(tag, "p1 had a grant refused for arriving late", || {
+            read_history(&p1_history).is_ok_and(|h| {
+                let attempts = h.iter().filter(|e| e.op == Op::Acquire).count() / 2;
+                attempts >= P1_MIN_ATTEMPTS && h.iter().any(is_late_refusal)
+            })
+        })?;
+        std::fs::write(&stop_file, b"").map_err(|e| format!("{}: {e}", stop_file.display()))?;
+        p1.wait_all(deadline + WITHIN)?;
         drop(proxy);
         let delayed_to = monotonic_ns();
 
@@ -59,12 +81,7 @@ impl Lab {
         o.expect_counter_matches();
         let late_refusals = h
             .iter()
-            .filter(|e| {
-                e.process == 1
-                    && e.op == Op::Acquire
-                    && e.phase == Phase::Fail
-                    && e.error.as_deref().is_some_and(|m| m.contains("lease"))
-            })
+            .filter(|e| e.process == 1 && is_late_refusal(e))
             .count();
         let short_grants = h
             .iter()
@@ -84,6 +101,13 @@ impl Lab {
             .push_str(&format!("; {late_refusals} late grants refused"));
         Ok(o)
     }
+}
+
+/// A failed acquire whose grant came back after its lease (the error names the lease).
+fn is_late_refusal(e: &Event) -> bool {
+    e.op == Op::Acquire
+        && e.phase == Phase::Fail
+        && e.error.as_deref().is_some_and(|m| m.contains("lease"))
 }
 
 pub const DROPPED_REPLIES: Scenario = Scenario {
