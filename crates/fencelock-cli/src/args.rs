@@ -319,8 +319,14 @@ pub(crate) struct RunArgs {
 
     /// Serve waiters in arrival order (a FIFO queue in Redis). Every user of NAME must
     /// agree on this.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "permits")]
     pub(crate) fair: bool,
+
+    /// NAME is a semaphore with N permits (1 to 1000000): up to N commands run at once,
+    /// each under a permit that is a lease of its own, supervised as for a lock. Every
+    /// user of NAME must give the same N (another N: exit 64).
+    #[arg(long, value_name = "N")]
+    pub(crate) permits: Option<u32>,
 
     /// A grant counts only once N replicas of the master acknowledged it (WAIT, up to a
     /// tenth of --ttl): shrinks the window in which a failover loses a fresh grant.

@@ -85,15 +85,19 @@ fn lock_message(error: &Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             waited,
             nodes,
         } if nodes.is_empty() => {
+            let (kind, free) = match blocked_by {
+                fencelock::Blocker::Permits { .. } => ("semaphore", "has no free permit"),
+                _ => ("lock", "is not free"),
+            };
             if waited.is_zero() {
                 write!(
                     f,
-                    "lock {name:?} is not free: {blocked_by}; wait for it with --wait"
+                    "{kind} {name:?} {free}: {blocked_by}; wait for it with --wait"
                 )
             } else {
                 write!(
                     f,
-                    "gave up on lock {name:?} after waiting {}: {blocked_by}; wait longer with --wait",
+                    "gave up on {kind} {name:?} after waiting {}: {blocked_by}; wait longer with --wait",
                     fencelock::HumanDuration(*waited)
                 )
             }
@@ -135,7 +139,7 @@ pub(crate) fn exit_code(failure: &Failure) -> u8 {
             io::ErrorKind::NotFound => EX_NOT_FOUND,
             _ => EX_CANNOT_RUN,
         },
-        Failure::Lock(Error::InvalidArgument { .. }) => EX_USAGE,
+        Failure::Lock(Error::InvalidArgument { .. } | Error::PermitsMismatch { .. }) => EX_USAGE,
         Failure::Lock(Error::Unavailable { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::Rejected { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::WrongType { .. }) => EX_UNAVAILABLE,

@@ -25,7 +25,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | the command's | the command ran and exited under the lock: its exit code, or 128+N if signal N killed it |
-//! | 64 | bad usage or input: the command line does not parse (bad option, DURATION, missing COMMAND); [`Error::InvalidArgument`] (lock name, TTL, key prefix, Redis URL) |
+//! | 64 | bad usage or input: the command line does not parse (bad option, DURATION, missing COMMAND); [`Error::InvalidArgument`] (lock name, TTL, key prefix, Redis URL, permits); [`Error::PermitsMismatch`] (`--permits` other than the semaphore's) |
 //! | 69 | Redis unavailable or refusing: [`Error::Unavailable`], [`Error::Rejected`] (`NOAUTH`, `READONLY`, ...), [`Error::WrongType`] (a lock key holds data fencelock did not write), [`Error::NoQuorum`] (Redlock: too few nodes reachable or out of quarantine) |
 //! | 70 | internal error: the runtime or signal handlers could not be set up, or a library error this version does not know |
 //! | 75 | lock not acquired within `--wait`: [`Error::Held`] (with Redlock: held on enough nodes to block a majority) |
@@ -194,8 +194,12 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     let mut lock = client
         .lock(args.name.as_str())
         .lease(args.ttl)
-        .wait(args.wait)
-        .holder_info(ops::holder_info(&args.command));
+        .wait(args.wait);
+    lock = match args.permits {
+        // A semaphore's many holders share one key: no holder info (yet).
+        Some(permits) => lock.permits(permits),
+        None => lock.holder_info(ops::holder_info(&args.command)),
+    };
     if let Some(max_hold) = args.max_hold {
         lock = lock.max_hold(max_hold);
     }

@@ -318,6 +318,8 @@ fn summary(status: &LockStatus) -> (String, String) {
 fn remaining(holder: &Holder) -> Option<Duration> {
     match holder {
         Holder::Plain { remaining } | Holder::Reentrant { remaining, .. } => *remaining,
+        // When the next permit frees.
+        Holder::Semaphore { held, .. } => held.first().copied(),
         _ => None,
     }
 }
@@ -336,7 +338,24 @@ fn holder_text(holder: &Holder) -> String {
             lease_text(*remaining)
         ),
         Holder::Foreign { found } => format!("a Redis {found} fencelock did not write"),
+        Holder::Semaphore { permits, held } => permits_text(*permits, held),
         _ => "held".to_owned(),
+    }
+}
+
+/// A semaphore's permits in words: `2 of 3 permits held (1 free), next lease ends in 4s`.
+fn permits_text(permits: Option<u32>, held: &[Duration]) -> String {
+    let count = match permits {
+        Some(n) => format!(
+            "{} of {n} permits held ({} free)",
+            held.len(),
+            (n as usize).saturating_sub(held.len())
+        ),
+        None => format!("{} permits held", held.len()),
+    };
+    match held.first() {
+        Some(d) => format!("{count}, the first lease ends in {}", Human(*d)),
+        None => count,
     }
 }
 
@@ -373,8 +392,14 @@ fn status_text(status: &LockStatus) -> String {
     let mut out = String::new();
     let redlock = status.nodes.len() > 1;
     let (_, who) = summary(status);
+    let semaphore = status.nodes.iter().any(|n| {
+        n.state
+            .as_ref()
+            .is_ok_and(|s| matches!(s.holder, Some(Holder::Semaphore { .. })))
+    });
     out.push_str(&format!(
-        "lock {:?}: {}\n",
+        "{} {:?}: {}\n",
+        if semaphore { "semaphore" } else { "lock" },
         status.name,
         if who == "free" { "free" } else { "held" }
     ));
@@ -432,6 +457,13 @@ fn holder_json(holder: &Holder) -> Value {
             "remaining_ms": remaining.map(|d| d.as_millis() as u64),
         }),
         Holder::Foreign { found } => json!({ "kind": "foreign", "found": found }),
+        Holder::Semaphore { permits, held } => json!({
+            "kind": "semaphore",
+            "permits": permits,
+            "held": held.len(),
+            "free": permits.map(|n| (n as usize).saturating_sub(held.len())),
+            "remaining_ms": held.iter().map(|d| d.as_millis() as u64).collect::<Vec<_>>(),
+        }),
         _ => json!({ "kind": "unknown" }),
     }
 }

@@ -58,6 +58,16 @@ impl<'a> StatusLine<'a> {
                                 remaining: Some(left),
                                 ..
                             }) => format!("held, lease {} left", HumanDuration(*left)),
+                            Some(Holder::Semaphore {
+                                permits: Some(permits),
+                                held,
+                            }) if held.len() >= *permits as usize => match held.first() {
+                                Some(first) => format!(
+                                    "all {permits} permits held, the first lease ends in {}",
+                                    HumanDuration(*first)
+                                ),
+                                None => format!("all {permits} permits held"),
+                            },
                             Some(_) => "held".to_owned(),
                         };
                         if !state.waiters.is_empty() {

@@ -1243,3 +1243,128 @@ fn a_command_that_ended_inside_its_lease_keeps_its_status_when_the_release_comes
         "{run:#?}"
     );
 }
+
+#[test]
+fn permits_run_n_commands_at_once_and_refuse_the_next() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    // Each COMMAND says it started, then runs until the test lets it go.
+    let script = r#"touch "$0.$$"; while [ ! -e "$0" ]; do sleep 0.02; done"#;
+    let go_path = go.to_str().unwrap();
+    let args = [
+        "run",
+        "--redis",
+        &url,
+        "--permits",
+        "2",
+        "jobs",
+        "--",
+        "sh",
+        "-c",
+        script,
+        go_path,
+    ];
+    let dir_path = dir.path().to_owned();
+    let started = move |n: usize| {
+        let dir_path = dir_path.clone();
+        move || {
+            fs::read_dir(&dir_path)
+                .unwrap()
+                .filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "go"))
+                .count()
+                >= n
+        }
+    };
+    let (first, first_at) = spawn_until_ready(&args, &server, "jobs", started(1));
+    let (second, second_at) = spawn_until_ready(&args, &server, "jobs", started(2));
+    // Both COMMANDs run at once, each under a permit of its own.
+    assert_eq!(server.cmd(&["ZCARD", &lock_key("jobs")]).as_int(), Some(2));
+
+    let third = fencelock(&[
+        "run",
+        "--redis",
+        &url,
+        "--permits",
+        "2",
+        "jobs",
+        "--",
+        "true",
+    ]);
+    let line = third.fails_with(75);
+    assert!(
+        line.contains("semaphore \"jobs\" has no free permit: all 2 permits are held"),
+        "{line}"
+    );
+    let other = fencelock(&[
+        "run",
+        "--redis",
+        &url,
+        "--permits",
+        "3",
+        "jobs",
+        "--",
+        "true",
+    ]);
+    let line = other.fails_with(64);
+    assert!(
+        line.contains("has 2 permits, not the 3 asked for"),
+        "{line}"
+    );
+    let lock = fencelock(&["run", "--redis", &url, "jobs", "--", "true"]);
+    let line = lock.fails_with(69);
+    assert!(line.contains("holds a semaphore"), "{line}");
+
+    let status = fencelock(&["status", "--redis", &url, "jobs"]);
+    assert_eq!(status.code(), Some(0), "{status:#?}");
+    assert!(
+        status.stdout.contains("semaphore \"jobs\": held")
+            && status.stdout.contains("2 of 2 permits held (0 free)"),
+        "{status:#?}"
+    );
+
+    fs::write(&go, b"").unwrap();
+    for (child, at) in [(first, first_at), (second, second_at)] {
+        let run = finish(child, at);
+        assert_eq!(run.code(), Some(0), "{run:#?}");
+    }
+    assert!(!server.exists(&lock_key("jobs")), "both permits given back");
+}
+
+#[test]
+fn a_killed_permit_holder_takes_its_command_down() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut grandchild = Grandchild::new(dir.path(), "exit 0");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--permits",
+        "3",
+        "--ttl",
+        "5s",
+        "pk",
+        "--",
+        "sh",
+        "-c",
+        r#"sh "$0" "$1" & wait"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (mut child, _) = spawn_until_ready(&args, &server, "pk", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "COMMAND outlived the permit's lease: {:?}",
+        killed.elapsed()
+    );
+}

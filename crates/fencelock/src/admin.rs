@@ -91,6 +91,13 @@ pub enum Holder {
         /// What is left of its lease (`None`: no expiry).
         remaining: Option<Duration>,
     },
+    /// Permits of a [semaphore](crate::LockBuilder::permits).
+    Semaphore {
+        /// Its permit count (`None`: not stored, e.g. expired with an idle counter).
+        permits: Option<u32>,
+        /// What is left of each held permit's lease, soonest first; as many as are held.
+        held: Vec<Duration>,
+    },
     /// The key holds data fencelock did not write.
     Foreign {
         /// The Redis type found.
@@ -158,8 +165,20 @@ fn holder(kind: &str, pttl: i64, holds: u64, owner: String) -> Option<Holder> {
 
 impl From<Inspected> for LockState {
     fn from(i: Inspected) -> Self {
+        let holder = if i.kind == "semaphore" {
+            Some(Holder::Semaphore {
+                permits: u32::try_from(i.permits).ok().filter(|n| *n > 0),
+                held: i
+                    .permit_leases
+                    .iter()
+                    .filter_map(|ms| remaining(*ms))
+                    .collect(),
+            })
+        } else {
+            holder(&i.kind, i.pttl, i.holds, i.owner)
+        };
         Self {
-            holder: holder(&i.kind, i.pttl, i.holds, i.owner),
+            holder,
             fencing_counter: counter(&i.counter),
             holder_info: Some(i.info).filter(|s| !s.is_empty()),
             waiters: i

@@ -111,6 +111,36 @@ impl Client {
         LockBuilder::new(self.inner.clone(), name.into())
     }
 
+    /// Starts configuring the semaphore called `name`, with `permits` permits: a lock that
+    /// up to `permits` holders hold at once, each its own permit as a lease
+    /// ([`LockBuilder::permits`], which says what differs from a lock). Nothing is sent
+    /// until an acquire.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), fencelock::Error> {
+    /// # let redis = testkit::RedisServer::start();
+    /// # let client = fencelock::Client::connect(&redis.url()).await?;
+    /// let exports = client.semaphore("exports", 2); // at most 2 exports at once
+    /// let first = exports.try_acquire().await?;
+    /// let second = exports.try_acquire().await?;
+    /// assert_ne!(first.fencing_token(), second.fencing_token());
+    /// match exports.try_acquire().await {
+    ///     // "all 2 permits are held; the first lease ends in about 30s"
+    ///     Err(fencelock::Error::Held { blocked_by, .. }) => println!("busy: {blocked_by}"),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// first.release().await?;
+    /// let third = exports.try_acquire().await?; // the freed permit
+    /// # second.release().await?;
+    /// # third.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> LockBuilder {
+        self.lock(name).permits(permits)
+    }
+
     /// The delay queue called `name` on this client's node, under its key prefix. Nothing
     /// is sent to Redis; the queue's keys appear with the first push.
     ///

@@ -71,10 +71,11 @@ pub enum Error {
     },
 
     /// A lock key, its fencing counter, or a queue key holds data fencelock did not write
-    /// (a hash, a list, a non-numeric counter, ...). fencelock never overwrites it.
-    #[error(
-        "key {key:?} on {node} holds a Redis {found} that fencelock did not write; it was left untouched: use another lock name or key prefix, or remove the key"
-    )]
+    /// (a hash, a list, a non-numeric counter, ...), or the name is used by another kind
+    /// of primitive: on a lock key, a `zset` is a semaphore's permits (met by a lock), a
+    /// `string` a lock and a `hash` a reentrant lock (met by a semaphore); the message
+    /// names the kind. fencelock never overwrites it.
+    #[error("{}", wrong_type_message(node, key, found))]
     WrongType {
         /// The node, as `host:port`.
         node: String,
@@ -82,6 +83,23 @@ pub enum Error {
         key: String,
         /// The Redis type found there (`"string"` for a counter that is not an integer).
         found: String,
+    },
+
+    /// A semaphore was asked for with a permit count other than the one it has (set by
+    /// the first acquire, and kept while permits are held or its fencing counter lives).
+    /// Nothing was written: a disagreeing client never changes the count silently.
+    #[error(
+        "semaphore {name:?} on {node} has {count} permits, not the {asked} asked for; every client of one semaphore must ask for the same count"
+    )]
+    PermitsMismatch {
+        /// The node, as `host:port`.
+        node: String,
+        /// The semaphore's name.
+        name: String,
+        /// The permit count it has.
+        count: u32,
+        /// The permit count this client asked for.
+        asked: u32,
     },
 
     /// An argument was out of range or malformed. Nothing was sent to Redis.
@@ -188,13 +206,17 @@ fn held_message(name: &str, blocked_by: Blocker, waited: Duration, nodes: &[Node
     } else {
         format!(" ({})", NodeList(nodes))
     };
+    let (kind, free) = match blocked_by {
+        Blocker::Permits { .. } => ("semaphore", "has no free permit"),
+        _ => ("lock", "is not free"),
+    };
     if waited.is_zero() {
         format!(
-            "lock {name:?} is not free: {blocked_by}{nodes}; try again later, wait for it, or defer the work"
+            "{kind} {name:?} {free}: {blocked_by}{nodes}; try again later, wait for it, or defer the work"
         )
     } else {
         format!(
-            "gave up on lock {name:?} after waiting {}: {blocked_by}{nodes}; wait longer or defer the work",
+            "gave up on {kind} {name:?} after waiting {}: {blocked_by}{nodes}; wait longer or defer the work",
             HumanDuration(waited)
         )
     }
@@ -248,13 +270,21 @@ pub enum Blocker {
     NoExpiry,
     /// Fair mode: the lock is free, but other waiters are first in line.
     Queue,
+    /// A semaphore: all its permits are held; the first of their leases ends in about
+    /// `frees_in` (zero: now).
+    Permits {
+        /// The semaphore's permit count.
+        permits: u32,
+        /// How long until the first held permit's lease ends.
+        frees_in: Duration,
+    },
 }
 
 impl Blocker {
     /// How long the holder's lease still runs, if it is a lease.
     pub fn remaining(self) -> Option<Duration> {
         match self {
-            Self::Lease(d) => Some(d),
+            Self::Lease(d) | Self::Permits { frees_in: d, .. } => Some(d),
             _ => None,
         }
     }
@@ -264,9 +294,39 @@ impl Blocker {
     pub(crate) fn sooner(self, other: Self) -> Self {
         match (self, other) {
             (Self::Lease(a), Self::Lease(b)) => Self::Lease(a.min(b)),
-            (Self::Lease(_) | Self::Queue, _) => self,
+            (Self::Permits { .. }, Self::Permits { .. }) => {
+                if self.remaining() <= other.remaining() {
+                    self
+                } else {
+                    other
+                }
+            }
+            (Self::Lease(_) | Self::Queue | Self::Permits { .. }, _) => self,
             (Self::NoExpiry, _) => other,
         }
+    }
+}
+
+/// [`Error::WrongType`]'s message: on a lock key, another kind of primitive is named.
+fn wrong_type_message(node: &str, key: &str, found: &str) -> String {
+    // A lock key ends with its name's hash tag; the other keys have a suffix after it.
+    let kind = if key.ends_with('}') {
+        match found {
+            "zset" => Some("a semaphore (its permits: a Redis zset), not a lock"),
+            "string" => Some("a lock (a Redis string), not a semaphore"),
+            "hash" => Some("a reentrant lock (a Redis hash), not a semaphore"),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    match kind {
+        Some(kind) => format!(
+            "key {key:?} on {node} holds {kind}; it was left untouched: one name is one kind of primitive, so use another name or take it as what it is"
+        ),
+        None => format!(
+            "key {key:?} on {node} holds a Redis {found} that fencelock did not write; it was left untouched: use another lock name or key prefix, or remove the key"
+        ),
     }
 }
 
@@ -285,6 +345,21 @@ impl fmt::Display for Blocker {
                 f.write_str("another owner's key has no expiry, so it will not free itself")
             }
             Self::Queue => f.write_str("it is free, but other waiters are first in line"),
+            Self::Permits { permits, frees_in } => {
+                match permits {
+                    1 => f.write_str("its one permit is held")?,
+                    n => write!(f, "all {n} permits are held")?,
+                }
+                if frees_in.is_zero() {
+                    f.write_str("; the first lease is ending now")
+                } else {
+                    write!(
+                        f,
+                        "; the first lease ends in about {}",
+                        HumanDuration(*frees_in)
+                    )
+                }
+            }
         }
     }
 }
@@ -416,6 +491,8 @@ impl fmt::Display for NodeOutcome {
                 }
                 Blocker::NoExpiry => f.write_str("held by another owner, with no expiry"),
                 Blocker::Queue => f.write_str("free, but other waiters are first in line"),
+                // Redlock refuses semaphores: never a node's answer.
+                Blocker::Permits { .. } => write!(f, "{blocked_by}"),
             },
             Self::Unavailable(reason) => write!(f, "unavailable ({reason})"),
             Self::Quarantined { remaining } => {

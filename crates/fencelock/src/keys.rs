@@ -11,6 +11,12 @@
 //! | `fencelock:{orders:42}:grants` | hash | fair mode: what each waiter asked for (its TTL and holder info), so a release can hand the lock over | likewise |
 //! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |
 //!
+//! A semaphore ([`LockBuilder::permits`](crate::LockBuilder::permits)) named `pool` uses
+//! `fencelock:{pool}` as a zset instead (each holder's token, scored with the end of its
+//! lease in server ms; it expires with the longest lease), `fencelock:{pool}:fence` as
+//! a lock does, and `fencelock:{pool}:permits`, a string: its permit count, which
+//! expires like the fencing counter.
+//!
 //! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
 //! an empty message (a plain or reentrant release) each client wakes its longest-waiting
 //! plain waiter and all its reentrant and fair waiters; a message carrying an owner token
@@ -89,6 +95,11 @@ impl LockKeys {
     /// expiry, deleted with it.
     pub fn holder_info(&self) -> String {
         self.with_suffix(":holder")
+    }
+
+    /// A semaphore's permit count.
+    pub fn permits(&self) -> String {
+        self.with_suffix(":permits")
     }
 
     /// The pub/sub channel releases are announced on.

@@ -11,8 +11,8 @@ use crate::delay_queue::{DelayQueue, ItemId};
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::limits::{
-    DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, MAX_HOLD, MAX_LEASE, MAX_WAITER_TIMEOUT, MIN_LEASE,
-    MIN_WAITER_TIMEOUT,
+    DEFAULT_LEASE, DEFAULT_WAITER_TIMEOUT, MAX_HOLD, MAX_LEASE, MAX_PERMITS, MAX_WAITER_TIMEOUT,
+    MIN_LEASE, MIN_WAITER_TIMEOUT,
 };
 use crate::observe::{self, ReleaseKind, ReleaseOutcome};
 use crate::shared::{Shared, Withdrawn};
@@ -101,6 +101,8 @@ pub struct LockBuilder {
     fair: Option<Duration>,
     /// Reentrant mode, with the owner id.
     owner: Option<String>,
+    /// A semaphore, with its permit count.
+    permits: Option<u32>,
     retry: Retry,
     /// What the holder says about itself.
     info: String,
@@ -119,6 +121,7 @@ impl std::fmt::Debug for LockBuilder {
             .field("wait", &self.wait)
             .field("fair", &self.fair)
             .field("owner", &self.owner.as_ref().map(|_| "<redacted>"))
+            .field("permits", &self.permits)
             .field("retry", &self.retry)
             .field("info", &self.info)
             .field("replicas", &self.replicas)
@@ -137,6 +140,7 @@ impl LockBuilder {
             wait: Some(Duration::ZERO),
             fair: None,
             owner: None,
+            permits: None,
             retry: Retry::default(),
             info: String::new(),
             replicas: 0,
@@ -231,7 +235,37 @@ impl LockBuilder {
         self
     }
 
+    /// Makes this a semaphore with `permits` permits (default: a lock, one holder):
+    /// up to that many holders at once, each holding one permit as a lease of its own.
+    /// Everything else is as for a lock: each permit is renewed by the watchdog (or
+    /// fixed, with [`renew(false)`](Self::renew)), bounded by [`max_hold`](Self::max_hold),
+    /// released by its owner only, withdrawn when an acquire is cancelled, and gone one
+    /// lease after its holder crashed; each grant gets a fencing token of its own, higher
+    /// than every token granted before it under this name. Waiting is as for a plain
+    /// lock: a release wakes one waiter per [`Client`](crate::Client), and every wait is
+    /// also bounded by the end of the first held permit's lease. [`Error::Held`] says
+    /// [`Blocker::Permits`](crate::Blocker::Permits): how many permits there are and when
+    /// the first frees.
+    ///
+    /// The first acquire sets the semaphore's permit count; one that asks for another
+    /// count gets [`Error::PermitsMismatch`], and nothing changes (the count is kept for
+    /// as long as the fencing counter,
+    /// [`fence_counter_idle`](crate::ClientBuilder::fence_counter_idle)). A name is one
+    /// kind of primitive: a lock acquire on a semaphore's name, or the other way round,
+    /// gets [`Error::WrongType`] naming the kind found. One node (standalone, Sentinel or
+    /// Cluster) only: Redlock refuses it with [`Error::InvalidArgument`], as it does
+    /// [`fair`](Self::fair), [`reentrant`](Self::reentrant) and
+    /// [`holder_info`](Self::holder_info) combined with it. `permits`: 1 to 1,000,000,
+    /// checked on acquire.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
     fn mode(&self) -> Result<Mode, Error> {
+        if let Some(permits) = self.permits {
+            return self.semaphore_mode(permits);
+        }
         if self.shared.backend.is_redlock() && (self.fair.is_some() || self.owner.is_some()) {
             return Err(Error::invalid(
                 "lock mode",
@@ -269,6 +303,36 @@ impl LockBuilder {
             }
             (None, None) => Ok(Mode::Plain),
         }
+    }
+
+    fn semaphore_mode(&self, permits: u32) -> Result<Mode, Error> {
+        if self.shared.backend.is_redlock() {
+            return Err(Error::invalid(
+                "lock mode",
+                "a semaphore needs a single Redis node (standalone, Sentinel or Cluster): its \
+                 permits are counted in one place, and Redlock's majority of independent \
+                 counts would not bound the holders",
+            ));
+        }
+        if self.fair.is_some() || self.owner.is_some() {
+            return Err(Error::invalid(
+                "lock mode",
+                "a semaphore is neither fair nor reentrant (yet): drop fair() or reentrant()",
+            ));
+        }
+        if !self.info.is_empty() {
+            return Err(Error::invalid(
+                "holder info",
+                "a semaphore does not store holder info (yet): one permit set, many holders",
+            ));
+        }
+        if !(1..=MAX_PERMITS).contains(&permits) {
+            return Err(Error::invalid(
+                "permits",
+                format!("{permits} must be 1 to {MAX_PERMITS}"),
+            ));
+        }
+        Ok(Mode::Semaphore { permits })
     }
 
     /// What the holder says about itself, for operators: stored in a key next to the

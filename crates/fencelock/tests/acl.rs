@@ -128,6 +128,23 @@ async fn the_readme_user_runs_every_single_node_feature() {
     inner.release().await.unwrap();
     assert!(server.exists("fencelock:{re}"));
     outer.release().await.unwrap();
+
+    // Semaphore: two permits, a third refused (with when the first frees), renewed.
+    let permits = [
+        c.semaphore("sem", 2).try_acquire().await.expect("a permit"),
+        c.semaphore("sem", 2).try_acquire().await.expect("a permit"),
+    ];
+    assert!(matches!(
+        c.semaphore("sem", 2).try_acquire().await,
+        Err(Error::Held { .. })
+    ));
+    for mut p in permits {
+        p.extend(Duration::from_secs(20))
+            .await
+            .expect("extend a permit");
+        p.release().await.expect("release a permit");
+    }
+    assert!(!server.exists("fencelock:{sem}"));
     assert!(!server.exists("fencelock:{re}"));
 
     // Watchdog: a short lease outlives its length while renewed.

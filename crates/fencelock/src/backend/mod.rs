@@ -52,6 +52,9 @@ pub(crate) enum Mode {
     Fair { waiter_timeout: Duration },
     /// Holds are counted per owner id; the key is a hash (`reentrant_acquire.lua`).
     Reentrant { owner: String },
+    /// A semaphore: up to `permits` holders at once, each with a lease of its own; the
+    /// key is a zset (`semaphore/acquire.lua`).
+    Semaphore { permits: u32 },
 }
 
 impl std::fmt::Debug for Mode {
@@ -66,6 +69,10 @@ impl std::fmt::Debug for Mode {
                 .debug_struct("Reentrant")
                 .field("owner", &"<redacted>")
                 .finish(),
+            Mode::Semaphore { permits } => f
+                .debug_struct("Semaphore")
+                .field("permits", permits)
+                .finish(),
         }
     }
 }
@@ -77,6 +84,7 @@ impl Mode {
             Mode::Plain => ModeLabel::Plain,
             Mode::Fair { .. } => ModeLabel::Fair,
             Mode::Reentrant { .. } => ModeLabel::Reentrant,
+            Mode::Semaphore { .. } => ModeLabel::Semaphore,
         }
     }
 
@@ -91,7 +99,7 @@ impl Mode {
     /// Which release messages wake a waiter of this mode.
     pub fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
         match self {
-            Mode::Plain => Wake::Plain,
+            Mode::Plain | Mode::Semaphore { .. } => Wake::Plain,
             Mode::Reentrant { .. } => Wake::Owner,
             Mode::Fair { .. } => Wake::Turn(token.as_str()),
         }
@@ -354,6 +362,13 @@ impl Backend {
             Mode::Reentrant { owner } => {
                 scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl, self.counter_idle)
             }
+            Mode::Semaphore { permits } => scripts::semaphore_acquire(
+                req.keys,
+                req.token,
+                req.ttl,
+                *permits,
+                self.counter_idle,
+            ),
         };
         let anonymous = req
             .calls
@@ -570,6 +585,7 @@ impl Backend {
             ),
             Mode::Fair { .. } => scripts::fair_release(keys, token, self.counter_idle),
             Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
+            Mode::Semaphore { .. } => scripts::semaphore_release(keys, token),
         }
     }
 

@@ -901,6 +901,14 @@ pub(super) fn sort_error(addr: &str, e: &RedisError) -> Error {
             found,
         };
     }
+    if let Some((key, count, asked)) = replies::permits_mismatch(e) {
+        return Error::PermitsMismatch {
+            node: addr.to_owned(),
+            name: crate::keys::name_in(&key).to_owned(),
+            count,
+            asked,
+        };
+    }
     if e.detail().is_some_and(|d| d.contains("unauthenticated")) {
         // Redis caps what an unauthenticated connection may send, and answers a longer
         // request with a protocol error instead of NOAUTH.

@@ -1,8 +1,9 @@
 //! The Lua scripts, and typed invocations of them.
 //!
 //! Each script is a file whose header states KEYS, ARGV and every reply: `lock/` holds
-//! the lock's scripts, `queue/` the delay queue's. The functions several scripts share
-//! are fragments in `fragments/`, put in front of a script when it is loaded, as
+//! the lock's scripts, `semaphore/` the semaphore's, `queue/` the delay queue's. The
+//! functions several scripts share are fragments in `fragments/`, put in front of a
+//! script when it is loaded, as
 //! [`Lua::parts`] lists: that table is the only place that says which fragment goes
 //! where. Every script refuses a key that holds data fencelock did not write the same
 //! way (`types.lua`'s error reply, decoded in one place, [`replies::wrong_type`]).
@@ -43,7 +44,7 @@ const HOLDER: Fragment = Fragment(include_str!("fragments/holder.lua"));
 const FENCE: Fragment = Fragment(include_str!("fragments/fence.lua"));
 /// `purge_waiters()`.
 const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
-/// `renew_lease()`; needs [`HOLDER`].
+/// `renew_lease()`; needs [`HOLDER`] and [`CLOCK`].
 const LEASE: Fragment = Fragment(include_str!("fragments/lease.lua"));
 /// `announce()` with classic `PUBLISH`; a cluster's scripts get [`SHARDED_PUBLISH`] in
 /// its place.
@@ -88,6 +89,8 @@ pub(crate) enum Lua {
     FairAcquire,
     FairRelease,
     FairLeave,
+    SemaphoreAcquire,
+    SemaphoreRelease,
     Inspect,
     Break,
     QueuePush,
@@ -99,7 +102,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 17] = [
+    const ALL: [Lua; 19] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -109,6 +112,8 @@ impl Lua {
         Lua::FairAcquire,
         Lua::FairRelease,
         Lua::FairLeave,
+        Lua::SemaphoreAcquire,
+        Lua::SemaphoreRelease,
         Lua::Inspect,
         Lua::Break,
         Lua::QueuePush,
@@ -137,12 +142,12 @@ impl Lua {
             ),
             Renew => (
                 "lock/renew.lua",
-                &[HOLDER, LEASE],
+                &[HOLDER, CLOCK, LEASE],
                 include_str!("lock/renew.lua"),
             ),
             RenewAcrossSlots => (
                 "lock/renew_across_slots.lua",
-                &[HOLDER, LEASE],
+                &[HOLDER, CLOCK, LEASE],
                 include_str!("lock/renew_across_slots.lua"),
             ),
             ReentrantAcquire => (
@@ -169,6 +174,16 @@ impl Lua {
                 "lock/fair_leave.lua",
                 &[TYPES, HOLDER, PUBLISH],
                 include_str!("lock/fair_leave.lua"),
+            ),
+            SemaphoreAcquire => (
+                "semaphore/acquire.lua",
+                &[TYPES, CLOCK, FENCE],
+                include_str!("semaphore/acquire.lua"),
+            ),
+            SemaphoreRelease => (
+                "semaphore/release.lua",
+                &[TYPES, CLOCK, PUBLISH],
+                include_str!("semaphore/release.lua"),
             ),
             Inspect => (
                 "lock/inspect.lua",
@@ -533,6 +548,32 @@ pub(crate) fn renew_across_slots<'a>(
     inv
 }
 
+/// Takes one of `permits` permits for `token` (`semaphore/acquire.lua`).
+pub(crate) fn semaphore_acquire(
+    keys: &LockKeys,
+    token: &HolderToken,
+    ttl: Duration,
+    permits: u32,
+    counter_idle: Duration,
+) -> Call {
+    let mut inv = Call::new(Lua::SemaphoreAcquire);
+    inv.key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.permits())
+        .arg(token.as_str())
+        .arg(ms(ttl))
+        .arg(permits)
+        .arg(ms(counter_idle));
+    inv
+}
+
+/// Gives `token`'s permit back and announces it (`semaphore/release.lua`).
+pub(crate) fn semaphore_release(keys: &LockKeys, token: &HolderToken) -> Call {
+    let mut inv = Call::new(Lua::SemaphoreRelease);
+    inv.key(&keys.lock).arg(token.as_str()).arg(keys.channel());
+    inv
+}
+
 pub(crate) fn reentrant_acquire(
     keys: &LockKeys,
     owner: &str,
@@ -625,7 +666,8 @@ pub(crate) fn inspect(keys: &LockKeys) -> Call {
         .key(keys.fence())
         .key(keys.queue())
         .key(keys.waiters())
-        .key(keys.holder_info());
+        .key(keys.holder_info())
+        .key(keys.permits());
     inv
 }
 
@@ -733,7 +775,7 @@ mod tests {
             ("announce(", PUBLISH),
         ];
         // Each pair: the fragment that uses functions of the other comes after it.
-        let after = [(CLOCK, FENCE), (HOLDER, LEASE)];
+        let after = [(CLOCK, FENCE), (HOLDER, LEASE), (CLOCK, LEASE)];
         for lua in Lua::ALL {
             let (file, fragments, body) = lua.parts();
             let name = file.rsplit('/').next().unwrap_or(file);

@@ -21,6 +21,20 @@ pub(crate) fn wrong_type(e: &RedisError) -> Option<(String, String)> {
     Some((key.to_owned(), found.to_owned()))
 }
 
+/// The error code of a semaphore acquire that names another permit count.
+const PERMITS: &str = "FENCELOCK-PERMITS";
+
+/// `semaphore/acquire.lua`'s refusal of another permit count: `(key, count, asked)`.
+pub(crate) fn permits_mismatch(e: &RedisError) -> Option<(String, u32, u32)> {
+    if e.code() != Some(PERMITS) {
+        return None;
+    }
+    let mut words = e.detail()?.splitn(3, ' ');
+    let count = words.next()?.parse().ok()?;
+    let asked = words.next()?.parse().ok()?;
+    Some((words.next()?.to_owned(), count, asked))
+}
+
 /// Who a node said it is, when asked (`acquire.lua` with `ARGV[3]` "1").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Identity {
@@ -31,7 +45,7 @@ pub(crate) struct Identity {
 }
 
 /// What an acquire script answered: `acquire.lua`, `reentrant_acquire.lua`,
-/// `fair_acquire.lua`.
+/// `fair_acquire.lua`, `semaphore/acquire.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AcquireReply {
     pub outcome: AcquireOutcome,
@@ -85,10 +99,19 @@ impl FromRedisValue for AcquireReply {
                     _ => None,
                 },
             },
+            // A semaphore whose permits are all held: ms until the first lease ends, and
+            // the permit count.
+            3 => AcquireOutcome::Held {
+                blocked_by: Blocker::Permits {
+                    permits: u32::try_from(int(2)?).map_err(|_| bad())?,
+                    frees_in: Duration::from_millis(u64::try_from(int(1)?).map_err(|_| bad())?),
+                },
+                fence_seen: None,
+            },
             _ => return Err(bad()),
         };
         let identity = match items.as_slice() {
-            [_, _] | [Value::Int(0), _, Value::Int(_)] => None,
+            [_, _] | [Value::Int(0 | 3), _, Value::Int(_)] => None,
             [_, _, Value::BulkString(id), Value::Int(up)] => Some(Identity {
                 run_id: String::from_utf8_lossy(id).into_owned(),
                 uptime: Duration::from_secs(u64::try_from(*up).unwrap_or(0)),
@@ -182,6 +205,10 @@ pub(crate) struct Inspected {
     pub info: String,
     /// Fair waiters in queue order: ms left before each is purged (-1: no deadline).
     pub waiters: Vec<i64>,
+    /// A semaphore's permit count (0: none stored).
+    pub permits: u64,
+    /// A semaphore's held permits: ms left of each lease, soonest first.
+    pub permit_leases: Vec<i64>,
 }
 
 /// `lock/break.lua`'s answer, as its header says.
@@ -203,6 +230,17 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// Every item an integer.
+fn ints(items: &[Value]) -> Option<Vec<i64>> {
+    items
+        .iter()
+        .map(|x| match x {
+            Value::Int(n) => Some(*n),
+            _ => None,
+        })
+        .collect()
+}
+
 impl FromRedisValue for Inspected {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let bad = || ParsingError::from(format!("inspect.lua replied with {v:?}"));
@@ -218,6 +256,8 @@ impl FromRedisValue for Inspected {
                 counter,
                 info,
                 Value::Array(w),
+                Value::Int(permits),
+                Value::Array(leases),
             ] => Ok(Self {
                 kind: text(kind).ok_or_else(bad)?,
                 pttl: *pttl,
@@ -225,13 +265,9 @@ impl FromRedisValue for Inspected {
                 owner: text(owner).ok_or_else(bad)?,
                 counter: text(counter).ok_or_else(bad)?,
                 info: text(info).ok_or_else(bad)?,
-                waiters: w
-                    .iter()
-                    .map(|x| match x {
-                        Value::Int(ms) => Ok(*ms),
-                        _ => Err(bad()),
-                    })
-                    .collect::<Result<_, _>>()?,
+                waiters: ints(w).ok_or_else(bad)?,
+                permits: u64::try_from(*permits).unwrap_or(0),
+                permit_leases: ints(leases).ok_or_else(bad)?,
             }),
             _ => Err(bad()),
         }

@@ -6,20 +6,25 @@
 -- KEYS[3]  fair queue      LIST of waiting holder tokens
 -- KEYS[4]  fair waiters    ZSET holder token -> deadline (server ms)
 -- KEYS[5]  holder info
+-- KEYS[6]  a semaphore's permit count
 -- ARGV[]   none
 --
 -- Reply, an array:
---   {kind, pttl, holds, owner, counter, info, waiters}
+--   {kind, pttl, holds, owner, counter, info, waiters, permits, permit_leases}
 --   kind     "none" (free), "plain" (a holder token), "reentrant" (holds of one owner),
---            or the Redis type of data fencelock did not write
+--            "semaphore" (permits held: the lock key is a zset), or the Redis type of
+--            data fencelock did not write
 --   pttl     the lock key's remaining ms (-1: no expiry, -2: absent)
---   holds    reentrant: how many holds; otherwise 0 (free) or 1
+--   holds    reentrant: how many holds; semaphore: how many permits are held (leases
+--            not yet over); otherwise 0 (free) or 1
 --   owner    reentrant: the owner id; otherwise ""
 --   counter  the fencing counter as text (the last token handed out), or "" if absent
 --            or not a counter
 --   info     what the holder said about itself, or ""
 --   waiters  fair mode: {ms left before the waiter is purged, ...} in queue order
 --            (only waiters still in the deadline set; -1 for a queued token without one)
+--   permits  a semaphore's permit count (0: none stored)
+--   permit_leases  semaphore: {ms left of each held permit's lease, ...}, soonest first
 
 local kind, holder = lock_holder(KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -29,8 +34,24 @@ if kind == 'plain' then
 elseif kind == 'reentrant' then
   owner = holder
   holds = redis.call('HLEN', KEYS[1]) - 2
+elseif kind == 'foreign' and holder == 'zset' then
+  kind = 'semaphore'
 elseif kind == 'foreign' then
   kind = holder
+end
+
+local permits, permit_leases = 0, {}
+if kind == 'semaphore' then
+  local now = server_ms()
+  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  for i = 2, #held, 2 do
+    permit_leases[#permit_leases + 1] = tonumber(held[i]) - now
+  end
+  holds = #permit_leases
+  if holds == 0 then
+    kind = 'none'
+  end
+  permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
 end
 
 local counter, bad = read_counter(KEYS[2])
@@ -58,4 +79,4 @@ if redis.call('TYPE', KEYS[3]).ok == 'list' then
   end
 end
 
-return {kind, pttl, holds, owner, counter_text, info, waiters}
+return {kind, pttl, holds, owner, counter_text, info, waiters, permits, permit_leases}

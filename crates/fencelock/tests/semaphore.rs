@@ -1,0 +1,466 @@
+//! Semaphores: up to N holders at once, each permit a lease of its own with its own
+//! fencing token, renewed by the watchdog, freed one lease after its holder crashed,
+//! waited for by pub/sub. Against real redis-server processes (single, Cluster,
+//! Sentinel), with real faults.
+
+use std::time::{Duration, Instant};
+
+use fencelock::{Blocker, Client, Error, Holder, LossCause};
+use testkit::{Cluster, RedisServer, SentinelGroup};
+
+mod common;
+use common::{eventually, spawn_helper};
+
+const HELPER_ENV: &str = "FENCELOCK_SEMAPHORE_HELPER";
+
+fn zcard(r: &RedisServer, key: &str) -> i64 {
+    r.cmd(&["ZCARD", key]).as_int().expect("ZCARD")
+}
+
+#[test]
+#[ignore = "helper process entry point, started by the tests below"]
+fn helper_process() {
+    let Ok(spec) = std::env::var(HELPER_ENV) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split(' ').collect();
+    let [url, name, permits, lease] = parts[..] else {
+        panic!("bad spec {spec}")
+    };
+    let lease = Duration::from_millis(lease.parse().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = Client::connect(url).await.unwrap();
+        let _permit = c
+            .semaphore(name, permits.parse().unwrap())
+            .lease(lease)
+            .try_acquire()
+            .await
+            .unwrap();
+        std::future::pending::<()>().await;
+    });
+}
+
+#[tokio::test]
+async fn n_holders_at_once_each_with_its_own_token_and_a_release_wakes_a_waiter() {
+    let r = RedisServer::start();
+    let clients = [
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    ];
+    let mut held = Vec::new();
+    for c in &clients[..3] {
+        held.push(c.semaphore("exports", 3).try_acquire().await.unwrap());
+    }
+    let tokens: Vec<u64> = held.iter().map(|g| g.fencing_token().get()).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "each grant has a higher token: {tokens:?}"
+    );
+    assert_eq!(zcard(&r, "fencelock:{exports}"), 3);
+    assert_eq!(r.get("fencelock:{exports}:permits").as_deref(), Some("3"));
+
+    // The fourth finds every permit held and is told when the first frees.
+    let e = clients[3]
+        .semaphore("exports", 3)
+        .try_acquire()
+        .await
+        .unwrap_err();
+    match &e {
+        Error::Held {
+            blocked_by: Blocker::Permits { permits, frees_in },
+            ..
+        } => {
+            assert_eq!(*permits, 3);
+            assert!(
+                *frees_in > Duration::from_secs(25) && *frees_in <= Duration::from_secs(30),
+                "{frees_in:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = e.to_string();
+    assert!(
+        text.contains("semaphore \"exports\" has no free permit: all 3 permits are held"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 1);
+
+    // A waiter is woken by the release: the 30 s leases run far beyond its 10 s wait,
+    // so only the release message can get it the permit in time.
+    let waiter = tokio::spawn(
+        clients[3]
+            .semaphore("exports", 3)
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    eventually(
+        "the waiter is subscribed",
+        Duration::from_secs(5),
+        async || {
+            r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{exports}:released"])
+                .as_array()
+                .and_then(|a| a.get(1).and_then(|n| n.as_int()))
+                == Some(1)
+        },
+    )
+    .await;
+    let released_at = Instant::now();
+    held.remove(0).release().await.unwrap();
+    let fourth = waiter.await.unwrap().expect("woken by the release");
+    assert!(
+        released_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        released_at.elapsed()
+    );
+    assert!(fourth.fencing_token().get() > tokens[2]);
+    assert_eq!(zcard(&r, "fencelock:{exports}"), 3);
+    for g in held {
+        g.release().await.unwrap();
+    }
+    fourth.release().await.unwrap();
+    assert!(
+        !r.exists("fencelock:{exports}"),
+        "the last release empties the set"
+    );
+}
+
+#[tokio::test]
+async fn a_sigkilled_holders_permit_frees_after_one_lease_and_not_before() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_millis(1500);
+    let mut holder = spawn_helper(
+        "helper_process",
+        HELPER_ENV,
+        format!("{} pool 1 {}", r.url(), lease.as_millis()),
+    );
+    eventually(
+        "the helper holds the permit",
+        Duration::from_secs(10),
+        async || zcard(&r, "fencelock:{pool}") == 1,
+    )
+    .await;
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let killed_at = Instant::now();
+    assert!(matches!(
+        c.semaphore("pool", 1).try_acquire().await,
+        Err(Error::Held {
+            blocked_by: Blocker::Permits { permits: 1, .. },
+            ..
+        })
+    ));
+    let next = c
+        .semaphore("pool", 1)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the dead holder's permit frees");
+    let after = killed_at.elapsed();
+    assert!(after <= lease + Duration::from_millis(500), "{after:?}");
+    assert_eq!(zcard(&r, "fencelock:{pool}"), 1, "only the new holder");
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_watchdog_renews_a_permit_and_a_fixed_one_is_lost_when_it_ends() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_millis(300);
+    let renewed = c
+        .semaphore("jobs", 2)
+        .lease(lease)
+        .try_acquire()
+        .await
+        .unwrap();
+    let fixed = c
+        .semaphore("jobs", 2)
+        .lease(lease)
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let fixed_token = fixed.holder_token().as_str().to_owned();
+    // The fixed permit's loss is an event; by then the renewed one has outlived its
+    // lease several times over.
+    assert_eq!(fixed.lost().await, LossCause::Expired);
+    let started = Instant::now();
+    while started.elapsed() < lease * 3 {
+        assert!(renewed.loss_cause().is_none());
+        assert!(
+            r.cmd(&[
+                "ZSCORE",
+                "fencelock:{jobs}",
+                renewed.holder_token().as_str()
+            ])
+            .as_str()
+            .is_some(),
+            "still held after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The ended permit counts no more: another holder gets it.
+    let other = c.semaphore("jobs", 2).try_acquire().await.unwrap();
+    assert!(
+        r.cmd(&["ZSCORE", "fencelock:{jobs}", &fixed_token])
+            .as_str()
+            .is_none()
+    );
+    assert!(matches!(
+        fixed.release().await,
+        Err(Error::LeaseLost {
+            cause: LossCause::Expired,
+            ..
+        })
+    ));
+    other.release().await.unwrap();
+    renewed.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_permit_removed_from_outside_is_reported_lost_by_the_watchdog() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let g = c
+        .semaphore("ops", 2)
+        .lease(Duration::from_millis(300))
+        .try_acquire()
+        .await
+        .unwrap();
+    r.cmd(&["ZREM", "fencelock:{ops}", g.holder_token().as_str()]);
+    let cause = tokio::time::timeout(Duration::from_secs(2), g.lost())
+        .await
+        .expect("the next renewal notices");
+    assert_eq!(cause, LossCause::Expired);
+}
+
+#[tokio::test]
+async fn another_permit_count_is_refused_and_changes_nothing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let g = c.semaphore("db", 2).try_acquire().await.unwrap();
+    let e = c.semaphore("db", 3).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&e, Error::PermitsMismatch { name, count: 2, asked: 3, .. } if name == "db"),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains("semaphore \"db\"") && text.contains("has 2 permits, not the 3 asked for"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 1);
+    assert_eq!(r.get("fencelock:{db}:permits").as_deref(), Some("2"));
+    assert_eq!(zcard(&r, "fencelock:{db}"), 1);
+    // Still refused once no permit is held: the count is the semaphore's.
+    g.release().await.unwrap();
+    assert!(matches!(
+        c.semaphore("db", 1).try_acquire().await,
+        Err(Error::PermitsMismatch {
+            count: 2,
+            asked: 1,
+            ..
+        })
+    ));
+    assert!(!r.exists("fencelock:{db}"));
+}
+
+#[tokio::test]
+async fn a_name_is_one_kind_of_primitive() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lock = c.lock("taken").try_acquire().await.unwrap();
+    let e = c.semaphore("taken", 2).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&e, Error::WrongType { found, .. } if found == "string"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("holds a lock"), "{e}");
+    assert_eq!(
+        r.get("fencelock:{taken}").as_deref(),
+        Some(lock.holder_token().as_str())
+    );
+
+    let reentrant = c.lock("mine").reentrant("me").try_acquire().await.unwrap();
+    let e = c.semaphore("mine", 2).try_acquire().await.unwrap_err();
+    assert!(e.to_string().contains("holds a reentrant lock"), "{e}");
+
+    let permit = c.semaphore("pool", 2).try_acquire().await.unwrap();
+    for e in [
+        c.lock("pool").try_acquire().await.unwrap_err(),
+        c.lock("pool")
+            .reentrant("me")
+            .try_acquire()
+            .await
+            .unwrap_err(),
+        c.lock("pool").fair().try_acquire().await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(&e, Error::WrongType { found, .. } if found == "zset"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("holds a semaphore"), "{e}");
+        assert_eq!(e.to_string().lines().count(), 1);
+    }
+    assert_eq!(zcard(&r, "fencelock:{pool}"), 1);
+    permit.release().await.unwrap();
+    reentrant.release().await.unwrap();
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_permit_counts_and_combinations_are_invalid_and_write_nothing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let cases = [
+        (c.semaphore("s", 0), "permits"),
+        (c.semaphore("s", 1_000_001), "permits"),
+        (c.semaphore("s", 2).fair(), "lock mode"),
+        (c.semaphore("s", 2).reentrant("me"), "lock mode"),
+        (c.semaphore("s", 2).holder_info("host a"), "holder info"),
+    ];
+    for (builder, field) in cases {
+        let e = builder.try_acquire().await.unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArgument { what, .. } if *what == field),
+            "{e:?}"
+        );
+    }
+    assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(0));
+
+    let nodes = RedisServer::start_many(3);
+    let redlock = Client::redlock(nodes.iter().map(RedisServer::url))
+        .connect()
+        .await
+        .unwrap();
+    let e = redlock.semaphore("s", 2).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument { reason, .. } if reason.contains("single Redis node")),
+        "{e:?}"
+    );
+    for n in &nodes {
+        assert_eq!(n.cmd(&["DBSIZE"]).as_int(), Some(0));
+    }
+}
+
+#[tokio::test]
+async fn permits_on_a_cluster_are_held_renewed_and_waited_for() {
+    let cluster = Cluster::shared();
+    let c = Client::connect(&cluster.url()).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let a = c
+        .semaphore("cpool", 2)
+        .lease(lease)
+        .try_acquire()
+        .await
+        .unwrap();
+    let b = c
+        .semaphore("cpool", 2)
+        .lease(lease)
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(b.fencing_token() > a.fencing_token());
+    let waiter = tokio::spawn(
+        c.semaphore("cpool", 2)
+            .lease(lease)
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    // Renewed across several leases while the waiter waits.
+    tokio::time::sleep(lease * 3).await;
+    assert!(a.loss_cause().is_none() && b.loss_cause().is_none());
+    assert!(!waiter.is_finished());
+    a.release().await.unwrap();
+    let third = waiter.await.unwrap().expect("woken by sharded pub/sub");
+    assert!(third.fencing_token() > b.fencing_token());
+    third.release().await.unwrap();
+    b.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn permits_on_a_sentinel_managed_master() {
+    let group = SentinelGroup::start();
+    let c = Client::connect(&group.url()).await.unwrap();
+    let a = c.semaphore("spool", 1).try_acquire().await.unwrap();
+    assert!(matches!(
+        c.semaphore("spool", 1).try_acquire().await,
+        Err(Error::Held { .. })
+    ));
+    a.release().await.unwrap();
+    c.semaphore("spool", 1)
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn inspect_and_list_show_permits_held_and_free() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let short = c
+        .semaphore("pool:a", 3)
+        .lease(Duration::from_secs(10))
+        .try_acquire()
+        .await
+        .unwrap();
+    let long = c.semaphore("pool:a", 3).try_acquire().await.unwrap();
+    let _lock = c.lock("pool:b").try_acquire().await.unwrap();
+
+    let status = c.inspect("pool:a").await.unwrap();
+    let state = status.nodes[0].state.as_ref().unwrap();
+    match &state.holder {
+        Some(Holder::Semaphore { permits, held }) => {
+            assert_eq!(*permits, Some(3));
+            assert_eq!(held.len(), 2, "{held:?}");
+            assert!(
+                held[0] <= Duration::from_secs(10),
+                "soonest first: {held:?}"
+            );
+            assert!(held[1] > Duration::from_secs(25), "{held:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(state.fencing_counter, Some(long.fencing_token().get()));
+
+    let names: Vec<String> = c
+        .list("pool:*")
+        .await
+        .unwrap()
+        .locks
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["pool:a", "pool:b"]);
+
+    short.release().await.unwrap();
+    long.release().await.unwrap();
+    let state = c
+        .inspect("pool:a")
+        .await
+        .unwrap()
+        .nodes
+        .remove(0)
+        .state
+        .unwrap();
+    assert_eq!(state.holder, None, "no permit held: free");
+    let names: Vec<String> = c
+        .list("pool:*")
+        .await
+        .unwrap()
+        .locks
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["pool:b"]);
+}
