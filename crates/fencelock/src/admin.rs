@@ -266,6 +266,37 @@ pub(crate) async fn list(backend: &Backend, prefix: &str, pattern: &str) -> Resu
     Ok(Listing { locks, unanswered })
 }
 
+/// What [`Client::set_permits`](crate::Client::set_permits) found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Resize {
+    /// The permit count before (`None`: the semaphore had none stored).
+    pub previous: Option<u32>,
+    /// The permits held at that moment (leases not yet over); more than the new count
+    /// after a shrink, until releases and expiries bring them under it.
+    pub held: u32,
+}
+
+pub(crate) async fn set_permits(
+    backend: &Backend,
+    prefix: &str,
+    name: &str,
+    permits: u32,
+) -> Result<Resize, Error> {
+    let keys = LockKeys::new(prefix, name)?;
+    crate::lock::check_semaphore(backend, permits)?;
+    let answer = backend
+        .resize(&keys, permits)
+        .await
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Err(Error::invalid("nodes", "none given")))?;
+    Ok(Resize {
+        previous: u32::try_from(answer.previous).ok().filter(|n| *n > 0),
+        held: u32::try_from(answer.held).unwrap_or(u32::MAX),
+    })
+}
+
 pub(crate) async fn break_lock(
     backend: &Backend,
     prefix: &str,

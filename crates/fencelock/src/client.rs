@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admin::{self, Broken, Eviction, Listing, LockStatus};
+use crate::admin::{self, Broken, Eviction, Listing, LockStatus, Resize};
 use crate::algorithms::watchdog::Watchdog;
 use std::path::PathBuf;
 
@@ -169,6 +169,23 @@ impl Client {
     /// Cancel safe: it only reads.
     pub async fn inspect(&self, name: &str) -> Result<LockStatus, Error> {
         admin::inspect(&self.inner.backend, &self.inner.prefix, name).await
+    }
+
+    /// Sets the permit count of the semaphore `name` ([`semaphore`](Self::semaphore))
+    /// to `permits`, and wakes as many waiters as that frees permits. Held permits are
+    /// never revoked: after a shrink below what is held, no permit is granted until
+    /// releases and expiries bring the holders under the new count. Clients that still
+    /// ask for the old count get [`Error::PermitsMismatch`] from then on: change the
+    /// count they ask for with it. Says the count before and the permits held.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad name or count, or on Redlock;
+    /// [`Error::WrongType`] if the name is another kind of primitive; the node's error.
+    ///
+    /// # Cancel safety
+    /// If dropped, the count may or may not have changed.
+    pub async fn set_permits(&self, name: &str, permits: u32) -> Result<Resize, Error> {
+        admin::set_permits(&self.inner.backend, &self.inner.prefix, name, permits).await
     }
 
     /// The locks held now whose names match `pattern` (a Redis glob over names: `*`,

@@ -119,7 +119,7 @@ mod token;
 
 pub use admin::{
     BreakOutcome, Broken, Eviction, EvictionRisk, Holder, Listing, LockState, LockStatus,
-    NodeBroken, NodeStatus, Unanswered,
+    NodeBroken, NodeStatus, Resize, Unanswered,
 };
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};

@@ -250,7 +250,8 @@ impl LockBuilder {
     /// The first acquire sets the semaphore's permit count; one that asks for another
     /// count gets [`Error::PermitsMismatch`], and nothing changes (the count is kept for
     /// as long as the fencing counter,
-    /// [`fence_counter_idle`](crate::ClientBuilder::fence_counter_idle)). A name is one
+    /// [`fence_counter_idle`](crate::ClientBuilder::fence_counter_idle));
+    /// [`Client::set_permits`](crate::Client::set_permits) changes it. A name is one
     /// kind of primitive: a lock acquire on a semaphore's name, or the other way round,
     /// gets [`Error::WrongType`] naming the kind found. One node (standalone, Sentinel or
     /// Cluster) only: Redlock refuses it with [`Error::InvalidArgument`], as it does
@@ -306,14 +307,7 @@ impl LockBuilder {
     }
 
     fn semaphore_mode(&self, permits: u32) -> Result<Mode, Error> {
-        if self.shared.backend.is_redlock() {
-            return Err(Error::invalid(
-                "lock mode",
-                "a semaphore needs a single Redis node (standalone, Sentinel or Cluster): its \
-                 permits are counted in one place, and Redlock's majority of independent \
-                 counts would not bound the holders",
-            ));
-        }
+        check_semaphore(&self.shared.backend, permits)?;
         if self.fair.is_some() || self.owner.is_some() {
             return Err(Error::invalid(
                 "lock mode",
@@ -324,12 +318,6 @@ impl LockBuilder {
             return Err(Error::invalid(
                 "holder info",
                 "a semaphore does not store holder info (yet): one permit set, many holders",
-            ));
-        }
-        if !(1..=MAX_PERMITS).contains(&permits) {
-            return Err(Error::invalid(
-                "permits",
-                format!("{permits} must be 1 to {MAX_PERMITS}"),
             ));
         }
         Ok(Mode::Semaphore { permits })
@@ -558,6 +546,29 @@ impl LockBuilder {
 fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
     Error::check_range("lease", ttl, MIN_LEASE, MAX_LEASE)?;
     Ok(Duration::from_millis(ttl.as_millis() as u64))
+}
+
+/// Whether `backend` can hold a semaphore of `permits` permits: one node, 1 to
+/// [`MAX_PERMITS`].
+pub(crate) fn check_semaphore(
+    backend: &crate::backend::Backend,
+    permits: u32,
+) -> Result<(), Error> {
+    if backend.is_redlock() {
+        return Err(Error::invalid(
+            "lock mode",
+            "a semaphore needs a single Redis node (standalone, Sentinel or Cluster): its \
+             permits are counted in one place, and Redlock's majority of independent counts \
+             would not bound the holders",
+        ));
+    }
+    if !(1..=MAX_PERMITS).contains(&permits) {
+        return Err(Error::invalid(
+            "permits",
+            format!("{permits} must be 1 to {MAX_PERMITS}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The outcome of [`LockBuilder::acquire_or_defer`].

@@ -464,3 +464,109 @@ async fn inspect_and_list_show_permits_held_and_free() {
         .collect();
     assert_eq!(names, ["pool:b"]);
 }
+
+#[tokio::test]
+async fn growing_wakes_waiters_and_shrinking_revokes_nothing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let first = c.semaphore("lanes", 1).try_acquire().await.unwrap();
+    // A waiter for the count the semaphore has. Another count is refused at once:
+    // the count is the semaphore's, changed only by set_permits.
+    let other = Client::connect(&r.url()).await.unwrap();
+    assert!(matches!(
+        other.semaphore("lanes", 3).try_acquire().await,
+        Err(Error::PermitsMismatch {
+            count: 1,
+            asked: 3,
+            ..
+        })
+    ));
+    let waiter = tokio::spawn(
+        other
+            .semaphore("lanes", 1)
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    eventually(
+        "the waiter is subscribed",
+        Duration::from_secs(5),
+        async || {
+            r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{lanes}:released"])
+                .as_array()
+                .and_then(|a| a.get(1).and_then(|n| n.as_int()))
+                == Some(1)
+        },
+    )
+    .await;
+
+    // Grown to 3: the resize wakes the waiter (the 30 s lease of `first` runs far past
+    // its 10 s wait), which learns at once that the count changed.
+    let resized_at = Instant::now();
+    let resized = c.set_permits("lanes", 3).await.unwrap();
+    assert_eq!(resized.previous, Some(1));
+    assert_eq!(resized.held, 1);
+    assert!(matches!(
+        waiter.await.unwrap(),
+        Err(Error::PermitsMismatch {
+            count: 3,
+            asked: 1,
+            ..
+        })
+    ));
+    assert!(
+        resized_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        resized_at.elapsed()
+    );
+    let mut granted = Vec::new();
+    for _ in 0..2 {
+        granted.push(
+            other
+                .semaphore("lanes", 3)
+                .try_acquire()
+                .await
+                .expect("a grown permit"),
+        );
+    }
+    assert_eq!(zcard(&r, "fencelock:{lanes}"), 3);
+
+    // Shrunk to 1 with 3 held: nobody loses a permit, nobody new gets one until the
+    // holders are under 1.
+    let resized = c.set_permits("lanes", 1).await.unwrap();
+    assert_eq!((resized.previous, resized.held), (Some(3), 3));
+    assert_eq!(zcard(&r, "fencelock:{lanes}"), 3);
+    assert!(first.loss_cause().is_none());
+    assert!(matches!(
+        c.semaphore("lanes", 1).try_acquire().await,
+        Err(Error::Held {
+            blocked_by: Blocker::Permits { permits: 1, .. },
+            ..
+        })
+    ));
+    first.release().await.unwrap();
+    granted.pop().unwrap().release().await.unwrap();
+    assert!(
+        c.semaphore("lanes", 1).try_acquire().await.is_err(),
+        "1 still held"
+    );
+    granted.pop().unwrap().release().await.unwrap();
+    c.semaphore("lanes", 1)
+        .try_acquire()
+        .await
+        .expect("under the new count")
+        .release()
+        .await
+        .unwrap();
+
+    for bad in [0, 1_000_001] {
+        assert!(matches!(
+            c.set_permits("lanes", bad).await,
+            Err(Error::InvalidArgument { .. })
+        ));
+    }
+    let _lock = c.lock("plain").try_acquire().await.unwrap();
+    assert!(matches!(
+        c.set_permits("plain", 2).await,
+        Err(Error::WrongType { .. })
+    ));
+}

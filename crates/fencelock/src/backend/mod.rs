@@ -33,7 +33,7 @@ use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
 use crate::scripts::{
     self, Call,
-    replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed},
+    replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed, Resized},
 };
 use crate::token::{FencingToken, HolderToken};
 pub(crate) use access::Access;
@@ -700,6 +700,13 @@ impl Backend {
     /// What each node holds for the lock (read-only).
     pub async fn inspect(&self, keys: &LockKeys) -> Vec<Result<Inspected, Error>> {
         let invocation = scripts::inspect(keys);
+        fan_out(&self.nodes, None, |_| &invocation).await
+    }
+
+    /// Sets a semaphore's permit count on every node (there is one: Redlock refuses
+    /// semaphores before this).
+    pub async fn resize(&self, keys: &LockKeys, permits: u32) -> Vec<Result<Resized, Error>> {
+        let invocation = scripts::semaphore_resize(keys, permits, self.counter_idle);
         fan_out(&self.nodes, None, |_| &invocation).await
     }
 

@@ -91,6 +91,7 @@ pub(crate) enum Lua {
     FairLeave,
     SemaphoreAcquire,
     SemaphoreRelease,
+    SemaphoreResize,
     Inspect,
     Break,
     QueuePush,
@@ -102,7 +103,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 19] = [
+    const ALL: [Lua; 20] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -114,6 +115,7 @@ impl Lua {
         Lua::FairLeave,
         Lua::SemaphoreAcquire,
         Lua::SemaphoreRelease,
+        Lua::SemaphoreResize,
         Lua::Inspect,
         Lua::Break,
         Lua::QueuePush,
@@ -184,6 +186,11 @@ impl Lua {
                 "semaphore/release.lua",
                 &[TYPES, CLOCK, PUBLISH],
                 include_str!("semaphore/release.lua"),
+            ),
+            SemaphoreResize => (
+                "semaphore/resize.lua",
+                &[TYPES, CLOCK, FENCE, PUBLISH],
+                include_str!("semaphore/resize.lua"),
             ),
             Inspect => (
                 "lock/inspect.lua",
@@ -571,6 +578,17 @@ pub(crate) fn semaphore_acquire(
 pub(crate) fn semaphore_release(keys: &LockKeys, token: &HolderToken) -> Call {
     let mut inv = Call::new(Lua::SemaphoreRelease);
     inv.key(&keys.lock).arg(token.as_str()).arg(keys.channel());
+    inv
+}
+
+/// Sets the semaphore's permit count (`semaphore/resize.lua`).
+pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Duration) -> Call {
+    let mut inv = Call::new(Lua::SemaphoreResize);
+    inv.key(&keys.lock)
+        .key(keys.permits())
+        .arg(permits)
+        .arg(keys.channel())
+        .arg(ms(counter_idle));
     inv
 }
 

@@ -211,6 +211,28 @@ pub(crate) struct Inspected {
     pub permit_leases: Vec<i64>,
 }
 
+/// `semaphore/resize.lua`'s answer: the count before (0: none), the permits held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resized {
+    pub previous: u64,
+    pub held: u64,
+}
+
+impl FromRedisValue for Resized {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::Array(items) => match items.as_slice() {
+                [Value::Int(previous), Value::Int(held)] => Ok(Self {
+                    previous: u64::try_from(*previous).unwrap_or(0),
+                    held: u64::try_from(*held).unwrap_or(0),
+                }),
+                _ => Err(format!("resize.lua replied with {items:?}").into()),
+            },
+            other => Err(format!("resize.lua replied with {other:?}").into()),
+        }
+    }
+}
+
 /// `lock/break.lua`'s answer, as its header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Broke {

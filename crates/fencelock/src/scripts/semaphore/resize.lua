@@ -1,0 +1,33 @@
+-- resize.lua: set a semaphore's permit count, and wake as many waiters as it frees
+-- permits. Held permits are never revoked: after a shrink below what is held, no permit
+-- is granted until releases and expiries bring the holders under the new count. One
+-- node only.
+--
+-- KEYS[1]  permit set      a ZSET of holder tokens scored with their leases' ends
+-- KEYS[2]  permit count    plain integer string
+-- ARGV[1]  permits         the new count, a positive integer
+-- ARGV[2]  release channel: each empty message there wakes a waiter per client
+-- ARGV[3]  counter idle time, ms ("0": never), for the permit count (as acquire.lua)
+--
+-- Reply, an array {previous, held}:
+--   previous  the count before (0: none was stored)
+--   held      the permits held now (leases not yet over)
+-- A key of another type: wrong_type(); nothing written.
+
+local bad = check_types({KEYS[1], 'zset', KEYS[2], 'string'})
+if bad then
+  return bad
+end
+local previous = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local permits = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', server_ms())
+local held = redis.call('ZCARD', KEYS[1])
+store_counter(KEYS[2], permits, ARGV[3])
+-- One message per permit that is free now and was not before (at most 1000: waiters
+-- that miss a wake still retry when the first lease ends).
+local was_free = math.max(previous - held, 0)
+local free = math.max(permits - held, 0)
+for _ = 1, math.min(free - was_free, 1000) do
+  announce(ARGV[2], '')
+end
+return {previous, held}
