@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fencelock::HolderToken;
 use testkit::checkers::{
-    Violation, fenced_order, foreign_touch, leases_overlap, lost_writes, tokens_increase,
+    Violation, fenced_order, foreign_touch, leases_over, lost_writes, tokens_increase,
 };
 use testkit::history::{
     Event, HistoryWriter, Op, Phase, monotonic_ns, read_histories, read_history,
@@ -294,7 +294,21 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
     ) -> Result<(Outcome, Vec<Event>), String> {
-        self.judge_with(tag, histories, faults, true)
+        self.judge_with(tag, histories, faults, true, 1)
+    }
+
+    /// [`judge`](Self::judge) for a semaphore of `permits` permits: C1 allows that many
+    /// leases at once ([`leases_over`]); C2 and C5 are not judged (holders at once write
+    /// with interleaved tokens, which a fence rejects by design; the MONITOR replay
+    /// models a lock key, not a permit set).
+    pub fn judge_semaphore(
+        &self,
+        tag: &str,
+        histories: &[PathBuf],
+        faults: String,
+        permits: usize,
+    ) -> Result<(Outcome, Vec<Event>), String> {
+        self.judge_with(tag, histories, faults, false, permits)
     }
 
     /// [`judge`](Self::judge) without C5, for a lock on servers the lab's MONITOR
@@ -306,7 +320,7 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
     ) -> Result<(Outcome, Vec<Event>), String> {
-        self.judge_with(tag, histories, faults, false)
+        self.judge_with(tag, histories, faults, false, 1)
     }
 
     fn judge_with(
@@ -315,6 +329,7 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
         monitored: bool,
+        permits: usize,
     ) -> Result<(Outcome, Vec<Event>), String> {
         let h = read_histories(histories).map_err(|e| e.to_string())?;
         let keys = ResourceKeys::new(&format!("res:{tag}"));
@@ -332,8 +347,12 @@ impl Lab {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         let results: [Vec<Violation>; 4] = [
-            leases_overlap(&h),
-            fenced_order(&h),
+            leases_over(&h, permits),
+            if permits == 1 {
+                fenced_order(&h)
+            } else {
+                Vec::new()
+            },
             lost_writes(&h, &final_values),
             tokens_increase(&h),
         ];
@@ -361,6 +380,7 @@ impl Lab {
         details.extend(c5.iter().map(|v| format!("{tag}: {v}")));
         let count = |op, phase| h.iter().filter(|e| e.op == op && e.phase == phase).count();
         let [c1, c2, c3, c4] = results.each_ref().map(|v| Some(v.len()));
+        let c2 = c2.filter(|_| permits == 1);
         let mut outcome = Outcome {
             name: tag.to_owned(),
             rounds: 1,

@@ -59,8 +59,9 @@ pub fn report(
         "Workers are separate OS processes running the library (acquire, read the resource, \
          wait 0-5 ms, write with the fencing token, release; fixed 500 ms TTL unless said), \
          each writing a JSON Lines history stamped with CLOCK_MONOTONIC. The checkers: \
-         **C1** leases of different owners never overlap and every acknowledged write lies \
-         in its writer's lease; **C2** the fenced resource never accepts a lower token after \
+         **C1** leases of different owners never overlap (a semaphore's: never more at \
+         once than its permits) and every acknowledged write lies in its writer's lease; \
+         **C2** the fenced resource never accepts a lower token after \
          a higher one; **C3** no acknowledged write is lost; **C4** tokens of successful \
          acquires strictly increase; **C5** no script ever deleted or extended a lock key \
          holding another owner's token, judged from each Redis server's own `MONITOR` \
@@ -109,7 +110,8 @@ pub fn report(
          known anomaly its checker must find on every run, or the run fails (a checker that \
          cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
          redlock-restart-unprotected, sentinel-failover, cluster-failover, evicted-lock-key, \
-         clock-step-forward and cli-unsupervised, C2 paused-worker-unfenced, C3 resource-crash, C4 \
+         clock-step-forward, cli-unsupervised and semaphore-paused-fixed, and for a \
+         semaphore's permit count semaphore-permit-removed, C2 paused-worker-unfenced, C3 resource-crash, C4 \
          counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
          are the expected non-zero counts in the table, with those the nemesis explains by \
          the faults it drew. Under faults: acquisitions made while a fault was active (from \

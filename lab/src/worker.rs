@@ -114,6 +114,9 @@ pub struct WorkerArgs {
     /// the lock handed to the next one by the release.
     #[arg(long)]
     pub fair_waiter_timeout_ms: Option<u64>,
+    /// A semaphore with this many permits (`LockBuilder::permits`) instead of a lock.
+    #[arg(long)]
+    pub permits: Option<u32>,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -193,6 +196,10 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         };
         let builder = match args.fair_waiter_timeout_ms {
             Some(ms) => builder.fair().waiter_timeout(Duration::from_millis(ms)),
+            None => builder,
+        };
+        let builder = match args.permits {
+            Some(n) => builder.permits(n),
             None => builder,
         };
         let guard = match builder.acquire().await {

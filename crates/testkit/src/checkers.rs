@@ -8,6 +8,7 @@
 //! | Checker                     | Property                                                        | Extra input              |
 //! |-----------------------------|-----------------------------------------------------------------|--------------------------|
 //! | C1 [`leases_overlap`]       | leases of different owners never overlap; writes lie in a lease | —                        |
+//! | C1 [`leases_over`]          | a semaphore's: at most N leases at once; writes lie in a lease  | N, the permits           |
 //! | C2 [`fenced_order`]         | the resource never accepts a lower token after a higher one     | —                        |
 //! | C3 [`lost_writes`]          | every acknowledged write is in the final resource state         | final set of values      |
 //! | C4 [`tokens_increase`]      | tokens of successful acquires strictly increase                 | —                        |
@@ -154,6 +155,15 @@ struct Lease<'a> {
 /// ok` at the same nanosecond) do not overlap. Cost: O(n·p) where p is the
 /// number of simultaneously live leases (1 in a correct history).
 pub fn leases_overlap(history: &[Event]) -> Vec<Violation> {
+    leases_over(history, 1)
+}
+
+/// C1 for a semaphore of `permits` permits: never more than `permits` leases of
+/// different owners at once, and every acknowledged write inside its writer's lease.
+/// [`leases_overlap`] is this with one permit; the rules are its rules. A lease that
+/// starts while `permits` leases of other owners are live is one violation (events:
+/// their starts, then the new one).
+pub fn leases_over(history: &[Event], permits: usize) -> Vec<Violation> {
     const C: Checker = Checker::LeasesOverlap;
     debug_assert_sorted(history);
     let mut out = Vec::new();
@@ -183,13 +193,29 @@ pub fn leases_overlap(history: &[Event]) -> Vec<Violation> {
                 l.end_ns = until;
                 continue;
             }
-            for other in live.values().filter(|l| l.owner != owner) {
+            let mut others: Vec<&Lease<'_>> = live.values().filter(|l| l.owner != owner).collect();
+            if permits == 1 {
+                for other in others {
+                    out.push(Violation::new(
+                        C,
+                        &[other.start, e],
+                        format!(
+                            "owner {owner:?} (p{}) got a lease at {t} while owner {:?} (p{}) held one until {}",
+                            e.process, other.owner, other.start.process, other.end_ns
+                        ),
+                    ));
+                }
+            } else if others.len() >= permits {
+                others.sort_by_key(|l| l.start.time_ns);
+                let mut events: Vec<&Event> = others.iter().map(|l| l.start).collect();
+                events.push(e);
                 out.push(Violation::new(
                     C,
-                    &[other.start, e],
+                    &events,
                     format!(
-                        "owner {owner:?} (p{}) got a lease at {t} while owner {:?} (p{}) held one until {}",
-                        e.process, other.owner, other.start.process, other.end_ns
+                        "owner {owner:?} (p{}) got a lease at {t} while {} other owners held one: more than {permits} at once",
+                        e.process,
+                        others.len()
                     ),
                 ));
             }
@@ -532,6 +558,34 @@ mod tests {
             acquire_ok(2, 50, 2, "b", 150),
         ]);
         assert_eq!(leases_overlap(&h), []);
+    }
+
+    #[test]
+    fn c1_with_permits_flags_only_more_holders_than_permits() {
+        // Two permits: two holders at once are fine, the third while both live is not.
+        let h = sorted(vec![
+            acquire_ok(1, 10, 1, "a", 100),
+            acquire_ok(2, 20, 2, "b", 100),
+            write(2, 30, Phase::Ok, 2, 1),
+            ev(1, 40, Op::Release, Phase::Invoke).with_owner("a"),
+            acquire_ok(3, 40, 3, "c", 100),
+            acquire_ok(4, 50, 4, "d", 150),
+        ]);
+        let v = leases_over(&h, 2);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].checker, Checker::LeasesOverlap);
+        assert!(v[0].explanation.contains("more than 2 at once"), "{v:?}");
+        assert_eq!(
+            v[0].events.iter().map(|e| e.process).collect::<Vec<_>>(),
+            [2, 3, 4]
+        );
+        assert_eq!(leases_over(&h, 3), []);
+        // A write after its own lease ended is flagged whatever the permits.
+        let h = sorted(vec![
+            acquire_ok(1, 10, 1, "a", 50),
+            write(1, 60, Phase::Ok, 1, 1),
+        ]);
+        assert_eq!(leases_over(&h, 5).len(), 1);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
 //!   paused and killed in line;
+//! - [`semaphore`]: a semaphore of 2 permits, its holders at once, paused and killed;
 //! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
 //!   killed right after a grant its replica missed, with and without replica
 //!   acknowledgement;
@@ -42,6 +43,7 @@ mod network;
 mod pauses_kills;
 mod redlock;
 mod redlock_restart;
+mod semaphore;
 
 use std::path::Path;
 use std::thread;
@@ -124,6 +126,11 @@ pub const ALL: &[Scenario] = &[
     network::DROPPED_REPLIES,
     pauses_kills::QUEUED_SET_NX,
     fair::FAIR_HANDOVER,
+    semaphore::SEMAPHORE_STEADY,
+    semaphore::SEMAPHORE_PAUSED_RENEWED,
+    semaphore::SEMAPHORE_PAUSED_FIXED,
+    semaphore::SEMAPHORE_PERMIT_REMOVED,
+    semaphore::SEMAPHORE_HOLDERS_KILLED,
     lock_state::EXPIRED_HOLDER,
     lock_state::EVICTED_LOCK_KEY,
     clock::CLOCK_STEP_FORWARD,
