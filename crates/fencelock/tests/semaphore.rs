@@ -570,3 +570,33 @@ async fn growing_wakes_waiters_and_shrinking_revokes_nothing() {
         Err(Error::WrongType { .. })
     ));
 }
+
+#[tokio::test]
+async fn a_cancelled_wait_for_a_permit_leaves_nothing_behind() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let held = c.semaphore("one", 1).try_acquire().await.unwrap();
+    let waiting = tokio::spawn(c.semaphore("one", 1).wait_forever().acquire());
+    let subscribers = || {
+        r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{one}:released"])
+            .as_array()
+            .and_then(|a| a.get(1).and_then(|n| n.as_int()))
+    };
+    eventually(
+        "the waiter is subscribed",
+        Duration::from_secs(5),
+        async || subscribers() == Some(1),
+    )
+    .await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    eventually(
+        "the subscription is gone",
+        Duration::from_secs(5),
+        async || subscribers() == Some(0),
+    )
+    .await;
+    assert_eq!(zcard(&r, "fencelock:{one}"), 1, "only the holder's permit");
+    held.release().await.unwrap();
+    assert!(!r.exists("fencelock:{one}"));
+}
