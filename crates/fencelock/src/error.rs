@@ -34,7 +34,7 @@ pub enum Error {
     /// acquire the outcome is unknown; fencelock then releases its token in the background
     /// so nothing is left behind for longer than the lease. A single-node grant whose reply
     /// came back after the lease had already run out is reported this way too (reason
-    /// [`TimedOut`](UnavailableReason::TimedOut)), after fencelock took it back: another
+    /// [`LateGrant`](UnavailableReason::LateGrant)), after fencelock took it back: another
     /// client may have held the lock by then.
     #[error(
         "Redis node {node} is unavailable ({reason}{}{detail}){}",
@@ -384,6 +384,10 @@ pub enum UnavailableReason {
     /// driver followed it several times, or the node it reached is a replica
     /// (`READONLY`): the lock's slot is moving (a failover or a resharding in progress).
     SlotMoving,
+    /// A grant came back after its lease had run out (a slow link, a paused server, or
+    /// a lease too short for the round trip): fencelock took it back, since another
+    /// client may have held the lock by then. The detail says how late.
+    LateGrant,
 }
 
 impl UnavailableReason {
@@ -395,6 +399,9 @@ impl UnavailableReason {
                 "; wait for a failover to end, or check CLUSTER INFO and that every slot has a master"
             }
             Self::SlotMoving => "; wait for the failover or resharding to end",
+            Self::LateGrant => {
+                "; the link or the server is slower than the lease allows: use a longer lease, or find what delays the replies"
+            }
             _ => "; check that it is running and reachable, and the URL",
         }
     }
@@ -409,6 +416,7 @@ impl fmt::Display for UnavailableReason {
             Self::Tls => "TLS handshake failed",
             Self::ClusterDown => "the cluster is down",
             Self::SlotMoving => "the lock's slot is moving",
+            Self::LateGrant => "the grant came back too late",
         })
     }
 }

@@ -476,8 +476,9 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
 }
 
 /// A grant whose reply comes back after its lease ran out is no grant: the acquire
-/// reports a timeout instead of a guard whose lease is already over (another client may
-/// hold the lock by then). Replies are delayed by a real TCP proxy.
+/// reports a late grant instead of a guard whose lease is already over (another client
+/// may hold the lock by then), with advice for a slow link, not for a server that is
+/// down. Replies are delayed by a real TCP proxy.
 #[tokio::test]
 async fn a_grant_that_arrives_after_its_lease_is_refused() {
     let r = RedisServer::start();
@@ -501,11 +502,17 @@ async fn a_grant_that_arrives_after_its_lease_is_refused() {
         .unwrap_err();
     match &err {
         Error::Unavailable { reason, detail, .. } => {
-            assert_eq!(*reason, UnavailableReason::TimedOut);
+            assert_eq!(*reason, UnavailableReason::LateGrant);
             assert!(detail.contains("after its 200 ms lease"), "{detail}");
         }
         other => panic!("expected Unavailable, got {other:?}"),
     }
+    let text = err.to_string();
+    assert!(
+        text.contains("the grant came back too late") && text.contains("use a longer lease"),
+        "{text}"
+    );
+    assert!(!text.contains("check that it is running"), "{text}");
     // A lease longer than the round trip is granted through the same slow link.
     let g = c
         .lock("slow")

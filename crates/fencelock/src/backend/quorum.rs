@@ -464,7 +464,7 @@ impl AcquireTally<'_> {
 fn late_grant(node: &Node, sent_at: Instant, now: Instant, ttl: Duration) -> Error {
     Error::Unavailable {
         node: node.addr().to_owned(),
-        reason: UnavailableReason::TimedOut,
+        reason: UnavailableReason::LateGrant,
         detail: format!(
             "the grant arrived {} ms after the acquire was sent, after its {} ms lease (less the drift allowance) had run out",
             (now - sent_at).as_millis(),
