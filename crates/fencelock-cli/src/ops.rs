@@ -273,7 +273,12 @@ pub(crate) async fn break_lock(args: &BreakArgs) -> Result<u8, Failure> {
                 fencing_counter,
                 ..
             }) => println!(
-                "{prefix}broke lock {:?} ({}); fencing counter now {}: a write with a lower token is stale",
+                "{prefix}broke {} {:?} ({}); fencing counter now {}: a write with a lower token is stale",
+                if matches!(holder, Holder::Semaphore { .. }) {
+                    "semaphore"
+                } else {
+                    "lock"
+                },
                 broken.name,
                 holder_text(holder),
                 fencing_counter.map_or_else(|| "unknown".to_owned(), |c| c.to_string()),

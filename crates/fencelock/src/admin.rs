@@ -93,7 +93,8 @@ pub enum Holder {
     },
     /// Permits of a [semaphore](crate::LockBuilder::permits).
     Semaphore {
-        /// Its permit count (`None`: not stored, e.g. expired with an idle counter).
+        /// Its permit count (`None`: not stored, e.g. expired with an idle counter; or
+        /// not read, in a [`BreakOutcome`]).
         permits: Option<u32>,
         /// What is left of each held permit's lease, soonest first; as many as are held.
         held: Vec<Duration>,
@@ -192,8 +193,20 @@ impl From<Inspected> for LockState {
 
 impl From<Broke> for BreakOutcome {
     fn from(b: Broke) -> Self {
+        let broke = if b.kind == "semaphore" {
+            Some(Holder::Semaphore {
+                permits: None,
+                held: b
+                    .permit_leases
+                    .iter()
+                    .filter_map(|ms| remaining(*ms))
+                    .collect(),
+            })
+        } else {
+            holder(&b.kind, b.pttl, 0, b.owner)
+        };
         Self {
-            broke: holder(&b.kind, b.pttl, 0, b.owner),
+            broke,
             fencing_counter: counter(&b.counter),
         }
     }

@@ -223,7 +223,9 @@ impl Client {
     /// node, wakes its waiters, and advances the fencing counter past every token handed
     /// out, so that a resource that checks tokens refuses the evicted holder's late
     /// writes once the next holder has written. Says what it broke. For operators: the
-    /// evicted holder is not told, and learns of it at its next renewal.
+    /// evicted holder is not told, and learns of it at its next renewal. On a
+    /// [semaphore](Self::semaphore) it breaks every permit held (its count stays), and
+    /// wakes a waiter per permit.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a bad name; [`Error::WrongType`] (per node) for a

@@ -600,3 +600,59 @@ async fn a_cancelled_wait_for_a_permit_leaves_nothing_behind() {
     held.release().await.unwrap();
     assert!(!r.exists("fencelock:{one}"));
 }
+
+#[tokio::test]
+async fn break_frees_every_permit_wakes_waiters_and_fences_the_evicted_holders() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // 30 s leases: only the break's messages can get the waiter a permit within its wait.
+    let mut a = c.semaphore("stuck", 2).try_acquire().await.unwrap();
+    let b = c.semaphore("stuck", 2).try_acquire().await.unwrap();
+    let other = Client::connect(&r.url()).await.unwrap();
+    let waiter = tokio::spawn(
+        other
+            .semaphore("stuck", 2)
+            .wait(Duration::from_secs(10))
+            .acquire(),
+    );
+    eventually(
+        "the waiter is subscribed",
+        Duration::from_secs(5),
+        async || {
+            r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{stuck}:released"])
+                .as_array()
+                .and_then(|x| x.get(1).and_then(|n| n.as_int()))
+                == Some(1)
+        },
+    )
+    .await;
+
+    let broken_at = Instant::now();
+    let broken = c.break_lock("stuck").await.unwrap();
+    let outcome = broken.nodes[0].outcome.as_ref().unwrap();
+    match &outcome.broke {
+        Some(Holder::Semaphore { held, .. }) => assert_eq!(held.len(), 2, "{held:?}"),
+        other => panic!("{other:?}"),
+    }
+    let counter = outcome.fencing_counter.unwrap();
+    assert!(counter > a.fencing_token().get() && counter > b.fencing_token().get());
+    let next = waiter.await.unwrap().expect("a permit freed by the break");
+    assert!(
+        broken_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        broken_at.elapsed()
+    );
+    assert!(next.fencing_token().get() > counter);
+    // The evicted holders find their permits gone.
+    assert!(matches!(
+        a.extend(Duration::from_secs(30)).await,
+        Err(Error::LeaseLost {
+            cause: LossCause::Expired,
+            ..
+        })
+    ));
+    assert!(matches!(b.release().await, Err(Error::LeaseLost { .. })));
+    assert_eq!(zcard(&r, "fencelock:{stuck}"), 1, "only the new holder");
+    assert_eq!(r.get("fencelock:{stuck}:permits").as_deref(), Some("2"));
+    next.release().await.unwrap();
+}

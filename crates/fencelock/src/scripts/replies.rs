@@ -236,12 +236,14 @@ impl FromRedisValue for Resized {
 /// `lock/break.lua`'s answer, as its header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Broke {
-    /// "none", "plain" or "reentrant".
+    /// "none", "plain", "reentrant" or "semaphore".
     pub kind: String,
     pub owner: String,
     pub pttl: i64,
     /// The counter after the break, as text (empty: free and no counter).
     pub counter: String,
+    /// A semaphore's broken permits: ms left of each lease, soonest first.
+    pub permit_leases: Vec<i64>,
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -302,15 +304,20 @@ impl FromRedisValue for Broke {
         let Value::Array(items) = &v else {
             return Err(bad());
         };
-        match items.as_slice() {
-            [kind, owner, Value::Int(pttl), counter] => Ok(Self {
-                kind: text(kind).ok_or_else(bad)?,
-                owner: text(owner).ok_or_else(bad)?,
-                pttl: *pttl,
-                counter: text(counter).ok_or_else(bad)?,
-            }),
-            _ => Err(bad()),
-        }
+        let (kind, owner, pttl, counter, leases) = match items.as_slice() {
+            [kind, owner, Value::Int(pttl), counter] => (kind, owner, pttl, counter, &[][..]),
+            [kind, owner, Value::Int(pttl), counter, Value::Array(leases)] => {
+                (kind, owner, pttl, counter, leases.as_slice())
+            }
+            _ => return Err(bad()),
+        };
+        Ok(Self {
+            kind: text(kind).ok_or_else(bad)?,
+            owner: text(owner).ok_or_else(bad)?,
+            pttl: *pttl,
+            counter: text(counter).ok_or_else(bad)?,
+            permit_leases: ints(leases).ok_or_else(bad)?,
+        })
     }
 }
 

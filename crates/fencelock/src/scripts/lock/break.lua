@@ -9,17 +9,30 @@
 -- ARGV[1]  release channel
 -- ARGV[2]  counter idle time, ms (as acquire.lua's ARGV[5])
 --
--- Reply, an array: {kind, holder, pttl, counter}
---   kind     what was broken: "none" (it was free: nothing deleted), "plain" or
---            "reentrant"
+-- Reply, an array: {kind, holder, pttl, counter} or, for a semaphore,
+-- {kind, holder, pttl, counter, permit_leases}
+--   kind     what was broken: "none" (it was free: nothing deleted), "plain",
+--            "reentrant" or "semaphore" (every permit of it)
 --   holder   reentrant: the owner id; otherwise ""
---   pttl     the remaining ms of the lease that was broken (-2 when free)
+--   pttl     the remaining ms of the lease that was broken (-2 when free; a
+--            semaphore's key: its longest lease)
 --   counter  the fencing counter after the break, as text: every token handed out
 --            before is lower ("" when the lock was free and had no counter)
+--   permit_leases  semaphore: {ms left of each broken permit's lease, ...}, soonest
+--            first (the waiters get one release message per permit)
 -- A key that holds data fencelock did not write: wrong_type(); nothing written.
 
 local kind, holder = lock_holder(KEYS[1])
-if kind == 'foreign' then
+local permit_leases = nil
+if kind == 'foreign' and holder == 'zset' then
+  local now = server_ms()
+  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  permit_leases = {}
+  for i = 2, #held, 2 do
+    permit_leases[#permit_leases + 1] = tonumber(held[i]) - now
+  end
+  kind = #permit_leases > 0 and 'semaphore' or 'none'
+elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
 local counter, bad = read_counter(KEYS[2])
@@ -29,6 +42,14 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if kind == 'none' then
   return {kind, '', pttl, counter and string.format('%d', counter) or ''}
+end
+if permit_leases then
+  local fence = next_fence(KEYS[2], counter, ARGV[2])
+  redis.call('DEL', KEYS[1])
+  for _ = 1, #permit_leases do
+    announce(ARGV[1], '')
+  end
+  return {kind, '', pttl, string.format('%d', fence), permit_leases}
 end
 local fence = next_fence(KEYS[2], counter, ARGV[2])
 redis.call('DEL', KEYS[1], KEYS[4])
