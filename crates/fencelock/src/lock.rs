@@ -254,10 +254,10 @@ impl LockBuilder {
     /// [`Client::set_permits`](crate::Client::set_permits) changes it. A name is one
     /// kind of primitive: a lock acquire on a semaphore's name, or the other way round,
     /// gets [`Error::WrongType`] naming the kind found. One node (standalone, Sentinel or
-    /// Cluster) only: Redlock refuses it with [`Error::InvalidArgument`], as it does
-    /// [`fair`](Self::fair), [`reentrant`](Self::reentrant) and
-    /// [`holder_info`](Self::holder_info) combined with it. `permits`: 1 to 1,000,000,
-    /// checked on acquire.
+    /// Cluster) only: Redlock refuses it with [`Error::InvalidArgument`]. Not combinable
+    /// (yet) with [`fair`](Self::fair), [`reentrant`](Self::reentrant) or
+    /// [`holder_info`](Self::holder_info): [`Error::InvalidArgument`] too. `permits`: 1
+    /// to 1,000,000, checked on acquire.
     pub fn permits(mut self, permits: u32) -> Self {
         self.permits = Some(permits);
         self
