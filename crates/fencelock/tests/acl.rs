@@ -8,7 +8,7 @@ use fencelock::{Client, Error};
 use testkit::RedisServer;
 
 mod common;
-use common::eventually;
+use common::{eventually, numsub};
 
 const README: &str = include_str!("../../../README.md");
 const PASSWORD: &str = "acl-test-pw";
@@ -71,13 +71,7 @@ async fn the_readme_user_runs_every_single_node_feature() {
     eventually(
         "the waiter subscribes",
         Duration::from_secs(5),
-        async || {
-            server
-                .cmd(&["PUBSUB", "NUMSUB", "fencelock:{wait}:released"])
-                .as_array()
-                .and_then(|a| a.get(1)?.as_int())
-                == Some(1)
-        },
+        async || numsub(&server, "fencelock:{wait}:released") == 1,
     )
     .await;
     holder.release().await.unwrap();

@@ -9,7 +9,7 @@ use fencelock::{Blocker, Client, Error, Holder, LossCause};
 use testkit::{Cluster, RedisServer, SentinelGroup};
 
 mod common;
-use common::{eventually, spawn_helper};
+use common::{eventually, numsub, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_SEMAPHORE_HELPER";
 
@@ -102,12 +102,7 @@ async fn n_holders_at_once_each_with_its_own_token_and_a_release_wakes_a_waiter(
     eventually(
         "the waiter is subscribed",
         Duration::from_secs(5),
-        async || {
-            r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{exports}:released"])
-                .as_array()
-                .and_then(|a| a.get(1).and_then(|n| n.as_int()))
-                == Some(1)
-        },
+        async || numsub(&r, "fencelock:{exports}:released") == 1,
     )
     .await;
     let released_at = Instant::now();
@@ -490,12 +485,7 @@ async fn growing_wakes_waiters_and_shrinking_revokes_nothing() {
     eventually(
         "the waiter is subscribed",
         Duration::from_secs(5),
-        async || {
-            r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{lanes}:released"])
-                .as_array()
-                .and_then(|a| a.get(1).and_then(|n| n.as_int()))
-                == Some(1)
-        },
+        async || numsub(&r, "fencelock:{lanes}:released") == 1,
     )
     .await;
 
@@ -577,15 +567,10 @@ async fn a_cancelled_wait_for_a_permit_leaves_nothing_behind() {
     let c = Client::connect(&r.url()).await.unwrap();
     let held = c.semaphore("one", 1).try_acquire().await.unwrap();
     let waiting = tokio::spawn(c.semaphore("one", 1).wait_forever().acquire());
-    let subscribers = || {
-        r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{one}:released"])
-            .as_array()
-            .and_then(|a| a.get(1).and_then(|n| n.as_int()))
-    };
     eventually(
         "the waiter is subscribed",
         Duration::from_secs(5),
-        async || subscribers() == Some(1),
+        async || numsub(&r, "fencelock:{one}:released") == 1,
     )
     .await;
     waiting.abort();
@@ -593,7 +578,7 @@ async fn a_cancelled_wait_for_a_permit_leaves_nothing_behind() {
     eventually(
         "the subscription is gone",
         Duration::from_secs(5),
-        async || subscribers() == Some(0),
+        async || numsub(&r, "fencelock:{one}:released") == 0,
     )
     .await;
     assert_eq!(zcard(&r, "fencelock:{one}"), 1, "only the holder's permit");
@@ -618,12 +603,7 @@ async fn break_frees_every_permit_wakes_waiters_and_fences_the_evicted_holders()
     eventually(
         "the waiter is subscribed",
         Duration::from_secs(5),
-        async || {
-            r.cmd(&["PUBSUB", "NUMSUB", "fencelock:{stuck}:released"])
-                .as_array()
-                .and_then(|x| x.get(1).and_then(|n| n.as_int()))
-                == Some(1)
-        },
+        async || numsub(&r, "fencelock:{stuck}:released") == 1,
     )
     .await;
 

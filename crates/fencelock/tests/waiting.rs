@@ -8,17 +8,12 @@ use fencelock::{Blocker, Client, Error};
 use testkit::RedisServer;
 
 mod common;
-use common::{eventually, spawn_helper};
+use common::{eventually, numsub, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_WAITING_HELPER";
 
 fn llen(r: &RedisServer, key: &str) -> i64 {
     r.cmd(&["LLEN", key]).as_int().unwrap()
-}
-
-fn numsub(r: &RedisServer, channel: &str) -> i64 {
-    let reply = r.cmd(&["PUBSUB", "NUMSUB", channel]);
-    reply.as_array().unwrap()[1].as_int().unwrap()
 }
 
 /// Another OS process running the library: `hold TTL_MS` takes the lock and never

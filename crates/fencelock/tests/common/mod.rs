@@ -22,6 +22,16 @@ pub async fn eventually(what: &str, within: Duration, mut cond: impl AsyncFnMut(
     }
 }
 
+/// How many clients `server` has subscribed to the classic pub/sub `channel`
+/// (`PUBSUB NUMSUB`): a waiter's subscription, seen from Redis.
+pub fn numsub(server: &testkit::RedisServer, channel: &str) -> i64 {
+    let reply = server.cmd(&["PUBSUB", "NUMSUB", channel]);
+    reply
+        .as_array()
+        .and_then(|a| a.get(1)?.as_int())
+        .unwrap_or_else(|| panic!("PUBSUB NUMSUB {channel}: {reply:?}"))
+}
+
 /// Starts this test binary again as another OS process that runs only the ignored test
 /// `entry`, with `spec` in the environment variable `env` (the entry reads it and
 /// returns at once when it is unset, as in a normal test run).
