@@ -71,6 +71,9 @@ pub struct LockState {
     /// Fair mode: the waiters in line, first first, each with how long it may stay
     /// silent before the queue drops it (`None`: no deadline recorded).
     pub waiters: Vec<Option<Duration>>,
+    /// A read-write lock: how many writers wait for its readers (new readers queue
+    /// behind them).
+    pub writers_waiting: u32,
 }
 
 /// Who holds a lock.
@@ -97,6 +100,12 @@ pub enum Holder {
         /// not read, in a [`BreakOutcome`]).
         permits: Option<u32>,
         /// What is left of each held permit's lease, soonest first; as many as are held.
+        held: Vec<Duration>,
+    },
+    /// Readers of a [read-write lock](crate::LockBuilder::shared) (its writer shows as
+    /// [`Plain`](Self::Plain) or [`Reentrant`](Self::Reentrant)).
+    Readers {
+        /// What is left of each reader's lease, soonest first; as many as read.
         held: Vec<Duration>,
     },
     /// The key holds data fencelock did not write.
@@ -166,17 +175,19 @@ fn holder(kind: &str, pttl: i64, holds: u64, owner: String) -> Option<Holder> {
 
 impl From<Inspected> for LockState {
     fn from(i: Inspected) -> Self {
-        let holder = if i.kind == "semaphore" {
-            Some(Holder::Semaphore {
+        let held = || {
+            i.permit_leases
+                .iter()
+                .filter_map(|ms| remaining(*ms))
+                .collect()
+        };
+        let holder = match i.kind.as_str() {
+            "semaphore" => Some(Holder::Semaphore {
                 permits: u32::try_from(i.permits).ok().filter(|n| *n > 0),
-                held: i
-                    .permit_leases
-                    .iter()
-                    .filter_map(|ms| remaining(*ms))
-                    .collect(),
-            })
-        } else {
-            holder(&i.kind, i.pttl, i.holds, i.owner)
+                held: held(),
+            }),
+            "readers" => Some(Holder::Readers { held: held() }),
+            _ => holder(&i.kind, i.pttl, i.holds, i.owner.clone()),
         };
         Self {
             holder,
@@ -187,23 +198,26 @@ impl From<Inspected> for LockState {
                 .into_iter()
                 .map(|ms| u64::try_from(ms).ok().map(Duration::from_millis))
                 .collect(),
+            writers_waiting: u32::try_from(i.writers).unwrap_or(0),
         }
     }
 }
 
 impl From<Broke> for BreakOutcome {
     fn from(b: Broke) -> Self {
-        let broke = if b.kind == "semaphore" {
-            Some(Holder::Semaphore {
+        let held = || {
+            b.permit_leases
+                .iter()
+                .filter_map(|ms| remaining(*ms))
+                .collect()
+        };
+        let broke = match b.kind.as_str() {
+            "semaphore" => Some(Holder::Semaphore {
                 permits: None,
-                held: b
-                    .permit_leases
-                    .iter()
-                    .filter_map(|ms| remaining(*ms))
-                    .collect(),
-            })
-        } else {
-            holder(&b.kind, b.pttl, 0, b.owner)
+                held: held(),
+            }),
+            "readers" => Some(Holder::Readers { held: held() }),
+            _ => holder(&b.kind, b.pttl, 0, b.owner.clone()),
         };
         Self {
             broke,

@@ -141,6 +141,38 @@ impl Client {
         self.lock(name).permits(permits)
     }
 
+    /// Starts configuring the read side of the read-write lock called `name`: many
+    /// readers at once, each with a lease of its own, while no writer holds it. Its write
+    /// side is [`lock`](Self::lock) of the same name (plain or
+    /// [reentrant](LockBuilder::reentrant)). A writer that waits goes before new readers
+    /// ([`LockBuilder::shared`] states the policy and what differs from a lock). Nothing
+    /// is sent until an acquire.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), fencelock::Error> {
+    /// # let redis = testkit::RedisServer::start();
+    /// # let client = fencelock::Client::connect(&redis.url()).await?;
+    /// let a = client.read_lock("prices").try_acquire().await?;
+    /// let b = client.read_lock("prices").try_acquire().await?; // readers share it
+    /// match client.lock("prices").try_acquire().await {
+    ///     // "2 readers hold it; the first lease ends in about 30s"
+    ///     Err(fencelock::Error::Held { blocked_by, .. }) => println!("busy: {blocked_by}"),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// let last = b.fencing_token();
+    /// a.release().await?;
+    /// b.release().await?;
+    /// let writer = client.lock("prices").try_acquire().await?;
+    /// assert!(writer.fencing_token() > last); // higher than every reader's
+    /// # writer.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn read_lock(&self, name: impl Into<String>) -> LockBuilder {
+        self.lock(name).shared()
+    }
+
     /// The delay queue called `name` on this client's node, under its key prefix. Nothing
     /// is sent to Redis; the queue's keys appear with the first push.
     ///

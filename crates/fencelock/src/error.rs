@@ -72,9 +72,10 @@ pub enum Error {
 
     /// A lock key, its fencing counter, or a queue key holds data fencelock did not write
     /// (a hash, a list, a non-numeric counter, ...), or the name is used by another kind
-    /// of primitive: on a lock key, a `zset` is a semaphore's permits (met by a lock), a
-    /// `string` a lock and a `hash` a reentrant lock (met by a semaphore); the message
-    /// names the kind. fencelock never overwrites it.
+    /// of primitive: on a lock key, a `zset` is a semaphore's permits (met by a lock or
+    /// a reader), `readers` a read-write lock's readers (met by a semaphore or a fair
+    /// lock), a `string` a lock and a `hash` a reentrant lock (met by a semaphore); the
+    /// message names the kind. fencelock never overwrites it.
     #[error("{}", wrong_type_message(node, key, found))]
     WrongType {
         /// The node, as `host:port`.
@@ -208,6 +209,7 @@ fn held_message(name: &str, blocked_by: Blocker, waited: Duration, nodes: &[Node
     };
     let (kind, free) = match blocked_by {
         Blocker::Permits { .. } => ("semaphore", "has no free permit"),
+        Blocker::WritersWaiting { .. } => ("read-write lock", "has no room for a reader"),
         _ => ("lock", "is not free"),
     };
     if waited.is_zero() {
@@ -278,14 +280,34 @@ pub enum Blocker {
         /// How long until the first held permit's lease ends.
         frees_in: Duration,
     },
+    /// A read-write lock's readers hold it (met by a writer, which waits for them all);
+    /// the first of their leases ends in about `frees_in` (zero: now).
+    Readers {
+        /// How many readers hold it.
+        readers: u32,
+        /// How long until the first reader's lease ends.
+        frees_in: Duration,
+    },
+    /// A read-write lock's writers wait for its readers (met by a new reader, which
+    /// queues behind them: writers are not starved). The first of them is given up on
+    /// within about `within` unless it calls again.
+    WritersWaiting {
+        /// How many writers wait.
+        writers: u32,
+        /// How long the first waiting writer stays registered without calling again.
+        within: Duration,
+    },
 }
 
 impl Blocker {
     /// How long the holder's lease still runs, if it is a lease.
     pub fn remaining(self) -> Option<Duration> {
         match self {
-            Self::Lease(d) | Self::Permits { frees_in: d, .. } => Some(d),
-            _ => None,
+            Self::Lease(d)
+            | Self::Permits { frees_in: d, .. }
+            | Self::Readers { frees_in: d, .. }
+            | Self::WritersWaiting { within: d, .. } => Some(d),
+            Self::NoExpiry | Self::Queue => None,
         }
     }
 
@@ -294,15 +316,16 @@ impl Blocker {
     pub(crate) fn sooner(self, other: Self) -> Self {
         match (self, other) {
             (Self::Lease(a), Self::Lease(b)) => Self::Lease(a.min(b)),
-            (Self::Permits { .. }, Self::Permits { .. }) => {
+            (Self::NoExpiry, _) => other,
+            (_, Self::NoExpiry) => self,
+            _ if std::mem::discriminant(&self) == std::mem::discriminant(&other) => {
                 if self.remaining() <= other.remaining() {
                     self
                 } else {
                     other
                 }
             }
-            (Self::Lease(_) | Self::Queue | Self::Permits { .. }, _) => self,
-            (Self::NoExpiry, _) => other,
+            _ => self,
         }
     }
 }
@@ -313,6 +336,9 @@ fn wrong_type_message(node: &str, key: &str, found: &str) -> String {
     let kind = if key.ends_with('}') {
         match found {
             "zset" => Some("a semaphore (its permits: a Redis zset), not a lock"),
+            "readers" => {
+                Some("a read-write lock's readers (a Redis zset), not a semaphore or a fair lock")
+            }
             "string" => Some("a lock (a Redis string), not a semaphore"),
             "hash" => Some("a reentrant lock (a Redis hash), not a semaphore"),
             _ => None,
@@ -360,6 +386,28 @@ impl fmt::Display for Blocker {
                     )
                 }
             }
+            Self::Readers { readers, frees_in } => {
+                match readers {
+                    1 => f.write_str("a reader holds it")?,
+                    n => write!(f, "{n} readers hold it")?,
+                }
+                if frees_in.is_zero() {
+                    f.write_str("; the first lease is ending now")
+                } else {
+                    write!(
+                        f,
+                        "; the first lease ends in about {}",
+                        HumanDuration(*frees_in)
+                    )
+                }
+            }
+            Self::WritersWaiting { writers, .. } => match writers {
+                1 => f.write_str("a writer waits for the readers, and new readers go after it"),
+                n => write!(
+                    f,
+                    "{n} writers wait for the readers, and new readers go after them"
+                ),
+            },
         }
     }
 }
@@ -499,8 +547,11 @@ impl fmt::Display for NodeOutcome {
                 }
                 Blocker::NoExpiry => f.write_str("held by another owner, with no expiry"),
                 Blocker::Queue => f.write_str("free, but other waiters are first in line"),
-                // Redlock refuses semaphores: never a node's answer.
-                Blocker::Permits { .. } => write!(f, "{blocked_by}"),
+                // Redlock refuses semaphores and readers: a node says this only when a
+                // single-node client used one of its names.
+                Blocker::Permits { .. }
+                | Blocker::Readers { .. }
+                | Blocker::WritersWaiting { .. } => write!(f, "{blocked_by}"),
             },
             Self::Unavailable(reason) => write!(f, "unavailable ({reason})"),
             Self::Quarantined { remaining } => {

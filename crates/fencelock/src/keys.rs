@@ -17,6 +17,16 @@
 //! a lock does, and `fencelock:{pool}:permits`, a string: its permit count, which
 //! expires like the fencing counter.
 //!
+//! A read-write lock ([`LockBuilder::shared`](crate::LockBuilder::shared)) named `doc`
+//! has one writer at a time, a plain or reentrant lock at `fencelock:{doc}` as above, or
+//! readers, which make `fencelock:{doc}` a zset: each reader's token (`<token>:<owner>`
+//! for a reader with an owner id) scored with the end of its lease in server ms, and the
+//! member `rwlock` scored `+inf`, which tells it from a semaphore; it expires with the
+//! longest lease. `fencelock:{doc}:writers` is a zset of the writers waiting for the
+//! readers, each with a deadline (server ms) that its every attempt pushes on by its
+//! lease; it expires with the last deadline. Grants of both sides come from one fencing
+//! counter.
+//!
 //! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
 //! an empty message (a plain or reentrant release) each client wakes its longest-waiting
 //! plain waiter and all its reentrant and fair waiters; a message carrying an owner token
@@ -100,6 +110,11 @@ impl LockKeys {
     /// A semaphore's permit count.
     pub fn permits(&self) -> String {
         self.with_suffix(":permits")
+    }
+
+    /// A read-write lock's writers waiting for its readers, each with a deadline.
+    pub fn writers(&self) -> String {
+        self.with_suffix(":writers")
     }
 
     /// The pub/sub channel releases are announced on.

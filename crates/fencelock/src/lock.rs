@@ -103,6 +103,8 @@ pub struct LockBuilder {
     owner: Option<String>,
     /// A semaphore, with its permit count.
     permits: Option<u32>,
+    /// A read-write lock's read side.
+    reader: bool,
     retry: Retry,
     /// What the holder says about itself.
     info: String,
@@ -122,6 +124,7 @@ impl std::fmt::Debug for LockBuilder {
             .field("fair", &self.fair)
             .field("owner", &self.owner.as_ref().map(|_| "<redacted>"))
             .field("permits", &self.permits)
+            .field("reader", &self.reader)
             .field("retry", &self.retry)
             .field("info", &self.info)
             .field("replicas", &self.replicas)
@@ -141,6 +144,7 @@ impl LockBuilder {
             fair: None,
             owner: None,
             permits: None,
+            reader: false,
             retry: Retry::default(),
             info: String::new(),
             replicas: 0,
@@ -263,9 +267,48 @@ impl LockBuilder {
         self
     }
 
+    /// Makes this the read side of a read-write lock (default: the write side, which is
+    /// the plain lock, or with [`reentrant`](Self::reentrant) the reentrant one). Many
+    /// readers hold it at once, each with a lease of its own, while no writer does; a
+    /// writer holds it alone. Leases, renewal, [`max_hold`](Self::max_hold), release,
+    /// cancellation and crashed holders are as for a lock; every grant on either side
+    /// gets a fencing token from the one counter of the name, so a writer's token is
+    /// higher than every reader's granted before it (and the other way round).
+    ///
+    /// **Writers are not starved.** A writer that finds readers and waits registers as
+    /// waiting; from then on new readers queue behind it ([`Error::Held`] with
+    /// [`Blocker::WritersWaiting`](crate::Blocker::WritersWaiting)), and it gets the lock
+    /// when the readers already in have left (or their leases ran out). It stays
+    /// registered for one lease from each of its attempts, and it calls again at least
+    /// every third of its lease: a writer that crashes while waiting holds new readers
+    /// back for at most one lease; one that gives up or is cancelled withdraws at once
+    /// and wakes them. A writer that only tries ([`try_acquire`](Self::try_acquire))
+    /// does not register. Waiting readers are all woken by a writer's release.
+    ///
+    /// **Reentrancy by owner**, with [`reentrant`](Self::reentrant) on both sides: a
+    /// reader whose owner holds the reentrant write lock gets the read side as one more
+    /// hold of that lock (same fencing token; the write lock stays held until every hold
+    /// is released); a reader whose owner already reads gets in even while writers wait
+    /// (its owner would otherwise wait for a writer that waits for it). A plain writer
+    /// has no owner, so it cannot take the read side while it writes: that waits for
+    /// itself, until the wait runs out.
+    ///
+    /// One node (standalone, Sentinel or Cluster): Redlock refuses it with
+    /// [`Error::InvalidArgument`]; so do [`fair`](Self::fair), [`permits`](Self::permits)
+    /// and [`holder_info`](Self::holder_info) with it. Every writer of the name must be a
+    /// plain or reentrant lock: a fair lock or a semaphore on a name readers hold gets
+    /// [`Error::WrongType`], and a reader on a semaphore's name likewise.
+    pub fn shared(mut self) -> Self {
+        self.reader = true;
+        self
+    }
+
     fn mode(&self) -> Result<Mode, Error> {
         if let Some(permits) = self.permits {
             return self.semaphore_mode(permits);
+        }
+        if self.reader {
+            return self.read_mode();
         }
         if self.shared.backend.is_redlock() && (self.fair.is_some() || self.owner.is_some()) {
             return Err(Error::invalid(
@@ -291,27 +334,50 @@ impl LockBuilder {
                     waiter_timeout: *waiter_timeout,
                 })
             }
-            (None, Some(owner)) => {
-                if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
-                    return Err(Error::invalid(
-                        "owner id",
-                        format!("{owner:?} must be 1 to 256 bytes without control characters"),
-                    ));
-                }
-                Ok(Mode::Reentrant {
-                    owner: owner.clone(),
-                })
-            }
+            (None, Some(owner)) => Ok(Mode::Reentrant {
+                owner: checked_owner(owner)?,
+            }),
             (None, None) => Ok(Mode::Plain),
         }
     }
 
-    fn semaphore_mode(&self, permits: u32) -> Result<Mode, Error> {
-        check_semaphore(&self.shared.backend, permits)?;
-        if self.fair.is_some() || self.owner.is_some() {
+    fn read_mode(&self) -> Result<Mode, Error> {
+        if self.shared.backend.is_redlock() {
             return Err(Error::invalid(
                 "lock mode",
-                "a semaphore is neither fair nor reentrant (yet): drop fair() or reentrant()",
+                "a read-write lock needs a single Redis node (standalone, Sentinel or \
+                 Cluster): its readers are counted in one place, and independent majorities \
+                 of readers and of a writer could overlap",
+            ));
+        }
+        if self.fair.is_some() {
+            return Err(Error::invalid(
+                "lock mode",
+                "a read-write lock's readers are not fair (yet): writers already go before \
+                 new readers; drop fair()",
+            ));
+        }
+        if !self.info.is_empty() {
+            return Err(Error::invalid(
+                "holder info",
+                "readers do not store holder info (yet): one key, many readers",
+            ));
+        }
+        Ok(Mode::Read {
+            owner: match &self.owner {
+                Some(owner) => checked_owner(owner)?,
+                None => String::new(),
+            },
+        })
+    }
+
+    fn semaphore_mode(&self, permits: u32) -> Result<Mode, Error> {
+        check_semaphore(&self.shared.backend, permits)?;
+        if self.fair.is_some() || self.owner.is_some() || self.reader {
+            return Err(Error::invalid(
+                "lock mode",
+                "a semaphore is neither fair nor reentrant (yet), nor a read-write lock: drop \
+                 fair(), reentrant() or shared()",
             ));
         }
         if !self.info.is_empty() {
@@ -517,7 +583,7 @@ impl LockBuilder {
         // future cannot lose it in between.
         let registration = self.shared.watchdog.watch(
             granted.keys.lock.clone(),
-            granted.mode.holder_id(&granted.token).to_owned(),
+            granted.mode.holder_id(&granted.token).into_owned(),
             ttl,
             self.renew,
             self.max_hold.map(|h| granted.sent_at + h),
@@ -541,6 +607,17 @@ impl LockBuilder {
             held: true,
         })
     }
+}
+
+/// A reentrant owner id, if it is 1 to 256 bytes without control characters.
+fn checked_owner(owner: &str) -> Result<String, Error> {
+    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "owner id",
+            format!("{owner:?} must be 1 to 256 bytes without control characters"),
+        ));
+    }
+    Ok(owner.to_owned())
 }
 
 fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
@@ -763,7 +840,7 @@ impl LockGuard {
         let extended = self
             .shared
             .backend
-            .extend(&self.name, &self.keys, holder, ttl)
+            .extend(&self.name, &self.keys, &holder, ttl)
             .await;
         match extended {
             Ok((sent_at, valid_until)) => {

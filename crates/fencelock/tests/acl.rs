@@ -141,6 +141,42 @@ async fn the_readme_user_runs_every_single_node_feature() {
     assert!(!server.exists("fencelock:{sem}"));
     assert!(!server.exists("fencelock:{re}"));
 
+    // Read-write lock: readers, a writer that waits for them (and gives up: withdrawn),
+    // a reader refused while it waits, the writer's grant, an owner's read hold.
+    let reader = c.read_lock("rw").try_acquire().await.expect("a reader");
+    let mut reader = reader;
+    reader
+        .extend(Duration::from_secs(20))
+        .await
+        .expect("extend a reader");
+    let writer = tokio::spawn(c.lock("rw").wait(Duration::from_millis(300)).acquire());
+    common::eventually("the writer waits", Duration::from_secs(5), async || {
+        server.exists("fencelock:{rw}:writers")
+    })
+    .await;
+    assert!(matches!(
+        c.read_lock("rw").try_acquire().await,
+        Err(Error::Held { .. })
+    ));
+    assert!(matches!(writer.await.unwrap(), Err(Error::Held { .. })));
+    assert!(!server.exists("fencelock:{rw}:writers"), "withdrawn");
+    reader.release().await.expect("release a reader");
+    let w = c
+        .lock("rw")
+        .reentrant("o")
+        .try_acquire()
+        .await
+        .expect("the writer");
+    let r = c
+        .read_lock("rw")
+        .reentrant("o")
+        .try_acquire()
+        .await
+        .expect("its owner's read hold");
+    r.release().await.unwrap();
+    w.release().await.unwrap();
+    assert!(!server.exists("fencelock:{rw}"));
+
     // Watchdog: a short lease outlives its length while renewed.
     let lease = Duration::from_millis(300);
     let g = c.lock("dog").lease(lease).try_acquire().await.unwrap();

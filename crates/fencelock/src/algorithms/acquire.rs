@@ -165,7 +165,14 @@ async fn attempts(
                 fence,
                 sent_at,
                 valid_until,
+                owner_hold,
             }) => {
+                if owner_hold && let Mode::Read { owner } = &pending.mode {
+                    // The read side of the owner's write lock: one more hold of it.
+                    pending.mode = Mode::Reentrant {
+                        owner: owner.clone(),
+                    };
+                }
                 if let (Some(w), Some(marks)) = (&waiter, &marks) {
                     w.settle(marks);
                 }
@@ -223,7 +230,10 @@ async fn attempts(
                 if let (Some(w), Some(marks)) = (&waiter, &marks) {
                     w.settle(marks);
                 }
-                pending.queued = waits && fair_timeout.is_some();
+                // A place in line to take back if this acquire ends without the lock: in
+                // a fair queue, or among a read-write lock's waiting writers.
+                pending.queued |= waits
+                    && (fair_timeout.is_some() || matches!(blocked_by, Blocker::Readers { .. }));
                 if waits && waiter.is_none() {
                     waiter = Some(Waiter::join(backend, &pending).await);
                     attempt = attempt.saturating_add(1);
@@ -269,10 +279,15 @@ async fn attempts(
                 return Err(e);
             }
         };
+        // A writer waiting for readers is registered for one lease from each attempt.
+        let keep_place = match found {
+            Found::Held(Blocker::Readers { .. }) => Some(req.ttl / 3),
+            _ => fair_timeout.map(|t| t / 3),
+        };
         let pause = next_pause(Pause {
             found,
             backoff: req.retry.delay(attempt),
-            fair_timeout,
+            keep_place,
             notified_everywhere: waiter.as_ref().is_some_and(|w| w.everywhere),
             left: deadline.map(|d| d.saturating_duration_since(Instant::now())),
         });
@@ -444,8 +459,10 @@ pub(crate) struct Pause {
     pub found: Found,
     /// The retry schedule's pause for this attempt (drawn by the caller).
     pub backoff: Duration,
-    /// Fair mode: the waiter timeout.
-    pub fair_timeout: Option<Duration>,
+    /// A waiter with a place in line (fair mode: a third of the waiter timeout; a writer
+    /// waiting for readers: a third of its lease): it calls again within this, or
+    /// loses the place.
+    pub keep_place: Option<Duration>,
     /// Whether release notifications come from every node.
     pub notified_everywhere: bool,
     /// What is left of the caller's wait (`None`: for ever).
@@ -453,18 +470,22 @@ pub(crate) struct Pause {
 }
 
 /// The longest a waiter sleeps before its next attempt, if no release notification
-/// comes first: the holder's remaining lease as Redis reported it (the key is gone once
-/// it runs out, message or not), else the backoff; in fair mode at most a third of the
-/// waiter timeout (a waiter must call again well before the queue drops it); the backoff
-/// at most where notifications are missing from a node; never past the caller's wait.
+/// comes first: what Redis said is left of the lease in the way (the holder's, the first
+/// permit's or reader's, a waiting writer's registration: it is gone once that runs
+/// out, message or not), else the backoff; at most [`Pause::keep_place`] for a waiter
+/// that must call again to keep its place in line; the backoff at most where
+/// notifications are missing from a node; never past the caller's wait.
 pub(crate) fn next_pause(p: Pause) -> Duration {
     let mut pause = match p.found {
-        Found::Held(Blocker::Lease(left)) if !left.is_zero() => left + Duration::from_millis(1),
-        Found::Held(_) | Found::Unreachable => p.backoff,
+        Found::Held(blocker) => match blocker.remaining() {
+            Some(left) if !left.is_zero() => left + Duration::from_millis(1),
+            _ => p.backoff,
+        },
+        Found::Unreachable => p.backoff,
     };
     if let Found::Held(_) = p.found {
-        if let Some(timeout) = p.fair_timeout {
-            pause = pause.min(timeout / 3);
+        if let Some(keep) = p.keep_place {
+            pause = pause.min(keep);
         }
         if !p.notified_everywhere {
             pause = pause.min(p.backoff);
@@ -644,7 +665,7 @@ mod tests {
         Pause {
             found,
             backoff: 40 * MS,
-            fair_timeout: None,
+            keep_place: None,
             notified_everywhere: true,
             left: None,
         }
@@ -664,7 +685,7 @@ mod tests {
     #[test]
     fn fair_waiters_call_again_within_a_third_of_their_timeout() {
         let p = Pause {
-            fair_timeout: Some(300 * MS),
+            keep_place: Some(100 * MS),
             ..pause(Found::Held(Blocker::Lease(900 * MS)))
         };
         assert_eq!(next_pause(p), 100 * MS);

@@ -19,6 +19,7 @@ pub(crate) mod quorum;
 pub(crate) mod sentinel;
 pub(crate) mod subscriber;
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,12 @@ pub(crate) enum Mode {
     /// A semaphore: up to `permits` holders at once, each with a lease of its own; the
     /// key is a zset (`semaphore/acquire.lua`).
     Semaphore { permits: u32 },
+    /// A read-write lock's read side: many readers at once, each with a lease of its
+    /// own, while no writer holds it or waits; the key is then a zset
+    /// (`rwlock/read_acquire.lua`). The writer is the plain (or reentrant) lock.
+    /// `owner`: a reader's owner id ("" for none), whose other reads let it in past
+    /// waiting writers, and whose reentrant write lock it may read under.
+    Read { owner: String },
 }
 
 impl std::fmt::Debug for Mode {
@@ -73,6 +80,10 @@ impl std::fmt::Debug for Mode {
                 .debug_struct("Semaphore")
                 .field("permits", permits)
                 .finish(),
+            Mode::Read { owner } => f
+                .debug_struct("Read")
+                .field("owner", &if owner.is_empty() { "" } else { "<redacted>" })
+                .finish(),
         }
     }
 }
@@ -85,14 +96,18 @@ impl Mode {
             Mode::Fair { .. } => ModeLabel::Fair,
             Mode::Reentrant { .. } => ModeLabel::Reentrant,
             Mode::Semaphore { .. } => ModeLabel::Semaphore,
+            Mode::Read { .. } => ModeLabel::Read,
         }
     }
 
     /// What the key holds while this mode holds the lock: renewals compare against it.
-    pub fn holder_id<'a>(&'a self, token: &'a HolderToken) -> &'a str {
+    pub fn holder_id<'a>(&'a self, token: &'a HolderToken) -> Cow<'a, str> {
         match self {
-            Mode::Reentrant { owner } => owner,
-            _ => token.as_str(),
+            Mode::Reentrant { owner } => Cow::Borrowed(owner),
+            Mode::Read { owner } if !owner.is_empty() => {
+                Cow::Owned(format!("{}:{owner}", token.as_str()))
+            }
+            _ => Cow::Borrowed(token.as_str()),
         }
     }
 
@@ -100,7 +115,8 @@ impl Mode {
     pub fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
         match self {
             Mode::Plain | Mode::Semaphore { .. } => Wake::Plain,
-            Mode::Reentrant { .. } => Wake::Owner,
+            // Readers share: a release lets every one of them in.
+            Mode::Reentrant { .. } | Mode::Read { .. } => Wake::Owner,
             Mode::Fair { .. } => Wake::Turn(token.as_str()),
         }
     }
@@ -139,6 +155,9 @@ pub(crate) enum Attempt {
         /// When the request that got the grant was sent.
         sent_at: Instant,
         valid_until: Instant,
+        /// A reader's grant that is one more hold of its owner's reentrant write lock:
+        /// it is released and renewed as [`Mode::Reentrant`] from now on.
+        owner_hold: bool,
     },
     Held {
         blocked_by: Blocker,
@@ -348,6 +367,7 @@ impl Backend {
                 identify,
                 req.info,
                 self.counter_idle,
+                req.join,
             ),
             Mode::Fair { waiter_timeout } => scripts::fair_acquire(
                 req.keys,
@@ -359,8 +379,16 @@ impl Backend {
                 &self.own_channel(req.keys),
                 self.counter_idle,
             ),
-            Mode::Reentrant { owner } => {
-                scripts::reentrant_acquire(req.keys, owner, req.token, req.ttl, self.counter_idle)
+            Mode::Reentrant { owner } => scripts::reentrant_acquire(
+                req.keys,
+                owner,
+                req.token,
+                req.ttl,
+                self.counter_idle,
+                req.join,
+            ),
+            Mode::Read { owner } => {
+                scripts::read_acquire(req.keys, req.token, req.ttl, owner, self.counter_idle)
             }
             Mode::Semaphore { permits } => scripts::semaphore_acquire(
                 req.keys,
@@ -375,8 +403,10 @@ impl Backend {
             .anonymous
             .get_or_init(|| Arc::new(invocation(false)));
         let sent_at = Instant::now();
+        let mut owner_hold = false;
         let (verdict, take_back) = if let Some(node) = self.only_node() {
-            let answer = node.run(anonymous, q.within(req.ttl)).await;
+            let answer: Result<AcquireReply, Error> = node.run(anonymous, q.within(req.ttl)).await;
+            owner_hold = matches!(&answer, Ok(reply) if reply.owner_hold);
             q.acquire_one(node, answer, sent_at, req.ttl)
         } else {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
@@ -428,6 +458,7 @@ impl Backend {
                 fence,
                 sent_at,
                 valid_until,
+                owner_hold,
             }),
             Verdict::Held {
                 blocked_by,
@@ -586,6 +617,7 @@ impl Backend {
             Mode::Fair { .. } => scripts::fair_release(keys, token, self.counter_idle),
             Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
             Mode::Semaphore { .. } => scripts::semaphore_release(keys, token),
+            Mode::Read { .. } => scripts::read_release(keys, &mode.holder_id(token)),
         }
     }
 

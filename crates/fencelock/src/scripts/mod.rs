@@ -1,7 +1,8 @@
 //! The Lua scripts, and typed invocations of them.
 //!
 //! Each script is a file whose header states KEYS, ARGV and every reply: `lock/` holds
-//! the lock's scripts, `semaphore/` the semaphore's, `queue/` the delay queue's. The
+//! the lock's scripts (a plain lock is also a read-write lock's writer), `semaphore/` the
+//! semaphore's, `rwlock/` a read-write lock's readers', `queue/` the delay queue's. The
 //! functions several scripts share are fragments in `fragments/`, put in front of a
 //! script when it is loaded, as
 //! [`Lua::parts`] lists: that table is the only place that says which fragment goes
@@ -44,6 +45,8 @@ const HOLDER: Fragment = Fragment(include_str!("fragments/holder.lua"));
 const FENCE: Fragment = Fragment(include_str!("fragments/fence.lua"));
 /// `purge_waiters()`.
 const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
+/// `readers_held()`, `writer_waits()`, `writer_gone()`; needs [`HOLDER`] and [`CLOCK`].
+const READERS: Fragment = Fragment(include_str!("fragments/readers.lua"));
 /// `renew_lease()`; needs [`HOLDER`] and [`CLOCK`].
 const LEASE: Fragment = Fragment(include_str!("fragments/lease.lua"));
 /// `announce()` with classic `PUBLISH`; a cluster's scripts get [`SHARDED_PUBLISH`] in
@@ -92,6 +95,8 @@ pub(crate) enum Lua {
     SemaphoreAcquire,
     SemaphoreRelease,
     SemaphoreResize,
+    ReadAcquire,
+    ReadRelease,
     Inspect,
     Break,
     QueuePush,
@@ -103,7 +108,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 20] = [
+    const ALL: [Lua; 22] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -116,6 +121,8 @@ impl Lua {
         Lua::SemaphoreAcquire,
         Lua::SemaphoreRelease,
         Lua::SemaphoreResize,
+        Lua::ReadAcquire,
+        Lua::ReadRelease,
         Lua::Inspect,
         Lua::Break,
         Lua::QueuePush,
@@ -134,12 +141,12 @@ impl Lua {
         match self {
             Acquire => (
                 "lock/acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE],
+                &[TYPES, HOLDER, CLOCK, FENCE, READERS],
                 include_str!("lock/acquire.lua"),
             ),
             Release => (
                 "lock/release.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
+                &[TYPES, HOLDER, CLOCK, FENCE, READERS, PUBLISH],
                 include_str!("lock/release.lua"),
             ),
             Renew => (
@@ -154,12 +161,12 @@ impl Lua {
             ),
             ReentrantAcquire => (
                 "lock/reentrant_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE],
+                &[TYPES, HOLDER, CLOCK, FENCE, READERS],
                 include_str!("lock/reentrant_acquire.lua"),
             ),
             ReentrantRelease => (
                 "lock/reentrant_release.lua",
-                &[TYPES, HOLDER, PUBLISH],
+                &[TYPES, HOLDER, CLOCK, READERS, PUBLISH],
                 include_str!("lock/reentrant_release.lua"),
             ),
             FairAcquire => (
@@ -179,7 +186,7 @@ impl Lua {
             ),
             SemaphoreAcquire => (
                 "semaphore/acquire.lua",
-                &[TYPES, CLOCK, FENCE],
+                &[TYPES, HOLDER, CLOCK, FENCE],
                 include_str!("semaphore/acquire.lua"),
             ),
             SemaphoreRelease => (
@@ -189,8 +196,18 @@ impl Lua {
             ),
             SemaphoreResize => (
                 "semaphore/resize.lua",
-                &[TYPES, CLOCK, FENCE, PUBLISH],
+                &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
                 include_str!("semaphore/resize.lua"),
+            ),
+            ReadAcquire => (
+                "rwlock/read_acquire.lua",
+                &[TYPES, HOLDER, CLOCK, FENCE, READERS],
+                include_str!("rwlock/read_acquire.lua"),
+            ),
+            ReadRelease => (
+                "rwlock/read_release.lua",
+                &[TYPES, HOLDER, CLOCK, READERS, PUBLISH],
+                include_str!("rwlock/read_release.lua"),
             ),
             Inspect => (
                 "lock/inspect.lua",
@@ -486,7 +503,8 @@ fn flag(on: bool) -> &'static str {
 
 /// `identify`: report run id and uptime; `info`: the holder info to store with the
 /// grant ("" for none); `counter_idle`: how long the fencing counter lives without a
-/// grant (zero: for ever), as in every script that writes the counter.
+/// grant (zero: for ever), as in every script that writes the counter; `join`: a
+/// waiting acquire, which waits among a read-write lock's writers when readers hold it.
 pub(crate) fn acquire(
     keys: &LockKeys,
     token: &HolderToken,
@@ -494,17 +512,19 @@ pub(crate) fn acquire(
     identify: bool,
     info: &str,
     counter_idle: Duration,
+    join: bool,
 ) -> Call {
     let mut inv = Call::new(Lua::Acquire);
-    inv.key(&keys.lock).key(keys.fence());
-    if !info.is_empty() {
-        inv.key(keys.holder_info());
-    }
-    inv.arg(token.as_str())
+    inv.key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.holder_info())
+        .key(keys.writers())
+        .arg(token.as_str())
         .arg(ms(ttl))
         .arg(flag(identify))
         .arg(info)
-        .arg(ms(counter_idle));
+        .arg(ms(counter_idle))
+        .arg(flag(join));
     inv
 }
 
@@ -519,6 +539,7 @@ pub(crate) fn release(
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.holder_info())
+        .key(keys.writers())
         .arg(token.as_str())
         .arg(keys.channel())
         .arg(fence)
@@ -592,26 +613,59 @@ pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Dura
     inv
 }
 
+/// `join`: as [`acquire`]'s.
+/// Takes a read-write lock's read side for `token`, with `owner` ("" for none)
+/// (`rwlock/read_acquire.lua`).
+pub(crate) fn read_acquire(
+    keys: &LockKeys,
+    token: &HolderToken,
+    ttl: Duration,
+    owner: &str,
+    counter_idle: Duration,
+) -> Call {
+    let mut inv = Call::new(Lua::ReadAcquire);
+    inv.key(&keys.lock)
+        .key(keys.fence())
+        .key(keys.writers())
+        .arg(token.as_str())
+        .arg(ms(ttl))
+        .arg(owner)
+        .arg(ms(counter_idle));
+    inv
+}
+
+/// Ends the lease of the reader `member` (its token, or `<token>:<owner>`) and, for the
+/// last reader, announces it (`rwlock/read_release.lua`).
+pub(crate) fn read_release(keys: &LockKeys, member: &str) -> Call {
+    let mut inv = Call::new(Lua::ReadRelease);
+    inv.key(&keys.lock).arg(member).arg(keys.channel());
+    inv
+}
+
 pub(crate) fn reentrant_acquire(
     keys: &LockKeys,
     owner: &str,
     token: &HolderToken,
     ttl: Duration,
     counter_idle: Duration,
+    join: bool,
 ) -> Call {
     let mut inv = Call::new(Lua::ReentrantAcquire);
     inv.key(&keys.lock)
         .key(keys.fence())
+        .key(keys.writers())
         .arg(owner)
         .arg(token.as_str())
         .arg(ms(ttl))
-        .arg(ms(counter_idle));
+        .arg(ms(counter_idle))
+        .arg(flag(join));
     inv
 }
 
 pub(crate) fn reentrant_release(keys: &LockKeys, owner: &str, token: &HolderToken) -> Call {
     let mut inv = Call::new(Lua::ReentrantRelease);
     inv.key(&keys.lock)
+        .key(keys.writers())
         .arg(owner)
         .arg(token.as_str())
         .arg(keys.channel());
@@ -685,7 +739,8 @@ pub(crate) fn inspect(keys: &LockKeys) -> Call {
         .key(keys.queue())
         .key(keys.waiters())
         .key(keys.holder_info())
-        .key(keys.permits());
+        .key(keys.permits())
+        .key(keys.writers());
     inv
 }
 
@@ -790,10 +845,20 @@ mod tests {
             ("next_fence(", FENCE),
             ("purge_waiters(", FAIR_QUEUE),
             ("renew_lease(", LEASE),
+            ("READERS_MARK", HOLDER),
+            ("readers_held(", READERS),
+            ("writer_waits(", READERS),
+            ("writer_gone(", READERS),
             ("announce(", PUBLISH),
         ];
         // Each pair: the fragment that uses functions of the other comes after it.
-        let after = [(CLOCK, FENCE), (HOLDER, LEASE), (CLOCK, LEASE)];
+        let after = [
+            (CLOCK, FENCE),
+            (HOLDER, LEASE),
+            (CLOCK, LEASE),
+            (HOLDER, READERS),
+            (CLOCK, READERS),
+        ];
         for lua in Lua::ALL {
             let (file, fragments, body) = lua.parts();
             let name = file.rsplit('/').next().unwrap_or(file);

@@ -45,12 +45,15 @@ pub(crate) struct Identity {
 }
 
 /// What an acquire script answered: `acquire.lua`, `reentrant_acquire.lua`,
-/// `fair_acquire.lua`, `semaphore/acquire.lua`.
+/// `fair_acquire.lua`, `semaphore/acquire.lua`, `rwlock/read_acquire.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AcquireReply {
     pub outcome: AcquireOutcome,
     /// Present when asked for.
     pub identity: Option<Identity>,
+    /// `read_acquire.lua`'s code 4: the read side was granted as one more hold of the
+    /// owner's reentrant write lock (released and renewed as such).
+    pub owner_hold: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,10 +80,17 @@ impl FromRedisValue for AcquireReply {
             Some(Value::Int(n)) => Ok(*n),
             _ => Err(bad()),
         };
-        let outcome = match int(0)? {
-            code @ (1 | 2) => AcquireOutcome::Acquired {
+        let count = || u32::try_from(int(2)?).map_err(|_| bad());
+        let ms = || {
+            u64::try_from(int(1)?)
+                .map(Duration::from_millis)
+                .map_err(|_| bad())
+        };
+        let code = int(0)?;
+        let outcome = match code {
+            1 | 2 | 4 => AcquireOutcome::Acquired {
                 fence: FencingToken::new(u64::try_from(int(1)?).map_err(|_| bad())?),
-                fresh: code == 1,
+                fresh: code != 2,
             },
             // The holder's PTTL; -1: no expiry; -2 (only fair_acquire.lua says it): free,
             // with another waiter first in line.
@@ -103,23 +113,46 @@ impl FromRedisValue for AcquireReply {
             // the permit count.
             3 => AcquireOutcome::Held {
                 blocked_by: Blocker::Permits {
-                    permits: u32::try_from(int(2)?).map_err(|_| bad())?,
-                    frees_in: Duration::from_millis(u64::try_from(int(1)?).map_err(|_| bad())?),
+                    permits: count()?,
+                    frees_in: ms()?,
+                },
+                fence_seen: None,
+            },
+            // A read-write lock: a reader finds writers waiting (5), a writer finds
+            // readers (6); ms until the first deadline or lease ends, and how many.
+            5 => AcquireOutcome::Held {
+                blocked_by: Blocker::WritersWaiting {
+                    writers: count()?,
+                    within: ms()?,
+                },
+                fence_seen: None,
+            },
+            6 => AcquireOutcome::Held {
+                blocked_by: Blocker::Readers {
+                    readers: count()?,
+                    frees_in: ms()?,
                 },
                 fence_seen: None,
             },
             _ => return Err(bad()),
         };
-        let identity = match items.as_slice() {
-            [_, _] | [Value::Int(0 | 3), _, Value::Int(_)] => None,
-            [_, _, Value::BulkString(id), Value::Int(up)] => Some(Identity {
+        // With a count (codes 3, 5, 6), the identity comes after it.
+        let identity_at = if matches!(code, 3 | 5 | 6) { 3 } else { 2 };
+        let identity = match &items[identity_at.min(items.len())..] {
+            [] | [Value::Int(_)] if code == 0 => None,
+            [] => None,
+            [Value::BulkString(id), Value::Int(up)] => Some(Identity {
                 run_id: String::from_utf8_lossy(id).into_owned(),
                 uptime: Duration::from_secs(u64::try_from(*up).unwrap_or(0)),
             })
             .filter(|i| !i.run_id.is_empty()),
             _ => return Err(bad()),
         };
-        Ok(Self { outcome, identity })
+        Ok(Self {
+            outcome,
+            identity,
+            owner_hold: code == 4,
+        })
     }
 }
 
@@ -195,7 +228,7 @@ impl FromRedisValue for Left {
 /// `lock/inspect.lua`'s answer, as its header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Inspected {
-    /// "none", "plain", "reentrant", or a foreign Redis type.
+    /// "none", "plain", "reentrant", "semaphore", "readers", or a foreign Redis type.
     pub kind: String,
     pub pttl: i64,
     pub holds: u64,
@@ -207,8 +240,11 @@ pub(crate) struct Inspected {
     pub waiters: Vec<i64>,
     /// A semaphore's permit count (0: none stored).
     pub permits: u64,
-    /// A semaphore's held permits: ms left of each lease, soonest first.
+    /// A semaphore's held permits, or a read-write lock's readers: ms left of each
+    /// lease, soonest first.
     pub permit_leases: Vec<i64>,
+    /// A read-write lock's writers waiting for its readers.
+    pub writers: u64,
 }
 
 /// `semaphore/resize.lua`'s answer: the count before (0: none), the permits held.
@@ -236,13 +272,13 @@ impl FromRedisValue for Resized {
 /// `lock/break.lua`'s answer, as its header says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Broke {
-    /// "none", "plain", "reentrant" or "semaphore".
+    /// "none", "plain", "reentrant", "semaphore" or "readers".
     pub kind: String,
     pub owner: String,
     pub pttl: i64,
     /// The counter after the break, as text (empty: free and no counter).
     pub counter: String,
-    /// A semaphore's broken permits: ms left of each lease, soonest first.
+    /// A semaphore's broken permits, or readers: ms left of each lease, soonest first.
     pub permit_leases: Vec<i64>,
 }
 
@@ -282,6 +318,7 @@ impl FromRedisValue for Inspected {
                 Value::Array(w),
                 Value::Int(permits),
                 Value::Array(leases),
+                Value::Int(writers),
             ] => Ok(Self {
                 kind: text(kind).ok_or_else(bad)?,
                 pttl: *pttl,
@@ -292,6 +329,7 @@ impl FromRedisValue for Inspected {
                 waiters: ints(w).ok_or_else(bad)?,
                 permits: u64::try_from(*permits).unwrap_or(0),
                 permit_leases: ints(leases).ok_or_else(bad)?,
+                writers: u64::try_from(*writers).unwrap_or(0),
             }),
             _ => Err(bad()),
         }

@@ -6,12 +6,18 @@
 --   'plain'      a string: holder is the holder token in it (plain and fair locks, and
 --                the other libraries that write the token as a plain string)
 --   'reentrant'  a hash with an "owner" field: holder is that owner id
---   'foreign'    anything else, which fencelock did not write: holder is the Redis type
+--   'foreign'    anything else: holder is the Redis type, or "readers" for a read-write
+--                lock's readers (a ZSET with the member READERS_MARK, readers.lua); a
+--                semaphore's permits are a "zset" without it
 -- expected: the kind the calling script works on, read first with one call ('plain':
 --   GET, 'reentrant': HGET owner); any other kind found costs a TYPE after it, and
 --   the probe that failed on the wrong type counts in Redis's error statistics
 --   (INFO errorstats), so a script that may meet either kind passes nil: TYPE first,
 --   no error counted
+
+-- The member, scored +inf, that marks a ZSET lock key as a read-write lock's readers
+-- (never a holder token: those are 32 hex digits, with ":<owner>" for an owned reader).
+local READERS_MARK = 'rwlock'
 
 local function holder_by_type(key)
   local kind = redis.call('TYPE', key).ok
@@ -24,6 +30,8 @@ local function holder_by_type(key)
     if owner then
       return 'reentrant', owner
     end
+  elseif kind == 'zset' and redis.call('ZSCORE', key, READERS_MARK) then
+    return 'foreign', 'readers'
   end
   return 'foreign', kind
 end

@@ -3,8 +3,9 @@
 --
 -- renew_lease(key, info_key, holder, ttl) -> 1, 0 or -1
 --   key       the lock key: a string holding the holder token, (reentrant locks) a
---             hash whose field "owner" holds the owner id, or (semaphores) a ZSET of
---             holder tokens scored with their leases' ends (server ms); needs clock.lua
+--             hash whose field "owner" holds the owner id, or (semaphores, and a
+--             read-write lock's readers) a ZSET of holder tokens scored with their
+--             leases' ends (server ms); needs clock.lua
 --   info_key  the holder info, renewed with it if there is one
 --   holder    the token, or a reentrant lock's owner id
 --   ttl       the new ttl, ms from now, a positive integer
@@ -13,7 +14,8 @@
 --   -1   not held: another holder has the key, or it holds data fencelock did not
 --        write (the lease is lost either way; the key is left untouched)
 
--- A semaphore's permit: renewed while its lease has not ended; an ended one is dropped.
+-- A semaphore's permit or a reader's lease: renewed while its lease has not ended; an
+-- ended one is dropped.
 local function renew_permit(key, holder, ttl)
   local ends = redis.call('ZSCORE', key, holder)
   if not ends then
@@ -33,7 +35,7 @@ end
 
 local function renew_lease(key, info_key, holder, ttl)
   local kind, found = lock_holder(key)
-  if kind == 'foreign' and found == 'zset' then
+  if kind == 'foreign' and (found == 'zset' or found == 'readers') then
     return renew_permit(key, holder, ttl)
   elseif kind == 'none' then
     return 0

@@ -1,10 +1,14 @@
 -- acquire.lua: take a plain lock if it is free and mint a fencing token, in one round
--- trip. Used on a single node, and on each node of a Redlock acquire.
+-- trip. Used on a single node, and on each node of a Redlock acquire. A plain lock is
+-- also a read-write lock's writer (readers.lua).
 --
 -- KEYS[1]  lock key        plain string holding the holder token, with a PX expiry
 -- KEYS[2]  fence counter   plain integer string, expiring after ARGV[5] without a grant
 -- KEYS[3]  holder info     optional: a plain string, what the holder says about
---                          itself, with the lock key's expiry
+--                          itself, with the lock key's expiry (written when ARGV[4]
+--                          is not empty)
+-- KEYS[4]  waiting writers optional: a read-write lock's writers waiting for its
+--                          readers (readers.lua); a grant leaves it
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  "1": also say who the server is, its run id and uptime (Redlock: two names
@@ -12,42 +16,69 @@
 -- ARGV[4]  holder info, with KEYS[3] ("" without)
 -- ARGV[5]  counter idle time, ms: the counter expires after this long without a grant
 --          (absent or "0": never)
+-- ARGV[6]  "1": a waiting acquire: when readers hold the lock, wait among the writers
+--          (KEYS[4]) so that no new reader comes in before it; absent or "0": do not
 --
--- Reply {code, value}, or with ARGV[3] "1" {code, value, run_id, uptime_s}:
+-- Reply {code, value} or {6, ms, readers}, with ARGV[3] "1" followed by run_id, uptime_s:
 --   code 1  acquired now; value is the new fencing token
 --   code 2  the key already held this token (a retried acquire whose first reply was
 --           lost): the same grant, its expiry reset to ttl; value is the token already
 --           minted (a new one only if the counter was wiped meanwhile)
 --   code 0  held by another holder (a plain token, or a reentrant lock's hash); value
 --           is its remaining ms (-1: no expiry)
--- A key that holds data fencelock did not write: wrong_type() (types.lua); nothing
--- written. Everything is checked before the first write: a Lua error after SET would
--- leave the lock set without a token handed out (scripts do not roll back).
+--   code 6  held by a read-write lock's readers: ms until the first of their leases
+--           ends, and how many they are
+-- A key that holds data fencelock did not write (a semaphore's permits included):
+-- wrong_type() (types.lua); nothing written. Everything is checked before the first
+-- write: a Lua error after SET would leave the lock set without a token handed out
+-- (scripts do not roll back).
 
 local counter, bad = read_counter(KEYS[2])
 if bad then
   return wrong_type(KEYS[2], bad)
 end
 
-local function reply(code, value)
-  if code ~= 0 and KEYS[3] then
+local function reply(code, value, readers)
+  if (code == 1 or code == 2) and KEYS[3] and ARGV[4] ~= '' then
     redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2])
   end
+  local out = {code, value, readers}
   if ARGV[3] ~= '1' then
-    return {code, value}
+    return out
   end
   local info = redis.call('INFO', 'server')
-  local run_id = string.match(info, 'run_id:(%x+)') or ''
-  local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
-  return {code, value, run_id, uptime}
+  out[#out + 1] = string.match(info, 'run_id:(%x+)') or ''
+  out[#out + 1] = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+  return out
 end
 
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local function granted()
+  writer_gone(KEYS[4], ARGV[1])
   return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
 end
 
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return granted()
+end
+
 local kind, holder = lock_holder(KEYS[1], 'plain')
-if kind == 'foreign' then
+if kind == 'foreign' and holder == 'readers' then
+  local bad_writers = KEYS[4] and check_types({KEYS[4], 'zset'})
+  if bad_writers then
+    return bad_writers
+  end
+  local now = server_ms()
+  local readers, frees_in = readers_held(KEYS[1], now)
+  if readers == 0 then
+    -- Only leases that had ended were left, and readers_held() deleted the key.
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return granted()
+  end
+  if KEYS[4] and ARGV[6] == '1' then
+    writer_waits(KEYS[4], ARGV[1], tonumber(ARGV[2]), now)
+  end
+  return reply(6, frees_in, readers)
+elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
 if kind == 'plain' and holder == ARGV[1] then

@@ -12,26 +12,34 @@
 -- Reply, an array: {kind, holder, pttl, counter} or, for a semaphore,
 -- {kind, holder, pttl, counter, permit_leases}
 --   kind     what was broken: "none" (it was free: nothing deleted), "plain",
---            "reentrant" or "semaphore" (every permit of it)
+--            "reentrant", "semaphore" (every permit of it) or "readers" (every reader
+--            of a read-write lock; the waiting writers stay)
 --   holder   reentrant: the owner id; otherwise ""
 --   pttl     the remaining ms of the lease that was broken (-2 when free; a
 --            semaphore's key: its longest lease)
 --   counter  the fencing counter after the break, as text: every token handed out
 --            before is lower ("" when the lock was free and had no counter)
---   permit_leases  semaphore: {ms left of each broken permit's lease, ...}, soonest
---            first (the waiters get one release message per permit)
+--   permit_leases  semaphore, readers: {ms left of each broken lease, ...}, soonest
+--            first (the waiters get one release message per lease)
 -- A key that holds data fencelock did not write: wrong_type(); nothing written.
 
 local kind, holder = lock_holder(KEYS[1])
 local permit_leases = nil
-if kind == 'foreign' and holder == 'zset' then
+if kind == 'foreign' and (holder == 'zset' or holder == 'readers') then
   local now = server_ms()
-  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  -- "(inf": the readers' mark (scored +inf) is not a lease.
+  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '(inf', 'WITHSCORES')
   permit_leases = {}
   for i = 2, #held, 2 do
     permit_leases[#permit_leases + 1] = tonumber(held[i]) - now
   end
-  kind = #permit_leases > 0 and 'semaphore' or 'none'
+  if #permit_leases == 0 then
+    kind = 'none'
+  elseif holder == 'zset' then
+    kind = 'semaphore'
+  else
+    kind = 'readers'
+  end
 elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end

@@ -7,16 +7,18 @@
 -- KEYS[4]  fair waiters    ZSET holder token -> deadline (server ms)
 -- KEYS[5]  holder info
 -- KEYS[6]  a semaphore's permit count
+-- KEYS[7]  a read-write lock's waiting writers (readers.lua)
 -- ARGV[]   none
 --
 -- Reply, an array:
---   {kind, pttl, holds, owner, counter, info, waiters, permits, permit_leases}
+--   {kind, pttl, holds, owner, counter, info, waiters, permits, permit_leases, writers}
 --   kind     "none" (free), "plain" (a holder token), "reentrant" (holds of one owner),
---            "semaphore" (permits held: the lock key is a zset), or the Redis type of
---            data fencelock did not write
+--            "semaphore" (permits held: the lock key is a zset), "readers" (a
+--            read-write lock's readers), or the Redis type of data fencelock did not
+--            write
 --   pttl     the lock key's remaining ms (-1: no expiry, -2: absent)
---   holds    reentrant: how many holds; semaphore: how many permits are held (leases
---            not yet over); otherwise 0 (free) or 1
+--   holds    reentrant: how many holds; semaphore: how many permits are held, readers:
+--            how many readers (leases not yet over); otherwise 0 (free) or 1
 --   owner    reentrant: the owner id; otherwise ""
 --   counter  the fencing counter as text (the last token handed out), or "" if absent
 --            or not a counter
@@ -24,7 +26,8 @@
 --   waiters  fair mode: {ms left before the waiter is purged, ...} in queue order
 --            (only waiters still in the deadline set; -1 for a queued token without one)
 --   permits  a semaphore's permit count (0: none stored)
---   permit_leases  semaphore: {ms left of each held permit's lease, ...}, soonest first
+--   permit_leases  semaphore, readers: {ms left of each lease, ...}, soonest first
+--   writers  a read-write lock's writers waiting for its readers (deadlines ahead)
 
 local kind, holder = lock_holder(KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -36,14 +39,17 @@ elseif kind == 'reentrant' then
   holds = redis.call('HLEN', KEYS[1]) - 2
 elseif kind == 'foreign' and holder == 'zset' then
   kind = 'semaphore'
+elseif kind == 'foreign' and holder == 'readers' then
+  kind = 'readers'
 elseif kind == 'foreign' then
   kind = holder
 end
 
 local permits, permit_leases = 0, {}
-if kind == 'semaphore' then
+if kind == 'semaphore' or kind == 'readers' then
   local now = server_ms()
-  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+  -- "(inf": the readers' mark (scored +inf) is not a lease.
+  local held = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '(inf', 'WITHSCORES')
   for i = 2, #held, 2 do
     permit_leases[#permit_leases + 1] = tonumber(held[i]) - now
   end
@@ -51,7 +57,9 @@ if kind == 'semaphore' then
   if holds == 0 then
     kind = 'none'
   end
-  permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
+  if kind == 'semaphore' then
+    permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
+  end
 end
 
 local counter, bad = read_counter(KEYS[2])
@@ -79,4 +87,9 @@ if redis.call('TYPE', KEYS[3]).ok == 'list' then
   end
 end
 
-return {kind, pttl, holds, owner, counter_text, info, waiters, permits, permit_leases}
+local writers = 0
+if KEYS[7] and redis.call('TYPE', KEYS[7]).ok == 'zset' then
+  writers = redis.call('ZCOUNT', KEYS[7], '(' .. server_ms(), '+inf')
+end
+
+return {kind, pttl, holds, owner, counter_text, info, waiters, permits, permit_leases, writers}

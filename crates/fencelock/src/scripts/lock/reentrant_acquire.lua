@@ -4,16 +4,22 @@
 -- KEYS[1]  lock key        a hash: "owner" -> owner id, "fence" -> fencing token, and one
 --                          field "hold:<token>" per live hold; PX expiry
 -- KEYS[2]  fence counter   plain integer string, expiring after ARGV[4] without a grant
+-- KEYS[3]  waiting writers optional: a read-write lock's writers waiting for its
+--                          readers (readers.lua); a grant leaves it
 -- ARGV[1]  owner id
 -- ARGV[2]  acquisition token (32 hex digits, fresh for every acquire call)
 -- ARGV[3]  ttl, ms
 -- ARGV[4]  counter idle time, ms (as acquire.lua's ARGV[5])
+-- ARGV[5]  "1": a waiting acquire: when readers hold the lock, wait among the writers
+--          (KEYS[3], by the acquisition token); absent or "0": do not
 --
 -- Reply:
 --   {1, fence}        acquired: the first hold, a new fencing token
 --   {2, fence}        an added hold (or a retry of one whose reply was lost: the hold
 --                     field makes it idempotent); same fencing token, expiry reset to ttl
 --   {0, pttl}         held by another owner (or by a plain, non-reentrant holder)
+--   {6, ms, readers}  held by a read-write lock's readers: ms until the first of their
+--                     leases ends, and how many they are
 -- A key that holds data fencelock did not write (a hash without "owner" or "fence"
 -- included): wrong_type(); nothing written.
 
@@ -24,10 +30,26 @@ end
 
 local kind, holder = lock_holder(KEYS[1], 'reentrant')
 local hold = 'hold:' .. ARGV[2]
+if kind == 'foreign' and holder == 'readers' then
+  local bad_writers = KEYS[3] and check_types({KEYS[3], 'zset'})
+  if bad_writers then
+    return bad_writers
+  end
+  local now = server_ms()
+  local readers, frees_in = readers_held(KEYS[1], now)
+  if readers > 0 then
+    if KEYS[3] and ARGV[5] == '1' then
+      writer_waits(KEYS[3], ARGV[2], tonumber(ARGV[3]), now)
+    end
+    return {6, frees_in, readers}
+  end
+  kind = 'none' -- only leases that had ended were left: readers_held() deleted the key
+end
 if kind == 'none' then
   local fence = next_fence(KEYS[2], counter, ARGV[4])
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, hold, '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  writer_gone(KEYS[3], ARGV[2])
   return {1, fence}
 elseif kind == 'plain' then
   return {0, redis.call('PTTL', KEYS[1])} -- a plain lock holds it

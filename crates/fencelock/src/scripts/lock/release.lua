@@ -4,6 +4,9 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  fence counter
 -- KEYS[3]  holder info (deleted with the lock)
+-- KEYS[4]  waiting writers optional: a read-write lock's (readers.lua); the token leaves
+--          it (a writer that gave up waiting), and when it was the last one the readers
+--          it held back are woken
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel: an empty message there announces the release
 -- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
@@ -14,13 +17,17 @@
 -- Reply, an integer:
 --    1   released (the key held this token and is gone now)
 --    0   not held: the key is absent (the lease expired)
---   -1   not held: another holder has the key (it expired and was taken)
+--   -1   not held: another holder has the key (it expired and was taken), or readers
+--        of a read-write lock
 -- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
 -- counter that is not an integer is left as it is.
 
 local kind, holder = lock_holder(KEYS[1], 'plain')
-if kind == 'foreign' then
+if kind == 'foreign' and holder ~= 'readers' then
   return wrong_type(KEYS[1], holder)
+end
+if writer_gone(KEYS[4], ARGV[1]) then
+  announce(ARGV[2], '')
 end
 
 local floor = tonumber(ARGV[3])

@@ -17,7 +17,8 @@
 --           lost): the same grant, its lease reset to ttl; value is the token already
 --           minted (a new one only if the counter was wiped meanwhile)
 --   code 3  every permit is held: ms until the first lease ends, and the permit count
--- A permit set of another type (a lock under this name: a string or a hash):
+-- A permit set of another type (a lock under this name: a string or a hash, or a
+-- read-write lock's readers):
 -- wrong_type(), nothing written. A permit count other than ARGV[3] while permits are
 -- held, or stored: the error reply "FENCELOCK-PERMITS <count> <asked> <key>", nothing
 -- written. Expired permits are dropped first (a crashed holder's permit frees itself
@@ -26,6 +27,9 @@
 local bad = check_types({KEYS[1], 'zset', KEYS[3], 'string'})
 if bad then
   return bad
+end
+if redis.call('ZSCORE', KEYS[1], READERS_MARK) then
+  return wrong_type(KEYS[1], 'readers') -- a read-write lock's readers
 end
 local counter, bad_counter = read_counter(KEYS[2])
 if bad_counter then

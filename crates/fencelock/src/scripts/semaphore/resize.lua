@@ -12,11 +12,15 @@
 -- Reply, an array {previous, held}:
 --   previous  the count before (0: none was stored)
 --   held      the permits held now (leases not yet over)
--- A key of another type: wrong_type(); nothing written.
+-- A key of another type (a read-write lock's readers too): wrong_type(); nothing
+-- written.
 
 local bad = check_types({KEYS[1], 'zset', KEYS[2], 'string'})
 if bad then
   return bad
+end
+if redis.call('ZSCORE', KEYS[1], READERS_MARK) then
+  return wrong_type(KEYS[1], 'readers') -- a read-write lock's readers
 end
 local previous = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 local permits = tonumber(ARGV[1])

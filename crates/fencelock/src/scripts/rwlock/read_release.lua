@@ -1,0 +1,37 @@
+-- read_release.lua: end one reader's lease of a read-write lock, only if it still holds
+-- it; the last reader out deletes the key and wakes the waiters (the writers). One node
+-- only. The layout: readers.lua.
+--
+-- KEYS[1]  lock key
+-- ARGV[1]  the reader's member: its holder token, or "<token>:<owner>"
+-- ARGV[2]  release channel: an empty message there announces that the readers are gone
+--
+-- Reply, an integer:
+--    1   released (the lock held this reader with a lease not yet over)
+--    0   not held: the reader is not among the readers, or its lease is over (dropped
+--        now)
+--   -1   not held: a writer (or a semaphore's permits) has the key
+-- A key of another type: wrong_type(); nothing written.
+
+local kind, found = lock_holder(KEYS[1])
+if kind == 'none' then
+  return 0
+elseif kind == 'foreign' and found ~= 'readers' and found ~= 'zset' then
+  return wrong_type(KEYS[1], found)
+elseif kind ~= 'foreign' or found ~= 'readers' then
+  return -1
+end
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not ends then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+local now = server_ms()
+local readers = readers_held(KEYS[1], now)
+if readers == 0 then
+  announce(ARGV[2], '')
+end
+if tonumber(ends) <= now then
+  return 0
+end
+return 1
