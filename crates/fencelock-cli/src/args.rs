@@ -319,8 +319,13 @@ pub(crate) struct RunArgs {
 
     /// Serve waiters in arrival order (a FIFO queue in Redis). Every user of NAME must
     /// agree on this.
-    #[arg(long, conflicts_with = "permits")]
+    #[arg(long, conflicts_with_all = ["permits", "shared"])]
     pub(crate) fair: bool,
+
+    /// Take NAME's read side: many `--shared` commands run at once, while no plain `run
+    /// NAME` (the writer) does. A writer that waits for the readers goes before new ones.
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) shared: bool,
 
     /// NAME is a semaphore with N permits (1 to 1000000): up to N commands run at once,
     /// each under a permit that is a lease of its own, supervised as for a lock. Every

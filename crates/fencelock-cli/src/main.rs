@@ -196,8 +196,9 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
         .lease(args.ttl)
         .wait(args.wait);
     lock = match args.permits {
-        // A semaphore's many holders share one key: no holder info (yet).
+        // A semaphore's many holders share one key, as readers do: no holder info (yet).
         Some(permits) => lock.permits(permits),
+        None if args.shared => lock.shared(),
         None => lock.holder_info(ops::holder_info(&args.command)),
     };
     if let Some(max_hold) = args.max_hold {

@@ -274,10 +274,10 @@ pub(crate) async fn break_lock(args: &BreakArgs) -> Result<u8, Failure> {
                 ..
             }) => println!(
                 "{prefix}broke {} {:?} ({}); fencing counter now {}: a write with a lower token is stale",
-                if matches!(holder, Holder::Semaphore { .. }) {
-                    "semaphore"
-                } else {
-                    "lock"
+                match holder {
+                    Holder::Semaphore { .. } => "semaphore",
+                    Holder::Readers { .. } => "read-write lock",
+                    _ => "lock",
                 },
                 broken.name,
                 holder_text(holder),
@@ -323,8 +323,8 @@ fn summary(status: &LockStatus) -> (String, String) {
 fn remaining(holder: &Holder) -> Option<Duration> {
     match holder {
         Holder::Plain { remaining } | Holder::Reentrant { remaining, .. } => *remaining,
-        // When the next permit frees.
-        Holder::Semaphore { held, .. } => held.first().copied(),
+        // When the next permit frees, the first reader's lease ends.
+        Holder::Semaphore { held, .. } | Holder::Readers { held } => held.first().copied(),
         _ => None,
     }
 }
@@ -344,6 +344,7 @@ fn holder_text(holder: &Holder) -> String {
         ),
         Holder::Foreign { found } => format!("a Redis {found} fencelock did not write"),
         Holder::Semaphore { permits, held } => permits_text(*permits, held),
+        Holder::Readers { held } => readers_text(held),
         _ => "held".to_owned(),
     }
 }
@@ -357,6 +358,18 @@ fn permits_text(permits: Option<u32>, held: &[Duration]) -> String {
             (n as usize).saturating_sub(held.len())
         ),
         None => format!("{} permits held", held.len()),
+    };
+    match held.first() {
+        Some(d) => format!("{count}, the first lease ends in {}", Human(*d)),
+        None => count,
+    }
+}
+
+/// A read-write lock's readers in words: `3 readers, the first lease ends in 4s`.
+fn readers_text(held: &[Duration]) -> String {
+    let count = match held.len() {
+        1 => "1 reader".to_owned(),
+        n => format!("{n} readers"),
     };
     match held.first() {
         Some(d) => format!("{count}, the first lease ends in {}", Human(*d)),
@@ -397,14 +410,19 @@ fn status_text(status: &LockStatus) -> String {
     let mut out = String::new();
     let redlock = status.nodes.len() > 1;
     let (_, who) = summary(status);
-    let semaphore = status.nodes.iter().any(|n| {
-        n.state
-            .as_ref()
-            .is_ok_and(|s| matches!(s.holder, Some(Holder::Semaphore { .. })))
-    });
+    let states = || status.nodes.iter().filter_map(|n| n.state.as_ref().ok());
+    let kind = if states().any(|s| matches!(s.holder, Some(Holder::Semaphore { .. }))) {
+        "semaphore"
+    } else if states()
+        .any(|s| s.writers_waiting > 0 || matches!(s.holder, Some(Holder::Readers { .. })))
+    {
+        "read-write lock"
+    } else {
+        "lock"
+    };
     out.push_str(&format!(
         "{} {:?}: {}\n",
-        if semaphore { "semaphore" } else { "lock" },
+        kind,
         status.name,
         if who == "free" { "free" } else { "held" }
     ));
@@ -439,6 +457,12 @@ fn status_text(status: &LockStatus) -> String {
                         state.waiters.len()
                     ));
                 }
+                if state.writers_waiting > 0 {
+                    out.push_str(&format!(
+                        "{indent}writers waiting: {} (new readers go after them)\n",
+                        state.writers_waiting
+                    ));
+                }
             }
         }
     }
@@ -469,6 +493,11 @@ fn holder_json(holder: &Holder) -> Value {
             "free": permits.map(|n| (n as usize).saturating_sub(held.len())),
             "remaining_ms": held.iter().map(|d| d.as_millis() as u64).collect::<Vec<_>>(),
         }),
+        Holder::Readers { held } => json!({
+            "kind": "readers",
+            "readers": held.len(),
+            "remaining_ms": held.iter().map(|d| d.as_millis() as u64).collect::<Vec<_>>(),
+        }),
         _ => json!({ "kind": "unknown" }),
     }
 }
@@ -491,6 +520,7 @@ pub(crate) fn status_json(status: &LockStatus) -> Value {
                 "waiters": state.waiters.iter().map(|w| json!({
                     "purged_in_ms": w.map(|d| d.as_millis() as u64),
                 })).collect::<Vec<_>>(),
+                "writers_waiting": state.writers_waiting,
             }),
         })
         .collect();

@@ -68,10 +68,24 @@ impl<'a> StatusLine<'a> {
                                 ),
                                 None => format!("all {permits} permits held"),
                             },
+                            Some(Holder::Readers { held }) => match held.first() {
+                                Some(first) => format!(
+                                    "{} reader(s), the first lease ends in {}",
+                                    held.len(),
+                                    HumanDuration(*first)
+                                ),
+                                None => "held by readers".to_owned(),
+                            },
                             Some(_) => "held".to_owned(),
                         };
                         if !state.waiters.is_empty() {
                             text.push_str(&format!(", {} in the queue", state.waiters.len()));
+                        }
+                        if state.writers_waiting > 0 {
+                            text.push_str(&format!(
+                                ", {} writer(s) waiting",
+                                state.writers_waiting
+                            ));
                         }
                         text
                     }

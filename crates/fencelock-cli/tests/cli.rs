@@ -1342,3 +1342,88 @@ fn permits_run_n_commands_at_once_and_refuse_the_next() {
 fn a_killed_permit_holder_takes_its_command_down() {
     killed_fencelock_takes_command_down(&["--permits", "3"]);
 }
+
+#[test]
+fn shared_runs_readers_at_once_and_a_waiting_writer_goes_before_new_ones() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    // Each reader's COMMAND says it started, then runs until the test lets it go.
+    let script = r#"touch "$0.$$"; while [ ! -e "$0" ]; do sleep 0.02; done"#;
+    let go_path = go.to_str().unwrap();
+    let reader = [
+        "run", "--redis", &url, "--shared", "doc", "--", "sh", "-c", script, go_path,
+    ];
+    let dir_path = dir.path().to_owned();
+    let started = move |n: usize| {
+        let dir_path = dir_path.clone();
+        move || {
+            fs::read_dir(&dir_path)
+                .unwrap()
+                .filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "go"))
+                .count()
+                >= n
+        }
+    };
+    let (first, first_at) = spawn_until_ready(&reader, &server, "doc", started(1));
+    let (second, second_at) = spawn_until_ready(&reader, &server, "doc", started(2));
+    // Two readers at once (and the set's mark).
+    assert_eq!(server.cmd(&["ZCARD", &lock_key("doc")]).as_int(), Some(3));
+
+    // The writer, trying once, is refused and told by whom.
+    let writer = fencelock(&["run", "--redis", &url, "doc", "--", "true"]);
+    let line = writer.fails_with(75);
+    assert!(line.contains("2 readers hold it"), "{line}");
+    let status = fencelock(&["status", "--redis", &url, "doc"]);
+    assert!(
+        status.stdout.contains("read-write lock \"doc\": held")
+            && status.stdout.contains("2 readers, the first lease ends in"),
+        "{status:#?}"
+    );
+
+    // A waiting writer: new readers go after it.
+    let marker = dir.path().join("wrote");
+    let write = format!("touch {}", marker.to_str().unwrap());
+    let writer_at = Instant::now();
+    let waiting_writer = command(&[
+        "run", "--redis", &url, "--wait", "30s", "doc", "--", "sh", "-c", &write,
+    ])
+    .spawn()
+    .unwrap();
+    testkit::eventually("the writer waits", EVENT_TIMEOUT, || {
+        server
+            .cmd(&["ZCARD", &format!("{}:writers", lock_key("doc"))])
+            .as_int()
+            == Some(1)
+    });
+    let late = fencelock(&["run", "--redis", &url, "--shared", "doc", "--", "true"]);
+    let line = late.fails_with(75);
+    assert!(line.contains("a writer waits for the readers"), "{line}");
+    let status = fencelock(&["status", "--redis", &url, "doc"]);
+    assert!(status.stdout.contains("writers waiting: 1"), "{status:#?}");
+    assert!(!marker.exists(), "the writer waits for the readers");
+
+    fs::write(&go, b"").unwrap();
+    for (child, at) in [(first, first_at), (second, second_at)] {
+        assert_eq!(finish(child, at).code(), Some(0));
+    }
+    let wrote = finish(waiting_writer, writer_at);
+    assert_eq!(wrote.code(), Some(0), "{wrote:#?}");
+    assert!(marker.exists());
+    assert!(!server.exists(&lock_key("doc")));
+
+    // Bad combinations are usage errors.
+    for extra in [["--fair"], ["--permits=2"]] {
+        let mut args = vec!["run", "--redis", &url, "--shared"];
+        args.extend(extra);
+        args.extend(["doc", "--", "true"]);
+        let run = fencelock(&args);
+        assert_eq!(run.code(), Some(64), "{run:#?}");
+    }
+}
+
+#[test]
+fn a_killed_reader_takes_its_command_down() {
+    killed_fencelock_takes_command_down(&["--shared"]);
+}
