@@ -9,6 +9,7 @@
 //! |-----------------------------|-----------------------------------------------------------------|--------------------------|
 //! | C1 [`leases_overlap`]       | leases of different owners never overlap; writes lie in a lease | —                        |
 //! | C1 [`leases_over`]          | a semaphore's: at most N leases at once; writes lie in a lease  | N, the permits           |
+//! | C1 [`readers_beside_writer`] | a read-write lock's: readers together, a writer alone; reads and writes lie in a lease | `shared` records |
 //! | C2 [`fenced_order`]         | the resource never accepts a lower token after a higher one     | —                        |
 //! | C3 [`lost_writes`]          | every acknowledged write is in the final resource state         | final set of values      |
 //! | C4 [`tokens_increase`]      | tokens of successful acquires strictly increase                 | —                        |
@@ -134,6 +135,15 @@ struct Lease<'a> {
     end_ns: u64,
 }
 
+/// Which leases may be live at once, for C1.
+#[derive(Clone, Copy)]
+enum Sharing {
+    /// Up to this many owners (a lock: 1; a semaphore: its permits).
+    Permits(usize),
+    /// A read-write lock: readers (`shared` leases) together, a writer alone.
+    ReadWrite,
+}
+
 /// C1: leases of different owners never overlap, and every acknowledged
 /// write lies inside its writer's lease.
 ///
@@ -164,6 +174,21 @@ pub fn leases_overlap(history: &[Event]) -> Vec<Violation> {
 /// starts while `permits` leases of other owners are live is one violation (events:
 /// their starts, then the new one).
 pub fn leases_over(history: &[Event], permits: usize) -> Vec<Violation> {
+    leases_with(history, Sharing::Permits(permits))
+}
+
+/// C1 for a read-write lock: a writer's lease (`acquire ok` without
+/// [`shared`](Event::shared)) never overlaps another owner's lease, readers'
+/// leases overlap freely, and every acknowledged write **and read** lies inside
+/// a lease of its process (a reader that reads after its lease ended may read
+/// beside a writer). The other rules are [`leases_overlap`]'s. A lease that
+/// starts beside a lease it may not share is one violation per lease in the way
+/// (events: its start, then the new one).
+pub fn readers_beside_writer(history: &[Event]) -> Vec<Violation> {
+    leases_with(history, Sharing::ReadWrite)
+}
+
+fn leases_with(history: &[Event], sharing: Sharing) -> Vec<Violation> {
     const C: Checker = Checker::LeasesOverlap;
     debug_assert_sorted(history);
     let mut out = Vec::new();
@@ -194,7 +219,24 @@ pub fn leases_over(history: &[Event], permits: usize) -> Vec<Violation> {
                 continue;
             }
             let mut others: Vec<&Lease<'_>> = live.values().filter(|l| l.owner != owner).collect();
-            if permits == 1 {
+            if let Sharing::ReadWrite = sharing {
+                let role = |e: &Event| if e.shared { "reader" } else { "writer" };
+                for other in others.iter().filter(|l| !(e.shared && l.start.shared)) {
+                    out.push(Violation::new(
+                        C,
+                        &[other.start, e],
+                        format!(
+                            "{} {owner:?} (p{}) got a lease at {t} while {} {:?} (p{}) held one until {}",
+                            role(e),
+                            e.process,
+                            role(other.start),
+                            other.owner,
+                            other.start.process,
+                            other.end_ns
+                        ),
+                    ));
+                }
+            } else if let Sharing::Permits(1) = sharing {
                 for other in others {
                     out.push(Violation::new(
                         C,
@@ -205,7 +247,9 @@ pub fn leases_over(history: &[Event], permits: usize) -> Vec<Violation> {
                         ),
                     ));
                 }
-            } else if others.len() >= permits {
+            } else if let Sharing::Permits(permits) = sharing
+                && others.len() >= permits
+            {
                 others.sort_by_key(|l| l.start.time_ns);
                 let mut events: Vec<&Event> = others.iter().map(|l| l.start).collect();
                 events.push(e);
@@ -233,7 +277,11 @@ pub fn leases_over(history: &[Event], permits: usize) -> Vec<Violation> {
                 live.remove(&e.process);
             }
         }
-        for e in chunk.iter().filter(|e| is(e, Op::Write, Phase::Ok)) {
+        let used = |e: &&Event| {
+            is(e, Op::Write, Phase::Ok)
+                || (matches!(sharing, Sharing::ReadWrite) && is(e, Op::Read, Phase::Ok))
+        };
+        for e in chunk.iter().filter(used) {
             if !live.contains_key(&e.process) {
                 let mut events: Vec<&Event> =
                     last_start.get(&e.process).copied().into_iter().collect();
@@ -242,8 +290,9 @@ pub fn leases_over(history: &[Event], permits: usize) -> Vec<Violation> {
                     C,
                     &events,
                     format!(
-                        "p{} had a write acknowledged at {t} outside any lease it held",
-                        e.process
+                        "p{} had a {} acknowledged at {t} outside any lease it held",
+                        e.process,
+                        if e.op == Op::Read { "read" } else { "write" }
                     ),
                 ));
             }
@@ -586,6 +635,43 @@ mod tests {
             write(1, 60, Phase::Ok, 1, 1),
         ]);
         assert_eq!(leases_over(&h, 5).len(), 1);
+    }
+
+    #[test]
+    fn c1_for_a_read_write_lock_lets_readers_share_and_no_one_beside_a_writer() {
+        let read = |p, t, owner: &str, until| acquire_ok(p, t, p.into(), owner, until).shared();
+        let readers = sorted(vec![
+            read(1, 10, "r1", 100),
+            read(2, 20, "r2", 100),
+            ev(2, 30, Op::Read, Phase::Ok),
+            ev(1, 40, Op::Read, Phase::Ok),
+        ]);
+        assert!(readers_beside_writer(&readers).is_empty());
+        assert_eq!(leases_overlap(&readers).len(), 1, "as a lock they overlap");
+
+        // A writer beside two readers: one violation per reader.
+        let mut h = readers.clone();
+        h.push(acquire_ok(3, 50, 3, "w", 150));
+        let v = readers_beside_writer(&sorted(h));
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(
+            v[0].explanation.starts_with("writer \"w\" (p3)"),
+            "{}",
+            v[0]
+        );
+        // A reader beside a writer.
+        let h = sorted(vec![acquire_ok(3, 10, 3, "w", 100), read(1, 20, "r1", 100)]);
+        let v = readers_beside_writer(&h);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].explanation.contains("while writer \"w\""), "{}", v[0]);
+        // A reader's read after its lease ended.
+        let h = sorted(vec![
+            read(1, 10, "r1", 100),
+            ev(1, 150, Op::Read, Phase::Ok),
+        ]);
+        let v = readers_beside_writer(&h);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].explanation.contains("read acknowledged"), "{}", v[0]);
     }
 
     #[test]

@@ -139,6 +139,10 @@ pub struct Event {
     /// Error text of a `fail` or `info` completion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `acquire ok` of a read-write lock's read side: the lease is shared with other
+    /// readers (and with no writer).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 impl Event {
@@ -156,7 +160,14 @@ impl Event {
             value: None,
             touched_owner: None,
             error: None,
+            shared: false,
         }
+    }
+
+    /// Sets [`shared`](Event::shared): a reader's lease.
+    pub fn shared(mut self) -> Self {
+        self.shared = true;
+        self
     }
 
     /// [`Event::new`] stamped with [`monotonic_ns`] now.
