@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use fencelock::HolderToken;
 use testkit::checkers::{
-    Violation, fenced_order, foreign_touch, leases_over, lost_writes, tokens_increase,
+    Violation, fenced_order, foreign_touch, leases_over, lost_writes, readers_beside_writer,
+    tokens_increase,
 };
 use testkit::history::{
     Event, HistoryWriter, Op, Phase, monotonic_ns, read_histories, read_history,
@@ -294,7 +295,7 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
     ) -> Result<(Outcome, Vec<Event>), String> {
-        self.judge_with(tag, histories, faults, true, 1)
+        self.judge_with(tag, histories, faults, true, Sharing::Permits(1))
     }
 
     /// [`judge`](Self::judge) for a semaphore of `permits` permits: C1 allows that many
@@ -308,7 +309,20 @@ impl Lab {
         faults: String,
         permits: usize,
     ) -> Result<(Outcome, Vec<Event>), String> {
-        self.judge_with(tag, histories, faults, false, permits)
+        self.judge_with(tag, histories, faults, false, Sharing::Permits(permits))
+    }
+
+    /// [`judge`](Self::judge) for a read-write lock: C1 lets readers share and no one
+    /// beside a writer, and places every read and write inside a lease
+    /// ([`readers_beside_writer`]); C2 is judged (the writers alone write); C5 is not
+    /// (the MONITOR replay models a lock key, not readers).
+    pub fn judge_rwlock(
+        &self,
+        tag: &str,
+        histories: &[PathBuf],
+        faults: String,
+    ) -> Result<(Outcome, Vec<Event>), String> {
+        self.judge_with(tag, histories, faults, false, Sharing::ReadWrite)
     }
 
     /// [`judge`](Self::judge) without C5, for a lock on servers the lab's MONITOR
@@ -320,7 +334,7 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
     ) -> Result<(Outcome, Vec<Event>), String> {
-        self.judge_with(tag, histories, faults, false, 1)
+        self.judge_with(tag, histories, faults, false, Sharing::Permits(1))
     }
 
     fn judge_with(
@@ -329,8 +343,10 @@ impl Lab {
         histories: &[PathBuf],
         faults: String,
         monitored: bool,
-        permits: usize,
+        sharing: Sharing,
     ) -> Result<(Outcome, Vec<Event>), String> {
+        // C2 when one holder at a time writes.
+        let fenced = !matches!(sharing, Sharing::Permits(2..));
         let h = read_histories(histories).map_err(|e| e.to_string())?;
         let keys = ResourceKeys::new(&format!("res:{tag}"));
         let members = self.resource.cmd(&["SMEMBERS", &keys.values]);
@@ -347,12 +363,11 @@ impl Lab {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
         let results: [Vec<Violation>; 4] = [
-            leases_over(&h, permits),
-            if permits == 1 {
-                fenced_order(&h)
-            } else {
-                Vec::new()
+            match sharing {
+                Sharing::Permits(permits) => leases_over(&h, permits),
+                Sharing::ReadWrite => readers_beside_writer(&h),
             },
+            if fenced { fenced_order(&h) } else { Vec::new() },
             lost_writes(&h, &final_values),
             tokens_increase(&h),
         ];
@@ -380,7 +395,7 @@ impl Lab {
         details.extend(c5.iter().map(|v| format!("{tag}: {v}")));
         let count = |op, phase| h.iter().filter(|e| e.op == op && e.phase == phase).count();
         let [c1, c2, c3, c4] = results.each_ref().map(|v| Some(v.len()));
-        let c2 = c2.filter(|_| permits == 1);
+        let c2 = c2.filter(|_| fenced);
         let mut outcome = Outcome {
             name: tag.to_owned(),
             rounds: 1,
@@ -394,10 +409,14 @@ impl Lab {
             touches: (judged, skipped),
             recovery_ns: None,
             acked: count(Op::Write, Phase::Ok),
-            // C1's overlaps (its other violations are writes outside a lease).
+            // C1's overlaps (its other violations are reads and writes outside a lease).
             double_grants: results[0]
                 .iter()
-                .filter(|v| v.events.last().is_some_and(|e| e.op != Op::Write))
+                .filter(|v| {
+                    v.events
+                        .last()
+                        .is_some_and(|e| !matches!(e.op, Op::Write | Op::Read))
+                })
                 .count(),
             rejected_writes: count(Op::Write, Phase::Fail),
             counter,
@@ -534,6 +553,15 @@ pub fn release(p: u32, phase: Phase, owner: &HolderToken, token: u64) -> Event {
 
 pub fn release_phase(r: &Result<(), fencelock::Error>) -> Phase {
     if r.is_ok() { Phase::Ok } else { Phase::Fail }
+}
+
+/// Which leases C1 lets live at once.
+#[derive(Clone, Copy)]
+enum Sharing {
+    /// Up to this many owners: a lock (1), a semaphore's permits.
+    Permits(usize),
+    /// A read-write lock's readers together, a writer alone.
+    ReadWrite,
 }
 
 /// The harness acting as a client of the lock server itself, for one scenario's lock.

@@ -111,8 +111,9 @@ pub fn report(
          cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
          redlock-restart-unprotected, sentinel-failover, cluster-failover, evicted-lock-key, \
          clock-step-forward, cli-unsupervised and semaphore-paused-fixed, and for a \
-         semaphore's permit count semaphore-permit-removed, C2 paused-worker-unfenced, C3 resource-crash, C4 \
-         counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
+         semaphore's permit count semaphore-permit-removed, for a read-write lock's readers \
+         and writer rwlock-reader-removed and rwlock-reader-paused-fixed, C2 \
+         paused-worker-unfenced, C3 resource-crash, C4 counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
          are the expected non-zero counts in the table, with those the nemesis explains by \
          the faults it drew. Under faults: acquisitions made while a fault was active (from \
          its injection to its heal; a fault that never heals in the round counts to its \
@@ -129,7 +130,7 @@ pub fn report(
             out,
             "\n## Double grants and fence rejections\n\n\
              Double grants: leases granted while another owner's lease was live (C1's \
-             overlaps; its other violations are writes outside a lease). Rejected: writes the fenced resource refused for a token lower \
+             overlaps; its other violations are reads and writes outside a lease). Rejected: writes the fenced resource refused for a token lower \
              than one it had accepted. Summed over the rounds.\n\n\
              | scenario | rounds | double grants | stale writes rejected | acknowledged writes |\n\
              |---|---|---|---|---|"

@@ -117,6 +117,12 @@ pub struct WorkerArgs {
     /// A semaphore with this many permits (`LockBuilder::permits`) instead of a lock.
     #[arg(long)]
     pub permits: Option<u32>,
+    /// A read-write lock's reader (`LockBuilder::shared`): it reads the resource at the
+    /// end of each hold (after the wait, and after the `--stop-after-first-read` stop,
+    /// which for a reader comes before its read) and writes nothing. Without it, a
+    /// worker of the same lock name is its writer.
+    #[arg(long)]
+    pub shared: bool,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -200,6 +206,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         };
         let builder = match args.permits {
             Some(n) => builder.permits(n),
+            None if args.shared => builder.shared(),
             None => builder,
         };
         let guard = match builder.acquire().await {
@@ -216,13 +223,66 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                 .saturating_duration_since(Instant::now()));
         let token = guard.fencing_token().get();
         let owner = guard.holder_token().as_str().to_owned();
-        record(
-            Event::new(p, now_ns, Op::Acquire, Phase::Ok)
+        let granted = Event::new(p, now_ns, Op::Acquire, Phase::Ok)
+            .with_token(token)
+            .with_owner(owner.as_str())
+            .with_valid_until(valid_until_ns)
+            .with_nodes(nodes.iter().map(String::as_str));
+        record(if args.shared {
+            granted.shared()
+        } else {
+            granted
+        })?;
+
+        let mut pause = Duration::from_micros(rng.random_range(0..=5_000));
+        if i == 0 {
+            pause += Duration::from_millis(args.hold_first_ms);
+        }
+        if args.shared {
+            // A reader: its read is what it holds the lock for, so it comes last. A
+            // careful reader reads only while its lease lasts (as a writer writes).
+            let in_time = args.renewed || guard.remaining() > pause + WRITE_MARGIN;
+            if in_time {
+                if i == 0 && args.stop_after_first_read {
+                    // SAFETY: as below.
+                    unsafe {
+                        libc::raise(libc::SIGSTOP);
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                if !(args.renewed
+                    && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN))
+                {
+                    record(Event::now(p, Op::Read, Phase::Invoke))?;
+                    let read: Result<Option<i64>, _> = redis::cmd("GET")
+                        .arg(&keys.counter)
+                        .query_async(&mut res)
+                        .await;
+                    record(match read {
+                        Ok(v) => Event::now(p, Op::Read, Phase::Ok).with_value(v.unwrap_or(0)),
+                        Err(e) => Event::now(p, Op::Read, Phase::Info).with_error(e.to_string()),
+                    })?;
+                }
+            }
+            record(
+                Event::now(p, Op::Release, Phase::Invoke)
+                    .with_token(token)
+                    .with_owner(owner.as_str()),
+            )?;
+            let released = guard.release().await;
+            let done = Event::now(p, Op::Release, Phase::Ok)
                 .with_token(token)
-                .with_owner(owner.as_str())
-                .with_valid_until(valid_until_ns)
-                .with_nodes(nodes.iter().map(String::as_str)),
-        )?;
+                .with_owner(owner.as_str());
+            record(match released {
+                Ok(()) => done,
+                Err(e) => Event {
+                    phase: Phase::Fail,
+                    ..done
+                }
+                .with_error(e.to_string()),
+            })?;
+            continue;
+        }
 
         record(Event::now(p, Op::Read, Phase::Invoke))?;
         let read: Result<Option<i64>, _> = redis::cmd("GET")
@@ -241,10 +301,6 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             }
         };
 
-        let mut pause = Duration::from_micros(rng.random_range(0..=5_000));
-        if i == 0 {
-            pause += Duration::from_millis(args.hold_first_ms);
-        }
         // A careful holder writes only while its lease lasts: a fixed lease must outlast
         // the wait before the write (with a margin for the write itself); a renewed one
         // must not be reported lost (checked again right before the write).

@@ -24,6 +24,8 @@
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
 //!   paused and killed in line;
 //! - [`semaphore`]: a semaphore of 2 permits, its holders at once, paused and killed;
+//! - [`rwlock`]: a read-write lock's readers and writers; readers paused, killed and
+//!   removed, a waiting writer killed;
 //! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
 //!   killed right after a grant its replica missed, with and without replica
 //!   acknowledgement;
@@ -43,6 +45,7 @@ mod network;
 mod pauses_kills;
 mod redlock;
 mod redlock_restart;
+mod rwlock;
 mod semaphore;
 
 use std::path::Path;
@@ -131,6 +134,12 @@ pub const ALL: &[Scenario] = &[
     semaphore::SEMAPHORE_PAUSED_FIXED,
     semaphore::SEMAPHORE_PERMIT_REMOVED,
     semaphore::SEMAPHORE_HOLDERS_KILLED,
+    rwlock::RW_STEADY,
+    rwlock::RW_READER_PAUSED_RENEWED,
+    rwlock::RW_READER_PAUSED_FIXED,
+    rwlock::RW_READER_REMOVED,
+    rwlock::RW_READERS_KILLED,
+    rwlock::RW_WAITING_WRITER_KILLED,
     lock_state::EXPIRED_HOLDER,
     lock_state::EVICTED_LOCK_KEY,
     clock::CLOCK_STEP_FORWARD,

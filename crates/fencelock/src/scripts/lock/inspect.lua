@@ -53,12 +53,12 @@ if kind == 'semaphore' or kind == 'readers' then
   for i = 2, #held, 2 do
     permit_leases[#permit_leases + 1] = tonumber(held[i]) - now
   end
+  if kind == 'semaphore' then
+    permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
+  end
   holds = #permit_leases
   if holds == 0 then
     kind = 'none'
-  end
-  if kind == 'semaphore' then
-    permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
   end
 end
 
