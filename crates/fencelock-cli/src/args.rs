@@ -317,9 +317,9 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = duration::parse, allow_hyphen_values = true)]
     pub(crate) wait: Duration,
 
-    /// Serve waiters in arrival order (a FIFO queue in Redis). Every user of NAME must
-    /// agree on this.
-    #[arg(long, conflicts_with_all = ["permits", "shared"])]
+    /// Serve waiters in arrival order (a FIFO queue in Redis), with --permits too. Every
+    /// user of NAME must agree on this.
+    #[arg(long, conflicts_with = "shared")]
     pub(crate) fair: bool,
 
     /// Take NAME's read side: many `--shared` commands run at once, while no plain `run

@@ -1427,3 +1427,35 @@ fn shared_runs_readers_at_once_and_a_waiting_writer_goes_before_new_ones() {
 fn a_killed_reader_takes_its_command_down() {
     killed_fencelock_takes_command_down(&["--shared"]);
 }
+
+#[test]
+fn a_fair_semaphore_runs_and_a_newcomer_does_not_pass_the_line() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // Two waiters in line (written as a queue of a fair semaphore holds them, with
+    // deadlines far ahead), and two free permits: a newcomer that only tries must not
+    // pass them.
+    let queue = format!("{}:queue", lock_key("fsem"));
+    let waiters = format!("{}:waiters", lock_key("fsem"));
+    let far = "99999999999999";
+    for ghost in ["deadbeef".repeat(4), "feedface".repeat(4)] {
+        server.cmd(&["RPUSH", &queue, &ghost]);
+        server.cmd(&["ZADD", &waiters, far, &ghost]);
+    }
+    let args = [
+        "run",
+        "--redis",
+        &url,
+        "--permits",
+        "2",
+        "--fair",
+        "fsem",
+        "--",
+        "true",
+    ];
+    let line = fencelock(&args).fails_with(75).to_owned();
+    assert!(line.contains("other waiters are first in line"), "{line}");
+    server.cmd(&["DEL", &queue, &waiters]);
+    let run = fencelock(&args);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+}

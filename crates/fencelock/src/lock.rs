@@ -208,7 +208,9 @@ impl LockBuilder {
     /// from Redis's clock, never from comparing the clients' wall clocks.
     ///
     /// Every client of one lock name must agree on the mode: a plain acquire does not
-    /// look at the queue.
+    /// look at the queue. A [semaphore](Self::permits) can be fair too (its waiters take
+    /// freed permits in arrival order, each woken by the release that frees its permit,
+    /// then with a round trip of its own); a read-write lock's readers cannot (yet).
     pub fn fair(mut self) -> Self {
         self.fair.get_or_insert(DEFAULT_WAITER_TIMEOUT);
         self
@@ -259,9 +261,16 @@ impl LockBuilder {
     /// kind of primitive: a lock acquire on a semaphore's name, or the other way round,
     /// gets [`Error::WrongType`] naming the kind found. One node (standalone, Sentinel or
     /// Cluster) only: Redlock refuses it with [`Error::InvalidArgument`]. Not combinable
-    /// (yet) with [`fair`](Self::fair), [`reentrant`](Self::reentrant) or
+    /// (yet) with [`reentrant`](Self::reentrant), [`shared`](Self::shared) or
     /// [`holder_info`](Self::holder_info): [`Error::InvalidArgument`] too. `permits`: 1
     /// to 1,000,000, checked on acquire.
+    ///
+    /// With [`fair`](Self::fair), waiters are served in arrival order: a freed permit goes
+    /// to the first waiter in line (the release wakes that one only), and a newcomer does
+    /// not take a free permit while others wait ([`Blocker::Queue`](crate::Blocker::Queue));
+    /// a waiter that stops calling is purged after its [waiter
+    /// timeout](Self::waiter_timeout), as in a fair lock. Every client of the name must
+    /// agree on the mode.
     pub fn permits(mut self, permits: u32) -> Self {
         self.permits = Some(permits);
         self
@@ -373,12 +382,20 @@ impl LockBuilder {
 
     fn semaphore_mode(&self, permits: u32) -> Result<Mode, Error> {
         check_semaphore(&self.shared.backend, permits)?;
-        if self.fair.is_some() || self.owner.is_some() || self.reader {
+        if self.owner.is_some() || self.reader {
             return Err(Error::invalid(
                 "lock mode",
-                "a semaphore is neither fair nor reentrant (yet), nor a read-write lock: drop \
-                 fair(), reentrant() or shared()",
+                "a semaphore is not reentrant (yet), nor a read-write lock: drop reentrant() \
+                 or shared()",
             ));
+        }
+        if let Some(waiter_timeout) = self.fair {
+            Error::check_range(
+                "waiter timeout",
+                waiter_timeout,
+                MIN_WAITER_TIMEOUT,
+                MAX_WAITER_TIMEOUT,
+            )?;
         }
         if !self.info.is_empty() {
             return Err(Error::invalid(
@@ -386,7 +403,10 @@ impl LockBuilder {
                 "a semaphore does not store holder info (yet): one permit set, many holders",
             ));
         }
-        Ok(Mode::Semaphore { permits })
+        Ok(Mode::Semaphore {
+            permits,
+            fair: self.fair,
+        })
     }
 
     /// What the holder says about itself, for operators: stored in a key next to the

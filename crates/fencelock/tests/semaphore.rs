@@ -13,6 +13,15 @@ use common::{eventually, numsub, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_SEMAPHORE_HELPER";
 
+/// The server's clock, ms (the clock fair queues' deadlines are on).
+fn server_ms(r: &RedisServer) -> u64 {
+    let time = r.cmd(&["TIME"]);
+    let parts = time.as_array().expect("TIME");
+    let secs: u64 = parts[0].as_str().unwrap().parse().unwrap();
+    let micros: u64 = parts[1].as_str().unwrap().parse().unwrap();
+    secs * 1000 + micros / 1000
+}
+
 fn zcard(r: &RedisServer, key: &str) -> i64 {
     r.cmd(&["ZCARD", key]).as_int().expect("ZCARD")
 }
@@ -317,7 +326,6 @@ async fn bad_permit_counts_and_combinations_are_invalid_and_write_nothing() {
     let cases = [
         (c.semaphore("s", 0), "permits"),
         (c.semaphore("s", 1_000_001), "permits"),
-        (c.semaphore("s", 2).fair(), "lock mode"),
         (c.semaphore("s", 2).reentrant("me"), "lock mode"),
         (c.semaphore("s", 2).holder_info("host a"), "holder info"),
     ];
@@ -634,5 +642,132 @@ async fn break_frees_every_permit_wakes_waiters_and_fences_the_evicted_holders()
     assert!(matches!(b.release().await, Err(Error::LeaseLost { .. })));
     assert_eq!(zcard(&r, "fencelock:{stuck}"), 1, "only the new holder");
     assert_eq!(r.get("fencelock:{stuck}:permits").as_deref(), Some("2"));
+    next.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fair_semaphore_serves_its_waiters_in_arrival_order() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let other = Client::connect(&r.url()).await.unwrap();
+    let fair = |c: &Client| c.semaphore("line", 2).fair().wait(Duration::from_secs(10));
+    // A newcomer that only tries does not take a free permit while as many others wait
+    // as there are free permits (waiters written by hand, with deadlines far ahead).
+    let far = (server_ms(&r) + 60_000).to_string();
+    for ghost in ["deadbeef".repeat(4), "feedface".repeat(4)] {
+        r.cmd(&["RPUSH", "fencelock:{line}:queue", &ghost]);
+        r.cmd(&["ZADD", "fencelock:{line}:waiters", &far, &ghost]);
+    }
+    let e = fair(&c).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Held {
+                blocked_by: Blocker::Queue,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    r.cmd(&["DEL", "fencelock:{line}:queue", "fencelock:{line}:waiters"]);
+    let a = fair(&c).acquire().await.unwrap();
+    let b = fair(&c).acquire().await.unwrap();
+    // Three waiters, from two clients, queue in this order.
+    let mut waiting = Vec::new();
+    for (i, client) in [&c, &other, &c].into_iter().enumerate() {
+        waiting.push(tokio::spawn(fair(client).acquire()));
+        eventually(
+            "the waiter is in line",
+            Duration::from_secs(5),
+            async || r.cmd(&["LLEN", "fencelock:{line}:queue"]).as_int() == Some(i as i64 + 1),
+        )
+        .await;
+    }
+    let first_token = a.fencing_token();
+    a.release().await.unwrap();
+    let first = waiting.remove(0).await.unwrap().expect("the first in line");
+    assert!(first.fencing_token() > first_token);
+    assert!(waiting.iter().all(|w| !w.is_finished()));
+    b.release().await.unwrap();
+    let second = waiting
+        .remove(0)
+        .await
+        .unwrap()
+        .expect("the second in line");
+    assert!(!waiting[0].is_finished());
+    let e = fair(&other).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Held {
+                blocked_by: Blocker::Permits { .. },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    first.release().await.unwrap();
+    let third = waiting.remove(0).await.unwrap().expect("the third in line");
+    assert!(third.fencing_token() > second.fencing_token());
+    // A permit free while a waiter is in line goes to the waiter, not to a newcomer.
+    let queued = tokio::spawn(fair(&other).acquire());
+    eventually(
+        "the fourth is in line",
+        Duration::from_secs(5),
+        async || r.cmd(&["LLEN", "fencelock:{line}:queue"]).as_int() == Some(1),
+    )
+    .await;
+    second.release().await.unwrap();
+    let fourth = queued.await.unwrap().expect("the waiter in line");
+    third.release().await.unwrap();
+    fourth.release().await.unwrap();
+    assert!(!r.exists("fencelock:{line}:queue"));
+}
+
+#[tokio::test]
+async fn a_fair_semaphores_crashed_or_cancelled_waiter_does_not_block_the_line() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let timeout = Duration::from_millis(300);
+    let fair = || {
+        c.semaphore("q", 1)
+            .waiter_timeout(timeout)
+            .wait(Duration::from_secs(10))
+    };
+    let held = fair().acquire().await.unwrap();
+    // A waiter cancelled in line leaves it at once.
+    let cancelled = tokio::spawn(fair().acquire());
+    eventually("in line", Duration::from_secs(5), async || {
+        r.cmd(&["LLEN", "fencelock:{q}:queue"]).as_int() == Some(1)
+    })
+    .await;
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    eventually(
+        "the cancelled waiter left",
+        Duration::from_secs(5),
+        async || r.cmd(&["LLEN", "fencelock:{q}:queue"]).as_int() == Some(0),
+    )
+    .await;
+    // A waiter that stopped calling (its entry written by hand, as a crashed client
+    // leaves it: first in line, silent from now) is purged once its timeout ran out;
+    // the live waiter behind it gets the freed permit then.
+    let ghost = "deadbeefdeadbeefdeadbeefdeadbeef";
+    let deadline = (server_ms(&r) + timeout.as_millis() as u64).to_string();
+    r.cmd(&["RPUSH", "fencelock:{q}:queue", ghost]);
+    r.cmd(&["ZADD", "fencelock:{q}:waiters", &deadline, ghost]);
+    let next = tokio::spawn(fair().acquire());
+    eventually(
+        "the live waiter is in line",
+        Duration::from_secs(5),
+        async || r.cmd(&["LLEN", "fencelock:{q}:queue"]).as_int() == Some(2),
+    )
+    .await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let next = next.await.unwrap().expect("the dead waiter was purged");
+    // Within the dead waiter's timeout and a third of it (the live one's next call).
+    assert!(released_at.elapsed() < timeout * 4 / 3 + Duration::from_millis(300));
+    assert_eq!(r.cmd(&["LLEN", "fencelock:{q}:queue"]).as_int(), Some(0));
     next.release().await.unwrap();
 }

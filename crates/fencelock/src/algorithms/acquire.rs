@@ -117,7 +117,11 @@ async fn attempts(
     let started = report.started;
     let deadline = req.wait.map(|w| started + w);
     let fair_timeout = match req.mode {
-        Mode::Fair { waiter_timeout } => Some(waiter_timeout),
+        Mode::Fair { waiter_timeout }
+        | Mode::Semaphore {
+            fair: Some(waiter_timeout),
+            ..
+        } => Some(waiter_timeout),
         _ => None,
     };
     let mut pending = Pending {

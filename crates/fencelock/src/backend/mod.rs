@@ -54,8 +54,12 @@ pub(crate) enum Mode {
     /// Holds are counted per owner id; the key is a hash (`reentrant_acquire.lua`).
     Reentrant { owner: String },
     /// A semaphore: up to `permits` holders at once, each with a lease of its own; the
-    /// key is a zset (`semaphore/acquire.lua`).
-    Semaphore { permits: u32 },
+    /// key is a zset (`semaphore/acquire.lua`). `fair`: its waiters are served in
+    /// arrival order, each purged after this long silent.
+    Semaphore {
+        permits: u32,
+        fair: Option<Duration>,
+    },
     /// A read-write lock's read side: many readers at once, each with a lease of its
     /// own, while no writer holds it or waits; the key is then a zset
     /// (`rwlock/read_acquire.lua`). The writer is the plain (or reentrant) lock.
@@ -76,9 +80,10 @@ impl std::fmt::Debug for Mode {
                 .debug_struct("Reentrant")
                 .field("owner", &"<redacted>")
                 .finish(),
-            Mode::Semaphore { permits } => f
+            Mode::Semaphore { permits, fair } => f
                 .debug_struct("Semaphore")
                 .field("permits", permits)
+                .field("fair", fair)
                 .finish(),
             Mode::Read { owner } => f
                 .debug_struct("Read")
@@ -114,7 +119,9 @@ impl Mode {
     /// Which release messages wake a waiter of this mode.
     pub fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
         match self {
-            Mode::Plain | Mode::Semaphore { .. } => Wake::Plain,
+            Mode::Plain | Mode::Semaphore { fair: None, .. } => Wake::Plain,
+            // A fair semaphore's release names the waiters whose turn it is.
+            Mode::Semaphore { fair: Some(_), .. } => Wake::Turn(token.as_str()),
             // Readers share: a release lets every one of them in.
             Mode::Reentrant { .. } | Mode::Read { .. } => Wake::Owner,
             Mode::Fair { .. } => Wake::Turn(token.as_str()),
@@ -390,12 +397,13 @@ impl Backend {
             Mode::Read { owner } => {
                 scripts::read_acquire(req.keys, req.token, req.ttl, owner, self.counter_idle)
             }
-            Mode::Semaphore { permits } => scripts::semaphore_acquire(
+            Mode::Semaphore { permits, fair } => scripts::semaphore_acquire(
                 req.keys,
                 req.token,
                 req.ttl,
                 *permits,
                 self.counter_idle,
+                fair.map(|timeout| (timeout, req.join)),
             ),
         };
         let anonymous = req

@@ -186,12 +186,12 @@ impl Lua {
             ),
             SemaphoreAcquire => (
                 "semaphore/acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE],
+                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH],
                 include_str!("semaphore/acquire.lua"),
             ),
             SemaphoreRelease => (
                 "semaphore/release.lua",
-                &[TYPES, CLOCK, PUBLISH],
+                &[TYPES, CLOCK, FAIR_QUEUE, PUBLISH],
                 include_str!("semaphore/release.lua"),
             ),
             SemaphoreResize => (
@@ -576,29 +576,43 @@ pub(crate) fn renew_across_slots<'a>(
     inv
 }
 
-/// Takes one of `permits` permits for `token` (`semaphore/acquire.lua`).
+/// Takes one of `permits` permits for `token` (`semaphore/acquire.lua`); `fair`: the
+/// waiter timeout of a fair semaphore, and whether to join its queue.
 pub(crate) fn semaphore_acquire(
     keys: &LockKeys,
     token: &HolderToken,
     ttl: Duration,
     permits: u32,
     counter_idle: Duration,
+    fair: Option<(Duration, bool)>,
 ) -> Call {
     let mut inv = Call::new(Lua::SemaphoreAcquire);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .key(keys.permits())
-        .arg(token.as_str())
+    inv.key(&keys.lock).key(keys.fence()).key(keys.permits());
+    if fair.is_some() {
+        inv.key(keys.queue()).key(keys.waiters());
+    }
+    inv.arg(token.as_str())
         .arg(ms(ttl))
         .arg(permits)
         .arg(ms(counter_idle));
+    if let Some((waiter_timeout, join)) = fair {
+        inv.arg(ms(waiter_timeout))
+            .arg(flag(join))
+            .arg(keys.channel());
+    }
     inv
 }
 
-/// Gives `token`'s permit back and announces it (`semaphore/release.lua`).
+/// Gives `token`'s permit back, or its place in a fair semaphore's queue, and announces
+/// it (`semaphore/release.lua`).
 pub(crate) fn semaphore_release(keys: &LockKeys, token: &HolderToken) -> Call {
     let mut inv = Call::new(Lua::SemaphoreRelease);
-    inv.key(&keys.lock).arg(token.as_str()).arg(keys.channel());
+    inv.key(&keys.lock)
+        .key(keys.permits())
+        .key(keys.queue())
+        .key(keys.waiters())
+        .arg(token.as_str())
+        .arg(keys.channel());
     inv
 }
 
@@ -607,6 +621,7 @@ pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Dura
     let mut inv = Call::new(Lua::SemaphoreResize);
     inv.key(&keys.lock)
         .key(keys.permits())
+        .key(keys.queue())
         .arg(permits)
         .arg(keys.channel())
         .arg(ms(counter_idle));

@@ -1,15 +1,26 @@
 -- acquire.lua: take one of a semaphore's permits if one is free, as a lease
 -- of its own, and mint a fencing token for it, in one round trip. One node only.
+-- A fair semaphore (ARGV[5] not "0") serves its waiters in arrival order: a free permit
+-- goes to the first waiters of its queue, as many as there are free permits.
 --
 -- KEYS[1]  permit set      a ZSET: each holder token, scored with its lease's end
 --                          (server ms); the key expires with the longest lease
 -- KEYS[2]  fence counter   plain integer string, as for a lock (fence.lua)
 -- KEYS[3]  permit count    plain integer string: how many permits the semaphore has;
 --                          expires like the counter, after ARGV[4] without a grant
+-- KEYS[4]  queue           fair: LIST of waiting holder tokens, in arrival order
+-- KEYS[5]  waiters         fair: ZSET holder token -> deadline (server ms) by which the
+--                          waiter must call again, or be purged as crashed (both
+--                          expire 2 x the waiter timeout after the last waiter's call)
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  permits         the caller's permit count, a positive integer
 -- ARGV[4]  counter idle time, ms ("0": never), for the counter and the permit count
+-- ARGV[5]  fair: the waiter timeout, ms; absent or "0": not fair (KEYS[4], KEYS[5]
+--          unused)
+-- ARGV[6]  fair: "1" to join the queue when it is not our turn; "0": only try
+-- ARGV[7]  fair: the release channel, where a message carrying a token wakes that
+--          waiter
 --
 -- Reply {code, value} or {3, ms, permits}:
 --   code 1  acquired now; value is the new fencing token
@@ -17,14 +28,22 @@
 --           lost): the same grant, its lease reset to ttl; value is the token already
 --           minted (a new one only if the counter was wiped meanwhile)
 --   code 3  every permit is held: ms until the first lease ends, and the permit count
+--   code 0  fair: a permit is free, but earlier waiters are first in line (value -2)
 -- A permit set of another type (a lock under this name: a string or a hash, or a
 -- read-write lock's readers):
 -- wrong_type(), nothing written. A permit count other than ARGV[3] while permits are
 -- held, or stored: the error reply "FENCELOCK-PERMITS <count> <asked> <key>", nothing
 -- written. Expired permits are dropped first (a crashed holder's permit frees itself
--- after one lease). Everything is checked before the first write.
+-- after one lease), and in a fair semaphore the waiters that stopped calling. Everything
+-- is checked before the first write.
 
-local bad = check_types({KEYS[1], 'zset', KEYS[3], 'string'})
+local timeout = tonumber(ARGV[5] or '0')
+local fair = timeout > 0
+local wanted = {KEYS[1], 'zset', KEYS[3], 'string'}
+if fair then
+  wanted = {KEYS[1], 'zset', KEYS[3], 'string', KEYS[4], 'list', KEYS[5], 'zset'}
+end
+local bad = check_types(wanted)
 if bad then
   return bad
 end
@@ -44,6 +63,9 @@ end
 local now = server_ms()
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if fair then
+  purge_waiters(KEYS[4], KEYS[5], now, nil)
+end
 
 local function grant(code, fence)
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
@@ -51,6 +73,10 @@ local function grant(code, fence)
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
   store_counter(KEYS[3], asked, ARGV[4])
+  if fair then
+    redis.call('LREM', KEYS[4], 0, ARGV[1])
+    redis.call('ZREM', KEYS[5], ARGV[1])
+  end
   return {code, fence}
 end
 
@@ -60,8 +86,35 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   end
   return grant(2, counter)
 end
-if redis.call('ZCARD', KEYS[1]) < asked then
+local free = asked - redis.call('ZCARD', KEYS[1])
+if free > 0 and not fair then
   return grant(1, next_fence(KEYS[2], counter, ARGV[4]))
+end
+if free > 0 then
+  -- Our turn if fewer waiters than free permits are ahead of us.
+  local ahead = redis.call('LPOS', KEYS[4], ARGV[1]) or redis.call('LLEN', KEYS[4])
+  if ahead < free then
+    return grant(1, next_fence(KEYS[2], counter, ARGV[4]))
+  end
+end
+if fair and ARGV[6] == '1' then
+  if not redis.call('ZSCORE', KEYS[5], ARGV[1]) then
+    redis.call('RPUSH', KEYS[4], ARGV[1])
+  end
+  redis.call('ZADD', KEYS[5], now + timeout, ARGV[1])
+  for _, key in ipairs({KEYS[4], KEYS[5]}) do
+    if redis.call('PTTL', key) < 2 * timeout then
+      redis.call('PEXPIRE', key, 2 * timeout)
+    end
+  end
+end
+if free > 0 then
+  -- Free permits, and other waiters' turn: make sure they know, in case they missed
+  -- a message.
+  for _, head in ipairs(redis.call('LRANGE', KEYS[4], 0, free - 1)) do
+    announce(ARGV[7], head)
+  end
+  return {0, -2}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return {3, math.max(tonumber(first[2]) - now, 0), asked}

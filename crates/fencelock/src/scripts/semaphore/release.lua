@@ -1,9 +1,14 @@
--- release.lua: give one permit back, only if the caller still holds it,
--- and tell the waiters. One node only.
+-- release.lua: give one permit back, only if the caller still holds it, and tell the
+-- waiters; or (a waiter that gives up) leave a fair semaphore's queue. One node only.
 --
 -- KEYS[1]  permit set      a ZSET of holder tokens scored with their leases' ends
+-- KEYS[2]  permit count    plain integer string
+-- KEYS[3]  queue           fair: LIST of waiting holder tokens (acquire.lua)
+-- KEYS[4]  waiters         fair: ZSET holder token -> deadline (server ms)
 -- ARGV[1]  holder token
--- ARGV[2]  release channel: an empty message there announces the free permit
+-- ARGV[2]  release channel: an empty message there announces the free permit to every
+--          client (a plain waiter of each); in a fair semaphore, a message carrying a
+--          token wakes that waiter, the first in line
 --
 -- Reply, an integer:
 --    1   released (the set held this token with a lease not yet over)
@@ -14,13 +19,36 @@ local bad = check_types({KEYS[1], 'zset'})
 if bad then
   return bad
 end
+local queue = KEYS[3] and redis.call('TYPE', KEYS[3]).ok == 'list'
+  and redis.call('TYPE', KEYS[4]).ok == 'zset'
+local left = 0
+if queue then
+  left = redis.call('LREM', KEYS[3], 0, ARGV[1]) + redis.call('ZREM', KEYS[4], ARGV[1])
+end
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not ends then
+local released = 0
+if ends then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  if tonumber(ends) > server_ms() then
+    released = 1
+  end
+end
+if released == 0 and left == 0 then
   return 0
 end
-redis.call('ZREM', KEYS[1], ARGV[1])
-if tonumber(ends) <= server_ms() then
-  return 0
+if not queue then
+  announce(ARGV[2], '')
+  return released
 end
-announce(ARGV[2], '')
-return 1
+-- A fair semaphore: the permits free now go to the first waiters in line.
+local now = server_ms()
+purge_waiters(KEYS[3], KEYS[4], now, nil)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local permits = tonumber(redis.pcall('GET', KEYS[2])) or 0
+local free = permits - redis.call('ZCARD', KEYS[1])
+if free > 0 then
+  for _, head in ipairs(redis.call('LRANGE', KEYS[3], 0, free - 1)) do
+    announce(ARGV[2], head)
+  end
+end
+return released

@@ -5,8 +5,10 @@
 --
 -- KEYS[1]  permit set      a ZSET of holder tokens scored with their leases' ends
 -- KEYS[2]  permit count    plain integer string
+-- KEYS[3]  queue           optional: a fair semaphore's LIST of waiting holder tokens
 -- ARGV[1]  permits         the new count, a positive integer
--- ARGV[2]  release channel: each empty message there wakes a waiter per client
+-- ARGV[2]  release channel: each empty message there wakes a waiter per client; in a
+--          fair semaphore, a message carrying a token wakes that waiter
 -- ARGV[3]  counter idle time, ms ("0": never), for the permit count (as acquire.lua)
 --
 -- Reply, an array {previous, held}:
@@ -31,6 +33,13 @@ store_counter(KEYS[2], permits, ARGV[3])
 -- that miss a wake still retry when the first lease ends).
 local was_free = math.max(previous - held, 0)
 local free = math.max(permits - held, 0)
+if free > was_free and KEYS[3] and redis.call('TYPE', KEYS[3]).ok == 'list' then
+  -- A fair semaphore: the first waiters in line, as many as there are free permits.
+  for _, head in ipairs(redis.call('LRANGE', KEYS[3], 0, math.min(free, 1000) - 1)) do
+    announce(ARGV[2], head)
+  end
+  return {previous, held}
+end
 for _ = 1, math.min(free - was_free, 1000) do
   announce(ARGV[2], '')
 end
