@@ -70,8 +70,8 @@ impl<'a> StatusLine<'a> {
                             },
                             Some(Holder::Readers { held }) => match held.first() {
                                 Some(first) => format!(
-                                    "{} reader(s), the first lease ends in {}",
-                                    held.len(),
+                                    "{}, the first lease ends in {}",
+                                    count(held.len(), "reader", "readers"),
                                     HumanDuration(*first)
                                 ),
                                 None => "held by readers".to_owned(),
@@ -83,8 +83,8 @@ impl<'a> StatusLine<'a> {
                         }
                         if state.writers_waiting > 0 {
                             text.push_str(&format!(
-                                ", {} writer(s) waiting",
-                                state.writers_waiting
+                                ", {} waiting",
+                                count(state.writers_waiting as usize, "writer", "writers")
                             ));
                         }
                         text
@@ -111,4 +111,9 @@ impl<'a> StatusLine<'a> {
             let _ = err.flush();
         }
     }
+}
+
+/// `n` and the noun, singular or plural: `1 reader`, `3 readers`.
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
