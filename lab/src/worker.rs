@@ -264,23 +264,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                     })?;
                 }
             }
-            record(
-                Event::now(p, Op::Release, Phase::Invoke)
-                    .with_token(token)
-                    .with_owner(owner.as_str()),
-            )?;
-            let released = guard.release().await;
-            let done = Event::now(p, Op::Release, Phase::Ok)
-                .with_token(token)
-                .with_owner(owner.as_str());
-            record(match released {
-                Ok(()) => done,
-                Err(e) => Event {
-                    phase: Phase::Fail,
-                    ..done
-                }
-                .with_error(e.to_string()),
-            })?;
+            release_recorded(&mut record, guard, p, token, &owner).await?;
             continue;
         }
 
@@ -375,21 +359,27 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             }
         }
 
-        record(
-            Event::now(p, Op::Release, Phase::Invoke)
-                .with_token(token)
-                .with_owner(owner.as_str()),
-        )?;
-        let released = guard.release().await;
-        let done = |phase| {
-            Event::now(p, Op::Release, phase)
-                .with_token(token)
-                .with_owner(owner.as_str())
-        };
-        match released {
-            Ok(()) => record(done(Phase::Ok))?,
-            Err(e) => record(done(Phase::Fail).with_error(e.to_string()))?,
-        }
+        release_recorded(&mut record, guard, p, token, &owner).await?;
     }
     Ok(())
+}
+
+/// Releases `guard`, recorded as `release invoke`, then `ok` or `fail` with the error.
+async fn release_recorded(
+    record: &mut impl FnMut(Event) -> Result<(), String>,
+    guard: fencelock::LockGuard,
+    p: u32,
+    token: u64,
+    owner: &str,
+) -> Result<(), String> {
+    let event = |phase| {
+        Event::now(p, Op::Release, phase)
+            .with_token(token)
+            .with_owner(owner)
+    };
+    record(event(Phase::Invoke))?;
+    match guard.release().await {
+        Ok(()) => record(event(Phase::Ok)),
+        Err(e) => record(event(Phase::Fail).with_error(e.to_string())),
+    }
 }

@@ -1250,14 +1250,30 @@ fn a_command_that_ended_inside_its_lease_keeps_its_status_when_the_release_comes
     );
 }
 
+/// A COMMAND (`sh -c`, with the path of a `go` file as `$0`) that says it started (a
+/// file `go.PID` next to `go`), then runs until the test creates `go`.
+const RUN_UNTIL_GO: &str = r#"touch "$0.$$"; while [ ! -e "$0" ]; do sleep 0.02; done"#;
+
+/// A readiness check for [`spawn_until_ready`]: at least `n` [`RUN_UNTIL_GO`] commands
+/// have started in `dir`.
+fn commands_started(dir: &Path, n: usize) -> impl FnMut() -> bool + use<> {
+    let dir = dir.to_owned();
+    move || {
+        fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "go"))
+            .count()
+            >= n
+    }
+}
+
 #[test]
 fn permits_run_n_commands_at_once_and_refuse_the_next() {
     let server = RedisServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let go = dir.path().join("go");
-    // Each COMMAND says it started, then runs until the test lets it go.
-    let script = r#"touch "$0.$$"; while [ ! -e "$0" ]; do sleep 0.02; done"#;
+    let script = RUN_UNTIL_GO;
     let go_path = go.to_str().unwrap();
     let args = [
         "run",
@@ -1272,17 +1288,7 @@ fn permits_run_n_commands_at_once_and_refuse_the_next() {
         script,
         go_path,
     ];
-    let dir_path = dir.path().to_owned();
-    let started = move |n: usize| {
-        let dir_path = dir_path.clone();
-        move || {
-            fs::read_dir(&dir_path)
-                .unwrap()
-                .filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "go"))
-                .count()
-                >= n
-        }
-    };
+    let started = |n| commands_started(dir.path(), n);
     let (first, first_at) = spawn_until_ready(&args, &server, "jobs", started(1));
     let (second, second_at) = spawn_until_ready(&args, &server, "jobs", started(2));
     // Both COMMANDs run at once, each under a permit of its own.
@@ -1349,23 +1355,12 @@ fn shared_runs_readers_at_once_and_a_waiting_writer_goes_before_new_ones() {
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     let go = dir.path().join("go");
-    // Each reader's COMMAND says it started, then runs until the test lets it go.
-    let script = r#"touch "$0.$$"; while [ ! -e "$0" ]; do sleep 0.02; done"#;
+    let script = RUN_UNTIL_GO;
     let go_path = go.to_str().unwrap();
     let reader = [
         "run", "--redis", &url, "--shared", "doc", "--", "sh", "-c", script, go_path,
     ];
-    let dir_path = dir.path().to_owned();
-    let started = move |n: usize| {
-        let dir_path = dir_path.clone();
-        move || {
-            fs::read_dir(&dir_path)
-                .unwrap()
-                .filter(|e| e.as_ref().is_ok_and(|e| e.file_name() != "go"))
-                .count()
-                >= n
-        }
-    };
+    let started = |n| commands_started(dir.path(), n);
     let (first, first_at) = spawn_until_ready(&reader, &server, "doc", started(1));
     let (second, second_at) = spawn_until_ready(&reader, &server, "doc", started(2));
     // Two readers at once (and the set's mark).

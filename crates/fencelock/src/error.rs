@@ -376,30 +376,14 @@ impl fmt::Display for Blocker {
                     1 => f.write_str("its one permit is held")?,
                     n => write!(f, "all {n} permits are held")?,
                 }
-                if frees_in.is_zero() {
-                    f.write_str("; the first lease is ending now")
-                } else {
-                    write!(
-                        f,
-                        "; the first lease ends in about {}",
-                        HumanDuration(*frees_in)
-                    )
-                }
+                first_lease(f, *frees_in)
             }
             Self::Readers { readers, frees_in } => {
                 match readers {
                     1 => f.write_str("a reader holds it")?,
                     n => write!(f, "{n} readers hold it")?,
                 }
-                if frees_in.is_zero() {
-                    f.write_str("; the first lease is ending now")
-                } else {
-                    write!(
-                        f,
-                        "; the first lease ends in about {}",
-                        HumanDuration(*frees_in)
-                    )
-                }
+                first_lease(f, *frees_in)
             }
             Self::WritersWaiting { writers, .. } => match writers {
                 1 => f.write_str("a writer waits for the readers, and new readers go after it"),
@@ -409,6 +393,19 @@ impl fmt::Display for Blocker {
                 ),
             },
         }
+    }
+}
+
+/// `; the first lease ends in about 4s` (of held permits or readers).
+fn first_lease(f: &mut fmt::Formatter<'_>, frees_in: Duration) -> fmt::Result {
+    if frees_in.is_zero() {
+        f.write_str("; the first lease is ending now")
+    } else {
+        write!(
+            f,
+            "; the first lease ends in about {}",
+            HumanDuration(frees_in)
+        )
     }
 }
 

@@ -26,20 +26,11 @@ fn lease_holder(r: &RedisServer, name: &str, lease_ms: u64) -> common::Helper {
 #[test]
 #[ignore = "helper process entry point, started by the tests below"]
 fn helper_process() {
-    let Ok(spec) = std::env::var(HELPER_ENV) else {
-        return;
-    };
-    let parts: Vec<&str> = spec.split(' ').collect();
-    let [url, name, lease] = parts[..] else {
-        panic!("bad spec {spec}")
-    };
-    let lease = Duration::from_millis(lease.parse().unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = Client::connect(url).await.unwrap();
+    common::helper_entry(HELPER_ENV, async |c, words| {
+        let [name, lease] = &words[..] else {
+            panic!("bad spec {words:?}")
+        };
+        let lease = Duration::from_millis(lease.parse().unwrap());
         let _guard = c.lock(name).lease(lease).try_acquire().await.unwrap();
         std::future::pending::<()>().await;
     });

@@ -31,21 +31,12 @@ fn writers_waiting(r: &RedisServer, name: &str) -> i64 {
 #[test]
 #[ignore = "helper process entry point, started by the tests below"]
 fn helper_process() {
-    let Ok(spec) = std::env::var(HELPER_ENV) else {
-        return;
-    };
-    let parts: Vec<&str> = spec.split(' ').collect();
-    let [url, name, role, lease] = parts[..] else {
-        panic!("bad spec {spec}")
-    };
-    let lease = Duration::from_millis(lease.parse().unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = Client::connect(url).await.unwrap();
-        match role {
+    common::helper_entry(HELPER_ENV, async |c, words| {
+        let [name, role, lease] = &words[..] else {
+            panic!("bad spec {words:?}")
+        };
+        let lease = Duration::from_millis(lease.parse().unwrap());
+        match role.as_str() {
             // Holds the read side until killed.
             "reader" => {
                 let _held = c.read_lock(name).lease(lease).try_acquire().await.unwrap();

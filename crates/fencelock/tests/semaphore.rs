@@ -29,20 +29,11 @@ fn zcard(r: &RedisServer, key: &str) -> i64 {
 #[test]
 #[ignore = "helper process entry point, started by the tests below"]
 fn helper_process() {
-    let Ok(spec) = std::env::var(HELPER_ENV) else {
-        return;
-    };
-    let parts: Vec<&str> = spec.split(' ').collect();
-    let [url, name, permits, lease] = parts[..] else {
-        panic!("bad spec {spec}")
-    };
-    let lease = Duration::from_millis(lease.parse().unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = Client::connect(url).await.unwrap();
+    common::helper_entry(HELPER_ENV, async |c, words| {
+        let [name, permits, lease] = &words[..] else {
+            panic!("bad spec {words:?}")
+        };
+        let lease = Duration::from_millis(lease.parse().unwrap());
         let _permit = c
             .semaphore(name, permits.parse().unwrap())
             .lease(lease)

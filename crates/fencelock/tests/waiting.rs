@@ -29,21 +29,12 @@ fn helper(r: &RedisServer, name: &str, mode: &str, arg: u64) -> common::Helper {
 #[test]
 #[ignore = "helper process entry point, started by the tests below"]
 fn helper_process() {
-    let Ok(spec) = std::env::var(HELPER_ENV) else {
-        return;
-    };
-    let parts: Vec<&str> = spec.split(' ').collect();
-    let [url, name, mode, arg] = parts[..] else {
-        panic!("bad spec {spec}")
-    };
-    let arg = Duration::from_millis(arg.parse().unwrap());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = Client::connect(url).await.unwrap();
-        let guard = match mode {
+    common::helper_entry(HELPER_ENV, async |c, words| {
+        let [name, mode, arg] = &words[..] else {
+            panic!("bad spec {words:?}")
+        };
+        let arg = Duration::from_millis(arg.parse().unwrap());
+        let guard = match mode.as_str() {
             "hold" => c
                 .lock(name)
                 .lease(arg)

@@ -45,7 +45,8 @@ const HOLDER: Fragment = Fragment(include_str!("fragments/holder.lua"));
 const FENCE: Fragment = Fragment(include_str!("fragments/fence.lua"));
 /// `purge_waiters()`.
 const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
-/// `readers_held()`, `writer_waits()`, `writer_gone()`; needs [`HOLDER`] and [`CLOCK`].
+/// `readers_held()`, `writer_waits()`, `writer_meets_readers()`, `writer_gone()`; needs
+/// [`TYPES`], [`HOLDER`] and [`CLOCK`].
 const READERS: Fragment = Fragment(include_str!("fragments/readers.lua"));
 /// `renew_lease()`; needs [`HOLDER`] and [`CLOCK`].
 const LEASE: Fragment = Fragment(include_str!("fragments/lease.lua"));
@@ -864,6 +865,7 @@ mod tests {
             ("readers_held(", READERS),
             ("writer_waits(", READERS),
             ("writer_gone(", READERS),
+            ("writer_meets_readers(", READERS),
             ("announce(", PUBLISH),
         ];
         // Each pair: the fragment that uses functions of the other comes after it.
@@ -871,6 +873,7 @@ mod tests {
             (CLOCK, FENCE),
             (HOLDER, LEASE),
             (CLOCK, LEASE),
+            (TYPES, READERS),
             (HOLDER, READERS),
             (CLOCK, READERS),
         ];

@@ -46,6 +46,26 @@ pub fn spawn_helper(entry: &str, env: &str, spec: impl AsRef<str>) -> Helper {
     Helper(child)
 }
 
+/// The body of a helper process's entry point (the ignored test [`spawn_helper`]
+/// starts): when `env` is set, to `URL WORD...`, connects a client to URL and runs
+/// `body(client, words)` on a single-threaded runtime; when it is not (a normal test
+/// run), returns at once.
+pub fn helper_entry(env: &str, body: impl AsyncFnOnce(fencelock::Client, Vec<String>)) {
+    let Ok(spec) = std::env::var(env) else {
+        return;
+    };
+    let mut words = spec.split(' ').map(str::to_owned);
+    let url = words.next().expect("a helper spec starts with a URL");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let client = fencelock::Client::connect(&url).await.expect("connect");
+        body(client, words.collect()).await;
+    });
+}
+
 /// A helper process, killed and reaped when dropped: a test that fails half-way leaves
 /// none behind (one would hold the test runner's output pipe open).
 pub struct Helper(pub Child);

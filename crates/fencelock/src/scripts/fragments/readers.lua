@@ -1,5 +1,5 @@
 -- readers.lua: a read-write lock's readers and its waiting writers, the same in every
--- script that meets them. Needs holder.lua and clock.lua. Functions only.
+-- script that meets them. Needs types.lua, holder.lua and clock.lua. Functions only.
 --
 -- While readers hold a read-write lock its lock key is a ZSET: each reader's member (its
 -- holder token, or "<token>:<owner>" for a reader with an owner id) scored with the end
@@ -15,6 +15,11 @@
 --   hold it now, and ms until the first lease ends
 -- writer_waits(writers, token, ttl, now)
 --   registers the waiting writer `token`, or pushes its deadline on to now + ttl
+-- writer_meets_readers(key, writers, token, ttl, join) -> readers, frees_in, bad
+--   a writer's acquire that found readers (holder.lua's "readers"): readers_held(), and
+--   while some hold it, registers the writer as waiting (writer_waits(), with its ttl)
+--   when `join`; bad: the wrong_type() reply of a waiting-writers key of another type
+--   (checked before any write). No reader left: the key is gone, the writer may take it
 -- writer_gone(writers, token) -> true when this removed the last waiting writer (the
 --   readers it held back may go on: announce it). A key of another type, or nil
 --   (a caller that passed none), is left alone
@@ -35,6 +40,19 @@ local function writer_waits(writers, token, ttl, now)
   if redis.call('PTTL', writers) < ttl then
     redis.call('PEXPIRE', writers, ttl)
   end
+end
+
+local function writer_meets_readers(key, writers, token, ttl, join)
+  local bad = writers and check_types({writers, 'zset'})
+  if bad then
+    return 0, 0, bad
+  end
+  local now = server_ms()
+  local readers, frees_in = readers_held(key, now)
+  if readers > 0 and writers and join then
+    writer_waits(writers, token, tonumber(ttl), now)
+  end
+  return readers, frees_in, nil
 end
 
 local function writer_gone(writers, token)

@@ -63,21 +63,16 @@ end
 
 local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' and holder == 'readers' then
-  local bad_writers = KEYS[4] and check_types({KEYS[4], 'zset'})
+  local readers, frees_in, bad_writers =
+    writer_meets_readers(KEYS[1], KEYS[4], ARGV[1], ARGV[2], ARGV[6] == '1')
   if bad_writers then
     return bad_writers
+  elseif readers > 0 then
+    return reply(6, frees_in, readers)
   end
-  local now = server_ms()
-  local readers, frees_in = readers_held(KEYS[1], now)
-  if readers == 0 then
-    -- Only leases that had ended were left, and readers_held() deleted the key.
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return granted()
-  end
-  if KEYS[4] and ARGV[6] == '1' then
-    writer_waits(KEYS[4], ARGV[1], tonumber(ARGV[2]), now)
-  end
-  return reply(6, frees_in, readers)
+  -- Only leases that had ended were left, and the key is gone.
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return granted()
 elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end

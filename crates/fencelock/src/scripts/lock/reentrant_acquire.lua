@@ -31,19 +31,14 @@ end
 local kind, holder = lock_holder(KEYS[1], 'reentrant')
 local hold = 'hold:' .. ARGV[2]
 if kind == 'foreign' and holder == 'readers' then
-  local bad_writers = KEYS[3] and check_types({KEYS[3], 'zset'})
+  local readers, frees_in, bad_writers =
+    writer_meets_readers(KEYS[1], KEYS[3], ARGV[2], ARGV[3], ARGV[5] == '1')
   if bad_writers then
     return bad_writers
-  end
-  local now = server_ms()
-  local readers, frees_in = readers_held(KEYS[1], now)
-  if readers > 0 then
-    if KEYS[3] and ARGV[5] == '1' then
-      writer_waits(KEYS[3], ARGV[2], tonumber(ARGV[3]), now)
-    end
+  elseif readers > 0 then
     return {6, frees_in, readers}
   end
-  kind = 'none' -- only leases that had ended were left: readers_held() deleted the key
+  kind = 'none' -- only leases that had ended were left, and the key is gone
 end
 if kind == 'none' then
   local fence = next_fence(KEYS[2], counter, ARGV[4])
