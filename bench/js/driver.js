@@ -1,5 +1,5 @@
-// Worker process of fencelock-bench for the Node peer, node-redlock (npm `redlock`, v5,
-// on `ioredis`).
+// Worker process of fencelock-bench for the Node peers, node-redlock (npm `redlock`, v5,
+// on `ioredis`) and redis-semaphore's `Semaphore` (npm `redis-semaphore`, on `ioredis`).
 //
 // Speaks the protocol of the Rust worker (bench/src/worker.rs) and of the Python driver
 // (bench/py/driver.py), one line each on stdout: `ready` once connected; after the
@@ -20,8 +20,16 @@
 // and the latency run's PINGs go to every node at once; the contended scenarios use
 // one node.
 //
-// `node driver.js --versions` prints the versions of Node, redlock and ioredis (the
-// harness's check that both load), and exits.
+// Semaphore (--lock redis-semaphore --permits N --retry-interval MS): one
+// `new Semaphore(client, key, N, { lockTimeout, retryInterval })` per contender, reused
+// for each of its acquisitions; `tryAcquire`, which runs its acquire script and, on a
+// refusal, tries again every `retryInterval` ms until `acquireTimeout` (left at its
+// default) and then returns false; waiting is `tryAcquire` in a loop until the
+// deadline, which aborts it. The semaphore handoff (--scenario semaphore-handoff) is the
+// handoff with its stamps queued in a list, as in the Rust worker.
+//
+// `node driver.js --versions` prints the versions of Node, redlock, ioredis and
+// redis-semaphore (the harness's check that they load), and exits.
 
 "use strict";
 
@@ -30,21 +38,30 @@ const path = require("node:path");
 const { parseArgs } = require("node:util");
 const { setTimeout: sleep } = require("node:timers/promises");
 
-let Redis, Redlock, ExecutionError, ResourceLockedError;
+let Redis, Redlock, ExecutionError, ResourceLockedError, Semaphore;
 try {
   Redis = require("ioredis");
   ({ default: Redlock, ExecutionError, ResourceLockedError } = require("redlock"));
+  ({ Semaphore } = require("redis-semaphore"));
 } catch (e) {
-  process.stderr.write(`cannot load ioredis and redlock: ${String(e.message).split("\n")[0]}\n`);
+  process.stderr.write(
+    `cannot load ioredis, redlock and redis-semaphore: ${String(e.message).split("\n")[0]}\n`,
+  );
   process.exit(2);
 }
 
-/** `Node v20.19.2, redlock v5.0.0-beta.2, ioredis 5.9.3`, from the installed packages. */
+/**
+ * `Node v20.19.2, redlock v5.0.0-beta.2, ioredis 5.9.3, redis-semaphore 5.8.0`, from the
+ * installed packages.
+ */
 function versions() {
   const version = (name) =>
     JSON.parse(fs.readFileSync(path.join(__dirname, "node_modules", name, "package.json")))
       .version;
-  return `Node ${process.version}, redlock ${version("redlock")}, ioredis ${version("ioredis")}`;
+  return (
+    `Node ${process.version}, redlock ${version("redlock")}, ioredis ${version("ioredis")}, ` +
+    `redis-semaphore ${version("redis-semaphore")}`
+  );
 }
 
 /** CLOCK_MONOTONIC in ns, as a BigInt (libuv's hrtime reads CLOCK_MONOTONIC). */
@@ -72,6 +89,8 @@ function parse() {
       "retry-count": { type: "string", default: "10" },
       "retry-delay": { type: "string", default: "200" },
       "retry-jitter": { type: "string", default: "100" },
+      permits: { type: "string", default: "1" },
+      "retry-interval": { type: "string", default: "10" },
       name: { type: "string" },
       tasks: { type: "string", default: "1" },
       "hold-us": { type: "string", default: "0" },
@@ -94,20 +113,27 @@ function parse() {
   if (!values.url || values.url.length === 0 || !values.name) {
     throw new Error("--url and --name are required");
   }
-  if (!["handoff", "hot-key", "latency"].includes(values.scenario)) {
-    throw new Error(`--scenario: handoff, hot-key or latency, not ${values.scenario}`);
+  const scenarios = ["handoff", "hot-key", "latency", "semaphore-handoff"];
+  if (!scenarios.includes(values.scenario)) {
+    throw new Error(`--scenario: ${scenarios.join(", ")}, not ${values.scenario}`);
   }
-  if (values.lock !== "node-redlock") {
-    throw new Error(`--lock: node-redlock, not ${values.lock}`);
+  if (!["node-redlock", "redis-semaphore"].includes(values.lock)) {
+    throw new Error(`--lock: node-redlock or redis-semaphore, not ${values.lock}`);
+  }
+  if (values.lock === "redis-semaphore" && values.scenario === "latency") {
+    throw new Error("--lock redis-semaphore: handoff, hot-key or semaphore-handoff only");
   }
   return {
     urls: values.url,
     scenario: values.scenario,
+    lock: values.lock,
     retry: {
       retryCount: int("retry-count"),
       retryDelay: int("retry-delay"),
       retryJitter: int("retry-jitter"),
     },
+    permits: int("permits"),
+    retryInterval: int("retry-interval"),
     name: values.name,
     tasks: int("tasks"),
     holdUs: int("hold-us"),
@@ -183,6 +209,56 @@ class Locker {
   }
 }
 
+/**
+ * Takes and gives back a permit of redis-semaphore's `Semaphore`, for one contender: the
+ * interface of `Locker`.
+ */
+class SemaphoreLocker {
+  constructor(args, client) {
+    // Its defaults but `retryInterval` (and `lockTimeout`, the bench's lease, which is
+    // its default too); one instance, so one identifier, for every acquisition.
+    this.semaphore = new Semaphore(client, `${args.name}:sem`, args.permits, {
+      lockTimeout: args.ttlMs,
+      retryInterval: args.retryInterval,
+    });
+    this.deadlineNs = null;
+    this.stop = null;
+  }
+
+  /**
+   * True once held; false when the deadline (a BigInt, ns) came first: it aborts the
+   * library's waiting (the signal is checked before each try and ends the pause between
+   * tries). Not blocking is not used.
+   */
+  async acquire(deadlineNs) {
+    if (this.deadlineNs !== deadlineNs) {
+      this.deadlineNs = deadlineNs;
+      this.stop = new AbortController();
+      const ms = Math.max(0, Number(deadlineNs - monoNs()) / 1e6);
+      setTimeout(() => this.stop.abort(), ms).unref();
+    }
+    const signal = this.stop.signal;
+    while (monoNs() < deadlineNs && !signal.aborted) {
+      try {
+        // False after `acquireTimeout` of refusals: wait on.
+        if (await this.semaphore.tryAcquire(signal)) {
+          return true;
+        }
+      } catch (e) {
+        if (signal.aborted) {
+          return false;
+        }
+        throw e;
+      }
+    }
+    return false;
+  }
+
+  async release() {
+    await this.semaphore.release();
+  }
+}
+
 class Result {
   constructor() {
     this.samples = [];
@@ -202,14 +278,17 @@ function describe(e) {
 /**
  * Strict handoff, as in the Rust worker: acquire, read the previous holder's stamp,
  * record release-to-acquire if it was another process and we were already waiting,
- * tell it its lock was taken, hold, stamp, release, wait until someone took it.
+ * tell it its lock was taken, hold, stamp, release, wait until someone took it. The
+ * semaphore handoff queues the stamps instead, as the Rust worker does: RPUSH before the
+ * release, LPOP of the oldest once held (releases and acquisitions paired in order).
  */
 async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
   try {
     const { client, blpop, locker } = c;
     const pid = process.pid;
     const me = `${pid}:${task}`;
-    const stampKey = `${args.name}:stamp`;
+    const queued = args.scenario === "semaphore-handoff";
+    const stampKey = queued ? `${args.name}:stamps` : `${args.name}:stamp`;
     const myInbox = `${args.name}:taken:${me}`;
     const holdMs = args.holdUs / 1000;
     await sleepUntil(firstNs);
@@ -220,7 +299,7 @@ async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
       }
       const now = monoNs();
       r.acquisitions += 1;
-      const prev = await client.get(stampKey);
+      const prev = queued ? await client.lpop(stampKey) : await client.get(stampKey);
       if (prev !== null) {
         const [ppid, pns, ptask] = prev.split(" ");
         const prevNs = BigInt(pns);
@@ -239,11 +318,9 @@ async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
       if (holdMs > 0) {
         await sleep(holdMs);
       }
-      await client
-        .pipeline()
-        .del(myInbox)
-        .set(stampKey, `${pid} ${monoNs()} ${task}`)
-        .exec();
+      const stamp = `${pid} ${monoNs()} ${task}`;
+      const pipeline = client.pipeline().del(myInbox);
+      await (queued ? pipeline.rpush(stampKey, stamp) : pipeline.set(stampKey, stamp)).exec();
       await locker.release();
       for (;;) {
         if (monoNs() >= deadlineNs) {
@@ -372,8 +449,12 @@ async function main() {
     for (const url of args.urls) {
       clients.push(await connect(url));
     }
-    const c = { clients, client: clients[0], locker: new Locker(args, clients) };
-    if (args.scenario === "handoff") {
+    const locker =
+      args.lock === "redis-semaphore"
+        ? new SemaphoreLocker(args, clients[0])
+        : new Locker(args, clients);
+    const c = { clients, client: clients[0], locker };
+    if (args.scenario === "handoff" || args.scenario === "semaphore-handoff") {
       c.blpop = await connect(args.urls[0]);
     }
     contenders.push(c);
@@ -391,7 +472,7 @@ async function main() {
     if (args.scenario === "latency") {
       return latency(args, c, startNs, r);
     }
-    if (args.scenario === "handoff") {
+    if (args.scenario === "handoff" || args.scenario === "semaphore-handoff") {
       const g = task * args.procs + args.procIndex;
       const offset =
         (BigInt(g) * BigInt(args.spreadMs) * 1000000n) / BigInt(Math.max(1, args.contenders));

@@ -1,13 +1,14 @@
-//! Launching the contended runs (handoff, hot key) over worker processes: this binary
-//! re-executed as `worker`, the Python driver for the Python peers, or the Node driver
-//! for node-redlock; and checking the Python interpreter and the Node install those need.
+//! Launching the contended runs (handoff, hot key, and the semaphores' throughput and
+//! handoff) over worker processes: this binary re-executed as `worker`, the Python driver
+//! for the Python peers, or the Node driver for node-redlock and redis-semaphore; and
+//! checking the Python interpreter and the Node install those need.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::latency::summarize;
 use crate::peers::Peer;
-use crate::plan::HANDOFF_HOLD;
+use crate::plan::{HANDOFF_HOLD, SEMAPHORE_PERMITS, SEMAPHORE_WAITERS};
 use crate::results::HandoffRow;
 use crate::servers;
 use crate::spawn::{Report, Workers};
@@ -31,6 +32,8 @@ pub(crate) fn spread(contenders: usize) -> Vec<usize> {
 pub(crate) enum Scenario {
     Handoff,
     HotKey,
+    /// The handoff of a semaphore: its releases' stamps queued in a list.
+    SemaphoreHandoff,
 }
 
 /// One contended run: what its contenders do, with which lock, how many, how long each
@@ -91,6 +94,7 @@ async fn run_workers(
             let scenario = match run.scenario {
                 Scenario::Handoff => "handoff",
                 Scenario::HotKey => "hot-key",
+                Scenario::SemaphoreHandoff => "semaphore-handoff",
             };
             let mut args: Vec<String> = [
                 "--url",
@@ -166,6 +170,36 @@ pub(crate) async fn handoff_row(
     }
 }
 
+/// The semaphore handoff row of `peer` (a semaphore of [`SEMAPHORE_PERMITS`] permits,
+/// every permit held, [`SEMAPHORE_WAITERS`] waiters) for `duration`, run on `server`
+/// under the worker name `name`.
+pub(crate) async fn semaphore_handoff_row(
+    launch: &Launcher,
+    server: &testkit::RedisServer,
+    peer: Peer,
+    name: String,
+    duration: Duration,
+) -> HandoffRow {
+    let run = Run {
+        scenario: Scenario::SemaphoreHandoff,
+        peer,
+        name,
+        contenders: SEMAPHORE_PERMITS as usize + SEMAPHORE_WAITERS,
+        hold: HANDOFF_HOLD,
+        duration,
+    };
+    let (tasks, report, commands_per_s, error) = measured(launch, server, &run).await;
+    HandoffRow {
+        peer,
+        waiters: SEMAPHORE_WAITERS,
+        tasks,
+        summary: summarize(&report.samples),
+        report,
+        commands_per_s,
+        error,
+    }
+}
+
 /// Runs `run` on `server`: tasks per process, the merged reports, the commands per
 /// second Redis processed in the run's window, and why the run failed, if it did.
 pub(crate) async fn measured(
@@ -209,8 +243,9 @@ pub(crate) async fn python_version(python: &Path) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// `Node v20.19.2, redlock v5.0.0-beta.2, ioredis 5.9.3` (what `driver.js --versions`
-/// prints once it has loaded both), or why node-redlock cannot be run.
+/// `Node v20.19.2, redlock v5.0.0-beta.2, ioredis 5.9.3, redis-semaphore 5.8.0` (what
+/// `driver.js --versions` prints once it has loaded them), or why node-redlock and
+/// redis-semaphore cannot be run.
 pub(crate) async fn node_version(node: &Path, driver: &Path) -> Result<String, String> {
     let out = tokio::process::Command::new(node)
         .arg(driver)
@@ -221,7 +256,8 @@ pub(crate) async fn node_version(node: &Path, driver: &Path) -> Result<String, S
         .map_err(|e| format!("{}: {e}", node.display()))?;
     if !out.status.success() {
         return Err(format!(
-            "{} {} cannot load redlock and ioredis (scripts/bench installs them with npm ci): {}",
+            "{} {} cannot load redlock, ioredis and redis-semaphore (scripts/bench installs \
+             them with npm ci): {}",
             node.display(),
             driver.display(),
             String::from_utf8_lossy(&out.stderr).trim()

@@ -1,7 +1,8 @@
 //! `fencelock-bench`: fencelock side by side with its peers (the Rust crates rslock and
 //! redlock, redis-py's `Lock`, python-redis-lock and node-redlock), on the same throwaway
 //! Redis in one run: uncontended acquire + release, release-to-waiter handoff, one hot
-//! key, Redlock vs single node; what keeping many fencelock leases alive costs; how those
+//! key, Redlock vs single node; fencelock's semaphore against redis-semaphore's
+//! (throughput and handoff); what keeping many fencelock leases alive costs; how those
 //! costs grow (held leases by the thousand to the million, handoff against 1 to 256
 //! waiters); and fencelock through Sentinel and Cluster (latency, throughput, renewals,
 //! failover).
@@ -12,8 +13,8 @@
 //! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
 //! subcommand, `bench/py/driver.py` for the Python peers, or `bench/js/driver.js` for
-//! node-redlock; each size of the held-leases growth run in this binary re-executed as
-//! the hidden `held` subcommand.
+//! node-redlock and redis-semaphore; each size of the held-leases growth run in this
+//! binary re-executed as the hidden `held` subcommand.
 
 mod affinity;
 mod chart;
@@ -26,12 +27,13 @@ mod peers;
 mod plan;
 mod report;
 mod results;
+mod semaphores;
 mod servers;
 mod spawn;
 mod topologies;
 mod worker;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
@@ -41,6 +43,7 @@ use crate::launcher::{Launcher, Run, Scenario, measured};
 use crate::peers::Peer;
 use crate::plan::{FULL, HOT_KEY_CONTENDERS, Plan, QUICK, REDLOCK_NODES, WAITERS};
 use crate::results::{HotKeyRow, Results};
+use crate::semaphores::Semaphores;
 use crate::servers::Servers;
 use crate::worker::WorkerArgs;
 
@@ -55,8 +58,9 @@ struct Cli {
     /// 100 ms or more), 1.5 s per hot-key row, 1,000 latency cycles per client, 10,000
     /// held locks watched for 5 s; how cost grows: 1,000 to 100,000 held locks, 5 s
     /// each, and fencelock's handoff at 1 to 256 waiters (five counts); Sentinel and
-    /// Cluster: 2 s per throughput row, 10,000 leases on the cluster, one failover each.
-    /// Charts go to target/bench-img.
+    /// Cluster: 2 s per throughput row, 10,000 leases on the cluster, one failover each;
+    /// semaphores: 1.5 s per throughput row, 1 s per handoff row. Charts go to
+    /// target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
     /// Full run (the default; about 16 minutes): 10 s per handoff row (20 s for slow
@@ -64,7 +68,8 @@ struct Cli {
     /// locks watched for 20 s; how cost grows: 1,000 to 1,000,000 held locks, 10 s
     /// each, and fencelock's handoff at 1 to 256 waiters (nine counts); Sentinel and
     /// Cluster: 10 s per throughput row, 100,000 leases on the cluster, three failovers
-    /// each. Charts go to docs/img.
+    /// each; semaphores: 10 s per throughput row, 10 s per handoff row. Charts go to
+    /// docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
@@ -74,9 +79,9 @@ struct Cli {
     /// makes a venv); without it the Python peers are left out.
     #[arg(long, env = "FENCELOCK_BENCH_PYTHON", value_name = "PATH")]
     python: Option<PathBuf>,
-    /// Node.js, to run node-redlock in bench/js/driver.js (scripts/bench installs its
-    /// packages with npm ci into bench/js/node_modules); without it node-redlock is left
-    /// out.
+    /// Node.js, to run node-redlock and redis-semaphore in bench/js/driver.js
+    /// (scripts/bench installs their packages with npm ci into bench/js/node_modules);
+    /// without it both are left out.
     #[arg(long, env = "FENCELOCK_BENCH_NODE", value_name = "PATH")]
     node: Option<PathBuf>,
     /// Where to write the PNG charts (default: docs/img for a full run, target/bench-img
@@ -86,6 +91,17 @@ struct Cli {
     /// TrueType font for the charts' text (default: DejaVu Sans from the usual places).
     #[arg(long, value_name = "FILE")]
     font: Option<PathBuf>,
+    /// Run one section alone (a PING baseline first, for its ratios) and print only it;
+    /// no charts. For working on that section.
+    #[arg(long, value_enum, hide = true, value_name = "SECTION")]
+    only: Option<Only>,
+}
+
+/// The sections `--only` can run alone.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Only {
+    /// fencelock's semaphore against redis-semaphore's.
+    Semaphores,
 }
 
 #[derive(Subcommand, Debug)]
@@ -119,6 +135,10 @@ fn main() {
         Some(p) => Err(format!("{} is not a file", p.display())),
         None => Err("no --node given (scripts/bench passes it when node is installed)".to_owned()),
     };
+    if let Some(Only::Semaphores) = cli.only {
+        only_semaphores(plan, node, cli.out.as_deref());
+        return;
+    }
     let img_dir = cli
         .img_dir
         .clone()
@@ -137,6 +157,59 @@ fn main() {
     let md = report::render(&results, &charts);
     print!("{md}");
     if let Some(path) = &cli.out
+        && let Err(e) = std::fs::write(path, &md)
+    {
+        eprintln!("cannot write {}: {e}", path.display());
+        std::process::exit(1);
+    }
+    if failed {
+        eprintln!("some measurements failed; see the report");
+        std::process::exit(1);
+    }
+}
+
+/// `--only semaphores`: a PING baseline, then the semaphores' section alone on a
+/// throwaway server; prints it (and writes it to `out`), and exits 1 if anything failed.
+fn only_semaphores(plan: &'static Plan, node: Result<PathBuf, String>, out: Option<&Path>) {
+    // From the main thread, as in `main`.
+    let server = testkit::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (md, failed) = runtime.block_on(async {
+        let launch = Launcher::new(Err("not needed".to_owned()), node);
+        let node_version = match &launch.node {
+            Ok(n) => launcher::node_version(n, &launch.node_driver).await,
+            Err(e) => Err(e.clone()),
+        };
+        if let Err(e) = &node_version {
+            eprintln!("redis-semaphore left out: {e}");
+        }
+        eprintln!("baseline: {} PINGs", plan.pings);
+        let ping = latency::ping_baseline(&server.url(), plan.pings).await;
+        let unit = ping.as_ref().map_or(1, |p| p.p50);
+        let sem = semaphores::run(plan, &launch, &server, node_version.is_ok()).await;
+        let mut s = format!(
+            "# fencelock-bench ({} run, semaphores only)
+
+",
+            plan.name
+        );
+        s.push_str(&format!(
+            "- redis-server {}; {}
+
+",
+            servers::redis_version(&server),
+            node_version.as_deref().unwrap_or_else(|e| e)
+        ));
+        semaphores::render(&mut s, &sem, plan, unit, "the baseline PINGs, unpinned");
+        (s, sem.failed() || ping.is_err())
+    });
+    drop(runtime);
+    drop(server);
+    print!("{md}");
+    if let Some(path) = out
         && let Err(e) = std::fs::write(path, &md)
     {
         eprintln!("cannot write {}: {e}", path.display());
@@ -168,7 +241,7 @@ async fn bench(
         Err(e) => Err(e.clone()),
     };
     if let Err(e) = &node_version {
-        eprintln!("node-redlock left out: {e}");
+        eprintln!("node-redlock and redis-semaphore left out: {e}");
     }
     let with_node = node_version.is_ok();
     let mut failed = false;
@@ -358,6 +431,11 @@ async fn bench(
         });
     }
 
+    // 4b. Semaphores: fencelock's and redis-semaphore's (with Node), throughput and
+    // handoff, on the main server.
+    let semaphores: Semaphores = semaphores::run(plan, &launch, server, with_node).await;
+    failed |= semaphores.failed();
+
     // 5. Many locks held at once, watchdog on (fencelock only).
     eprintln!(
         "held: {} locks with a {:?} lease, watched for {:?}",
@@ -407,6 +485,7 @@ async fn bench(
         node_latency,
         handoff,
         hot_key,
+        semaphores,
         held,
         growth,
         topologies,

@@ -1,8 +1,10 @@
 //! The locks benchmarked side by side: fencelock and its peers, each at its own defaults
 //! and, where it has knobs, tuned; with the settings the report states, and which of them
-//! a run includes.
+//! a run includes. Likewise the semaphores: fencelock's and redis-semaphore's.
 
 use std::time::Duration;
+
+use crate::plan::SEMAPHORE_PERMITS;
 
 /// rslock and redlock: attempts per `lock()` call (their default) and the upper bound of
 /// the random pause after a failed attempt (their default: 200 ms).
@@ -26,6 +28,14 @@ pub const NODE_REDLOCK_DEFAULT_JITTER_MS: u32 = 100;
 pub const NODE_REDLOCK_TUNED_DELAY_MS: u32 = 1;
 /// node-redlock tuned `retryJitter`, ms.
 pub const NODE_REDLOCK_TUNED_JITTER_MS: u32 = 1;
+/// redis-semaphore (npm) `Semaphore`: its default `retryInterval`, ms, the pause after a
+/// refused try.
+pub const REDIS_SEMAPHORE_DEFAULT_RETRY_MS: u32 = 10;
+/// redis-semaphore's default `acquireTimeout`, ms: `tryAcquire` gives up (returns false)
+/// after trying for this long.
+pub const REDIS_SEMAPHORE_ACQUIRE_TIMEOUT_MS: u32 = 10_000;
+/// redis-semaphore tuned `retryInterval`, ms (the 1 ms of the other tuned pollers).
+pub const REDIS_SEMAPHORE_TUNED_RETRY_MS: u32 = 1;
 
 /// One lock under test, with its settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +62,12 @@ pub enum Peer {
     NodeRedlock,
     /// node-redlock with a 1 ± 1 ms retry pause.
     NodeRedlockTuned,
+    /// fencelock's semaphore ([`SEMAPHORE_PERMITS`] permits), default mode.
+    FencelockSemaphore,
+    /// redis-semaphore's `Semaphore` at its defaults (retry every 10 ms).
+    RedisSemaphore,
+    /// redis-semaphore's `Semaphore` with a 1 ms retry pause.
+    RedisSemaphoreTuned,
 }
 
 impl Peer {
@@ -70,6 +86,14 @@ impl Peer {
         Peer::NodeRedlockTuned,
     ];
 
+    /// Every semaphore, in the order of the semaphores' table (not in [`Peer::ALL`]:
+    /// the lock tables do not have them).
+    pub const SEMAPHORES: [Peer; 3] = [
+        Peer::FencelockSemaphore,
+        Peer::RedisSemaphore,
+        Peer::RedisSemaphoreTuned,
+    ];
+
     /// The name shown in the tables and charts.
     pub fn label(self) -> &'static str {
         match self {
@@ -84,6 +108,9 @@ impl Peer {
             Peer::PythonRedisLock => "python-redis-lock",
             Peer::NodeRedlock => "node-redlock",
             Peer::NodeRedlockTuned => "node-redlock tuned",
+            Peer::FencelockSemaphore => "fencelock semaphore",
+            Peer::RedisSemaphore => "redis-semaphore Semaphore",
+            Peer::RedisSemaphoreTuned => "redis-semaphore Semaphore tuned",
         }
     }
 
@@ -151,6 +178,30 @@ impl Peer {
                  {NODE_REDLOCK_TUNED_DELAY_MS} ± {NODE_REDLOCK_TUNED_JITTER_MS} ms, which it \
                  rounds down to 0 or 1 ms and Node's timers make at least 1 ms"
             ),
+            Peer::FencelockSemaphore => format!(
+                "fencelock 0.1.0 (this repo), `semaphore(name, {SEMAPHORE_PERMITS})\
+                 .lease(10 s).wait_forever()`, its defaults otherwise (the watchdog renews \
+                 each permit's lease): one script call to acquire (a permit is a member of a \
+                 sorted set scored with its lease's end); a release publishes a message that \
+                 wakes one waiter of each client"
+            ),
+            Peer::RedisSemaphore => format!(
+                "redis-semaphore (npm) `new Semaphore(client, key, {SEMAPHORE_PERMITS}, \
+                 {{ lockTimeout: 10000 }})` (its default lease), on ioredis, its defaults \
+                 otherwise: `acquire` runs its script (drop the expired holders of a sorted \
+                 set scored with the client's clock, then `ZADD` if fewer than the limit) \
+                 and, while refused, tries again every `retryInterval` \
+                 ({REDIS_SEMAPHORE_DEFAULT_RETRY_MS} ms) until `acquireTimeout` \
+                 ({REDIS_SEMAPHORE_ACQUIRE_TIMEOUT_MS} ms); a held permit is refreshed by a \
+                 timer every 0.8 × `lockTimeout`; a release is one `ZREM`, no signal to the \
+                 waiters; waiting = `tryAcquire` in a loop until the end of the run; \
+                 contenders are async tasks of the Node driver, each with its own ioredis \
+                 client and `Semaphore`"
+            ),
+            Peer::RedisSemaphoreTuned => format!(
+                "redis-semaphore, `retryInterval: {REDIS_SEMAPHORE_TUNED_RETRY_MS}` (the \
+                 other options at their defaults)"
+            ),
         }
     }
 
@@ -173,7 +224,13 @@ impl Peer {
 
     /// Runs in the Node driver (`bench/js/driver.js`).
     pub fn node(self) -> bool {
-        matches!(self, Peer::NodeRedlock | Peer::NodeRedlockTuned)
+        matches!(
+            self,
+            Peer::NodeRedlock
+                | Peer::NodeRedlockTuned
+                | Peer::RedisSemaphore
+                | Peer::RedisSemaphoreTuned
+        )
     }
 
     /// The arguments that select it: for the Rust worker (`--lock ...`), the Python
@@ -198,6 +255,13 @@ impl Peer {
             Peer::NodeRedlockTuned => {
                 return node_redlock(NODE_REDLOCK_TUNED_DELAY_MS, NODE_REDLOCK_TUNED_JITTER_MS);
             }
+            Peer::FencelockSemaphore => {
+                return with_permits(&["--lock", "semaphore"]);
+            }
+            Peer::RedisSemaphore => {
+                return redis_semaphore(REDIS_SEMAPHORE_DEFAULT_RETRY_MS);
+            }
+            Peer::RedisSemaphoreTuned => return redis_semaphore(REDIS_SEMAPHORE_TUNED_RETRY_MS),
         };
         v.iter().map(|s| (*s).to_owned()).collect()
     }
@@ -216,6 +280,9 @@ impl Peer {
             Peer::PythonRedisLock => "python-redis-lock",
             Peer::NodeRedlock => "node-redlock",
             Peer::NodeRedlockTuned => "node-redlock-tuned",
+            Peer::FencelockSemaphore => "fencelock-semaphore",
+            Peer::RedisSemaphore => "redis-semaphore",
+            Peer::RedisSemaphoreTuned => "redis-semaphore-tuned",
         }
     }
 }
@@ -226,6 +293,14 @@ pub fn peers(python: bool, node: bool) -> Vec<Peer> {
     Peer::ALL
         .into_iter()
         .filter(|p| (python || !p.python()) && (node || !p.node()))
+        .collect()
+}
+
+/// The semaphores of this run: all, less redis-semaphore when there is no Node.
+pub fn semaphores(node: bool) -> Vec<Peer> {
+    Peer::SEMAPHORES
+        .into_iter()
+        .filter(|p| node || !p.node())
         .collect()
 }
 
@@ -252,6 +327,20 @@ fn node_redlock(delay_ms: u32, jitter_ms: u32) -> Vec<String> {
     .iter()
     .map(|s| (*s).to_owned())
     .collect()
+}
+
+/// `args`, then the permits of every semaphore under test.
+fn with_permits(args: &[&str]) -> Vec<String> {
+    args.iter()
+        .map(|s| (*s).to_owned())
+        .chain(["--permits".to_owned(), SEMAPHORE_PERMITS.to_string()])
+        .collect()
+}
+
+fn redis_semaphore(retry_ms: u32) -> Vec<String> {
+    let mut args = with_permits(&["--lock", "redis-semaphore"]);
+    args.extend(["--retry-interval".to_owned(), retry_ms.to_string()]);
+    args
 }
 
 #[cfg(test)]
@@ -293,5 +382,28 @@ mod tests {
         assert!(Peer::ALL.iter().all(|p| !(p.python() && p.node())));
         assert_eq!(peers(true, false).len(), Peer::ALL.len() - 2);
         assert_eq!(peers(false, true).len(), Peer::ALL.len() - 3);
+    }
+
+    #[test]
+    fn semaphores_get_their_permits_and_retry_settings() {
+        assert_eq!(
+            Peer::FencelockSemaphore.lock_args(),
+            ["--lock", "semaphore", "--permits", "4"]
+        );
+        assert_eq!(
+            Peer::RedisSemaphore.lock_args(),
+            [
+                "--lock",
+                "redis-semaphore",
+                "--permits",
+                "4",
+                "--retry-interval",
+                "10"
+            ]
+        );
+        assert_eq!(Peer::RedisSemaphoreTuned.lock_args()[5], "1");
+        assert!(Peer::SEMAPHORES.iter().all(|p| !Peer::ALL.contains(p)));
+        assert_eq!(semaphores(false), [Peer::FencelockSemaphore]);
+        assert_eq!(semaphores(true).len(), Peer::SEMAPHORES.len());
     }
 }

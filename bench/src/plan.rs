@@ -10,6 +10,10 @@ pub(crate) const HANDOFF_HOLD: Duration = Duration::from_millis(1);
 pub(crate) const WAITERS: [usize; 3] = [1, 8, 64];
 /// Contenders of the hot-key run (empty critical section).
 pub(crate) const HOT_KEY_CONTENDERS: usize = 64;
+/// Semaphores: the permits of every semaphore under test.
+pub(crate) const SEMAPHORE_PERMITS: u32 = 4;
+/// Semaphores: waiters of the handoff row (contenders minus the permits' holders).
+pub(crate) const SEMAPHORE_WAITERS: usize = 8;
 /// Targets of the performance issue (17), as ratios within one run.
 /// Uncontended p50 at most this multiple of redis-rs alone (`SET NX PX` + release script).
 pub(crate) const TARGET_RAW_RATIO: f64 = 1.2;
@@ -40,6 +44,8 @@ pub(crate) struct Plan {
     /// Per handoff row; `slow_run` for the peers that poll at 100 ms or more.
     pub(crate) handoff_run: Duration,
     pub(crate) slow_run: Duration,
+    /// Per hot-key row, and per semaphore throughput row (the semaphore handoff rows
+    /// take `handoff_run`).
     pub(crate) hot_key_run: Duration,
     /// Acquire + release cycles per client (single node, Redlock, Python, Node).
     pub(crate) latency_cycles: usize,

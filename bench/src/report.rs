@@ -15,7 +15,7 @@ use crate::plan::{
     TARGET_RAW_RATIO, WAITERS,
 };
 use crate::results::{HandoffRow, HotKeyRow, Results};
-use crate::topologies;
+use crate::{semaphores, topologies};
 
 /// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
 pub(crate) fn fmt_ns(ns: u64) -> String {
@@ -68,7 +68,7 @@ fn spread_cell(tasks: &[usize]) -> String {
     }
 }
 
-fn errors_cell(errors: &[String], fatal: Option<&str>) -> String {
+pub(crate) fn errors_cell(errors: &[String], fatal: Option<&str>) -> String {
     match (fatal, errors.first()) {
         (Some(f), _) => format!("run failed: {}", f.replace('|', "/")),
         (None, None) => "0".to_owned(),
@@ -151,6 +151,12 @@ pub fn render(r: &Results, charts: &Charts) -> String {
     redlock_section(&mut s, r);
     handoff_section(&mut s, r, charts);
     hot_key_section(&mut s, r, charts);
+    let unit_what = if r.latency.is_ok() {
+        "the PINGs interleaved with the latency cycles, as above"
+    } else {
+        "the baseline PINGs"
+    };
+    semaphores::render(&mut s, &r.semaphores, r.plan, ping_unit(r), unit_what);
     held::render(&mut s, &r.held, r.plan.held_locks, r.plan.held_window);
     let _ = writeln!(
         s,
@@ -191,7 +197,7 @@ fn machine(s: &mut String, r: &Results) {
             let _ = writeln!(s, "- {v} (pinned in `bench/js/package-lock.json`)");
         }
         Err(e) => {
-            let _ = writeln!(s, "- node-redlock left out: {e}");
+            let _ = writeln!(s, "- node-redlock and redis-semaphore left out: {e}");
         }
     }
     let _ = writeln!(

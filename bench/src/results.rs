@@ -1,5 +1,6 @@
-//! What a run measured: the rows of the contended scenarios (handoff, hot key) and
-//! everything together, for the report and the charts.
+//! What a run measured: the rows of the contended scenarios (handoff, hot key, and the
+//! semaphores' throughput and handoff) and everything together, for the report and the
+//! charts.
 
 use std::time::Duration;
 
@@ -8,10 +9,11 @@ use crate::held::HeldRun;
 use crate::latency::{DriverRun, LatencyRun, NodeLatency, Summary};
 use crate::peers::Peer;
 use crate::plan::{HOT_KEY_CONTENDERS, Plan};
+use crate::semaphores::Semaphores;
 use crate::spawn::Report;
 use crate::topologies::Topologies;
 
-/// One handoff row.
+/// One handoff row (of a lock, or of a semaphore: the semaphores' section).
 pub(crate) struct HandoffRow {
     pub(crate) peer: Peer,
     pub(crate) waiters: usize,
@@ -23,7 +25,7 @@ pub(crate) struct HandoffRow {
     pub(crate) error: Option<String>,
 }
 
-/// One hot-key row.
+/// One hot-key row (of a lock, or a semaphore's throughput row).
 pub(crate) struct HotKeyRow {
     pub(crate) peer: Peer,
     pub(crate) tasks: Vec<usize>,
@@ -80,6 +82,8 @@ pub(crate) struct Results {
     pub(crate) node_latency: Option<NodeLatency>,
     pub(crate) handoff: Vec<HandoffRow>,
     pub(crate) hot_key: Vec<HotKeyRow>,
+    /// fencelock's semaphore and redis-semaphore's: throughput and handoff.
+    pub(crate) semaphores: Semaphores,
     pub(crate) held: Result<HeldRun, String>,
     /// How cost grows: held leases by size, handoff by waiters.
     pub(crate) growth: Growth,

@@ -34,6 +34,8 @@ pub enum LockKind {
     Redlock,
     /// redlock crate with a short retry pause.
     RedlockTuned,
+    /// fencelock's semaphore with `--permits` permits, default mode, waiting for ever.
+    Semaphore,
 }
 
 /// What the contenders do.
@@ -43,6 +45,9 @@ pub enum Scenario {
     Handoff,
     /// Hot key: acquire, release at once, again; count acquisitions per contender.
     HotKey,
+    /// Semaphore handoff: measure release → another process holds the freed permit,
+    /// releases and acquisitions paired in order through a list of stamps.
+    SemaphoreHandoff,
 }
 
 /// Arguments of the hidden `worker` subcommand (set by the harness, not by people).
@@ -86,6 +91,9 @@ pub struct WorkerArgs {
     /// Lock TTL in milliseconds (fixed lease, never reached in practice).
     #[arg(long, default_value_t = 10_000)]
     pub ttl_ms: u64,
+    /// `--lock semaphore`: the semaphore's permits.
+    #[arg(long, default_value_t = 1)]
+    pub permits: u32,
 }
 
 /// How a process takes and gives back the lock under test. One per process, shared by
@@ -300,6 +308,18 @@ async fn run_async(
             fence_client = Some(client);
             Locker::Fence(builder)
         }
+        LockKind::Semaphore => {
+            let client = fencelock::Client::connect(&args.url)
+                .await
+                .map_err(|e| e.to_string())?;
+            // As the plain lock: the library's defaults but the lease.
+            let builder = client
+                .semaphore(args.name.as_str(), args.permits)
+                .lease(Duration::from_millis(args.ttl_ms))
+                .wait_forever();
+            fence_client = Some(client);
+            Locker::Fence(builder)
+        }
         LockKind::Rslock | LockKind::RslockTuned => {
             let urls = [args.url.clone()];
             let manager = rslock_manager(&urls, args.lock == LockKind::RslockTuned);
@@ -322,7 +342,10 @@ async fn run_async(
     // Handoff: one connection per task for the blocking BLPOP that tells a releaser
     // another contender took the lock.
     let mut blpop_conns = Vec::new();
-    if args.scenario == Scenario::Handoff {
+    if matches!(
+        args.scenario,
+        Scenario::Handoff | Scenario::SemaphoreHandoff
+    ) {
         let config =
             redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(5)));
         for _ in 0..args.tasks {
@@ -348,7 +371,7 @@ async fn run_async(
     for task in 0..ctx.args.tasks {
         let ctx = ctx.clone();
         match ctx.args.scenario {
-            Scenario::Handoff => {
+            Scenario::Handoff | Scenario::SemaphoreHandoff => {
                 let blpop = blpop_conns.pop().expect("one per task");
                 // Contender `g` (interleaved across processes: task `t` of process `p` is
                 // `t * procs + p`) makes its first attempt `g / contenders` of the spread
@@ -443,6 +466,16 @@ fn parse_stamp(s: &str) -> Option<(u32, u64, String)> {
 /// previous holder its lock was taken → hold → write our stamp → release → wait until
 /// another contender has taken the lock (strict handoff, no barging: the releaser
 /// always rejoins the waiters instead of retaking a lock it just freed).
+///
+/// The semaphore handoff ([`Scenario::SemaphoreHandoff`]) differs in the stamps only: a
+/// semaphore's releases may overlap, so one stamp key will not do. Each holder pushes
+/// its stamp onto a list (`RPUSH`) just before it releases, and each new holder takes
+/// the oldest stamp there (`LPOP`). Permits are interchangeable, so which release freed
+/// the permit taken is not known; releases and acquisitions are paired in order (once
+/// the first `permits` acquisitions have taken the free permits, every acquisition
+/// needed a release, and the list holds one stamp per permit freed and not taken
+/// again). The stamp's holder is told its permit was taken, and only then contends
+/// again.
 async fn handoff_task(
     ctx: &Ctx,
     mut blpop: MultiplexedConnection,
@@ -453,7 +486,12 @@ async fn handoff_task(
     let mut conn = ctx.conn.clone();
     let name = &ctx.args.name;
     let me = format!("{}:{task}", ctx.pid);
-    let stamp_key = format!("{name}:stamp");
+    let queued = ctx.args.scenario == Scenario::SemaphoreHandoff;
+    let stamp_key = if queued {
+        format!("{name}:stamps")
+    } else {
+        format!("{name}:stamp")
+    };
     let my_inbox = format!("{name}:taken:{me}");
     let hold = Duration::from_micros(ctx.args.hold_us);
     while Instant::now() < deadline {
@@ -468,11 +506,16 @@ async fn handoff_task(
         };
         let now = mono_ns();
         r.acquisitions += 1;
-        let prev: Result<Option<String>, _> = conn.get(&stamp_key).await;
+        let prev: Result<Option<String>, _> = if queued {
+            conn.lpop(&stamp_key, None).await
+        } else {
+            conn.get(&stamp_key).await
+        };
         let prev = match prev {
             Ok(p) => p,
             Err(e) => {
-                r.errors.push(format!("GET: {e}"));
+                r.errors
+                    .push(format!("{}: {e}", if queued { "LPOP" } else { "GET" }));
                 let _ = ctx.locker.release(held).await;
                 break;
             }
@@ -494,15 +537,17 @@ async fn handoff_task(
         }
         sleep(hold).await;
         let stamp = format!("{} {} {task}", ctx.pid, mono_ns());
-        let wrote: Result<(), _> = redis::pipe()
-            .del(&my_inbox)
-            .ignore()
-            .set(&stamp_key, stamp)
-            .ignore()
-            .query_async(&mut conn)
-            .await;
+        let mut pipe = redis::pipe();
+        pipe.del(&my_inbox).ignore();
+        if queued {
+            pipe.rpush(&stamp_key, stamp).ignore();
+        } else {
+            pipe.set(&stamp_key, stamp).ignore();
+        }
+        let wrote: Result<(), _> = pipe.query_async(&mut conn).await;
         if let Err(e) = wrote {
-            r.errors.push(format!("SET stamp: {e}"));
+            let cmd = if queued { "RPUSH" } else { "SET" };
+            r.errors.push(format!("{cmd} stamp: {e}"));
         }
         if let Err(e) = ctx.locker.release(held).await {
             r.errors.push(format!("release: {e}"));
