@@ -59,8 +59,18 @@
 //! Fencing tokens are the highest of the granting nodes' counters, and release raises
 //! every counter to it: they increase across holders while a majority keeps its
 //! counters, and across the wipe of a majority as long as the nodes' clocks agree
-//! better than the time between two grants. Fair mode, reentrancy and delay queues need
-//! a single node.
+//! better than the time between two grants. Fair mode, reentrancy, semaphores,
+//! read-write locks and delay queues need a single node.
+//!
+//! # Semaphores and read-write locks
+//!
+//! [`Client::semaphore`] is a lock that up to N holders hold at once, each permit a lease
+//! of its own with its own fencing token ([`LockBuilder::permits`]); optionally fair.
+//! [`Client::read_lock`] is the read side of a read-write lock whose write side is the
+//! lock of the same name: many readers or one writer, and once a writer waits, new
+//! readers queue behind it ([`LockBuilder::shared`]). Both have everything a lock's lease
+//! has: renewal, loss signals, owner-checked release, cancel-safe waiting woken by
+//! pub/sub.
 //!
 //! # Where a lock lives
 //!
@@ -73,10 +83,12 @@
 //! # Layers
 //! Each layer uses only the ones before it:
 //!
-//! 1. **Lua scripts** (`src/scripts/`): `lock/*.lua` and `queue/*.lua`, each with a
-//!    header stating KEYS, ARGV and every reply; `fragments/*.lua`, the functions they
-//!    share (the server clock, key-type checks, the holder check, the fencing counter,
-//!    the fair queue), put in front of them by one table; one decoder per reply
+//! 1. **Lua scripts** (`src/scripts/`): `lock/*.lua`, `semaphore/*.lua`,
+//!    `rwlock/*.lua` (a read-write lock's readers; its writer is `lock/`) and
+//!    `queue/*.lua`, each with a header stating KEYS, ARGV and every reply;
+//!    `fragments/*.lua`, the functions they share (the server clock, key-type checks,
+//!    the holder check, the fencing counter, the fair queue, readers and waiting
+//!    writers), put in front of them by one table; one decoder per reply
 //!    (`replies.rs`). [`lua_scripts`] shows them as sent.
 //! 2. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
 //!    Redlock nodes, and answers acquire, extend, release, abandon, renewal batches and
