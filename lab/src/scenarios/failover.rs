@@ -19,6 +19,11 @@ use crate::outcomes::Outcome;
 /// with [`DOWN_AFTER`]; more on a loaded machine), so the holder still believes it holds the lock
 /// when the promoted replica grants it to another worker.
 const STALE_LEASE: Duration = Duration::from_secs(8);
+/// How long the stale holder waits for its grant: the steady workers retry at once
+/// after their own refused grants, while it needs a release message first, so on a
+/// loaded machine it can lose the race for the lab's usual 5 s (seen once in a long
+/// run: the fault then goes unexercised). Under the harness's 20 s wait for it.
+const STALE_WAIT: Duration = Duration::from_secs(15);
 /// The sentinels' `down-after-milliseconds`: twice testkit's default, so a master
 /// stalled on a loaded 2-core machine is not failed over unasked (seen at load 13 with
 /// 1 s: a second failover back to the just-rejoined replica).
@@ -260,6 +265,7 @@ impl Lab {
                     "--stop-before-first-acquire".into(),
                     "--stop-after-first-read".into(),
                     format!("--ttl-ms={}", STALE_LEASE.as_millis()),
+                    format!("--wait-ms={}", STALE_WAIT.as_millis()),
                 ],
             )?;
             histories.push(path.clone());
