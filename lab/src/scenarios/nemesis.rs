@@ -333,6 +333,10 @@ impl Lab {
     }
 }
 
+/// How long after a server kill began a reply the killed server sent may still be
+/// recorded (in flight through the worker's proxy).
+const IN_FLIGHT: Duration = Duration::from_millis(50);
+
 /// The fault that explains `v`, if one does (see the module's list).
 fn explain<'a>(v: &Violation, faults: &'a [Injected]) -> Option<&'a Injected> {
     let first = v.events.first()?;
@@ -348,9 +352,11 @@ fn explain<'a>(v: &Violation, faults: &'a [Injected]) -> Option<&'a Injected> {
                 .map(|f| f.step_ms)
                 .sum()
         };
+        // The earlier grant may be recorded just after the kill began: the killed
+        // server's reply was in flight (through the worker's proxy).
         return faults.iter().find(|f| {
             f.kind == Kind::ServerKill
-                && (first.time_ns..=last.time_ns).contains(&f.from_ns)
+                && (first.time_ns.saturating_sub(ns(IN_FLIGHT))..=last.time_ns).contains(&f.from_ns)
                 && offset_at(last.time_ns)
                     < faults
                         .iter()
@@ -508,5 +514,13 @@ mod tests {
         // A step back without a restart: the counter carries on.
         let back = fault(Kind::ClockBack, None, 11 * S, 11 * S, -2_000);
         assert!(explain(&v, &[back]).is_none());
+        // The higher token's reply recorded just after the kill began (sent before it):
+        // still a restart between the grants; one recorded later is not.
+        let back = fault(Kind::ClockBack, None, 9 * S, 9 * S, -2_000);
+        let kill = fault(Kind::ServerKill, None, 10 * S - 1_000_000, 11 * S, 0);
+        assert!(explain(&v, &[back, kill]).is_some());
+        let back = fault(Kind::ClockBack, None, 9 * S, 9 * S, -2_000);
+        let kill = fault(Kind::ServerKill, None, 10 * S - 100_000_000, 11 * S, 0);
+        assert!(explain(&v, &[back, kill]).is_none());
     }
 }
