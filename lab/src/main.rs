@@ -67,7 +67,7 @@ struct RunArgs {
     /// Short mode (about a minute and a half, run by CI): one round of every scenario.
     #[arg(long)]
     short: bool,
-    /// Long mode (about 35 minutes on 2 cores): many rounds with more iterations; the
+    /// Long mode (about 36 minutes on 2 cores): many rounds with more iterations; the
     /// scenarios with faults alone make well over 100,000 acquisitions.
     #[arg(long)]
     long: bool,
