@@ -588,3 +588,44 @@ async fn readers_and_a_writer_on_a_sentinel_managed_master() {
     assert!(w.fencing_token() > last);
     w.release().await.unwrap();
 }
+
+/// A read hold made under its owner's write lock by an acquire whose reply was lost (or
+/// that was cancelled) is withdrawn by `read_release.lua`: the write lock frees with its
+/// own release, not one lease later.
+#[tokio::test]
+async fn a_withdrawn_read_hold_under_its_owners_write_lock_is_given_back() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let w = c.lock("h").reentrant("o").try_acquire().await.unwrap();
+    let source = fencelock::lua_scripts()
+        .find(|(name, _)| *name == "rwlock/read_release.lua")
+        .map(|(_, s)| s)
+        .unwrap();
+    let token = "ab".repeat(16);
+    // What read_acquire.lua's grant left, its reply never read.
+    r.cmd(&["HSET", "fencelock:{h}", &format!("hold:{token}"), "1"]);
+    let member = format!("{token}:o");
+    let withdraw = |member: &str| {
+        r.cmd(&[
+            "EVAL",
+            &source,
+            "1",
+            "fencelock:{h}",
+            member,
+            "fencelock:{h}:released",
+        ])
+        .as_int()
+    };
+    assert_eq!(
+        withdraw(&format!("{token}:other")),
+        Some(-1),
+        "another owner's: left"
+    );
+    assert_eq!(withdraw(&member), Some(1));
+    assert_eq!(withdraw(&member), Some(-1), "once only");
+    w.release().await.unwrap();
+    assert!(
+        !r.exists("fencelock:{h}"),
+        "free with the writer's own release"
+    );
+}

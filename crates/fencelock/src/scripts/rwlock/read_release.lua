@@ -11,11 +11,26 @@
 --    0   not held: the reader is not among the readers, or its lease is over (dropped
 --        now)
 --   -1   not held: a writer (or a semaphore's permits) has the key
+-- A reader with an owner whose reentrant write lock holds the key: its read hold
+-- ("hold:<token>") is given back (1), if there is one.
 -- A key of another type: wrong_type(); nothing written.
 
 local kind, found = lock_holder(KEYS[1])
 if kind == 'none' then
   return 0
+elseif kind == 'reentrant' then
+  -- A read hold under its owner's write lock (read_acquire.lua's code 4) withdrawn by
+  -- an acquire whose reply was lost or that was cancelled: give the hold back, as
+  -- reentrant_release.lua would.
+  local token, owner = string.match(ARGV[1], '^(%x+):(.+)$')
+  if not owner or owner ~= found or redis.call('HDEL', KEYS[1], 'hold:' .. token) == 0 then
+    return -1
+  end
+  if redis.call('HLEN', KEYS[1]) <= 2 then
+    redis.call('DEL', KEYS[1])
+    announce(ARGV[2], '')
+  end
+  return 1
 elseif kind == 'foreign' and found ~= 'readers' and found ~= 'zset' then
   return wrong_type(KEYS[1], found)
 elseif kind ~= 'foreign' or found ~= 'readers' then
