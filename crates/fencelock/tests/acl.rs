@@ -307,3 +307,104 @@ async fn keys_refused_are_named() {
     let line = refusal(c.lock("x").try_acquire().await.unwrap_err());
     assert!(line.contains("billing:{x}"), "{line}");
 }
+
+/// The README's line adapted to another prefix as the README says (the prefix in place of
+/// `fencelock` in `~fencelock:*` and `&fencelock:*`; `~{*` and `&{*` for no prefix) lets
+/// a client with that prefix lock, wait woken by a release, and queue fairly, and the
+/// server refused it nothing.
+#[tokio::test]
+async fn the_readme_line_adapted_to_another_prefix_runs_the_features() {
+    for (prefix, keys, channels) in [("billing", "~billing:*", "&billing:*"), ("", "~{*", "&{*")] {
+        let server = server_with_user(|w| {
+            Some(match w {
+                "~fencelock:*" => keys.to_owned(),
+                "&fencelock:*" => channels.to_owned(),
+                _ => w.to_owned(),
+            })
+        });
+        let c = Client::builder(as_user(&server))
+            .prefix(prefix)
+            .connect()
+            .await
+            .unwrap();
+        let key = |suffix: &str| match prefix {
+            "" => format!("{{p}}{suffix}"),
+            _ => format!("{prefix}:{{p}}{suffix}"),
+        };
+
+        let holder = c.lock("p").try_acquire().await.expect("acquire");
+        assert!(server.exists(&key("")), "{prefix:?}: the lock's key");
+        let waiter = tokio::spawn(c.lock("p").wait(Duration::from_secs(10)).acquire());
+        eventually(
+            "the waiter subscribes",
+            Duration::from_secs(5),
+            async || numsub(&server, &key(":released")) == 1,
+        )
+        .await;
+        holder.release().await.expect("release");
+        let g = waiter.await.unwrap().expect("the waiter gets the lock");
+        g.release().await.expect("release");
+
+        let first = c.lock("f").fair().try_acquire().await.expect("fair");
+        let second = tokio::spawn(c.lock("f").fair().wait(Duration::from_secs(10)).acquire());
+        eventually(
+            "the fair waiter queues",
+            Duration::from_secs(5),
+            async || {
+                let queue = key(":queue").replace("{p}", "{f}");
+                server.cmd(&["LLEN", &queue]).as_int() == Some(1)
+            },
+        )
+        .await;
+        first.release().await.unwrap();
+        second
+            .await
+            .unwrap()
+            .expect("queued")
+            .release()
+            .await
+            .unwrap();
+
+        let log = server.cmd(&["ACL", "LOG"]);
+        assert_eq!(
+            log.as_array().map(<[_]>::len),
+            Some(0),
+            "{prefix:?}: refused {log:?}"
+        );
+    }
+}
+
+/// A user whose channel pattern does not cover fencelock's channels is told so by the
+/// release, which names the channel refusal and points at the README line; the lock's
+/// key is gone all the same (scripts do not roll back), and the refused subscription of
+/// a waiter is warned of, not only traced.
+#[tokio::test]
+async fn a_channel_refused_is_named() {
+    let traces = common::traces();
+    let server = server_with_user(|w| (w != "&fencelock:*").then(|| w.to_owned()));
+    let c = client(&server).await;
+    let g = c
+        .lock("ch")
+        .lease(Duration::from_secs(2))
+        .try_acquire()
+        .await
+        .expect("acquire needs no channel");
+    let waiter = tokio::spawn(c.lock("ch").wait(Duration::from_secs(10)).acquire());
+    eventually(
+        "the refused subscription is warned of",
+        Duration::from_secs(5),
+        async || {
+            traces.text().lines().any(|l| {
+                l.contains("WARN") && l.contains("may not subscribe to fencelock's release")
+            })
+        },
+    )
+    .await;
+    let line = refusal(g.release().await.unwrap_err());
+    assert!(line.contains("may not publish to the channel"), "{line}");
+    assert!(line.contains("release.lua"), "{line}");
+    assert!(!server.exists("fencelock:{ch}"));
+    // Unwoken, the waiter still gets the lock, at its lease-bounded timer.
+    let g = waiter.await.unwrap().expect("the waiter, by its timer");
+    drop(g);
+}

@@ -775,13 +775,7 @@ impl Backend {
             .await
             .into_iter()
             .zip(&self.nodes)
-            .filter_map(|(result, node)| {
-                result
-                    .inspect_err(|e| {
-                        tracing::debug!(node = node.addr(), error = %e, "no release notifications from a node; its lease bound applies");
-                    })
-                    .ok()
-            })
+            .filter_map(|(result, node)| result.inspect_err(|e| node.subscription_failed(e)).ok())
             .collect()
     }
 }

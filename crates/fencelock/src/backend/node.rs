@@ -6,7 +6,7 @@
 //! calls are routed by slot ([`super::cluster`]). Callers see the same methods for both;
 //! what differs is behind [`Link`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,8 @@ struct Inner {
     /// The servers warned about, each with the policy it was warned for: a warning is
     /// written once per server and policy.
     eviction_warned: Mutex<Vec<(String, String)>>,
+    /// Whether a subscription refused by the server's ACL was warned of (once per node).
+    channel_refusal_warned: AtomicBool,
     /// Cancelled when the node is dropped: its Sentinel watcher stops.
     closed: CancellationToken,
 }
@@ -192,6 +194,7 @@ impl Node {
                     loaded: Mutex::new((0, 0)),
                     eviction_checked: AtomicU64::new(0),
                     eviction_warned: Mutex::new(Vec::new()),
+                    channel_refusal_warned: AtomicBool::new(false),
                     closed: CancellationToken::new(),
                 }),
             });
@@ -253,6 +256,7 @@ impl Node {
                 loaded: Mutex::new((0, 0)),
                 eviction_checked: AtomicU64::new(0),
                 eviction_warned: Mutex::new(Vec::new()),
+                channel_refusal_warned: AtomicBool::new(false),
                 closed: CancellationToken::new(),
             }
         });
@@ -319,6 +323,29 @@ impl Node {
     /// The node's release notifications.
     pub fn subscriber(&self) -> &Subscriber {
         &self.inner.subscriber
+    }
+
+    /// Says why a waiter has no release notifications from this node: at `WARN` the
+    /// first time the server's ACL refused a subscription (a misconfigured user: every
+    /// waiter falls back to its lease-bounded timer, and releases go unheard), otherwise
+    /// at `DEBUG`.
+    pub fn subscription_failed(&self, error: &redis::RedisError) {
+        let refused = error.code() == Some("NOPERM");
+        if refused
+            && !self
+                .inner
+                .channel_refusal_warned
+                .swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                node = self.addr(),
+                "the Redis user may not subscribe to fencelock's release channels, so \
+                 waiters poll instead of being woken: give it the channel pattern of the \
+                 README's ACL line (ACL SETUSER fencelock ... &fencelock:*)"
+            );
+        } else {
+            tracing::debug!(node = self.addr(), error = %error, "no release notifications from a node; its lease bound applies");
+        }
     }
 
     /// Runs a script within `within` (a Redlock node's share of an operation), or else

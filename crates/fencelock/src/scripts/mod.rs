@@ -418,7 +418,8 @@ impl Call {
         }
         let command_refused = message.contains("script can't run this command");
         let key_refused = message.contains("script can't access at least one of the keys");
-        if !command_refused && !key_refused {
+        let channel_refused = message.contains("script can't publish to the channel");
+        if !command_refused && !key_refused && !channel_refused {
             return None;
         }
         // "... script: <sha>, on @user_script:<line>."
@@ -439,6 +440,12 @@ impl Call {
             Some(n) => format!("{file}, line {n} as sent: {text}"),
             None => file.to_owned(),
         };
+        if channel_refused {
+            return Some(format!(
+                "the Redis user may not publish to the channel that tells waiters of a \
+                 release ({at})"
+            ));
+        }
         Some(match (command_refused, command) {
             (true, Some(command)) => format!(
                 "the Redis user may not run {command}, which a fencelock script runs ({at})"
