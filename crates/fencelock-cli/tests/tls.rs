@@ -205,6 +205,50 @@ fn insecure_runs_against_a_certificate_for_another_name() {
         &[("FENCELOCK_INSECURE", Path::new("0"))],
     );
     assert!(run.fails_with(69).contains("host name"), "{run:#?}");
+    // The driver's own `#insecure` URL fragment skips nothing: only the option does.
+    let fragment = format!("{url}#insecure");
+    let run = fencelock(&run_args(
+        &["--redis", &fragment, "--cacert", arg(&ca)],
+        "i",
+    ));
+    assert!(run.fails_with(69).contains("host name"), "{run:#?}");
+    assert_eq!(run.stdout, "");
+}
+
+/// An expired server certificate, and a system certificate store that cannot be read
+/// (SSL_CERT_FILE naming no file; read even with `--cacert`), each exit 69 with one
+/// line naming the problem, and the command never runs.
+#[test]
+fn an_expired_certificate_and_an_unreadable_system_store_exit_69_naming_them() {
+    let files = TlsFiles::shared();
+    let expired = RedisServer::builder()
+        .tls_with(
+            files,
+            files.expired_server_cert(),
+            files.expired_server_key(),
+            ClientAuth::No,
+        )
+        .start();
+    let ca = files.ca_cert();
+    let run = fencelock(&run_args(
+        &["--redis", &tls_url(&expired), "--cacert", arg(&ca)],
+        "e",
+    ));
+    assert!(run.fails_with(69).contains("has expired"), "{run:#?}");
+    assert_eq!(run.stdout, "");
+
+    let server = tls_server(ClientAuth::No);
+    let run = fencelock_with(
+        &run_args(&["--redis", &tls_url(&server), "--cacert", arg(&ca)], "e"),
+        &[("SSL_CERT_FILE", Path::new("/nonexistent/ca.pem"))],
+    );
+    let line = run.fails_with(69);
+    assert!(
+        line.contains("system's CA certificates could not be read")
+            && line.contains("SSL_CERT_FILE"),
+        "{line}"
+    );
+    assert_eq!(run.stdout, "");
 }
 
 /// A TLS/plain mix-up exits 69 with one line telling which scheme to use.

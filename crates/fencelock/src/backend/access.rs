@@ -249,6 +249,17 @@ pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
             "the TLS settings cannot be used ({why}): check the certificate files (PEM, X.509 \
              version 3)"
         ));
+    } else if says("failed to read PEM from file") {
+        // The driver loads the system's roots on every TLS connection (a CA file given
+        // or not), from where SSL_CERT_FILE / SSL_CERT_DIR point.
+        let why = text
+            .split_once("failed to read PEM from file: ")
+            .and_then(|(_, why)| why.split(": ").next())
+            .unwrap_or_default();
+        return Some(format!(
+            "the system's CA certificates could not be read ({why}): check SSL_CERT_FILE and \
+             SSL_CERT_DIR, which the TLS connection reads even with a CA file given"
+        ));
     } else if says("CertificateRequired") || says("certificate required") {
         "the server requires a client certificate: give one (--cert FILE --key FILE, or \
          ClientBuilder::tls_client_cert)"
@@ -318,6 +329,14 @@ mod tests {
             expired
                 .unwrap()
                 .starts_with("the server's certificate has expired")
+        );
+        let store = certificate_problem(&io_error(
+            "failed to read PEM from file: No such file or directory (os error 2) at '/x'",
+        ));
+        assert!(
+            store
+                .unwrap()
+                .starts_with("the system's CA certificates could not be read (No such file"),
         );
         assert_eq!(
             certificate_problem(&io_error("Connection reset by peer")),
