@@ -56,6 +56,10 @@ fn every_cli_command_works_as_the_readme_user() {
         &["run", "--fair", "--wait", "5s", "job", "--", "true"],
     );
     ok(&fair);
+    let permits = as_user(&server, &["run", "--permits", "2", "slots", "--", "true"]);
+    ok(&permits);
+    let shared = as_user(&server, &["run", "--shared", "report", "--", "true"]);
+    ok(&shared);
 
     // A holder in the background, seen by status and list, freed by break.
     let mut holder = Command::new(BIN)
