@@ -7,14 +7,15 @@
 //!
 //! Its own file rather than part of `tls.rs` or `cluster.rs`: the tests share one TLS
 //! cluster ([`Cluster::shared_tls`], each with lock names of its own), started once per
-//! test binary, and neither of the others needs one. The cluster asks clients for no
-//! certificate (as testkit's Sentinel rig over TLS), so mutual TLS is `tls.rs`'s.
+//! test binary, and neither of the others needs one. The shared cluster asks clients
+//! for no certificate; mutual TLS has a cluster of its own that requires one
+//! (`ClusterBuilder::tls_client_auth`).
 
 use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, ClientBuilder, Error};
-use testkit::{Cluster, RedisServer, TlsFiles};
+use testkit::{ClientAuth, Cluster, RedisServer, TlsFiles};
 
 mod common;
 use common::{connect_error, eventually, tls_line};
@@ -259,4 +260,123 @@ async fn a_wrong_password_over_tls_is_one_line_and_never_shown() {
         .release()
         .await
         .unwrap();
+}
+
+/// Mutual TLS over rediss+cluster://: on a cluster of its own whose every node requires
+/// a client certificate, a client without one is refused in one line naming it (not
+/// "every seed is down"), as is one with a certificate from another CA; a client with
+/// the right one takes the lock on the master of its slot (a node the driver found from
+/// the seeds), holds and releases it, and a waiter in another client is woken by the
+/// release over sharded pub/sub (connections of their own, with the certificate too).
+#[tokio::test]
+async fn mutual_tls_refuses_a_client_without_its_certificate_and_takes_one_with_it() {
+    let files = TlsFiles::shared();
+    let cluster = Cluster::builder()
+        .tls(files)
+        .tls_client_auth(ClientAuth::Yes)
+        .start();
+    // Seeded by one master only: the other nodes are found, and reached with the
+    // certificate, from what it says.
+    let seed = cluster.masters()[0].addr();
+    let url = format!("rediss+cluster://{seed}");
+    let over_tls = || Client::builder(&url).tls_ca_file(files.ca_cert());
+
+    let line = tls_line(&connect_error(over_tls()).await);
+    assert!(line.contains("requires a client certificate"), "{line}");
+    assert!(!line.contains("every seed"), "{line}");
+
+    let stranger =
+        over_tls().tls_client_cert(files.other_ca_server_cert(), files.other_ca_server_key());
+    let line = tls_line(&connect_error(stranger).await);
+    assert!(
+        line.contains("refused the client certificate (UnknownCA)"),
+        "{line}"
+    );
+
+    let with_cert = || over_tls().tls_client_cert(files.client_cert(), files.client_key());
+    let holder = with_cert().connect().await.unwrap();
+    let other = with_cert().connect().await.unwrap();
+    // A lock whose slot is not served by the seed.
+    let name = (0..)
+        .map(|i| format!("mtls-{i}"))
+        .find(|name| cluster.node_for_key(&key(name)).addr() != seed)
+        .unwrap();
+    let owner = cluster.node_for_key(&key(&name));
+    let guard = holder
+        .lock(&name)
+        .lease(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap();
+    assert_eq!(
+        owner.get(&key(&name)).as_deref(),
+        Some(guard.holder_token().as_str()),
+        "the key on {} holds the guard's token",
+        owner.addr()
+    );
+    let again = other.lock(&name).try_acquire().await;
+    assert!(matches!(again, Err(Error::Held { .. })), "{again:?}");
+
+    let waiter = tokio::spawn(other.lock(&name).wait(Duration::from_secs(60)).acquire());
+    let channel = format!("{}:released", key(&name));
+    eventually(
+        "the master of the lock's slot has the sharded subscription",
+        Duration::from_secs(10),
+        async || shard_subscribers(owner, &channel) == 1,
+    )
+    .await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by the release, not by the 30 s lease running out: {:?}",
+        released.elapsed()
+    );
+    assert_eq!(
+        owner.get(&key(&name)).as_deref(),
+        Some(next.holder_token().as_str()),
+        "the waiter holds it"
+    );
+    next.release().await.unwrap();
+    assert!(!owner.exists(&key(&name)), "released");
+}
+
+/// `tls_insecure_skip_verify` over rediss+cluster://: without the CA, where every seed
+/// refuses the handshake (the other test), skipping the verification reaches the
+/// seed and every node found from it, and a lock is taken on the master of its slot.
+/// (Against the shared cluster's own certificate: a cluster serving a certificate for
+/// another name would need testkit's own client to skip names too.)
+#[tokio::test]
+async fn insecure_skips_the_verification_of_every_nodes_certificate() {
+    let cluster = Cluster::shared_tls();
+    let seed = cluster.masters()[0].addr();
+    let url = format!("rediss+cluster://{seed}");
+    untrusted_ca(&connect_error(Client::builder(&url)).await);
+
+    let client = Client::builder(&url)
+        .tls_insecure_skip_verify(true)
+        .connect()
+        .await
+        .unwrap();
+    // A lock on each master: the seed and the nodes found from it.
+    for master in cluster.masters() {
+        let name = (0..)
+            .map(|i| format!("insecure-{i}"))
+            .find(|name| cluster.node_for_key(&key(name)).addr() == master.addr())
+            .unwrap();
+        let guard = client.lock(&name).try_acquire().await.unwrap();
+        assert_eq!(
+            master.get(&key(&name)).as_deref(),
+            Some(guard.holder_token().as_str()),
+            "the key on {} holds the guard's token",
+            master.addr()
+        );
+        guard.release().await.unwrap();
+        assert!(!master.exists(&key(&name)), "released");
+    }
 }

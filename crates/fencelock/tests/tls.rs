@@ -1,8 +1,8 @@
 //! TLS (`rediss://`) against real redis-servers with a TLS port: locks over TLS, mutual
 //! TLS, each certificate mistake as one line naming it, the TLS/plain mix-ups with their
 //! hints, bad TLS settings refused before anything is sent, and sentinels over TLS
-//! (`rediss+sentinel://`). The certificates are testkit's (see `testkit::tls`); testkit
-//! itself talks to the servers' plain ports.
+//! (`rediss+sentinel://`), mutual TLS and `--insecure` included. The certificates are
+//! testkit's (see `testkit::tls`); testkit itself talks to the servers' plain ports.
 
 use std::time::{Duration, Instant};
 
@@ -388,4 +388,121 @@ async fn locks_through_sentinels_over_tls() {
 
     let line = tls_line(&connect_error(Client::builder(group.url())).await);
     assert!(line.contains("not trust"), "{line}");
+}
+
+/// Mutual TLS through sentinels (`rediss+sentinel://`): with every sentinel and data
+/// node requiring a client certificate, a client without one is refused in one line
+/// naming it (not "every sentinel is down"), and a client with it finds the master
+/// through the sentinels, takes, holds and releases a lock, and a waiter is woken by
+/// the release (its subscription is a connection of its own, with the certificate too).
+#[tokio::test]
+async fn mutual_tls_through_sentinels_refuses_a_client_without_its_certificate() {
+    let files = TlsFiles::shared();
+    let group = SentinelGroup::builder()
+        .tls_with(
+            files,
+            files.server_cert(),
+            files.server_key(),
+            ClientAuth::Yes,
+        )
+        .start();
+    let over_tls = || Client::builder(group.url()).tls_ca_file(files.ca_cert());
+
+    let line = tls_line(&connect_error(over_tls()).await);
+    assert!(line.contains("requires a client certificate"), "{line}");
+    assert!(!line.contains("every sentinel"), "{line}");
+    // The master requires one too (the sentinels above refused first).
+    let master =
+        Client::builder(format!("rediss://{}", group.master_addr())).tls_ca_file(files.ca_cert());
+    let line = tls_line(&connect_error(master).await);
+    assert!(line.contains("requires a client certificate"), "{line}");
+
+    let stranger =
+        over_tls().tls_client_cert(files.other_ca_server_cert(), files.other_ca_server_key());
+    let line = tls_line(&connect_error(stranger).await);
+    assert!(
+        line.contains("refused the client certificate (UnknownCA)"),
+        "{line}"
+    );
+
+    let client = over_tls()
+        .tls_client_cert(files.client_cert(), files.client_key())
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(client.node(), group.master_addr());
+    let guard = client
+        .lock("mtls-svc")
+        .lease(Duration::from_secs(30))
+        .try_acquire()
+        .await
+        .unwrap();
+    assert_eq!(
+        group.master().get("fencelock:{mtls-svc}").as_deref(),
+        Some(guard.holder_token().as_str()),
+        "the key on the master holds the guard's token"
+    );
+    let again = client.lock("mtls-svc").try_acquire().await;
+    assert!(matches!(again, Err(Error::Held { .. })), "{again:?}");
+    let waiter = tokio::spawn(
+        client
+            .lock("mtls-svc")
+            .wait(Duration::from_secs(20))
+            .acquire(),
+    );
+    eventually(
+        "the waiter subscribed",
+        Duration::from_secs(5),
+        async || {
+            let stats = client.stats();
+            stats.waiters == 1 && stats.subscribed_channels == 1
+        },
+    )
+    .await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by the release, not by the 30 s lease running out: {:?}",
+        released.elapsed()
+    );
+    next.release().await.unwrap();
+    assert!(!group.master().exists("fencelock:{mtls-svc}"));
+}
+
+/// `tls_insecure_skip_verify` through sentinels: every sentinel and data node serves a
+/// certificate for another name (the group still forms: Redis checks chains, not
+/// names). Verified, the name is refused, in one line naming it; skipping the
+/// verification, the sentinels and the master they name are reached and a lock taken.
+#[tokio::test]
+async fn insecure_through_sentinels_skips_the_name_check() {
+    let files = TlsFiles::shared();
+    let group = SentinelGroup::builder()
+        .tls_with(
+            files,
+            files.wrong_name_server_cert(),
+            files.wrong_name_server_key(),
+            ClientAuth::No,
+        )
+        .start();
+
+    let verified = Client::builder(group.url()).tls_ca_file(files.ca_cert());
+    let line = tls_line(&connect_error(verified).await);
+    assert!(line.contains("host name"), "{line}");
+
+    let client = Client::builder(group.url())
+        .tls_insecure_skip_verify(true)
+        .connect()
+        .await
+        .unwrap();
+    assert_eq!(client.node(), group.master_addr());
+    let guard = client.lock("insecure-svc").try_acquire().await.unwrap();
+    assert!(group.master().exists("fencelock:{insecure-svc}"));
+    guard.release().await.unwrap();
+    assert!(!group.master().exists("fencelock:{insecure-svc}"));
 }

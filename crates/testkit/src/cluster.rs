@@ -47,6 +47,8 @@ pub struct ClusterBuilder {
     replicas_per_master: usize,
     node_timeout: Duration,
     tls: Option<TlsConfig>,
+    /// `--tls-auth-clients` with [`tls`](Self::tls).
+    tls_clients: ClientAuth,
 }
 
 impl Default for ClusterBuilder {
@@ -56,6 +58,7 @@ impl Default for ClusterBuilder {
             replicas_per_master: 1,
             node_timeout: Duration::from_millis(1000),
             tls: None,
+            tls_clients: ClientAuth::No,
         }
     }
 }
@@ -86,7 +89,8 @@ impl ClusterBuilder {
     /// TLS throughout, and nothing else: every node listens on a TLS port only
     /// (`--port 0 --tls-port P`), serving the good certificate of `files`
     /// (valid for `127.0.0.1`, which the nodes name each other by); clients need
-    /// no certificate; the cluster bus (`--tls-cluster yes`, on P + 10000) and
+    /// no certificate (unless [`tls_client_auth`](Self::tls_client_auth) says
+    /// otherwise); the cluster bus (`--tls-cluster yes`, on P + 10000) and
     /// replication (`--tls-replication yes`) run over TLS too. Every address the
     /// cluster takes or gives ([`RedisServer::addr`], [`seed_urls`](Cluster::seed_urls),
     /// `CLUSTER SLOTS`) is a TLS port's, [`url`](Cluster::url) is
@@ -122,6 +126,31 @@ impl ClusterBuilder {
         self
     }
 
+    /// With [`tls`](Self::tls), whether the nodes ask clients for a certificate
+    /// (`--tls-auth-clients`; default [`ClientAuth::No`]). With [`ClientAuth::Yes`] a
+    /// client without a certificate signed by the CA ([`TlsFiles::client_cert`]) is
+    /// refused by every node; the cluster itself still forms and fails over, since the
+    /// nodes, `redis-cli --cluster create` and testkit's own queries all present that
+    /// certificate.
+    ///
+    /// ```no_run
+    /// use testkit::{ClientAuth, Cluster, TlsFiles};
+    ///
+    /// let cluster = Cluster::builder()
+    ///     .tls(TlsFiles::shared())
+    ///     .tls_client_auth(ClientAuth::Yes)
+    ///     .start();
+    /// // A client needs the CA and TlsFiles::client_cert() (with its key).
+    /// assert_eq!(cluster.masters()[0].cmd(&["PING"]).as_str(), Some("PONG"));
+    /// ```
+    ///
+    /// # Panics
+    /// [`start`](Self::start) panics if this is given without [`tls`](Self::tls).
+    pub fn tls_client_auth(mut self, clients: ClientAuth) -> Self {
+        self.tls_clients = clients;
+        self
+    }
+
     /// Starts `masters × (1 + replicas_per_master)` servers with
     /// `--cluster-enabled yes` on ports from [`free_cluster_port`] (the bus
     /// port, port + 10000, must be free too), runs
@@ -150,12 +179,20 @@ impl ClusterBuilder {
     /// With [`tls`](Self::tls), `redis-cli --tls` creates the cluster, and the
     /// nodes' ports (TLS ports) are drawn as the plain ones are, since the
     /// bus port is then the TLS port + 10000.
-    pub fn start(self) -> Cluster {
+    pub fn start(mut self) -> Cluster {
         assert!(
             self.masters >= 3 || (self.masters >= 1 && self.replicas_per_master == 0),
             "testkit: a Cluster needs at least 3 masters, or 1 or 2 without replicas \
              (redis-cli --cluster create refuses fewer than 3)"
         );
+        match &mut self.tls {
+            Some(tls) => tls.clients = self.tls_clients,
+            None => assert!(
+                self.tls_clients == ClientAuth::No,
+                "testkit: tls_client_auth({:?}) without tls: call ClusterBuilder::tls too",
+                self.tls_clients
+            ),
+        }
         let total = self.masters * (1 + self.replicas_per_master);
         let timeout_ms = self.node_timeout.as_millis().to_string();
         let nodes = start_all(

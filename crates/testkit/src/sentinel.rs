@@ -4,6 +4,7 @@
 //! See [`SentinelGroup`].
 
 use std::io;
+use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -123,7 +124,8 @@ impl SentinelBuilder {
     /// open for testkit's own queries ([`RedisServer::cmd`] and the rest).
     ///
     /// The files are copied when the group starts (see
-    /// [`ServerBuilder::tls_with`]).
+    /// [`ServerBuilder::tls_with`]). For another certificate, or clients that must
+    /// present one, see [`tls_with`](Self::tls_with).
     ///
     /// ```no_run
     /// use testkit::{SentinelGroup, TlsFiles};
@@ -132,13 +134,49 @@ impl SentinelBuilder {
     /// assert!(group.url().starts_with("rediss+sentinel://127.0.0.1:"));
     /// // A client trusting TlsFiles::shared().ca_cert() finds the master over TLS.
     /// ```
-    pub fn tls(mut self, files: &TlsFiles) -> Self {
+    pub fn tls(self, files: &TlsFiles) -> Self {
+        self.tls_with(
+            files,
+            files.server_cert(),
+            files.server_key(),
+            ClientAuth::No,
+        )
+    }
+
+    /// As [`tls`](Self::tls), every data node and sentinel serving certificate `cert`
+    /// with its key `key` (e.g. [`TlsFiles::wrong_name_server_cert`]: the nodes and
+    /// sentinels check each other's chain, not names, so the group still forms) and
+    /// asking clients for a certificate as `clients` says
+    /// (`--tls-auth-clients`), as [`ServerBuilder::tls_with`].
+    ///
+    /// The nodes and sentinels present [`TlsFiles::client_cert`] when they connect to
+    /// each other over TLS (`--tls-client-cert-file`), so with [`ClientAuth::Yes`]
+    /// the group still forms and fails over: only a client without a certificate
+    /// signed by the CA is refused, by every TLS port, sentinels' included.
+    /// testkit's own queries use the plain ports, which ask for none.
+    ///
+    /// ```no_run
+    /// use testkit::{ClientAuth, SentinelGroup, TlsFiles};
+    ///
+    /// let files = TlsFiles::shared();
+    /// let group = SentinelGroup::builder()
+    ///     .tls_with(files, files.server_cert(), files.server_key(), ClientAuth::Yes)
+    ///     .start();
+    /// // A client needs the CA and TlsFiles::client_cert() (with its key).
+    /// ```
+    pub fn tls_with(
+        mut self,
+        files: &TlsFiles,
+        cert: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+        clients: ClientAuth,
+    ) -> Self {
         self.tls = Some(TlsConfig {
-            cert: files.server_cert(),
-            key: files.server_key(),
+            cert: cert.as_ref().to_owned(),
+            key: key.as_ref().to_owned(),
             ca: files.ca_cert(),
-            clients: ClientAuth::No,
-            client: None,
+            clients,
+            client: Some((files.client_cert(), files.client_key())),
             only: false,
         });
         self
