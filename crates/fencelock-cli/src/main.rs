@@ -195,11 +195,13 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
         .lock(args.name.as_str())
         .lease(args.ttl)
         .wait(args.wait);
+    // What this run says about itself, by which the status line finds its place in line.
+    let info = ops::holder_info(&args.command);
     lock = match args.permits {
         // A semaphore's many holders share one key, as readers do: no holder info (yet).
         Some(permits) => lock.permits(permits),
         None if args.shared => lock.shared(),
-        None => lock.holder_info(ops::holder_info(&args.command)),
+        None => lock.holder_info(info.clone()),
     };
     if let Some(max_hold) = args.max_hold {
         lock = lock.max_hold(max_hold);
@@ -213,7 +215,8 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     // Boxed, so that a signal can drop it before the flush below.
     let mut acquiring = Box::pin(lock.acquire());
     // On a terminal, a line that says what the wait is waiting for.
-    let mut status_line = StatusLine::new(&client, &args.name, args.wait);
+    let own_info = (args.permits.is_none() && !args.shared).then_some(info);
+    let mut status_line = StatusLine::new(&client, &args.name, args.wait, own_info);
     let signal = loop {
         tokio::select! {
             result = &mut acquiring => {
@@ -306,6 +309,7 @@ async fn release(guard: LockGuard) {
 
 fn warn_unreleased(name: &str, error: &Error) {
     warn(format_args!(
-        "could not release lock {name:?}; it stays held until its lease runs out: {error}"
+        "could not release lock {name:?}: {error}; unless Redis deleted it before the \
+         failure, it stays held until its lease runs out"
     ));
 }

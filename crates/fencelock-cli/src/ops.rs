@@ -385,7 +385,7 @@ fn lease_text(remaining: Option<Duration>) -> String {
 }
 
 /// What `run` said about itself, in words: `sleep 100 (pid 42 on host-a), for 2m10s`.
-fn info_text(info: &str) -> String {
+pub(crate) fn info_text(info: &str) -> String {
     let Ok(v) = serde_json::from_str::<Value>(info) else {
         return info.to_owned();
     };
@@ -433,6 +433,13 @@ fn status_text(status: &LockStatus) -> String {
         } else {
             "  "
         };
+        if let Some(left) = node.restart_protection {
+            out.push_str(&format!(
+                "{indent}restart protection: the server restarted recently; its grants do not \
+                 count for {} more\n",
+                Human(left)
+            ));
+        }
         match &node.state {
             Err(e) => out.push_str(&format!("{indent}unreachable: {}\n", one_line(e))),
             Ok(state) => {
@@ -456,6 +463,13 @@ fn status_text(status: &LockStatus) -> String {
                         "{indent}fair queue: {} waiting\n",
                         state.waiters.len()
                     ));
+                    for (place, waiter) in state.waiters.iter().enumerate() {
+                        let who = waiter.info.as_deref().map_or_else(
+                            || "a waiter that says nothing about itself".to_owned(),
+                            info_text,
+                        );
+                        out.push_str(&format!("{indent}  {}. {who}\n", place + 1));
+                    }
                 }
                 if state.writers_waiting > 0 {
                     out.push_str(&format!(
@@ -502,26 +516,22 @@ fn holder_json(holder: &Holder) -> Value {
     }
 }
 
+/// Holder info as JSON: `run`'s own object, or another writer's text as a string.
+fn info_json(info: &str) -> Value {
+    serde_json::from_str::<Value>(info).unwrap_or_else(|_| Value::String(info.to_owned()))
+}
+
 /// `status` (and each entry of `list`) as JSON.
 pub(crate) fn status_json(status: &LockStatus) -> Value {
     let nodes: Vec<Value> = status
         .nodes
         .iter()
-        .map(|n| match &n.state {
-            Err(e) => json!({ "node": n.node, "error": one_line(e) }),
-            Ok(state) => json!({
-                "node": n.node,
-                "held": state.holder.is_some(),
-                "holder": state.holder.as_ref().map(holder_json),
-                "holder_info": state.holder_info.as_deref().map(|i| {
-                    serde_json::from_str::<Value>(i).unwrap_or_else(|_| Value::String(i.to_owned()))
-                }),
-                "fencing_counter": state.fencing_counter,
-                "waiters": state.waiters.iter().map(|w| json!({
-                    "purged_in_ms": w.map(|d| d.as_millis() as u64),
-                })).collect::<Vec<_>>(),
-                "writers_waiting": state.writers_waiting,
-            }),
+        .map(|n| {
+            let mut node = status_node_json(n);
+            if let Some(left) = n.restart_protection {
+                node["restart_protection_ms"] = json!(left.as_millis() as u64);
+            }
+            node
         })
         .collect();
     let held = status
@@ -529,6 +539,24 @@ pub(crate) fn status_json(status: &LockStatus) -> Value {
         .iter()
         .any(|n| n.state.as_ref().is_ok_and(|s| s.holder.is_some()));
     json!({ "name": status.name, "held": held, "nodes": nodes })
+}
+
+fn status_node_json(n: &fencelock::NodeStatus) -> Value {
+    match &n.state {
+        Err(e) => json!({ "node": n.node, "error": one_line(e) }),
+        Ok(state) => json!({
+            "node": n.node,
+            "held": state.holder.is_some(),
+            "holder": state.holder.as_ref().map(holder_json),
+            "holder_info": state.holder_info.as_deref().map(info_json),
+            "fencing_counter": state.fencing_counter,
+            "waiters": state.waiters.iter().map(|w| json!({
+                "purged_in_ms": w.timeout_left.map(|d| d.as_millis() as u64),
+                "info": w.info.as_deref().map(info_json),
+            })).collect::<Vec<_>>(),
+            "writers_waiting": state.writers_waiting,
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -222,6 +222,7 @@ pub(crate) async fn stop(
         while peek(pid) != State::Exited {
             if let Event::Forward(sig) = signals.next().await {
                 group.signal(sig);
+                group.signal(libc::SIGCONT);
             }
         }
     };

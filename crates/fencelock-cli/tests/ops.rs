@@ -93,6 +93,39 @@ fn status_says_who_holds_a_lock_for_people_and_as_json() {
     assert_eq!(node["waiters"], Value::Array(Vec::new()));
 }
 
+/// A fair queue's waiters are listed in line order with who each is (command and pid,
+/// from the holder info each will hold the lock with), for people and as JSON.
+#[test]
+fn status_lists_a_fair_queues_waiters_with_who_they_are() {
+    let redis = RedisServer::start();
+    let _holder = Holder::start(&redis, &["--fair"], "line");
+    let waiter = Command::new(BIN)
+        .args([
+            "run", "--fair", "--wait", "60s", "line", "--", "echo", "next",
+        ])
+        .env("FENCELOCK_REDIS", redis.url())
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let waiter = Holder(waiter);
+    testkit::eventually("the waiter queued", Duration::from_secs(10), || {
+        redis.cmd(&["LLEN", "fencelock:{line}:queue"]).as_int() == Some(1)
+    });
+    let text = stdout(&fencelock(&redis, &["status", "line"]));
+    assert!(text.contains("fair queue: 1 waiting"), "{text}");
+    assert!(
+        text.contains(&format!("1. echo next (pid {} on ", waiter.0.id())),
+        "{text}"
+    );
+    let v = parse(&fencelock(&redis, &["--json", "status", "line"]));
+    let queued = &v["nodes"][0]["waiters"][0];
+    assert_eq!(queued["info"]["command"], "echo next");
+    assert_eq!(queued["info"]["pid"], waiter.0.id());
+    assert!(queued["purged_in_ms"].is_u64(), "{queued}");
+    assert!(v["nodes"][0].get("restart_protection_ms").is_none(), "{v}");
+}
+
 #[test]
 fn list_shows_the_held_locks_matching_a_pattern() {
     let redis = RedisServer::start();

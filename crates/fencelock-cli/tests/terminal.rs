@@ -172,3 +172,47 @@ fn ctrl_z_for_longer_than_the_lease_ends_the_job_on_fg() {
     term.type_line(r#"echo "exit=$?""#);
     term.wait_for("exit=76");
 }
+
+/// While `run --wait` waits at a terminal, its status line says who holds the lock (the
+/// holder's command and pid, from the holder info `run` writes) and its own place in a
+/// fair queue; then COMMAND runs once the holder is done.
+#[test]
+fn a_waiting_run_shows_who_holds_the_lock_and_its_place_in_line() {
+    let redis = RedisServer::start();
+    let mut holder = Command::new(BIN)
+        .args(["run", "--fair", "line", "--", "sleep", "4"])
+        .env("FENCELOCK_REDIS", redis.url())
+        .spawn()
+        .unwrap();
+    testkit::eventually("the holder has the lock", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{line}")
+    });
+    let term = Terminal::start(&redis);
+    term.type_line(&format!(
+        r#"{BIN} run --fair --wait 20s line -- echo done; echo "exit=$?""#
+    ));
+    term.wait_for(&format!("held by sleep 4 (pid {} on ", holder.id()));
+    term.wait_for("1st of 1 in line");
+    term.wait_for("exit=0");
+    assert!(term.screen().contains("done"));
+    assert!(holder.wait().unwrap().success());
+}
+
+/// A Redlock `run --wait` through restart protection says that it waits for it (the
+/// nodes just started), instead of calling the lock free, and then gets the lock.
+#[test]
+fn a_wait_through_restart_protection_says_so() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let term = Terminal::start(&nodes[0]);
+    let redis: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("--redis {}", n.url()))
+        .collect();
+    term.type_line(&format!(
+        r#"{BIN} run {} --ttl 2s --restart-protection 4s --wait 20s quarantined -- echo done; echo "exit=$?""#,
+        redis.join(" ")
+    ));
+    term.wait_for("restart protection leaves out 3 nodes that restarted recently");
+    term.wait_for("exit=0");
+    assert!(term.screen().contains("done"));
+}

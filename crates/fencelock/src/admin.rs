@@ -55,6 +55,13 @@ pub struct NodeStatus {
     pub node: String,
     /// What it holds, or why it could not say.
     pub state: Result<LockState, Error>,
+    /// Redlock restart protection: how much longer this client leaves the node's
+    /// grants out of a majority because the server restarted recently (the client's
+    /// quarantine; a lease longer than that is kept out for its own length), as far as
+    /// this client knows: it learns a server's uptime when it connects and from its
+    /// acquires. `None`: the node counts, or the protection is off, or this is not a
+    /// Redlock client.
+    pub restart_protection: Option<Duration>,
 }
 
 /// What one node holds for a lock, read in one consistent snapshot.
@@ -68,12 +75,24 @@ pub struct LockState {
     /// What the holder said about itself
     /// ([`LockBuilder::holder_info`](crate::LockBuilder::holder_info)), if anything.
     pub holder_info: Option<String>,
-    /// Fair mode: the waiters in line, first first, each with how long it may stay
-    /// silent before the queue drops it (`None`: no deadline recorded).
-    pub waiters: Vec<Option<Duration>>,
+    /// Fair mode: the waiters in line, first first.
+    pub waiters: Vec<QueuedWaiter>,
     /// A read-write lock: how many writers wait for its readers (new readers queue
     /// behind them).
     pub writers_waiting: u32,
+}
+
+/// A waiter in a fair lock's queue (or a fair semaphore's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueuedWaiter {
+    /// How long it may stay silent before the queue drops it as crashed (`None`: no
+    /// deadline recorded).
+    pub timeout_left: Option<Duration>,
+    /// What it says about itself, the [`holder_info`](crate::LockBuilder::holder_info)
+    /// it will hold the lock with (`fencelock run` writes its host, pid, command and
+    /// start), if anything.
+    pub info: Option<String>,
 }
 
 /// Who holds a lock.
@@ -196,7 +215,16 @@ impl From<Inspected> for LockState {
             waiters: i
                 .waiters
                 .into_iter()
-                .map(|ms| u64::try_from(ms).ok().map(Duration::from_millis))
+                .zip(
+                    i.waiter_info
+                        .into_iter()
+                        .map(Some)
+                        .chain(std::iter::repeat(None)),
+                )
+                .map(|(ms, info)| QueuedWaiter {
+                    timeout_left: u64::try_from(ms).ok().map(Duration::from_millis),
+                    info: info.filter(|s| !s.is_empty()),
+                })
                 .collect(),
             writers_waiting: u32::try_from(i.writers).unwrap_or(0),
         }
@@ -241,13 +269,16 @@ pub(crate) async fn inspect(
     if all_failed(&answers) {
         return Err(first_err(answers));
     }
+    let protected = backend.restart_protection_left(Duration::ZERO);
     let nodes = backend
         .nodes()
         .iter()
         .zip(answers)
-        .map(|(node, answer)| NodeStatus {
+        .zip(protected)
+        .map(|((node, answer), restart_protection)| NodeStatus {
             node: node.addr_for(&keys.lock),
             state: answer.map(LockState::from),
+            restart_protection,
         })
         .collect();
     Ok(LockStatus {

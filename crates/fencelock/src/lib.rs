@@ -131,7 +131,7 @@ mod token;
 
 pub use admin::{
     BreakOutcome, Broken, Eviction, EvictionRisk, Holder, Listing, LockState, LockStatus,
-    NodeBroken, NodeStatus, Resize, Unanswered,
+    NodeBroken, NodeStatus, QueuedWaiter, Resize, Unanswered,
 };
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};

@@ -33,6 +33,7 @@ async fn inspect_shows_the_holder_its_lease_the_counter_the_queue_and_what_it_sa
     let waiter = tokio::spawn(
         c.lock("stock:42")
             .fair()
+            .holder_info("host=b pid=2")
             .wait(Duration::from_secs(30))
             .acquire(),
     );
@@ -51,7 +52,14 @@ async fn inspect_shows_the_holder_its_lease_the_counter_the_queue_and_what_it_sa
     assert_eq!(state.fencing_counter, Some(guard.fencing_token().get()));
     assert_eq!(state.holder_info.as_deref(), Some("host=a pid=1"));
     assert_eq!(state.waiters.len(), 1);
-    assert!(state.waiters[0].is_some_and(|d| d <= Duration::from_secs(3)));
+    assert!(
+        state.waiters[0]
+            .timeout_left
+            .is_some_and(|d| d <= Duration::from_secs(3))
+    );
+    // Who waits: the holder info it will hold the lock with.
+    assert_eq!(state.waiters[0].info.as_deref(), Some("host=b pid=2"));
+    assert_eq!(status.nodes[0].restart_protection, None, "not Redlock");
     guard.release().await.unwrap();
     let next = waiter.await.unwrap().unwrap();
     let state = c.inspect("stock:42").await.unwrap().nodes[0]
@@ -59,7 +67,9 @@ async fn inspect_shows_the_holder_its_lease_the_counter_the_queue_and_what_it_sa
         .as_ref()
         .unwrap()
         .clone();
-    assert!(state.holder.is_some() && state.holder_info.is_none());
+    // The next holder, with what it said about itself (the first's info went with it).
+    assert!(state.holder.is_some());
+    assert_eq!(state.holder_info.as_deref(), Some("host=b pid=2"));
     next.release().await.unwrap();
 
     // Reentrant holds are counted per owner.
@@ -314,4 +324,41 @@ async fn a_server_that_can_evict_lock_keys_is_reported_and_warned_about_once() {
     )
     .await;
     assert_eq!(eviction_warnings(&safe.addr()), 0);
+}
+
+/// A Redlock client's status says which nodes restart protection leaves out, and for
+/// how much longer (it learns their uptime when it connects and from its acquires); a
+/// node that counts says nothing.
+#[tokio::test]
+async fn redlock_status_names_the_nodes_restart_protection_leaves_out() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let c = Client::redlock(nodes.iter().map(RedisServer::url))
+        .restart_protection(Some(Duration::from_secs(20)))
+        .connect()
+        .await
+        .unwrap();
+    let refused = c
+        .lock("q")
+        .lease(Duration::from_secs(2))
+        .try_acquire()
+        .await;
+    assert!(refused.is_err(), "every node just started: {refused:?}");
+    let status = c.inspect("q").await.unwrap();
+    for node in &status.nodes {
+        let left = node.restart_protection.expect("left out");
+        assert!(
+            left > Duration::from_secs(15) && left <= Duration::from_secs(21),
+            "{left:?}"
+        );
+    }
+    let counted = Client::redlock(nodes.iter().map(RedisServer::url))
+        .restart_protection(None)
+        .connect()
+        .await
+        .unwrap();
+    let status = counted.inspect("q").await.unwrap();
+    assert!(
+        status.nodes.iter().all(|n| n.restart_protection.is_none()),
+        "protection off: {status:?}"
+    );
 }

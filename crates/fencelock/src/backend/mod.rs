@@ -340,6 +340,18 @@ impl Backend {
         &self.nodes
     }
 
+    /// Redlock restart protection: how much longer each node's grants do not count for
+    /// a lease of `ttl`, as far as this client knows (it learns a server's uptime when
+    /// it connects and from its acquires); `None` for a node that counts, and for every node when the
+    /// protection is off or the client is not Redlock.
+    pub fn restart_protection_left(&self, ttl: Duration) -> Vec<Option<Duration>> {
+        let now = Instant::now();
+        self.nodes
+            .iter()
+            .map(|node| self.quorum.quarantine_left(node, ttl, now))
+            .collect()
+    }
+
     /// The node, for what only one node can do (a fair queue, reentrant holds, a delay
     /// queue); `None` for Redlock.
     pub fn only_node(&self) -> Option<&Node> {

@@ -317,7 +317,7 @@ impl Quorum {
     /// How long `node` stays quarantined: a server that started less than the
     /// quarantine ago (the configured one, or the lease if longer, plus the second its
     /// uptime may be off by) may have lost locks it held.
-    fn quarantine_left(&self, node: &Node, ttl: Duration, now: Instant) -> Option<Duration> {
+    pub fn quarantine_left(&self, node: &Node, ttl: Duration, now: Instant) -> Option<Duration> {
         let quarantine = self.quarantine?.max(ttl);
         let up_since = node.health().up_since?;
         (up_since + quarantine + Duration::from_secs(1))

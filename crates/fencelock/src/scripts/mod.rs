@@ -763,7 +763,8 @@ pub(crate) fn inspect(keys: &LockKeys) -> Call {
         .key(keys.waiters())
         .key(keys.holder_info())
         .key(keys.permits())
-        .key(keys.writers());
+        .key(keys.writers())
+        .key(keys.grants());
     inv
 }
 

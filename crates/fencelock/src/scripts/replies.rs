@@ -245,6 +245,8 @@ pub(crate) struct Inspected {
     pub permit_leases: Vec<i64>,
     /// A read-write lock's writers waiting for its readers.
     pub writers: u64,
+    /// What each of `waiters` said about itself ("": nothing).
+    pub waiter_info: Vec<String>,
 }
 
 /// `semaphore/resize.lua`'s answer: the count before (0: none), the permits held.
@@ -319,6 +321,7 @@ impl FromRedisValue for Inspected {
                 Value::Int(permits),
                 Value::Array(leases),
                 Value::Int(writers),
+                Value::Array(waiter_info),
             ] => Ok(Self {
                 kind: text(kind).ok_or_else(bad)?,
                 pttl: *pttl,
@@ -330,6 +333,11 @@ impl FromRedisValue for Inspected {
                 permits: u64::try_from(*permits).unwrap_or(0),
                 permit_leases: ints(leases).ok_or_else(bad)?,
                 writers: u64::try_from(*writers).unwrap_or(0),
+                waiter_info: waiter_info
+                    .iter()
+                    .map(text)
+                    .collect::<Option<_>>()
+                    .ok_or_else(bad)?,
             }),
             _ => Err(bad()),
         }

@@ -8,10 +8,12 @@
 -- KEYS[5]  holder info
 -- KEYS[6]  a semaphore's permit count
 -- KEYS[7]  a read-write lock's waiting writers (readers.lua)
+-- KEYS[8]  fair grants     HASH holder token -> "TTL_MS CHANNEL INFO" (fair_acquire.lua)
 -- ARGV[]   none
 --
 -- Reply, an array:
---   {kind, pttl, holds, owner, counter, info, waiters, permits, permit_leases, writers}
+--   {kind, pttl, holds, owner, counter, info, waiters, permits, permit_leases, writers,
+--    waiter_info}
 --   kind     "none" (free), "plain" (a holder token), "reentrant" (holds of one owner),
 --            "semaphore" (permits held: the lock key is a zset), "readers" (a
 --            read-write lock's readers), or the Redis type of data fencelock did not
@@ -28,6 +30,7 @@
 --   permits  a semaphore's permit count (0: none stored)
 --   permit_leases  semaphore, readers: {ms left of each lease, ...}, soonest first
 --   writers  a read-write lock's writers waiting for its readers (deadlines ahead)
+--   waiter_info  fair mode: {what each waiter in `waiters` said about itself, or ""}
 
 local kind, holder = lock_holder(KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -73,10 +76,11 @@ if redis.call('TYPE', KEYS[5]).ok == 'string' then
   info = redis.call('GET', KEYS[5])
 end
 
-local waiters = {}
+local waiters, waiter_info = {}, {}
 if redis.call('TYPE', KEYS[3]).ok == 'list' then
   local now = server_ms()
   local zset = redis.call('TYPE', KEYS[4]).ok == 'zset'
+  local grants = KEYS[8] and redis.call('TYPE', KEYS[8]).ok == 'hash'
   for _, token in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
     local deadline = zset and redis.call('ZSCORE', KEYS[4], token)
     if deadline then
@@ -84,6 +88,8 @@ if redis.call('TYPE', KEYS[3]).ok == 'list' then
     else
       waiters[#waiters + 1] = -1
     end
+    local grant = grants and redis.call('HGET', KEYS[8], token)
+    waiter_info[#waiter_info + 1] = grant and string.match(grant, '^%S+ %S+ (.*)$') or ''
   end
 end
 
@@ -92,4 +98,7 @@ if KEYS[7] and redis.call('TYPE', KEYS[7]).ok == 'zset' then
   writers = redis.call('ZCOUNT', KEYS[7], '(' .. server_ms(), '+inf')
 end
 
-return {kind, pttl, holds, owner, counter_text, info, waiters, permits, permit_leases, writers}
+return {
+  kind, pttl, holds, owner, counter_text, info, waiters, permits, permit_leases, writers,
+  waiter_info,
+}
