@@ -115,8 +115,14 @@ pub(crate) enum Command {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(CompletionsArgs),
 
-    /// Print the manual page (roff) to stdout: `fencelock man > fencelock.1`.
-    Man,
+    /// Print a manual page (roff) to stdout, or write them all into a directory.
+    ///
+    /// Without arguments, the page of fencelock itself: `fencelock man > fencelock.1`.
+    /// With SUBCOMMAND, that subcommand's page: `fencelock man run > fencelock-run.1`.
+    /// With --dir, every page: fencelock.1 and a fencelock-SUBCOMMAND.1 for each
+    /// subcommand, written into DIR (created if missing), their paths printed one per
+    /// line: `fencelock man --dir ~/.local/share/man/man1`.
+    Man(ManArgs),
 
     /// The watcher of COMMAND's process group (started by `run`; not for people).
     #[command(name = "__watch", hide = true)]
@@ -275,6 +281,22 @@ pub(crate) struct CompletionsArgs {
     pub(crate) shell: clap_complete::Shell,
 }
 
+/// The subcommands that have a manual page of their own: every visible one.
+pub(crate) const MAN_PAGES: [&str; 6] = ["run", "status", "list", "break", "completions", "man"];
+
+/// `fencelock man`.
+#[derive(Debug, Args)]
+pub(crate) struct ManArgs {
+    /// Write every page (fencelock.1, fencelock-run.1, ...) into DIR, creating it if
+    /// missing, and print the path of each page written.
+    #[arg(long, value_name = "DIR", conflicts_with = "subcommand")]
+    pub(crate) dir: Option<PathBuf>,
+
+    /// Print this subcommand's page (fencelock-SUBCOMMAND(1)) instead of fencelock(1).
+    #[arg(value_name = "SUBCOMMAND", value_parser = MAN_PAGES)]
+    pub(crate) subcommand: Option<String>,
+}
+
 /// The watcher's arguments.
 #[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
@@ -398,6 +420,17 @@ mod tests {
     fn clap_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_visible_subcommand_has_a_man_page() {
+        use clap::CommandFactory;
+        let visible: Vec<String> = Cli::command()
+            .get_subcommands()
+            .filter(|sub| !sub.is_hide_set())
+            .map(|sub| sub.get_name().to_owned())
+            .collect();
+        assert_eq!(visible, MAN_PAGES);
     }
 
     fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {

@@ -257,6 +257,165 @@ fn completions_and_the_man_page_come_from_the_same_definitions() {
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
 }
 
+/// The exit statuses `run` documents, as the tags of the EXIT STATUS items.
+const EXIT_CODES: [&str; 9] = [
+    "COMMAND's",
+    "64",
+    "69",
+    "70",
+    "75",
+    "76",
+    "126",
+    "127",
+    "128+N",
+];
+
+/// `fencelock args` to the end, without Redis: stdout, once it exited 0.
+fn fencelock_ok(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run fencelock");
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+    stdout(&out)
+}
+
+/// Roff source as text: escapes and font changes undone.
+fn roff_text(roff: &str) -> String {
+    roff.replace(r"\-", "-")
+        .replace(r"\*(Aq", "'")
+        .replace(r"\fB", "")
+        .replace(r"\fI", "")
+        .replace(r"\fR", "")
+}
+
+/// The lines of `section` (from its `.SH` to the next) of a roff page.
+fn roff_section<'a>(page: &'a str, section: &str) -> Vec<&'a str> {
+    let heading = format!(".SH {section}");
+    let quoted = format!(".SH \"{section}\"");
+    page.lines()
+        .skip_while(|line| *line != heading && *line != quoted)
+        .skip(1)
+        .take_while(|line| !line.starts_with(".SH "))
+        .collect()
+}
+
+#[test]
+fn man_pages_for_every_subcommand_with_run_options_and_an_exit_item_per_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = fencelock_ok(&["man", "--dir", dir.path().to_str().unwrap()]);
+    let mut files: Vec<String> = written
+        .lines()
+        .map(|path| {
+            let path = std::path::Path::new(path);
+            assert_eq!(path.parent(), Some(dir.path()), "{written}");
+            path.file_name().unwrap().to_string_lossy().into_owned()
+        })
+        .collect();
+    files.sort();
+    let mut on_disk: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    assert_eq!(files, on_disk, "the paths printed are the pages written");
+    let page = |file: &str| std::fs::read_to_string(dir.path().join(file)).unwrap();
+
+    // `man` alone prints fencelock(1) as before, and it is the page `--dir` writes.
+    let top = fencelock_ok(&["man"]);
+    assert_eq!(top, page("fencelock.1"));
+    assert!(top.contains(".TH fencelock 1"), "{top:.300}");
+    // Every subcommand the page names has a page of its own, and no other page is
+    // written (no `help`, no hidden watcher).
+    let named: Vec<String> = roff_section(&top, "SUBCOMMANDS")
+        .iter()
+        .filter_map(|line| roff_text(line).strip_suffix("(1)").map(str::to_owned))
+        .collect();
+    for sub in ["run", "status", "list", "break", "completions", "man"] {
+        assert!(
+            named.contains(&format!("fencelock-{sub}")),
+            "{sub}: {named:?}"
+        );
+    }
+    let mut expected: Vec<String> = named.iter().map(|name| format!("{name}.1")).collect();
+    expected.push("fencelock.1".to_owned());
+    expected.sort();
+    assert_eq!(files, expected);
+
+    // A subcommand's page, on stdout as in DIR: its own options and the global ones.
+    let run = fencelock_ok(&["man", "run"]);
+    assert_eq!(run, page("fencelock-run.1"));
+    assert!(run.contains(".TH fencelock-run 1"), "{run:.300}");
+    let options = roff_text(&roff_section(&run, "OPTIONS").join("\n"));
+    for option in [
+        "--ttl <DURATION>",
+        "--wait <DURATION>",
+        "--fair",
+        "--kill-grace <DURATION>",
+        "--max-hold <DURATION>",
+        "--redis <URL>",
+        "--permits <N>",
+        "--json",
+    ] {
+        assert!(
+            options.contains(option),
+            "run's page lacks {option}: {options}"
+        );
+    }
+    let status = page("fencelock-status.1");
+    assert!(roff_text(&status).contains("fencelock status"), "{status}");
+    assert!(roff_text(&roff_section(&status, "SEE ALSO").join("")).contains("fencelock(1)"));
+
+    // The exit statuses: one `.TP` item per code, its tag on the line after the `.TP`
+    // and its text on the next, never a table laid out with spaces (that roff refills).
+    for (file, text) in [("fencelock.1", &top), ("fencelock-run.1", &run)] {
+        let section = roff_section(text, "EXIT STATUS");
+        let tags: Vec<String> = section
+            .windows(2)
+            .filter(|pair| pair[0].starts_with(".TP"))
+            .map(|pair| roff_text(pair[1]))
+            .collect();
+        assert_eq!(tags, EXIT_CODES, "{file}: {section:#?}");
+        assert_eq!(section.len(), 3 * EXIT_CODES.len(), "{file}: {section:#?}");
+        assert!(
+            section.iter().all(|line| !line.contains("  ")),
+            "{file}: {section:#?}"
+        );
+    }
+
+    // And as `man` shows it, when groff is installed: at 80 columns, each code starts a
+    // line of the section, every other line being the continuation of an item's text.
+    let groff = Command::new("groff")
+        .args(["-man", "-Tutf8", "-P-cbou", "-rLL=80n"])
+        .arg(dir.path().join("fencelock-run.1"))
+        .output();
+    if let Some(out) = groff.ok().filter(|out| out.status.success()) {
+        let shown = stdout(&out);
+        let section: Vec<&str> = shown
+            .lines()
+            .skip_while(|line| *line != "EXIT STATUS")
+            .skip(1)
+            .take_while(|line| line.is_empty() || line.starts_with(' '))
+            .filter(|line| !line.trim().is_empty())
+            .collect();
+        let indent = |line: &str| line.len() - line.trim_start().len();
+        let tag_column = section.iter().map(|line| indent(line)).min().unwrap();
+        let starts: Vec<&str> = section
+            .iter()
+            .filter(|line| indent(line) == tag_column)
+            .map(|line| line.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(starts, EXIT_CODES, "{shown}");
+        assert!(
+            section
+                .iter()
+                .all(|line| indent(line) == tag_column || indent(line) > tag_column + 9),
+            "{section:#?}"
+        );
+    }
+}
+
 #[test]
 fn json_run_messages_say_the_lock_is_held_and_when_redis_stops_answering() {
     let mut redis = RedisServer::start();
