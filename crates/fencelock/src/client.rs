@@ -9,13 +9,14 @@ use std::path::PathBuf;
 
 use crate::backend::{Access, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
+use crate::detach::DetachedLock;
 use crate::error::Error;
 use crate::keys;
 use crate::limits::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_PROTECTION,
     MAX_TIMEOUT,
 };
-use crate::lock::LockBuilder;
+use crate::lock::{LockBuilder, LockGuard};
 use crate::shared::Shared;
 
 /// A connection to one Redis node, shared by every lock taken through it.
@@ -109,6 +110,39 @@ impl Client {
     /// [`LockBuilder::acquire`] or [`LockBuilder::try_acquire`].
     pub fn lock(&self, name: impl Into<String>) -> LockBuilder {
         LockBuilder::new(self.inner.clone(), name.into())
+    }
+
+    /// Takes over a lock another guard let go of with [`LockGuard::detach`], in this
+    /// process or in another (see [`DetachedLock::from_text`]): one owner-checked extend confirms that the lock is
+    /// still held with that holder token and resets its lease, then the guard renews it
+    /// as the detached one did (its lease length, its renewal setting, what was left of
+    /// its maximum hold) and keeps its fencing token. The client must reach the same
+    /// servers with the same key prefix.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), fencelock::Error> {
+    /// # let server = testkit::RedisServer::start();
+    /// # let client = fencelock::Client::connect(&server.url()).await?;
+    /// let guard = client.lock("report").try_acquire().await?;
+    /// let text = guard.detach().to_text(); // for another process, through a pipe
+    /// // ... in that process:
+    /// let lock = fencelock::DetachedLock::from_text(&text)?;
+    /// let guard = client.attach(lock).await?; // held, renewed, the same fencing token
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when the lease ran out meanwhile or another holder has the
+    /// lock (cause [`MaxHold`](crate::LossCause::MaxHold) when the maximum hold is
+    /// over); [`Error::InvalidArgument`] for a name this client's prefix cannot make a
+    /// key of; [`Error::Unavailable`], [`Error::Rejected`], [`Error::WrongType`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if dropped, the extend may or may not have happened, and no guard
+    /// holds the lock: attach a clone of the detached lock again.
+    pub async fn attach(&self, lock: DetachedLock) -> Result<LockGuard, Error> {
+        crate::detach::attach(&self.inner, lock).await
     }
 
     /// Starts configuring the semaphore called `name`, with `permits` permits: a lock that

@@ -120,6 +120,7 @@ mod algorithms;
 mod backend;
 mod client;
 mod delay_queue;
+mod detach;
 mod error;
 pub mod keys;
 pub mod limits;
@@ -136,6 +137,7 @@ pub use admin::{
 pub use algorithms::retry::Retry;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
+pub use detach::DetachedLock;
 pub use error::{
     Blocker, DriverError, Error, HumanDuration, LossCause, NodeOutcome, NodeReport,
     UnavailableReason,

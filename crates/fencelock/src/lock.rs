@@ -601,12 +601,19 @@ impl LockBuilder {
         let granted = acquire::acquire(&self.shared, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped
         // future cannot lose it in between.
-        let registration = self.shared.watchdog.watch(
-            granted.keys.lock.clone(),
-            granted.mode.holder_id(&granted.token).into_owned(),
-            ttl,
-            self.renew,
-            self.max_hold.map(|h| granted.sent_at + h),
+        Ok(LockGuard::watched(
+            self.shared.clone(),
+            self.name.clone(),
+            Held {
+                keys: granted.keys,
+                token: granted.token,
+                mode: granted.mode,
+                fence: granted.fence,
+                asked_ttl: acquire_ttl,
+                ttl,
+                renew: self.renew,
+                hold_until: self.max_hold.map(|h| granted.sent_at + h),
+            },
             Grant {
                 sent_at: granted.sent_at,
                 ttl: granted.ttl,
@@ -614,19 +621,24 @@ impl LockBuilder {
                 capped: capped && granted.ttl == acquire_ttl,
                 valid_until: granted.valid_until,
             },
-        );
-        Ok(LockGuard {
-            shared: self.shared.clone(),
-            name: self.name.clone(),
-            keys: granted.keys,
-            token: granted.token,
-            mode: granted.mode,
-            ttl: acquire_ttl,
-            fence: granted.fence,
-            lease: Some(registration),
-            held: true,
-        })
+        ))
     }
+}
+
+/// What a guard holds, apart from its client and name: for a guard made from a grant or
+/// from a [`DetachedLock`](crate::DetachedLock) taken over.
+pub(crate) struct Held {
+    pub keys: LockKeys,
+    pub token: HolderToken,
+    pub mode: Mode,
+    pub fence: FencingToken,
+    /// The TTL the grant asked for (a Redlock release gives each node a share of it).
+    pub asked_ttl: Duration,
+    /// The lease each renewal asks for.
+    pub ttl: Duration,
+    pub renew: bool,
+    /// The maximum hold's end.
+    pub hold_until: Option<Instant>,
 }
 
 /// A reentrant owner id, if it is 1 to 256 bytes without control characters.
@@ -748,6 +760,58 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
+    /// A guard of `held`, granted (or confirmed) by `grant`, its lease watched from now.
+    pub(crate) fn watched(shared: Arc<Shared>, name: String, held: Held, grant: Grant) -> Self {
+        let registration = shared.watchdog.watch(
+            held.keys.lock.clone(),
+            held.mode.holder_id(&held.token).into_owned(),
+            held.ttl,
+            held.renew,
+            held.hold_until,
+            grant,
+        );
+        LockGuard {
+            shared,
+            name,
+            keys: held.keys,
+            token: held.token,
+            mode: held.mode,
+            ttl: held.asked_ttl,
+            fence: held.fence,
+            lease: Some(registration),
+            held: true,
+        }
+    }
+
+    /// Lets go of the lock without releasing it, for another guard to take over with
+    /// [`Client::attach`](crate::Client::attach) — in this process, or in another that
+    /// gets [`DetachedLock::to_text`](crate::DetachedLock::to_text). Nothing is sent:
+    /// renewal stops, the key keeps its lease in Redis, and nobody renews it until it is
+    /// attached again; if that does not happen within the lease, the lock expires (the
+    /// attach then fails with [`Error::LeaseLost`]).
+    ///
+    /// What it is for: keeping a lock across something that stops this process, such as
+    /// the CLI keeping the lease of a job suspended with Ctrl-Z from a helper process,
+    /// or handing a lock to a process started to do the work.
+    pub fn detach(mut self) -> crate::DetachedLock {
+        let registration = self.lease.take();
+        self.held = false; // no release on drop
+        crate::DetachedLock {
+            name: std::mem::take(&mut self.name),
+            token: self.token.clone(),
+            mode: self.mode.clone(),
+            fence: self.fence,
+            ttl: registration.as_ref().map_or(self.ttl, Registration::ttl),
+            renew: registration.as_ref().is_some_and(Registration::renews),
+            max_hold_end: registration
+                .as_ref()
+                .and_then(Registration::hold_until)
+                .map(|end| {
+                    std::time::SystemTime::now() + end.saturating_duration_since(Instant::now())
+                }),
+        }
+    }
+
     /// The lock name.
     pub fn name(&self) -> &str {
         &self.name

@@ -22,6 +22,12 @@ impl HolderToken {
         Self(format!("{bits:032x}"))
     }
 
+    /// A token read back (a [`DetachedLock`](crate::DetachedLock) taken over); the
+    /// caller checked it is 32 lowercase hex digits.
+    pub(crate) fn from_stored(token: String) -> Self {
+        Self(token)
+    }
+
     /// The token as stored in Redis.
     pub fn as_str(&self) -> &str {
         &self.0

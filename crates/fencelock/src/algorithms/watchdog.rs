@@ -221,6 +221,21 @@ impl Registration {
         &self.lease
     }
 
+    /// The lease each renewal asks for.
+    pub fn ttl(&self) -> Duration {
+        self.lease.ttl
+    }
+
+    /// Whether the watchdog renews it (false: a fixed lease).
+    pub fn renews(&self) -> bool {
+        self.lease.renew
+    }
+
+    /// The maximum hold's end, if there is one.
+    pub fn hold_until(&self) -> Option<Instant> {
+        self.lease.hold_until
+    }
+
     /// Records an extend that Redis confirmed (a manual one). A renewed lease is renewed
     /// again to its own length within a third of the extend's TTL, and the loss margin
     /// follows the extend's TTL: the watchdog is woken if that comes before its next
