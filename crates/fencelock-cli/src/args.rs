@@ -52,10 +52,11 @@ and fencelock exits with COMMAND's status.
 Terminal and jobs: COMMAND runs in a process group of its own, so that its
 children are stopped with it. When fencelock runs in the terminal's foreground,
 COMMAND's group gets the terminal while it runs (it can read it; Ctrl-C reaches
-it). Ctrl-Z (or SIGTSTP to fencelock) suspends COMMAND and fencelock together.
-Nothing renews the lease of a suspended job: `fg` or `bg` within the lease goes
-on under the lock; later, the watcher has killed COMMAND's group when the lease
-ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelock gets
+it). Ctrl-Z (or SIGTSTP to fencelock) suspends COMMAND and fencelock together,
+and the suspended job keeps the lock: a keeper process renews the lease (up to
+--max-hold) until `fg` or `bg`, and COMMAND goes on under the same lock. If the
+lock could not be kept meanwhile, the watcher has killed COMMAND's group when
+the lease ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelock gets
 are forwarded to COMMAND's group, each followed by SIGCONT. Processes that leave
 the group (setsid, setpgid) are not signalled.";
 
@@ -127,6 +128,10 @@ pub(crate) enum Command {
     /// The watcher of COMMAND's process group (started by `run`; not for people).
     #[command(name = "__watch", hide = true)]
     Watch(WatchArgs),
+
+    /// The keeper of a suspended run's lock (started by `run`; not for people).
+    #[command(name = "__keep", hide = true)]
+    Keep(KeepArgs),
 }
 
 /// Where the locks live: the options every subcommand that talks to Redis takes.
@@ -295,6 +300,14 @@ pub(crate) struct ManArgs {
     /// Print this subcommand's page (fencelock-SUBCOMMAND(1)) instead of fencelock(1).
     #[arg(value_name = "SUBCOMMAND", value_parser = MAN_PAGES)]
     pub(crate) subcommand: Option<String>,
+}
+
+/// The keeper's arguments.
+#[derive(Debug, Args)]
+pub(crate) struct KeepArgs {
+    /// The arguments of the `run` whose lock it keeps (after `fencelock`).
+    #[arg(last = true, value_name = "RUN-ARGS")]
+    pub(crate) run: Vec<std::ffi::OsString>,
 }
 
 /// The watcher's arguments.

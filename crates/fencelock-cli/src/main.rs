@@ -11,8 +11,8 @@
 //! process group while it runs.
 //!
 //! COMMAND never runs without the lock: see `supervise.rs` for how (a watcher in
-//! COMMAND's process group, the terminal handed over, Ctrl-Z suspending both) and
-//! `watcher.rs` for the watcher. The lease (`--ttl`) is renewed by the library's watchdog
+//! COMMAND's process group, the terminal handed over, Ctrl-Z suspending both),
+//! `watcher.rs` for the watcher and `keeper.rs` for the keeper of a suspended job's lock. The lease (`--ttl`) is renewed by the library's watchdog
 //! every third of it for as long as the command runs, up to `--max-hold` if given. If
 //! the lease is lost ([`LockGuard::lost`]), fencelock stops the command's whole process
 //! group: SIGTERM (and SIGCONT, so a stopped member can act on it), up to `--kill-grace`
@@ -39,6 +39,7 @@
 mod args;
 mod duration;
 mod exit;
+mod keeper;
 mod ops;
 mod status_line;
 mod supervise;
@@ -74,6 +75,7 @@ fn main() -> ExitCode {
         Command::Watch(w) => {
             return watcher::watch(w.deadline_ns, Duration::from_millis(w.grace_ms));
         }
+        Command::Keep(k) => return keeper::keep(k.run),
         Command::Completions(c) => {
             let mut command = Cli::command();
             clap_complete::generate(c.shell, &mut command, "fencelock", &mut std::io::stdout());
@@ -119,21 +121,23 @@ fn block_on(future: impl Future<Output = Result<u8, Failure>>) -> Result<u8, Fai
 async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
     // Installed first: from here on no signal ends fencelock while it may hold the lock.
     let mut signals = Signals::install()?;
-    let held = acquire(&args, &mut signals).await?;
+    let mut held = acquire(&args, &mut signals).await?;
     tell(
         Level::Notice,
         format_args!(
             "holding lock {:?} (fencing token {})",
-            held.guard.name(),
-            held.guard.fencing_token()
+            held.guard().name(),
+            held.guard().fencing_token()
         ),
     );
-    match run_command(&args, &held, &mut signals).await {
+    match run_command(&args, &mut held, &mut signals).await {
         Ok(Ended::Stopped) => {
             // Owner-checked: deletes the key only if it is still ours (at the maximum
             // hold, or with a renewal unconfirmed, it is, for a moment), so that the
             // next holder need not wait for it to expire. Nothing to report otherwise.
-            let _ = held.guard.release().await;
+            if let Some(guard) = held.guard.take() {
+                let _ = guard.release().await;
+            }
             Ok(EX_LEASE_LOST)
         }
         Ok(Ended::Exited {
@@ -142,7 +146,9 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
             valid_until,
         }) => release_after(held, status, at, valid_until).await,
         Err(failure) => {
-            release(held.guard).await;
+            if let Some(guard) = held.guard.take() {
+                release(guard).await;
+            }
             Err(failure)
         }
     }
@@ -150,10 +156,22 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
 
 /// The lock as fencelock holds it.
 struct Held {
-    guard: LockGuard,
+    /// `None` only while fencelock is suspended and its keeper holds the lock (see
+    /// [`keeper`]); `run_command` takes it back before anything else uses it.
+    guard: Option<LockGuard>,
+    /// The client that took it, which takes it back from the keeper.
+    client: fencelock::Client,
 }
 
 impl Held {
+    /// The guard, which is there whenever fencelock runs (it is away only while
+    /// fencelock is stopped).
+    fn guard(&self) -> &LockGuard {
+        self.guard
+            .as_ref()
+            .expect("the guard is back from the keeper before fencelock goes on")
+    }
+
     /// Why the lease was lost, for messages.
     fn loss_reason(&self, cause: LossCause) -> String {
         match cause {
@@ -222,7 +240,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
                 status_line.clear();
                 let guard = result.map_err(Failure::Lock)?;
                 warn_eviction(eviction).await;
-                return Ok(Held { guard });
+                return Ok(Held { guard: Some(guard), client });
             }
             signal = signals.recv() => break signal,
             () = status_line.tick() => {}
@@ -262,9 +280,12 @@ async fn release_after(
     ended: std::time::Instant,
     valid_until: std::time::Instant,
 ) -> Result<u8, Failure> {
-    let name = held.guard.name().to_owned();
+    let name = held.guard().name().to_owned();
     // What the watchdog knew before the release stops it.
-    let known_loss = held.guard.loss_cause().map(|cause| held.loss_reason(cause));
+    let known_loss = held
+        .guard()
+        .loss_cause()
+        .map(|cause| held.loss_reason(cause));
     let lost = |reason: String| {
         Err(Failure::LostByExit {
             name: name.clone(),
@@ -272,7 +293,10 @@ async fn release_after(
             status,
         })
     };
-    let released = held.guard.release().await;
+    let released = match held.guard {
+        Some(guard) => guard.release().await,
+        None => Ok(()),
+    };
     let too_late = ended < valid_until && std::time::Instant::now() >= valid_until;
     match (released, known_loss) {
         (Ok(()), _) => Ok(status),

@@ -7,9 +7,11 @@
 //!   (as a shell does for its jobs) and gives it back when it stops or exits, so COMMAND
 //!   can read the terminal and Ctrl-C and Ctrl-Z reach it.
 //! - Ctrl-Z (COMMAND stopped by SIGTSTP, SIGTTIN or SIGTTOU, or fencelock sent SIGTSTP)
-//!   suspends COMMAND and fencelock together. Nothing renews the lease while they are
-//!   suspended: resumed within the lease, COMMAND goes on; resumed later, the watcher
-//!   has killed COMMAND's group when the lease ended, and fencelock exits 76.
+//!   suspends COMMAND and fencelock together, and the job keeps the lock: fencelock
+//!   hands it to a [keeper](crate::keeper) process, which renews it and tells the
+//!   watcher (Ctrl-Z does not stop the watcher), and takes it back when resumed; if it
+//!   could not be kept, the watcher has killed COMMAND's group when the lease ended,
+//!   and fencelock exits 76.
 //! - SIGINT, SIGTERM and SIGHUP that fencelock gets are forwarded to the group, each
 //!   followed by SIGCONT so that a stopped member can act on it.
 //! - When the lease is lost, the group gets SIGTERM and SIGCONT, then SIGKILL after the
@@ -26,6 +28,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::Held;
 use crate::args::RunArgs;
 use crate::exit::{Failure, Level, say, status_code, tell};
+use crate::keeper::Keeper;
 use crate::watcher::{self, monotonic_ns};
 use fencelock::HumanDuration;
 
@@ -46,15 +49,14 @@ pub(crate) enum Ended {
 /// the lease is lost.
 pub(crate) async fn run_command(
     args: &RunArgs,
-    held: &Held,
+    held: &mut Held,
     signals: &mut Signals,
 ) -> Result<Ended, Failure> {
     let Some((program, program_args)) = args.command.split_first() else {
         return Err(Failure::Usage("no COMMAND given after '--'".to_owned()));
     };
-    let guard = &held.guard;
     ignore(libc::SIGTTOU); // so that fencelock can take the terminal back from the background
-    let mut watcher = Watcher::start(guard.valid_until(), args.kill_grace)?;
+    let mut watcher = Watcher::start(held.guard().valid_until(), args.kill_grace)?;
     let group = Group(watcher.pid);
     // When fencelock has the terminal, COMMAND's group gets it from COMMAND itself, just
     // before its exec: a COMMAND that reads the terminal at once must not find itself in
@@ -73,9 +75,8 @@ pub(crate) async fn run_command(
         }
     };
     let pid = command.id() as libc::pid_t;
-    let lost = guard.lost();
-    tokio::pin!(lost);
-    let mut told = guard.valid_until();
+    let mut lost = Box::pin(held.guard().lost());
+    let mut told = held.guard().valid_until();
     let mut renewed_at = Instant::now();
     let mut silent = false;
     let mut tick = tokio::time::interval(tick_for(args));
@@ -89,7 +90,7 @@ pub(crate) async fn run_command(
                     State::Running => {}
                     State::Exited => {
                         let at = Instant::now();
-                        let valid_until = guard.valid_until();
+                        let valid_until = held.guard().valid_until();
                         watcher.done();
                         let status = reap(&mut command);
                         terminal.take_back();
@@ -103,18 +104,40 @@ pub(crate) async fn run_command(
                     State::Stopped => {
                         consume_stop(pid);
                         terminal.take_back();
+                        // The keeper renews the lease while fencelock is stopped: the
+                        // guard is detached (nothing in this process renews it now).
+                        let keeper = Keeper::start(held, watcher.pipe_for_keeper());
                         suspend_self();
-                        // Resumed (fg or bg): go on only within the lease.
-                        if guard.loss_cause().is_some() || guard.remaining().is_zero() {
+                        // Resumed (fg or bg): take the lock back from the keeper, and go
+                        // on only if it is still ours.
+                        if let Some(keeper) = keeper {
+                            match keeper.take_back(&held.client).await {
+                                Ok(guard) => {
+                                    lost = Box::pin(guard.lost());
+                                    held.guard = Some(guard);
+                                }
+                                Err(lock) => {
+                                    say(format_args!(
+                                        "the lock {:?} could not be kept while COMMAND was \
+                                         suspended ({lock}); stopping COMMAND",
+                                        args.name
+                                    ));
+                                    stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
+                                    return Ok(Ended::Stopped);
+                                }
+                            }
+                        } else if held.guard().loss_cause().is_some() || held.guard().remaining().is_zero() {
                             say(format_args!(
                                 "COMMAND was suspended longer than the lease on lock {:?}: \
                                  the lock may be someone else's now; stopping COMMAND",
-                                guard.name()
+                                args.name
                             ));
                             stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
                             return Ok(Ended::Stopped);
                         }
-                        watcher.tell(guard.valid_until());
+                        told = held.guard().valid_until();
+                        renewed_at = Instant::now();
+                        watcher.tell(told);
                         if Terminal::is_foreground() {
                             terminal.give(group);
                         }
@@ -129,7 +152,7 @@ pub(crate) async fn run_command(
             },
             cause = &mut lost => break cause,
             _ = tick.tick() => {
-                let valid_until = guard.valid_until();
+                let valid_until = held.guard().valid_until();
                 if valid_until != told {
                     told = valid_until;
                     renewed_at = Instant::now();
@@ -145,7 +168,7 @@ pub(crate) async fn run_command(
                         Level::Notice,
                         format_args!(
                             "Redis not answering; the lease ends in {} unless a renewal gets through",
-                            HumanDuration(guard.remaining())
+                            HumanDuration(held.guard().remaining())
                         ),
                     );
                 }
@@ -154,7 +177,7 @@ pub(crate) async fn run_command(
     };
     say(format_args!(
         "the lease on lock {:?} was lost ({}); stopping COMMAND",
-        guard.name(),
+        args.name,
         held.loss_reason(cause)
     ));
     stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
@@ -164,7 +187,7 @@ pub(crate) async fn run_command(
 
 /// How often fencelock passes the lease's confirmed end on to the watcher: a tenth of
 /// the lease, at most 250 ms (a renewal is confirmed every third of the lease).
-fn tick_for(args: &RunArgs) -> Duration {
+pub(crate) fn tick_for(args: &RunArgs) -> Duration {
     (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(250))
 }
 
@@ -177,7 +200,7 @@ fn spawn_command(
     group: Group,
     take_terminal: bool,
 ) -> io::Result<Child> {
-    let guard = &held.guard;
+    let guard = held.guard();
     let mut command = Command::new(program);
     command
         .args(program_args)
@@ -402,6 +425,13 @@ impl Watcher {
         let _ = self.child.wait();
     }
 
+    /// A second write end of the watcher's pipe, for the keeper to tell it the lease's
+    /// confirmed ends while fencelock is stopped.
+    pub(crate) fn pipe_for_keeper(&self) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        self.pipe.as_ref()?.as_fd().try_clone_to_owned().ok()
+    }
+
     fn send(&mut self, line: &str) {
         if let Some(pipe) = &mut self.pipe
             && pipe.write_all(line.as_bytes()).is_err()
@@ -418,7 +448,7 @@ impl Watcher {
 }
 
 /// `valid_until` as a `CLOCK_MONOTONIC` time in ns, for the watcher.
-fn deadline_ns(valid_until: Instant) -> u64 {
+pub(crate) fn deadline_ns(valid_until: Instant) -> u64 {
     let now = Instant::now();
     let left = valid_until.saturating_duration_since(now);
     monotonic_ns().saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))

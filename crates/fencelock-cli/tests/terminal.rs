@@ -151,8 +151,11 @@ fn ctrl_z_suspends_the_job_and_fg_resumes_it_under_the_lock() {
     assert!(!redis.exists("fencelock:{sus}"));
 }
 
+/// Ctrl-Z for longer than the lease: the suspended job keeps the lock (its keeper renews
+/// it: the same token stays in the key, another run is refused), and `fg` goes on under
+/// it to the end.
 #[test]
-fn ctrl_z_for_longer_than_the_lease_ends_the_job_on_fg() {
+fn ctrl_z_for_longer_than_the_lease_keeps_the_lock_and_fg_goes_on() {
     let redis = RedisServer::start();
     let term = Terminal::start(&redis);
     term.type_line(&format!(
@@ -161,16 +164,58 @@ fn ctrl_z_for_longer_than_the_lease_ends_the_job_on_fg() {
     testkit::eventually("the lock is taken", SCREEN_TIMEOUT, || {
         redis.exists("fencelock:{long}")
     });
+    let token = redis.get("fencelock:{long}");
     term.keys("C-z");
     term.wait_for("Stopped");
-    // Nothing renews the lease of a suspended job: it runs out.
-    testkit::eventually("the lease ran out", Duration::from_secs(5), || {
-        !redis.exists("fencelock:{long}")
-    });
+    // Three leases suspended: still this job's.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        assert_eq!(redis.get("fencelock:{long}"), token, "kept while suspended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let other = Command::new(BIN)
+        .args(["run", "long", "--", "true"])
+        .env("FENCELOCK_REDIS", redis.url())
+        .output()
+        .unwrap();
+    assert_eq!(other.status.code(), Some(75), "{other:?}");
     term.type_line("fg");
-    term.wait_for("suspended longer than the lease");
+    term.type_line("yes");
+    term.wait_for("got yes");
+    term.type_line(r#"echo "exit=$?""#);
+    term.wait_for("exit=0");
+    assert!(!redis.exists("fencelock:{long}"), "released after");
+}
+
+/// A lock broken while its job is suspended is not kept: at `fg` fencelock says so,
+/// COMMAND is gone (its watcher killed it when the lease ended), and it exits 76.
+#[test]
+fn a_lock_broken_while_suspended_ends_the_job_on_fg() {
+    let redis = RedisServer::start();
+    let term = Terminal::start(&redis);
+    term.type_line(&format!(
+        r#"{BIN} run --ttl 1s broken -- sh -c 'read a; echo "got $a"'"#
+    ));
+    testkit::eventually("the lock is taken", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{broken}")
+    });
+    term.keys("C-z");
+    term.wait_for("Stopped");
+    let broke = Command::new(BIN)
+        .args(["break", "--yes", "broken"])
+        .env("FENCELOCK_REDIS", redis.url())
+        .output()
+        .unwrap();
+    assert!(broke.status.success(), "{broke:?}");
+    term.wait_for("the lease ran out without a renewal");
+    term.type_line("fg");
+    term.wait_for("could not be kept while COMMAND was suspended");
     term.type_line(r#"echo "exit=$?""#);
     term.wait_for("exit=76");
+    assert!(
+        !term.screen().lines().any(|l| l.starts_with("got")),
+        "COMMAND never went on"
+    );
 }
 
 /// While `run --wait` waits at a terminal, its status line says who holds the lock (the

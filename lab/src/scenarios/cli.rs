@@ -1,8 +1,9 @@
 //! The CLI's own faults, judged from COMMAND's history: `fencelock run` A holds the lock
 //! while its COMMAND (the lab's `command`, see [`crate::command`]) writes the fenced
-//! resource; A is SIGKILLed, SIGSTOPped or sent SIGTSTP; `fencelock run --wait` B takes
-//! the lock and its COMMAND writes. Supervision must have stopped A's COMMAND before B's
-//! starts (C1). The positive control: a COMMAND that escapes supervision (the work done
+//! resource; A is SIGKILLed or SIGSTOPped; `fencelock run --wait` B takes the lock and
+//! its COMMAND writes. Supervision must have stopped A's COMMAND before B's starts (C1).
+//! Sent SIGTSTP (Ctrl-Z) instead, A keeps the lock while suspended: B is refused, and
+//! A's COMMAND goes on under the lock when A resumes. The positive control: a COMMAND that escapes supervision (the work done
 //! in a session of its own) goes on after fencelock A is killed, and C1 flags it.
 
 use std::path::{Path, PathBuf};
@@ -35,8 +36,10 @@ pub const CLI_STOPPED: Scenario = Scenario {
 
 pub const CLI_SUSPENDED: Scenario = Scenario {
     name: "cli-suspended",
-    what: "the same with A sent SIGTSTP (Ctrl-Z) until B is done, then SIGCONTed",
-    expected: "C1-C5 hold; B and C exit 0; A, resumed after its lease, exits 76 (lease lost)",
+    what: "A sent SIGTSTP (Ctrl-Z); `fencelock run --wait 2s` B meanwhile (twice A's \
+        lease); A SIGCONTed once B is done; then C",
+    expected: "A's keeper keeps the lock while A is suspended: B exits 75 and its COMMAND \
+        never runs; A's COMMAND goes on under the lock and A exits 0; C1-C5 hold; C exits 0",
     run: |lab, tag, _| lab.cli_fault(tag, CliFault::Suspended),
 };
 
@@ -96,7 +99,12 @@ impl Lab {
         if matches!(fault, CliFault::Stopped | CliFault::Suspended) {
             wait_until(tag, "fencelock A stopped", || process_stopped(pid))?;
         }
-        let mut b = self.cli_run(&fencelock, tag, 2, &hist_b, 20, "10s", CliFault::Killed)?;
+        let b_wait = if fault == CliFault::Suspended {
+            "2s"
+        } else {
+            "10s"
+        };
+        let mut b = self.cli_run(&fencelock, tag, 2, &hist_b, 20, b_wait, CliFault::Killed)?;
         let b_status = wait_exit(&mut b, WITHIN);
         let healed_at = monotonic_ns();
         if matches!(fault, CliFault::Stopped | CliFault::Suspended) {
@@ -136,17 +144,32 @@ impl Lab {
             CliFault::Stopped | CliFault::Suspended => [(fault_at, healed_at)],
         };
         o.count_under_fault(&h, &windows);
-        for (run, status) in [("B", b_status), ("C", c_status)] {
-            match status {
+        let b_wrote = h
+            .iter()
+            .any(|e| e.process == 2 && e.op == Op::Write && e.phase == Phase::Ok);
+        if fault == CliFault::Suspended {
+            // A kept the lock: B waited in vain, and its COMMAND never ran.
+            if b_status.as_ref().ok().and_then(ExitStatus::code) != Some(75) {
+                o.failed.push(format!(
+                    "fencelock B while A was suspended: expected exit 75, got {b_status:?}"
+                ));
+            }
+            if b_wrote {
+                o.failed
+                    .push("B's COMMAND wrote while suspended A held the lock".into());
+            }
+        } else {
+            match b_status {
                 Ok(s) if s.success() => {}
-                other => o.failed.push(format!("fencelock {run}: {other:?}")),
+                other => o.failed.push(format!("fencelock B: {other:?}")),
+            }
+            if !b_wrote {
+                o.failed.push("B's COMMAND wrote nothing".into());
             }
         }
-        if !h
-            .iter()
-            .any(|e| e.process == 2 && e.op == Op::Write && e.phase == Phase::Ok)
-        {
-            o.failed.push("B's COMMAND wrote nothing".into());
+        match c_status {
+            Ok(s) if s.success() => {}
+            other => o.failed.push(format!("fencelock C: {other:?}")),
         }
         match fault {
             CliFault::Killed => {
@@ -156,12 +179,25 @@ impl Lab {
                         .push("A's COMMAND ran to its end: the kill came too late".into());
                 }
             }
-            CliFault::Stopped | CliFault::Suspended => {
+            CliFault::Stopped => {
                 o.expect_clean(&[1, 2, 3, 4, 5]);
                 if a_status.as_ref().ok().and_then(ExitStatus::code) != Some(76) {
                     o.failed.push(format!(
                         "fencelock A resumed after its lease: expected exit 76, got {a_status:?}"
                     ));
+                }
+            }
+            CliFault::Suspended => {
+                o.expect_clean(&[1, 2, 3, 4, 5]);
+                if !a_status.as_ref().is_ok_and(ExitStatus::success) {
+                    o.failed.push(format!(
+                        "fencelock A, resumed with its lock kept: expected exit 0, got \
+                         {a_status:?}"
+                    ));
+                }
+                if closed {
+                    o.failed
+                        .push("A's COMMAND was stopped although A kept the lock".into());
                 }
             }
             CliFault::Unsupervised => {
