@@ -209,9 +209,11 @@ fn errors_are_one_line_for_people_and_one_json_object_with_the_exit_status() {
     // A server that is not Redis at all: still one line.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let http = std::thread::spawn(move || {
+    // Answers every connection (the client reconnects after a reply it cannot read);
+    // the thread ends with the test binary.
+    std::thread::spawn(move || {
         use std::io::Write;
-        if let Ok((mut s, _)) = listener.accept() {
+        for mut s in listener.incoming().flatten() {
             let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
         }
     });
@@ -227,9 +229,12 @@ fn errors_are_one_line_for_people_and_one_json_object_with_the_exit_status() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    http.join().unwrap();
     assert_eq!(out.status.code(), Some(69), "{out:?}");
     assert_eq!(stderr(&out).lines().count(), 1, "{out:?}");
+    assert!(
+        stderr(&out).contains("does not answer in Redis's protocol"),
+        "says it is not Redis: {out:?}"
+    );
 }
 
 #[test]
@@ -571,4 +576,54 @@ fn a_server_that_can_evict_lock_keys_is_said_by_status_and_once_by_run() {
         parse(&fencelock(&safe, &["--json", "status", "stock"]))["eviction"],
         serde_json::json!([])
     );
+}
+
+/// A server on a Unix socket, by `redis+unix://` and `unix://`: `run` runs COMMAND under
+/// the lock there and `status` reads it.
+#[test]
+fn unix_socket_urls_reach_a_server_on_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let socket = socket.to_str().unwrap();
+    let redis = RedisServer::builder()
+        .args(["--unixsocket", socket, "--unixsocketperm", "700"])
+        .start();
+    for url in [format!("redis+unix://{socket}"), format!("unix://{socket}")] {
+        let out = Command::new(BIN)
+            .args(["run", "--redis", &url, "sock", "--", "sh", "-c"])
+            .arg(r#"echo "token $FENCELOCK_TOKEN""#)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{url}: {out:?}");
+        assert!(stdout(&out).starts_with("token "), "{url}: {out:?}");
+        let status = Command::new(BIN)
+            .args(["status", "--redis", &url, "sock"])
+            .output()
+            .unwrap();
+        assert!(
+            stdout(&status).contains("fencing counter"),
+            "{url}: {status:?}"
+        );
+    }
+    assert!(
+        redis.get("fencelock:{sock}:fence").is_some(),
+        "taken on that server"
+    );
+}
+
+/// A database index the server does not have is one line that says so, with no advice
+/// about credentials, and exit 69.
+#[test]
+fn a_bad_database_index_is_one_line_without_credentials_advice() {
+    let redis = RedisServer::start();
+    let url = format!("{}/99", redis.url());
+    let out = Command::new(BIN)
+        .args(["run", "--redis", &url, "db", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("DB index is out of range"), "{err}");
+    assert!(!err.to_lowercase().contains("password"), "{err}");
 }

@@ -261,3 +261,46 @@ fn a_wait_through_restart_protection_says_so() {
     term.wait_for("exit=0");
     assert!(term.screen().contains("done"));
 }
+
+/// On a terminal, `break` asks first: "n" leaves the lock held, "y" breaks it and says
+/// what it broke. `-q` keeps a run's notices off the screen (COMMAND's own output stays).
+#[test]
+fn break_asks_on_a_terminal_and_quiet_runs_say_nothing() {
+    let redis = RedisServer::start();
+    let mut holder = Command::new(BIN)
+        .args(["run", "held", "--", "sleep", "30"])
+        .env("FENCELOCK_REDIS", redis.url())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    testkit::eventually("the holder has the lock", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{held}")
+    });
+    let term = Terminal::start(&redis);
+    term.type_line(&format!(r#"{BIN} break held; echo "exit=$?""#));
+    term.wait_for("held by sleep 30");
+    term.wait_for("[y/N]");
+    term.type_line("n");
+    term.wait_for("exit=");
+    assert!(redis.exists("fencelock:{held}"), "not broken without a yes");
+    term.type_line("clear");
+    term.type_line(&format!(r#"{BIN} break held; echo "broke=$?""#));
+    term.wait_for("[y/N]");
+    term.type_line("y");
+    term.wait_for("broke=0");
+    assert!(!redis.exists("fencelock:{held}"));
+    assert_eq!(
+        holder.wait().unwrap().code(),
+        Some(76),
+        "the holder hears it"
+    );
+
+    term.type_line("clear");
+    term.type_line(&format!(r#"{BIN} run loud -- echo ran-loud"#));
+    term.wait_for("ran-loud");
+    term.type_line(&format!(r#"{BIN} -q run quiet -- echo ran-quiet"#));
+    term.wait_for("ran-quiet");
+    let screen = term.screen();
+    assert!(screen.contains(r#"holding lock "loud""#), "{screen}");
+    assert!(!screen.contains(r#"holding lock "quiet""#), "{screen}");
+}

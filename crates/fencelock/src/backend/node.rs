@@ -968,6 +968,16 @@ pub(super) fn sort_error(addr: &str, e: &RedisError) -> Error {
         return unavailable(UnavailableReason::Refused);
     }
     match e.kind() {
+        // Bytes that are not RESP (a reply fencelock's own decoders refuse says which
+        // script replied what instead).
+        ErrorKind::Parse if e.to_string().contains("Parse error at") => Error::Unavailable {
+            node: addr.to_owned(),
+            reason: UnavailableReason::Io,
+            detail: "it does not answer in Redis's protocol: is it a Redis server, and the \
+                     right port?"
+                .to_owned(),
+            source: Some(DriverError::new(e.clone())),
+        },
         ErrorKind::Io => unavailable(UnavailableReason::Io),
         ErrorKind::AuthenticationFailed => Error::Rejected {
             node: addr.to_owned(),
