@@ -1119,3 +1119,37 @@ async fn names_locked_once_leave_no_key_behind_after_the_counter_idle_time() {
     drop(re);
     minute.flush().await;
 }
+
+/// An uncontended acquire and release run no command for a read-write lock's waiting
+/// writers (a plain lock's first attempt was never among them, and a grant left them):
+/// each Redis call inside a script costs about as much as a small command.
+#[tokio::test]
+async fn an_uncontended_acquire_and_release_leave_the_waiting_writers_alone() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    for _ in 0..10 {
+        c.lock("quiet")
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+        let waited = c
+            .lock("quiet")
+            .wait(Duration::from_secs(1))
+            .acquire()
+            .await
+            .unwrap();
+        waited.release().await.unwrap();
+    }
+    assert_eq!(
+        r.info_field("commandstats", "cmdstat_zrem"),
+        None,
+        "no ZREM"
+    );
+    assert!(
+        r.info_field("commandstats", "cmdstat_evalsha").is_some(),
+        "the scripts ran"
+    );
+}

@@ -161,6 +161,9 @@ async fn attempts(
                 mode: &pending.mode,
                 join: waits,
                 info: req.info,
+                // A place among waiting writers: taken by a refusal that said so, or
+                // maybe by an attempt that was not answered.
+                queued: pending.queued || (waits && unanswered),
                 calls: &calls,
             })
             .await;

@@ -51,8 +51,9 @@ struct Inner {
     /// Leases per renewal call (see [`crate::ClientBuilder::renewal_batch`]).
     batch: usize,
     leases: Mutex<Leases>,
-    /// Wakes the task: a lease needs attention before the task's next wake.
-    changed: Notify,
+    /// Wakes the task: a lease needs attention before the task's next wake. Shared, so
+    /// that the idle task can wait on it without keeping the client alive.
+    changed: Arc<Notify>,
     next_id: AtomicU64,
 }
 
@@ -129,7 +130,7 @@ impl Watchdog {
                 backend,
                 batch,
                 leases: Mutex::new(Leases::default()),
-                changed: Notify::new(),
+                changed: Arc::new(Notify::new()),
                 next_id: AtomicU64::new(0),
             }),
         }
@@ -331,24 +332,49 @@ impl Lease {
 /// The watchdog task. It runs on a fixed tick (a sixth of the shortest renewed lease),
 /// and on each tick renews, in batches, every lease that would fall due before the next
 /// tick, so leases taken at scattered times still share calls. Losses are checked on
-/// the tick and at each lease's own deadline. Ends when no lease is left (the next one
-/// starts it again).
+/// the tick and at each lease's own deadline. Ends once no lease has been left for
+/// [`IDLE_LINGER`] (the next lease starts it again), or when the client is gone.
 async fn run(weak: Weak<Inner>) {
+    // Since when no lease has been left.
+    let mut idle_since: Option<Instant> = None;
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        let changed = inner.changed.notified();
+        let notify = inner.changed.clone();
+        let changed = notify.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         let now = Instant::now();
         let mut due: Vec<(Arc<Lease>, Duration, bool)> = Vec::new();
         let mut tick = Duration::from_secs(10);
+        // Idle: wait a little for the next lease (a client that locks and unlocks in
+        // turn would start a task for each), without keeping the client alive
+        // meanwhile; then end.
+        let idle_wait = {
+            let mut leases = lock(&inner.leases);
+            if leases.by_id.is_empty() {
+                let idle = now.duration_since(*idle_since.get_or_insert(now));
+                if idle >= IDLE_LINGER {
+                    leases.task = None;
+                    return;
+                }
+                leases.next_wake = None; // a new lease wakes the task at once
+                Some(IDLE_LINGER - idle)
+            } else {
+                idle_since = None;
+                None
+            }
+        };
+        if let Some(wait) = idle_wait {
+            drop(inner);
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = &mut changed => {}
+            }
+            continue;
+        }
         let mut wake;
         {
             let mut leases = lock(&inner.leases);
-            if leases.by_id.is_empty() {
-                leases.task = None;
-                return;
-            }
             for lease in leases.by_id.values() {
                 if lease.renew {
                     tick = tick.min(lease.ttl / 6);
@@ -400,6 +426,9 @@ async fn run(weak: Weak<Inner>) {
         }
     }
 }
+
+/// How long the watchdog task waits for a new lease once none is left, before it ends.
+const IDLE_LINGER: Duration = Duration::from_secs(1);
 
 /// A lease that falls due: the lease, the TTL to renew it to, and whether that TTL was
 /// shortened to end at the maximum hold.

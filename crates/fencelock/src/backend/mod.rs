@@ -140,18 +140,23 @@ pub(crate) struct AcquireRequest<'a> {
     pub join: bool,
     /// What the holder says about itself, stored with the grant ("" for nothing).
     pub info: &'a str,
+    /// Whether an earlier attempt may have put the token among a read-write lock's
+    /// waiting writers, which a grant then leaves (the first attempt never has: its
+    /// grant skips that write).
+    pub queued: bool,
     /// The calls built by the first attempt, sent again by the later ones.
     pub calls: &'a AcquireCalls,
 }
 
 /// The script calls of one acquire: built by its first attempt and sent again by every
-/// later one, since nothing in them changes between attempts.
+/// later one, since nothing in them changes between attempts but whether it may be
+/// among waiting writers (indexed by [`AcquireRequest::queued`]).
 #[derive(Default)]
 pub(crate) struct AcquireCalls {
     /// The call every node gets (a Redlock node that has said who it is, every other).
-    anonymous: OnceLock<Arc<Call>>,
+    anonymous: [OnceLock<Arc<Call>>; 2],
     /// A Redlock node that has not said who it is yet: the call that asks it.
-    identified: OnceLock<Arc<Call>>,
+    identified: [OnceLock<Arc<Call>>; 2],
 }
 
 /// The outcome of one acquire attempt that the nodes answered.
@@ -387,6 +392,7 @@ impl Backend {
                 req.info,
                 self.counter_idle,
                 req.join,
+                req.queued,
             ),
             Mode::Fair { waiter_timeout } => scripts::fair_acquire(
                 req.keys,
@@ -418,9 +424,7 @@ impl Backend {
                 fair.map(|timeout| (timeout, req.join)),
             ),
         };
-        let anonymous = req
-            .calls
-            .anonymous
+        let anonymous = req.calls.anonymous[usize::from(req.queued)]
             .get_or_init(|| Arc::new(invocation(false)));
         let sent_at = Instant::now();
         let mut owner_hold = false;
@@ -432,9 +436,7 @@ impl Backend {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
             // future as large as a Redlock one's.
             Box::pin(async {
-                let identified = req
-                    .calls
-                    .identified
+                let identified = req.calls.identified[usize::from(req.queued)]
                     .get_or_init(|| Arc::new(invocation(true)));
                 // Each node's generation when its call went out: what it says about itself
                 // holds for that connection.
@@ -606,7 +608,7 @@ impl Backend {
         // that another client can take it at once) or said it is gone; the others go on
         // in the background (a node that does not answer keeps the key at most until it
         // expires).
-        let call = self.release_call(keys, token, mode, fence);
+        let call = self.release_call(keys, token, mode, fence, false);
         let (confirmation, errors) = self
             .confirm_everywhere::<Owned>(call, ttl, self.quorum.needed(), 1, |o| Some(*o))
             .await;
@@ -625,14 +627,23 @@ impl Backend {
     }
 
     /// The release script for `mode`. `fence`: Redlock raises every node's counter to
-    /// the grant's token.
-    fn release_call(&self, keys: &LockKeys, token: &HolderToken, mode: &Mode, fence: u64) -> Call {
+    /// the grant's token. `withdraw`: the token may still wait among a read-write lock's
+    /// writers (an acquire given up; a grant left them already).
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &HolderToken,
+        mode: &Mode,
+        fence: u64,
+        withdraw: bool,
+    ) -> Call {
         match mode {
             Mode::Plain => scripts::release(
                 keys,
                 token,
                 if self.is_redlock() { fence } else { 0 },
                 self.counter_idle,
+                withdraw,
             ),
             Mode::Fair { .. } => scripts::fair_release(keys, token, self.counter_idle),
             Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
@@ -650,7 +661,7 @@ impl Backend {
         ttl: Duration,
         fence: u64,
     ) -> Vec<Result<Owned, Error>> {
-        let invocation = self.release_call(keys, token, mode, fence);
+        let invocation = self.release_call(keys, token, mode, fence, true);
         fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await
     }
 

@@ -512,7 +512,9 @@ fn flag(on: bool) -> &'static str {
 /// `identify`: report run id and uptime; `info`: the holder info to store with the
 /// grant ("" for none); `counter_idle`: how long the fencing counter lives without a
 /// grant (zero: for ever), as in every script that writes the counter; `join`: a
-/// waiting acquire, which waits among a read-write lock's writers when readers hold it.
+/// waiting acquire, which waits among a read-write lock's writers when readers hold it;
+/// `queued`: an earlier attempt may have joined those writers, which a grant leaves.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
     keys: &LockKeys,
     token: &HolderToken,
@@ -521,6 +523,7 @@ pub(crate) fn acquire(
     info: &str,
     counter_idle: Duration,
     join: bool,
+    queued: bool,
 ) -> Call {
     let mut inv = Call::new(Lua::Acquire);
     inv.key(&keys.lock)
@@ -532,23 +535,28 @@ pub(crate) fn acquire(
         .arg(flag(identify))
         .arg(info)
         .arg(ms(counter_idle))
-        .arg(flag(join));
+        .arg(flag(join))
+        .arg(flag(queued));
     inv
 }
 
-/// `fence`: the grant's token, raised into the counter (0: none).
+/// `fence`: the grant's token, raised into the counter (0: none). `withdraw`: the token
+/// may wait among a read-write lock's writers, which it leaves.
 pub(crate) fn release(
     keys: &LockKeys,
     token: &HolderToken,
     fence: u64,
     counter_idle: Duration,
+    withdraw: bool,
 ) -> Call {
     let mut inv = Call::new(Lua::Release);
     inv.key(&keys.lock)
         .key(keys.fence())
-        .key(keys.holder_info())
-        .key(keys.writers())
-        .arg(token.as_str())
+        .key(keys.holder_info());
+    if withdraw {
+        inv.key(keys.writers());
+    }
+    inv.arg(token.as_str())
         .arg(keys.channel())
         .arg(fence)
         .arg(ms(counter_idle));

@@ -18,6 +18,8 @@
 --          (absent or "0": never)
 -- ARGV[6]  "1": a waiting acquire: when readers hold the lock, wait among the writers
 --          (KEYS[4]) so that no new reader comes in before it; absent or "0": do not
+-- ARGV[7]  "0": no earlier attempt of this acquire waited among the writers, so a grant
+--          has no place there to leave (the first attempt); absent or "1": it leaves it
 --
 -- Reply {code, value} or {6, ms, readers}, with ARGV[3] "1" followed by run_id, uptime_s:
 --   code 1  acquired now; value is the new fencing token
@@ -53,7 +55,9 @@ local function reply(code, value, readers)
 end
 
 local function granted()
-  writer_gone(KEYS[4], ARGV[1])
+  if ARGV[7] ~= '0' then
+    writer_gone(KEYS[4], ARGV[1])
+  end
   return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
 end
 
