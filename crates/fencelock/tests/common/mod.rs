@@ -194,3 +194,25 @@ pub fn tls_line(err: &fencelock::Error) -> String {
     assert_eq!(line.lines().count(), 1, "one line: {line:?}");
     line
 }
+
+/// Releases `guard` and awaits `waiter`, an acquire of the same lock started (and
+/// subscribed) while `guard` held it: the waiter's guard, once it is certain it came
+/// within 2 s of the release, woken by it rather than by the holder's lease running out.
+pub async fn handed_to(
+    guard: fencelock::LockGuard,
+    waiter: tokio::task::JoinHandle<Result<fencelock::LockGuard, fencelock::Error>>,
+) -> fencelock::LockGuard {
+    let released = Instant::now();
+    guard.release().await.expect("the holder releases");
+    let next = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter returns")
+        .expect("the waiter's task")
+        .expect("the waiter gets the lock");
+    let latency = released.elapsed();
+    assert!(
+        latency < Duration::from_secs(2),
+        "woken by the release, not by the lease running out: {latency:?}"
+    );
+    next
+}
