@@ -166,8 +166,8 @@ impl DetachedLock {
             "fair" => Mode::Fair {
                 waiter_timeout: ms(rest)?,
             },
-            "reentrant" if !rest.is_empty() => Mode::Reentrant {
-                owner: rest.to_owned(),
+            "reentrant" => Mode::Reentrant {
+                owner: crate::lock::checked_owner(rest)?,
             },
             "semaphore" => {
                 let (permits, fair) = match rest.split_once(' ') {
@@ -182,7 +182,11 @@ impl DetachedLock {
                 }
             }
             "read" => Mode::Read {
-                owner: rest.to_owned(),
+                owner: if rest.is_empty() {
+                    String::new()
+                } else {
+                    crate::lock::checked_owner(rest)?
+                },
             },
             _ => return Err(bad("mode is not one fencelock writes")),
         };

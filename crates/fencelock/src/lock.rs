@@ -642,7 +642,7 @@ pub(crate) struct Held {
 }
 
 /// A reentrant owner id, if it is 1 to 256 bytes without control characters.
-fn checked_owner(owner: &str) -> Result<String, Error> {
+pub(crate) fn checked_owner(owner: &str) -> Result<String, Error> {
     if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
         return Err(Error::invalid(
             "owner id",

@@ -180,6 +180,11 @@ fn text_in_another_format_is_refused_by_field_never_showing_the_token() {
         (good.replace("mode=plain", "mode=exclusive"), "mode"),
         (good.replace("name=a", "name=a{b}"), "lock name"),
         (good.replace("fence=7\n", ""), "no fence field"),
+        (good.replace("mode=plain", "mode=reentrant "), "owner id"),
+        (
+            good.replace("mode=plain", "mode=reentrant a\tb"),
+            "owner id",
+        ),
     ] {
         let e = DetachedLock::from_text(&bad).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
