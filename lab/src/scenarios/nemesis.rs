@@ -10,6 +10,9 @@
 //! - two leases at once (C1) where the server's clock stepped forward, or the server was
 //!   killed (its keys lost), inside the earlier lease;
 //! - a write after its lease ended (C1) by a worker that was paused inside that lease;
+//! - a grant recorded inside another lease with none of its own left (C1): its worker was
+//!   paused between the acquire's return and the record, and records a lease that ended
+//!   while it was stopped (the grant itself came before the pause);
 //! - a token lower than an earlier one (C4) where the server restarted (its counters
 //!   lost) with its clock behind a clock it had shown before the restart.
 //!
@@ -376,6 +379,15 @@ fn explain<'a>(v: &Violation, faults: &'a [Injected]) -> Option<&'a Injected> {
                 && within(f, from, last.time_ns)
         });
     }
+    if last.op == Op::Acquire && last.valid_until_ns.is_some_and(|end| end <= last.time_ns) {
+        // A grant recorded with no lease left: its worker was paused after the acquire
+        // returned and recorded it on waking (the pause ended at most IN_FLIGHT before).
+        return faults.iter().find(|f| {
+            f.kind == Kind::WorkerPause
+                && f.process == Some(last.process)
+                && (last.time_ns.saturating_sub(ns(IN_FLIGHT))..=last.time_ns).contains(&f.to_ns)
+        });
+    }
     // Two leases at once: the earlier key lost early, by a clock step forward or a
     // restart, inside the earlier lease (granted at most one TTL before its end).
     let granted = first
@@ -494,6 +506,40 @@ mod tests {
         assert!(explain(&v, &[fault(Kind::WorkerPause, Some(3), 10 * S, 12 * S, 0)]).is_some());
         assert!(explain(&v, &[fault(Kind::WorkerPause, Some(4), 10 * S, 12 * S, 0)]).is_none());
         assert!(explain(&v, &[fault(Kind::ServerPause, None, 10 * S, 12 * S, 0)]).is_none());
+    }
+
+    #[test]
+    fn a_grant_recorded_with_no_lease_left_is_explained_by_its_workers_pause_just_before() {
+        // Seen in a long run (seed 20261129, round 5): p3's acquire returned just before
+        // a pause of 858 ms, and it recorded the grant 22 us after waking, inside p7's
+        // lease, with its own lease over.
+        let woke = 11 * S;
+        let v = violation(
+            Checker::LeasesOverlap,
+            vec![
+                ok(7, woke - ns(TTL) / 2, Op::Acquire, Some(woke + ns(TTL) / 2)),
+                ok(3, woke + 22_000, Op::Acquire, Some(woke + 22_000)),
+            ],
+        );
+        let pause = |process, to| fault(Kind::WorkerPause, Some(process), 10 * S, to, 0);
+        assert!(explain(&v, &[pause(3, woke)]).is_some());
+        assert!(
+            explain(&v, &[pause(7, woke)]).is_none(),
+            "another worker's pause"
+        );
+        assert!(
+            explain(&v, &[pause(3, woke - 2 * ns(IN_FLIGHT))]).is_none(),
+            "a pause that ended well before the record"
+        );
+        // A grant recorded with lease left is not this case, pause or not.
+        let with_lease = violation(
+            Checker::LeasesOverlap,
+            vec![
+                ok(7, woke - ns(TTL) / 2, Op::Acquire, Some(woke + ns(TTL) / 2)),
+                ok(3, woke + 22_000, Op::Acquire, Some(woke + ns(TTL))),
+            ],
+        );
+        assert!(explain(&with_lease, &[pause(3, woke)]).is_none());
     }
 
     #[test]
