@@ -92,7 +92,7 @@ impl Keeper {
 pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
     // Job control is fencelock's business: the keeper is never stopped by it.
     for signal in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGINT] {
-        ignore(signal);
+        crate::supervise::ignore(signal);
     }
     let Ok(cli) = Cli::try_parse_from(std::iter::once(OsString::from("fencelock")).chain(run))
     else {
@@ -154,7 +154,12 @@ pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
                     drop(guard.detach());
                     return ExitCode::SUCCESS;
                 }
-                _ = &mut lost => return ExitCode::from(EX_LEASE_LOST),
+                // No release either: fencelock finds out at resume whether the lock
+                // is still its own.
+                _ = &mut lost => {
+                    drop(guard.detach());
+                    return ExitCode::from(EX_LEASE_LOST);
+                }
                 _ = tick.tick() => {
                     let valid_until = guard.valid_until();
                     if told != Some(valid_until) {
@@ -166,13 +171,4 @@ pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
             }
         }
     })
-}
-
-/// Ignores `signal` in the keeper.
-#[allow(unsafe_code)]
-fn ignore(signal: libc::c_int) {
-    // SAFETY: setting a disposition to SIG_IGN has no memory effects.
-    unsafe {
-        libc::signal(signal, libc::SIG_IGN);
-    }
 }

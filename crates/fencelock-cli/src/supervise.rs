@@ -335,9 +335,9 @@ fn suspend_self() {
     }
 }
 
-/// Ignores `signal` in fencelock.
+/// Ignores `signal` in this process (fencelock, or its keeper).
 #[allow(unsafe_code)]
-fn ignore(signal: libc::c_int) {
+pub(crate) fn ignore(signal: libc::c_int) {
     // SAFETY: setting a disposition to SIG_IGN has no memory effects.
     unsafe {
         libc::signal(signal, libc::SIG_IGN);

@@ -185,6 +185,15 @@ fn ctrl_z_for_longer_than_the_lease_keeps_the_lock_and_fg_goes_on() {
     term.type_line(r#"echo "exit=$?""#);
     term.wait_for("exit=0");
     assert!(!redis.exists("fencelock:{long}"), "released after");
+    // The keeper let go and is gone (fencelock waited for it before going on).
+    let keepers: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains("__keep -- run --ttl 1s long"))
+        .collect();
+    assert!(keepers.is_empty(), "a keeper is left: {keepers:?}");
 }
 
 /// A lock broken while its job is suspended is not kept: at `fg` fencelock says so,

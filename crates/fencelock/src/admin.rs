@@ -269,7 +269,7 @@ pub(crate) async fn inspect(
     if all_failed(&answers) {
         return Err(first_err(answers));
     }
-    let protected = backend.restart_protection_left(Duration::ZERO);
+    let protected = backend.restart_protection_left();
     let nodes = backend
         .nodes()
         .iter()

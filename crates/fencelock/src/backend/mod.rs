@@ -345,15 +345,16 @@ impl Backend {
         &self.nodes
     }
 
-    /// Redlock restart protection: how much longer each node's grants do not count for
-    /// a lease of `ttl`, as far as this client knows (it learns a server's uptime when
-    /// it connects and from its acquires); `None` for a node that counts, and for every node when the
-    /// protection is off or the client is not Redlock.
-    pub fn restart_protection_left(&self, ttl: Duration) -> Vec<Option<Duration>> {
+    /// Redlock restart protection: how much longer each node's grants do not count (the
+    /// client's quarantine; a longer lease is kept out for its own length), as far as
+    /// this client knows (it learns a server's uptime when it connects and from its
+    /// acquires); `None` for a node that counts, and for every node when the protection
+    /// is off or the client is not Redlock.
+    pub fn restart_protection_left(&self) -> Vec<Option<Duration>> {
         let now = Instant::now();
         self.nodes
             .iter()
-            .map(|node| self.quorum.quarantine_left(node, ttl, now))
+            .map(|node| self.quorum.quarantine_left(node, Duration::ZERO, now))
             .collect()
     }
 
