@@ -614,9 +614,13 @@ impl Pending {
     ) -> Granted {
         self.maybe_written = false;
         self.queued = false;
+        // Nothing is owed, so the drop needs neither.
+        let token = std::mem::replace(&mut self.token, HolderToken::from_stored(String::new()));
         Granted {
-            keys: self.keys.clone(),
-            token: self.token.clone(),
+            keys: LockKeys {
+                lock: std::mem::take(&mut self.keys.lock),
+            },
+            token,
             mode: self.mode.clone(),
             fence,
             sent_at,

@@ -357,8 +357,12 @@ async fn run(weak: Weak<Inner>) {
                     leases.task = None;
                     return;
                 }
-                leases.next_wake = None; // a new lease wakes the task at once
-                Some(IDLE_LINGER - idle)
+                // A new lease wakes the task only if it falls due before the wait ends
+                // (else the task finds it then): a client that locks and unlocks in
+                // turn would wake it for every lease.
+                let wait = IDLE_LINGER - idle;
+                leases.next_wake = Some(now + wait);
+                Some(wait)
             } else {
                 idle_since = None;
                 None

@@ -82,15 +82,15 @@ struct Standalone {
     /// Sentinel: how to find the master; `None` for a fixed address.
     sentinel: Option<SentinelUrl>,
     /// The connection in use, and the address it goes to.
-    current: RwLock<Current>,
+    current: RwLock<Arc<Current>>,
     /// Held while the sentinels are asked, so that one caller asks and the others wait.
     resolving: tokio::sync::Mutex<()>,
     timeouts: Timeouts,
     call_timeout: Duration,
 }
 
-/// Where calls go now.
-#[derive(Clone)]
+/// Where calls go now; shared, since every call reads it (a clone of the client's
+/// connection details would cost allocations per call).
 struct Current {
     /// `host:port`, never with credentials: it goes into error messages.
     addr: String,
@@ -238,12 +238,12 @@ impl Node {
             Inner {
                 link: Link::Standalone(Box::new(Standalone {
                     sentinel,
-                    current: RwLock::new(Current {
+                    current: RwLock::new(Arc::new(Current {
                         addr,
                         client,
                         conn,
                         epoch,
-                    }),
+                    })),
                     resolving: tokio::sync::Mutex::new(()),
                     timeouts,
                     call_timeout,
@@ -623,7 +623,7 @@ impl Node {
 impl Standalone {
     /// The connection to use now: for a Sentinel node that has not asked the sentinels
     /// yet, after asking them.
-    async fn current(&self) -> Result<Current, Error> {
+    async fn current(&self) -> Result<Arc<Current>, Error> {
         let current = read(&self.current).clone();
         if current.epoch == 0 {
             self.switch(0).await?;
@@ -753,12 +753,12 @@ impl Standalone {
                 "the Sentinel-managed master moved; following it"
             );
         }
-        *write(&self.current) = Current {
+        *write(&self.current) = Arc::new(Current {
             addr,
             client,
             conn,
             epoch: current.epoch + 1,
-        };
+        });
         Ok(true)
     }
 }

@@ -301,28 +301,106 @@ impl Lua {
 pub(crate) struct Call {
     lua: Lua,
     /// Declared keys (`KEYS`).
-    keys: Vec<String>,
-    args: Vec<Vec<u8>>,
-    /// Keys the script gets in `ARGV` (`renew_across_slots.lua`): named in errors too.
-    keys_in_args: Vec<String>,
+    keys: Parts,
+    /// Arguments (`ARGV`).
+    args: Parts,
+    /// Which arguments are keys (`renew_across_slots.lua`): named in errors too.
+    keys_in_args: Vec<usize>,
     /// The `EVALSHA` command per [`Flavor`], built when first sent: a call sent again (an
     /// acquire's next attempt) is not built again.
     evalsha: [OnceLock<redis::Cmd>; 2],
+}
+
+/// A list of byte strings in one buffer (a call's keys or arguments): two allocations
+/// for the whole list, where a `Vec` of each would take one per item. Calls are built for
+/// every acquire and release.
+struct Parts {
+    data: Vec<u8>,
+    /// Where each item ends in `data`.
+    ends: Vec<usize>,
+}
+
+impl Parts {
+    fn with_capacity(items: usize, bytes: usize) -> Self {
+        Self {
+            data: Vec::with_capacity(bytes),
+            ends: Vec::with_capacity(items),
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.data.extend_from_slice(bytes);
+        self.ends.push(self.data.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.data[start..self.ends[i]]
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    /// Item `i` as text (keys are built from `&str`, so this does not fail in practice).
+    fn text(&self, i: usize) -> &str {
+        std::str::from_utf8(self.get(i)).unwrap_or("<not UTF-8>")
+    }
+}
+
+impl RedisWrite for Parts {
+    fn write_arg(&mut self, arg: &[u8]) {
+        self.push(arg);
+    }
+
+    fn write_arg_fmt(&mut self, arg: impl std::fmt::Display) {
+        use std::io::Write as _;
+        // Writing to a Vec does not fail.
+        let _ = write!(self.writer_for_next_arg(), "{arg}");
+    }
+
+    fn writer_for_next_arg(&mut self) -> impl std::io::Write + '_ {
+        self.push(b"");
+        LastPart(self)
+    }
+}
+
+/// Writes into the last item of [`Parts`].
+struct LastPart<'a>(&'a mut Parts);
+
+impl std::io::Write for LastPart<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.data.extend_from_slice(buf);
+        if let Some(end) = self.0.ends.last_mut() {
+            *end = self.0.data.len();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Call {
     fn new(lua: Lua) -> Self {
         Self {
             lua,
-            keys: Vec::new(),
-            args: Vec::new(),
+            // Room for a lock's calls without growing (a lock key of about 30 bytes,
+            // with its derived keys; a batch of renewals grows them).
+            keys: Parts::with_capacity(4, 160),
+            args: Parts::with_capacity(8, 96),
             keys_in_args: Vec::new(),
             evalsha: [OnceLock::new(), OnceLock::new()],
         }
     }
 
-    fn key(&mut self, key: impl Into<String>) -> &mut Self {
-        self.keys.push(key.into());
+    fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
+        self.keys.push(key.as_ref().as_bytes());
         self
     }
 
@@ -333,20 +411,27 @@ impl Call {
 
     /// A key passed in `ARGV`: an argument, named in errors as a key.
     fn key_arg(&mut self, key: &str) -> &mut Self {
-        self.args.write_arg(key.as_bytes());
-        self.keys_in_args.push(key.to_owned());
+        self.keys_in_args.push(self.args.len());
+        self.args.push(key.as_bytes());
         self
+    }
+
+    /// Every key the call was given, declared or in `ARGV`.
+    fn all_keys(&self) -> impl Iterator<Item = &str> {
+        (0..self.keys.len())
+            .map(|i| self.keys.text(i))
+            .chain(self.keys_in_args.iter().map(|&i| self.args.text(i)))
     }
 
     /// What is sent to a node of `flavor`: `EVALSHA`, and the script itself after a
     /// `NOSCRIPT` (routed by the first key on a cluster).
     pub(crate) fn invocation(&self, flavor: Flavor) -> ScriptInvocation<'static> {
         let mut invocation = self.lua.script(flavor).prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key.as_str());
+        for key in self.keys.iter() {
+            invocation.key(key);
         }
-        for arg in &self.args {
-            invocation.arg(arg.as_slice());
+        for arg in self.args.iter() {
+            invocation.arg(arg);
         }
         invocation
     }
@@ -360,17 +445,12 @@ impl Call {
     fn build_evalsha(&self, flavor: Flavor) -> redis::Cmd {
         let hash = self.lua.script(flavor).get_hash();
         // A capacity hint: the command name, the hash, the key count's digits, the rest.
-        let data = "EVALSHA".len()
-            + hash.len()
-            + 20
-            + self.keys.iter().map(String::len).sum::<usize>()
-            + self.args.iter().map(Vec::len).sum::<usize>();
+        let data = "EVALSHA".len() + hash.len() + 20 + self.keys.data.len() + self.args.data.len();
         let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
-        cmd.arg("EVALSHA")
-            .arg(hash)
-            .arg(self.keys.len())
-            .arg(&self.keys)
-            .arg(&self.args);
+        cmd.arg("EVALSHA").arg(hash).arg(self.keys.len());
+        for part in self.keys.iter().chain(self.args.iter()) {
+            cmd.arg(part);
+        }
         cmd
     }
 
@@ -389,10 +469,7 @@ impl Call {
     /// The first key the script is given (declared or in `ARGV`): on a cluster, the
     /// master of its slot runs the call.
     pub(crate) fn first_key(&self) -> Option<&str> {
-        self.keys
-            .first()
-            .or(self.keys_in_args.first())
-            .map(String::as_str)
+        self.all_keys().next()
     }
 
     /// An ACL refusal of this call, said so that the user knows what to allow: the command
@@ -401,13 +478,7 @@ impl Call {
     /// `flavor`: the flavor it was sent in, whose lines the server's line number counts.
     pub(crate) fn refusal(&self, message: &str, flavor: Flavor) -> Option<String> {
         let (file, _, _) = self.lua.parts();
-        let keys = self
-            .keys
-            .iter()
-            .chain(&self.keys_in_args)
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let keys = self.all_keys().collect::<Vec<_>>().join(", ");
         if message.contains("no permissions to run the") {
             return Some(format!("{message} (running {file})"));
         }
@@ -965,5 +1036,66 @@ mod tests {
             !names.contains(&"cluster/lock/acquire.lua"),
             "the same in both"
         );
+    }
+
+    /// Every argument of `cmd`, as text.
+    fn words(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a simple argument>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_call_sends_its_keys_then_its_arguments_each_as_given() {
+        let keys = LockKeys::new("fl", "orders:7").unwrap();
+        let token = HolderToken::generate();
+        let call = release(&keys, &token, 42, Duration::from_secs(3), true);
+        let hash = Lua::Release
+            .script(Flavor::Standalone)
+            .get_hash()
+            .to_owned();
+        let sent = words(call.evalsha(Flavor::Standalone));
+        let expected = [
+            "EVALSHA",
+            hash.as_str(),
+            "4",
+            "fl:{orders:7}",
+            &keys.fence(),
+            &keys.holder_info(),
+            &keys.writers(),
+            token.as_str(),
+            &keys.channel(),
+            "42",
+            "3000",
+        ];
+        assert_eq!(sent, expected);
+        assert_eq!(call.first_key(), Some("fl:{orders:7}"));
+
+        // Empty arguments stay arguments; formatted ones (numbers) are one each.
+        let mut call = Call::new(Lua::Acquire);
+        call.key("k").arg("").arg(7u64).arg(-1i64).arg("x");
+        let sent = words(call.evalsha(Flavor::Standalone));
+        assert_eq!(sent[2..], ["1", "k", "", "7", "-1", "x"]);
+        // A second send is the same command, not built again.
+        assert!(std::ptr::eq(
+            call.evalsha(Flavor::Standalone),
+            call.evalsha(Flavor::Standalone)
+        ));
+    }
+
+    #[test]
+    fn keys_given_as_arguments_are_named_in_errors() {
+        let call = renew_across_slots([("fl:{a}", "tok", Duration::from_secs(1))].into_iter());
+        assert_eq!(call.first_key(), Some("fl:{a}"));
+        let refusal = call
+            .refusal(
+                "NOPERM this user has no permissions to access one of the keys used as arguments",
+                Flavor::Cluster,
+            )
+            .unwrap();
+        assert!(refusal.contains("fl:{a}, fl:{a}:holder"), "{refusal}");
     }
 }
