@@ -46,7 +46,7 @@ mod status_line;
 mod supervise;
 mod watcher;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -78,9 +78,19 @@ fn main() -> ExitCode {
         }
         Command::Keep(k) => return keeper::keep(k.run),
         Command::Completions(c) => {
+            // Generated into memory: clap_complete panics on a failed write.
+            let mut script = Vec::new();
             let mut command = Cli::command();
-            clap_complete::generate(c.shell, &mut command, "fencelock", &mut std::io::stdout());
-            return ExitCode::SUCCESS;
+            clap_complete::generate(c.shell, &mut command, "fencelock", &mut script);
+            let mut stdout = std::io::stdout().lock();
+            return match stdout.write_all(&script).and_then(|()| stdout.flush()) {
+                // A reader that stopped early wanted no more.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => fail(&Failure::System(format!(
+                    "cannot write the completions: {e}"
+                ))),
+                Ok(()) => ExitCode::SUCCESS,
+            };
         }
         Command::Man(m) => {
             return match man::print(&m) {

@@ -87,7 +87,9 @@ fn render(name: &str, command: &clap::Command, out: &mut dyn Write) -> io::Resul
     let mut text: Vec<u8> = Vec::new();
     page.render_title(&mut text)?;
     page.render_name_section(&mut text)?;
-    page.render_synopsis_section(&mut text)?;
+    let mut synopsis = Vec::new();
+    page.render_synopsis_section(&mut synopsis)?;
+    text.extend(with_separator(command, &synopsis));
     page.render_description_section(&mut text)?;
     if command.get_arguments().any(|arg| !arg.is_hide_set()) {
         page.render_options_section(&mut text)?;
@@ -190,6 +192,22 @@ fn join<'a>(lines: impl Iterator<Item = &'a str>) -> String {
         .join(" ")
 }
 
+/// The synopsis as `--help` writes it: clap_mangen leaves out the `--` that must come
+/// before an argument taken only after it (`run`'s COMMAND), and the `...` of one that
+/// takes several words.
+fn with_separator(command: &clap::Command, synopsis: &[u8]) -> Vec<u8> {
+    let mut text = String::from_utf8_lossy(synopsis).into_owned();
+    for arg in command.get_positionals().filter(|a| a.is_last_set()) {
+        for name in arg.get_value_names().into_iter().flatten() {
+            let plain = format!("<\\fI{name}\\fR>");
+            let many = arg.get_num_args().is_some_and(|n| n.max_values() > 1);
+            let dots = if many { "..." } else { "" };
+            text = text.replacen(&plain, &format!("\\fB\\-\\-\\fR {plain}{dots}"), 1);
+        }
+    }
+    text.into_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +241,26 @@ mod tests {
         assert_eq!(tags, expected, "{text}");
         assert!(text.contains("signal N killed it\n"), "{text}");
         assert_eq!(text.matches(".PP").count(), 3, "{text}");
+    }
+
+    #[test]
+    fn the_synopsis_of_run_has_the_separator_before_command() {
+        let pages = pages();
+        let (name, run) = pages
+            .iter()
+            .find(|(name, _)| *name == "fencelock-run")
+            .unwrap();
+        let mut text = Vec::new();
+        render(name, run, &mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        let synopsis = text
+            .lines()
+            .skip_while(|line| *line != ".SH SYNOPSIS")
+            .nth(1)
+            .unwrap();
+        assert!(
+            synopsis.ends_with("<\\fINAME\\fR> \\fB\\-\\-\\fR <\\fICOMMAND\\fR>... "),
+            "{synopsis}"
+        );
     }
 }

@@ -262,6 +262,29 @@ fn completions_and_the_man_page_come_from_the_same_definitions() {
     assert_eq!(bad.status.code(), Some(64), "{bad:?}");
 }
 
+#[test]
+fn completions_and_the_man_page_into_a_closed_pipe_end_quietly() {
+    for args in [
+        &["completions", "bash"][..],
+        &["completions", "zsh"],
+        &["completions", "fish"],
+        &["man"],
+        &["man", "run"],
+    ] {
+        // A reader gone before the first byte (`| head -0`): every write fails.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = std::process::Command::new(BIN)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(out.stderr.is_empty(), "{args:?}: {out:?}");
+    }
+}
+
 /// The exit statuses `run` documents, as the tags of the EXIT STATUS items.
 const EXIT_CODES: [&str; 9] = [
     "COMMAND's",
