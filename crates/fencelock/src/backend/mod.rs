@@ -470,9 +470,7 @@ impl Backend {
             .await
         };
         if take_back
-            && let Err(e) = self
-                .abandon(req.keys, req.token, req.mode, req.ttl, 0)
-                .await
+            && let Err(e) = Box::pin(self.abandon(req.keys, req.token, req.mode, req.ttl, 0)).await
         {
             tracing::debug!(error = %e, "taking back a failed attempt failed; the keys expire after their lease");
         }
@@ -571,7 +569,8 @@ impl Backend {
         }
         let mut errors = Vec::new();
         let call = Arc::new(call);
-        fan_out_until(
+        // Boxed, as in `acquire`: the single node's future stays small.
+        Box::pin(fan_out_until(
             &self.background,
             &self.nodes,
             within,
@@ -584,7 +583,7 @@ impl Backend {
                 q.confirm(&self.nodes, said.iter().copied(), early) != Confirmation::Unknown
             },
             |_, _| {},
-        )
+        ))
         .await;
         errors.sort_by_key(|(i, _)| *i);
         let errors = errors.into_iter().map(|(_, e)| e).collect();

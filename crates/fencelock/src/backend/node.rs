@@ -383,7 +383,9 @@ impl Node {
                 }
                 result
             }
-            Link::Cluster(c) => c.run(call, within).await,
+            // Boxed, as the rare paths below: a future is as large as its largest await,
+            // and a call's future is moved several times on every call.
+            Link::Cluster(c) => Box::pin(c.run(call, within)).await,
         };
         if result.is_ok() {
             self.check_eviction_once();
@@ -626,7 +628,8 @@ impl Standalone {
     async fn current(&self) -> Result<Arc<Current>, Error> {
         let current = read(&self.current).clone();
         if current.epoch == 0 {
-            self.switch(0).await?;
+            // Boxed: asking the sentinels is a large future, awaited once per node.
+            Box::pin(self.switch(0)).await?;
             return Ok(read(&self.current).clone());
         }
         Ok(current)
@@ -659,13 +662,13 @@ impl Standalone {
         };
         let send = async |conn: &mut ConnectionManager| -> redis::RedisResult<T> {
             if load {
-                return load_and_run(conn).await;
+                return Box::pin(load_and_run(conn)).await;
             }
             match run.query_async::<T>(conn).await {
                 // The server lost its scripts (SCRIPT FLUSH, or a restart this
                 // connection did not see): load it and run it again.
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    load_and_run(conn).await
+                    Box::pin(load_and_run(conn)).await
                 }
                 answer => answer,
             }
@@ -677,16 +680,19 @@ impl Standalone {
             match send(&mut conn).await {
                 Ok(v) => Ok(v),
                 Err(e) if self.sentinel.is_some() && master_may_have_moved(&e) => {
-                    // Ask again; go on only if the sentinels name another master.
-                    let moved = self.switch(current.epoch).await.unwrap_or(false);
-                    if !moved {
-                        return Err(refused(current.error(&e)));
-                    }
-                    let current = read(&self.current).clone();
-                    let mut conn = current.conn.clone();
-                    send(&mut conn)
-                        .await
-                        .map_err(|e| refused(current.error(&e)))
+                    Box::pin(async {
+                        // Ask again; go on only if the sentinels name another master.
+                        let moved = self.switch(current.epoch).await.unwrap_or(false);
+                        if !moved {
+                            return Err(refused(current.error(&e)));
+                        }
+                        let current = read(&self.current).clone();
+                        let mut conn = current.conn.clone();
+                        send(&mut conn)
+                            .await
+                            .map_err(|e| refused(current.error(&e)))
+                    })
+                    .await
                 }
                 Err(e) => Err(refused(current.error(&e))),
             }
