@@ -503,6 +503,64 @@ async fn a_fair_release_hands_the_lock_to_the_next_waiter_without_a_call_of_its_
 }
 
 #[tokio::test]
+async fn a_fair_waiter_beside_another_of_its_client_asks_once_before_its_turn() {
+    let log = common::traces();
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // Long enough that no waiter calls again (every 10 s) and no lease is renewed
+    // (after 10 s) before the end.
+    let lock = || {
+        c.lock("beside")
+            .fair()
+            .waiter_timeout(Duration::from_secs(30))
+            .lease(Duration::from_secs(30))
+            .wait(Duration::from_secs(20))
+    };
+    let lines = |event: &str| {
+        log.text()
+            .lines()
+            .filter(|l| l.contains("lock=\"beside\" ") && l.contains(event))
+            .count()
+    };
+    let holder = lock().try_acquire().await.unwrap();
+    let first = tokio::spawn(lock().acquire());
+    eventually(
+        "the first waiter is asleep",
+        Duration::from_secs(5),
+        async || lines("lock still held") == 1,
+    )
+    .await;
+    // The first waiter keeps the lock's channels open: the second joins them before its
+    // first attempt, so that one refusal is all it needs before its turn.
+    let before = script_calls(&r);
+    let second = tokio::spawn(lock().acquire());
+    eventually(
+        "the second waiter was refused",
+        Duration::from_secs(5),
+        async || lines("waiting for the lock to be released") == 2,
+    )
+    .await;
+    assert_eq!(
+        r.cmd(&["LLEN", "fencelock:{beside}:queue"]).as_int(),
+        Some(2)
+    );
+    // Each is handed the lock in its turn by the release before it.
+    let first = common::handed_to(holder, first).await;
+    let second = common::handed_to(first, second).await;
+    assert_eq!(
+        script_calls(&r) - before,
+        3,
+        "the second waiter's one attempt and the two releases"
+    );
+    assert_eq!(
+        lines("lock still held"),
+        1,
+        "the first waiter's second attempt only"
+    );
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_waiter_dropped_as_the_lock_is_handed_to_it_leaves_nothing_behind() {
     let log = common::traces();
     let r = RedisServer::start();

@@ -149,6 +149,12 @@ async fn attempts(
         // Until this attempt is answered, its outcome is unknown too.
         pending.maybe_written = true;
         let sent = Instant::now();
+        // A fair waiter joins before its first attempt when that costs no round trip
+        // (other waiters of this client keep its channels open): a refusal then needs no
+        // second attempt to cover a release between it and the join.
+        if waits && waiter.is_none() && attempt == 0 {
+            waiter = Waiter::join_if_open(backend, &pending).await;
+        }
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
         report.attempts = attempt.saturating_add(1);
@@ -513,6 +519,25 @@ struct Waiter {
 }
 
 impl Waiter {
+    /// A fair waiter: joins as [`join`](Self::join) if every channel it listens on is
+    /// subscribed already (so it joins without a round trip); `None` otherwise, and for
+    /// the other modes. Its turn comes with a handover, which a second attempt right
+    /// after joining cannot hasten; a plain waiter's second attempt often finds a busy
+    /// key free (one process, 8 tasks on one key: without it, a third fewer attempts
+    /// but 40% fewer acquisitions per second, the wakes' round trips coming one by one).
+    async fn join_if_open(backend: &Backend, pending: &Pending) -> Option<Self> {
+        let Mode::Fair { .. } = pending.mode else {
+            return None;
+        };
+        let open = backend.subscribed_everywhere(&pending.keys.channel())
+            && backend.subscribed_everywhere(&backend.own_channel(&pending.keys));
+        if open {
+            Some(Self::join(backend, pending).await)
+        } else {
+            None
+        }
+    }
+
     /// Subscribes on every node; a node whose subscription fails is left to the lease
     /// bound.
     async fn join(backend: &Backend, pending: &Pending) -> Self {

@@ -784,6 +784,15 @@ impl Backend {
         join_all(self.nodes.iter().map(|n| n.scan(pattern))).await
     }
 
+    /// Whether `channel` is subscribed on every node already (see
+    /// [`Subscriber::is_subscribed`](subscriber::Subscriber::is_subscribed)), so that a
+    /// waiter joins at once.
+    pub fn subscribed_everywhere(&self, channel: &str) -> bool {
+        self.nodes
+            .iter()
+            .all(|n| n.subscriber().is_subscribed(channel))
+    }
+
     /// Registers waiter `id` for releases of `channel` on every node, once the server
     /// confirmed each subscription. A node whose subscription failed is left out (its
     /// waiters rely on their lease-bounded timers there).

@@ -310,6 +310,22 @@ impl Subscriber {
         }
     }
 
+    /// Whether `channel` is subscribed now, confirmed by the server on the live
+    /// connection (another waiter of this client holds it open): a waiter that joins it
+    /// then does so without a round trip, and hears every message published after.
+    pub fn is_subscribed(&self, channel: &str) -> bool {
+        let Some(live) = lock(&self.inner.conn).as_ref().map(|(_, epoch)| *epoch) else {
+            return false;
+        };
+        let Some(ch) = lock(&self.inner.channels).get(channel).cloned() else {
+            return false;
+        };
+        // Busy: a subscribe or unsubscribe is under way; not known to be live.
+        ch.subscribed
+            .try_lock()
+            .is_ok_and(|subscribed| *subscribed == Some((live, true)))
+    }
+
     /// Registers a waiter on `channel` and returns once the server confirmed the
     /// subscription, so any message published afterwards reaches the waiter.
     ///
