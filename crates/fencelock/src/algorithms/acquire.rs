@@ -4,7 +4,9 @@
 //! The first attempt goes out at once, so an uncontended acquire costs one round trip. A
 //! waiting acquire that finds the lock held becomes a [`Waiter`]: it subscribes to the
 //! lock's release channel on every node and then tries again, so the refusal it waits on
-//! came after the subscription and no release after it can go unnoticed. Between
+//! came after the subscription and no release after it can go unnoticed. (A fair waiter
+//! whose channels another waiter of its client keeps open joins them before its first
+//! attempt instead, at no cost, and needs no second one.) Between
 //! attempts it sleeps until a release notification or the pause [`next_pause`] chose,
 //! which is never longer than the holder's remaining lease as Redis reported it:
 //! pub/sub is never trusted alone.
@@ -146,15 +148,15 @@ async fn attempts(
     let mut refused: Option<(Instant, Option<FencingToken>)> = None;
     let calls = AcquireCalls::default();
     loop {
-        // Until this attempt is answered, its outcome is unknown too.
-        pending.maybe_written = true;
-        let sent = Instant::now();
         // A fair waiter joins before its first attempt when that costs no round trip
         // (other waiters of this client keep its channels open): a refusal then needs no
         // second attempt to cover a release between it and the join.
         if waits && waiter.is_none() && attempt == 0 {
             waiter = Waiter::join_if_open(backend, &pending).await;
         }
+        // Until this attempt is answered, its outcome is unknown too.
+        pending.maybe_written = true;
+        let sent = Instant::now();
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
         report.attempts = attempt.saturating_add(1);

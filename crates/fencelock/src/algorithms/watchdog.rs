@@ -60,7 +60,8 @@ struct Inner {
 #[derive(Default)]
 struct Leases {
     by_id: HashMap<u64, Arc<Lease>>,
-    /// When the task wakes next (`None` before it first went to sleep). A lease whose
+    /// When the task wakes next (`None` before it first went to sleep; after a task
+    /// ended, a time past, which the next task's first scan makes moot). A lease whose
     /// renewal or loss deadline comes earlier must wake it.
     next_wake: Option<Instant>,
     /// The task, while it runs. A runtime that shut down takes its tasks with it, so a
@@ -360,18 +361,18 @@ async fn run(weak: Weak<Inner>) {
                 // A new lease wakes the task only if it falls due before the wait ends
                 // (else the task finds it then): a client that locks and unlocks in
                 // turn would wake it for every lease.
-                let wait = IDLE_LINGER - idle;
-                leases.next_wake = Some(now + wait);
-                Some(wait)
+                let until = now + (IDLE_LINGER - idle);
+                leases.next_wake = Some(until);
+                Some(until)
             } else {
                 idle_since = None;
                 None
             }
         };
-        if let Some(wait) = idle_wait {
+        if let Some(until) = idle_wait {
             drop(inner);
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep_until(until.into()) => {}
                 () = &mut changed => {}
             }
             continue;
