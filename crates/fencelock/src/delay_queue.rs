@@ -187,7 +187,7 @@ impl DelayQueue {
     /// again after `visibility`, with its attempt count one higher.
     pub async fn take(&self, visibility: Duration) -> Result<Option<Delivery>, Error> {
         let visibility = check_visibility(visibility)?;
-        let receipt = format!("{:032x}", rand::random::<u128>());
+        let receipt = crate::token::random_hex32();
         let sent_at = Instant::now();
         let taken: Option<Taken> = self
             .run(&scripts::queue_take(&self.keys, visibility, &receipt))

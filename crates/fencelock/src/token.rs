@@ -18,7 +18,7 @@ pub struct HolderToken(String);
 impl HolderToken {
     /// Draws a fresh token.
     pub(crate) fn generate() -> Self {
-        Self(hex32(rand::random()))
+        Self(random_hex32())
     }
 
     /// A token read back (a [`DetachedLock`](crate::DetachedLock) taken over); the
@@ -80,6 +80,11 @@ impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
+}
+
+/// 128 random bits as 32 lowercase hex digits: a holder token, a delay queue's receipt.
+pub(crate) fn random_hex32() -> String {
+    hex32(rand::random())
 }
 
 /// `bits` as 32 lowercase hex digits. By hand: `format!("{bits:032x}")` costs several

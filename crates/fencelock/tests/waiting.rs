@@ -440,13 +440,6 @@ async fn a_wait_that_times_out_in_fair_mode_leaves_the_queue() {
     holder.release().await.unwrap();
 }
 
-/// Script calls the server ran so far.
-fn script_calls(r: &RedisServer) -> u64 {
-    r.info_field("commandstats", "cmdstat_evalsha")
-        .and_then(|v| v.strip_prefix("calls=")?.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn a_fair_release_hands_the_lock_to_the_next_waiter_without_a_call_of_its_own() {
     let log = common::traces();
@@ -472,11 +465,11 @@ async fn a_fair_release_hands_the_lock_to_the_next_waiter_without_a_call_of_its_
                 .any(|l| l.contains(&asleep) && l.contains("lock still held"))
         })
         .await;
-        let before = script_calls(&r);
+        let before = r.script_calls();
         let released_fence = holder.fencing_token();
         holder.release().await.unwrap();
         let guard = waiting.await.unwrap().expect("the waiter gets the lock");
-        let calls = script_calls(&r) - before;
+        let calls = r.script_calls() - before;
         assert!(guard.fencing_token() > released_fence);
         assert_eq!(
             r.get(&format!("fencelock:{{{name}}}")).as_deref(),
@@ -532,7 +525,7 @@ async fn a_fair_waiter_beside_another_of_its_client_asks_once_before_its_turn() 
     .await;
     // The first waiter keeps the lock's channels open: the second joins them before its
     // first attempt, so that one refusal is all it needs before its turn.
-    let before = script_calls(&r);
+    let before = r.script_calls();
     let second = tokio::spawn(lock().acquire());
     eventually(
         "the second waiter was refused",
@@ -548,7 +541,7 @@ async fn a_fair_waiter_beside_another_of_its_client_asks_once_before_its_turn() 
     let first = common::handed_to(holder, first).await;
     let second = common::handed_to(first, second).await;
     assert_eq!(
-        script_calls(&r) - before,
+        r.script_calls() - before,
         3,
         "the second waiter's one attempt and the two releases"
     );
