@@ -14,6 +14,10 @@
 --   the probe that failed on the wrong type counts in Redis's error statistics
 --   (INFO errorstats), so a script that may meet either kind passes nil: TYPE first,
 --   no error counted
+-- holder_of(key, found) -> kind, holder, as lock_holder(key, 'plain') when a
+--   redis.pcall('GET', key) already answered `found` (a script that read the key
+--   before it defined this fragment's functions: the fast paths of lock/acquire.lua
+--   and lock/release.lua)
 
 -- The member, scored +inf, that marks a ZSET lock key as a read-write lock's readers
 -- (never a holder token: those are 32 hex digits, with ":<owner>" for an owned reader).
@@ -36,14 +40,18 @@ local function holder_by_type(key)
   return 'foreign', kind
 end
 
+local function holder_of(key, found)
+  if not found then
+    return 'none', nil
+  elseif type(found) == 'string' then
+    return 'plain', found
+  end
+  return holder_by_type(key)
+end
+
 local function lock_holder(key, expected)
   if expected == 'plain' then
-    local found = redis.pcall('GET', key)
-    if not found then
-      return 'none', nil
-    elseif type(found) == 'string' then
-      return 'plain', found
-    end
+    return holder_of(key, redis.pcall('GET', key))
   elseif expected == 'reentrant' then
     local owner = redis.pcall('HGET', key, 'owner')
     if type(owner) == 'string' then

@@ -35,10 +35,11 @@
 -- write: a Lua error after SET would leave the lock set without a token handed out
 -- (scripts do not roll back).
 
+-- The common cases come first, before the functions only the others need are defined
+-- (the fragments after the marker below: each definition makes a closure on every
+-- call): a grant at the first attempt, and a refusal by another plain holder. Checks
+-- still come before the first write: a bad counter takes no SET.
 local counter, bad = read_counter(KEYS[2])
-if bad then
-  return wrong_type(KEYS[2], bad)
-end
 
 local function reply(code, value, readers)
   if (code == 1 or code == 2) and KEYS[3] and ARGV[4] ~= '' then
@@ -54,6 +55,19 @@ local function reply(code, value, readers)
   return out
 end
 
+local taken = not bad and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if taken and ARGV[7] == '0' then
+  return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
+end
+local found = not taken and not bad and redis.pcall('GET', KEYS[1])
+if type(found) == 'string' and found ~= ARGV[1] then
+  return reply(0, redis.call('PTTL', KEYS[1]))
+end
+-- (later fragments)
+if bad then
+  return wrong_type(KEYS[2], bad)
+end
+
 local function granted()
   if ARGV[7] ~= '0' then
     writer_gone(KEYS[4], ARGV[1])
@@ -61,11 +75,11 @@ local function granted()
   return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
 end
 
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if taken then
   return granted()
 end
 
-local kind, holder = lock_holder(KEYS[1], 'plain')
+local kind, holder = holder_of(KEYS[1], found)
 if kind == 'foreign' and holder == 'readers' then
   local readers, frees_in, bad_writers =
     writer_meets_readers(KEYS[1], KEYS[4], ARGV[1], ARGV[2], ARGV[6] == '1')

@@ -22,7 +22,18 @@
 -- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
 -- counter that is not an integer is left as it is.
 
-local kind, holder = lock_holder(KEYS[1], 'plain')
+-- The common case comes first, before the functions only the others need are defined
+-- (the fragments after the marker below: each definition makes a closure on every
+-- call): the caller's own plain lock on one node (no token to raise the counter to),
+-- with no read-write lock's waiting writers to leave.
+local found = redis.pcall('GET', KEYS[1])
+if found == ARGV[1] and not KEYS[4] and ARGV[3] == '0' then
+  redis.call('DEL', KEYS[1], KEYS[3])
+  announce(ARGV[2], '')
+  return 1
+end
+-- (later fragments)
+local kind, holder = holder_of(KEYS[1], found)
 if kind == 'foreign' and holder ~= 'readers' then
   return wrong_type(KEYS[1], holder)
 end
