@@ -55,14 +55,14 @@ const LEASE: Fragment = Fragment(include_str!("fragments/lease.lua"));
 const PUBLISH: Fragment = Fragment(include_str!("fragments/publish.lua"));
 /// `announce()` with sharded `SPUBLISH`, for a Redis Cluster.
 const SHARDED_PUBLISH: Fragment = Fragment(include_str!("fragments/spublish.lua"));
-/// Not a file: in a script's list, the fragments after it go in at the script's line
-/// [`LATER_MARK`] instead of in front. What comes before that line is the script's fast
-/// path, which then runs without defining the functions only the other paths use:
-/// every definition makes a closure on every call. An uncontended acquire and release
-/// then define 7 functions instead of 29 (docs/benchmarks.md has the count of Redis's
-/// instructions).
+/// Not a file: in a script's list, the fragments after it (up to the next `LATER`) go
+/// in at the script's next [`LATER_MARK`] line instead of in front. What comes before
+/// that line is a fast path, which then runs without defining the functions only the
+/// later paths use: every definition makes a closure on every call. An uncontended
+/// acquire and release define 7 functions instead of 29 (docs/benchmarks.md has the
+/// count of Redis's instructions).
 const LATER: Fragment = Fragment("");
-/// The line of a script at which the fragments listed after [`LATER`] go in.
+/// The line of a script at which the next group of fragments after a [`LATER`] goes in.
 const LATER_MARK: &str = "-- (later fragments)\n";
 
 impl Fragment {
@@ -156,7 +156,7 @@ impl Lua {
             ),
             Release => (
                 "lock/release.lua",
-                &[PUBLISH, LATER, TYPES, HOLDER, CLOCK, FENCE, READERS],
+                &[PUBLISH, LATER, CLOCK, FENCE, LATER, TYPES, HOLDER, READERS],
                 include_str!("lock/release.lua"),
             ),
             Renew => (
@@ -265,27 +265,25 @@ impl Lua {
     }
 
     /// The script as sent to `flavor`'s nodes: its shebang line if it has one, its
-    /// fragments (each for `flavor`), then the rest of its own source; the fragments
-    /// listed after [`LATER`] go in at its [`LATER_MARK`] line instead.
+    /// fragments (each for `flavor`), then the rest of its own source; each group of
+    /// fragments after a [`LATER`] goes in at the next [`LATER_MARK`] line instead.
     fn source(self, flavor: Flavor) -> String {
         let (_, fragments, body) = self.parts();
         let (shebang, body) = match body.split_once('\n') {
             Some((first, rest)) if first.starts_with("#!") => (&body[..=first.len()], rest),
             _ => ("", body),
         };
-        let later = fragments.iter().position(|f| f.0 == LATER.0);
-        let (front, back) = fragments.split_at(later.unwrap_or(fragments.len()));
-        let (fast, rest) = match later.and_then(|_| body.split_once(LATER_MARK)) {
-            Some((fast, rest)) => (fast, rest),
-            None => ("", body),
-        };
-        let text = |f: &Fragment| f.for_flavor(flavor).0;
-        std::iter::once(shebang)
-            .chain(front.iter().map(text))
-            .chain([fast])
-            .chain(back.iter().skip(1).map(text))
-            .chain([rest])
-            .collect()
+        let mut source = shebang.to_owned();
+        // Group i of fragments, then part i of the body (the unit test checks that
+        // there are as many marks as LATERs).
+        for (group, part) in fragments
+            .split(|f| f.0 == LATER.0)
+            .zip(body.split(LATER_MARK))
+        {
+            source.extend(group.iter().map(|f| f.for_flavor(flavor).0));
+            source.push_str(part);
+        }
+        source
     }
 
     fn script(self, flavor: Flavor) -> &'static redis::Script {
@@ -1002,14 +1000,13 @@ mod tests {
             // Each function used comes with its fragment, and a fragment comes after
             // those it uses; a fast path (the source before the marker) uses only the
             // fragments in front of it.
-            let later = fragments.iter().position(|f| f.0 == LATER.0);
+            let groups: Vec<&[Fragment]> = fragments.split(|f| f.0 == LATER.0).collect();
+            let parts: Vec<&str> = body.split(LATER_MARK).collect();
             assert_eq!(
-                body.matches(LATER_MARK).count(),
-                usize::from(later.is_some()),
-                "{file} has the marker line once if it lists later fragments, else never"
+                parts.len(),
+                groups.len(),
+                "{file} has a marker line for each LATER in its list"
             );
-            let fast = body.split(LATER_MARK).next().unwrap_or(body);
-            let front = &fragments[..later.unwrap_or(fragments.len())];
             // The header's comments name functions too: only code counts.
             let code = |text: &str| {
                 text.lines()
@@ -1024,11 +1021,17 @@ mod tests {
                         "{file} calls {call}) without its fragment"
                     );
                 }
-                if code(fast).contains(call) {
-                    assert!(
-                        front.iter().any(|f| f.0 == fragment.0),
-                        "{file}'s fast path calls {call}) before its fragment"
-                    );
+                // Defined by a group at or before the part that calls it.
+                for (i, part) in parts.iter().enumerate() {
+                    if code(part).contains(call) {
+                        assert!(
+                            groups[..=i]
+                                .iter()
+                                .flat_map(|g| g.iter())
+                                .any(|f| f.0 == fragment.0),
+                            "{file} calls {call}) before its fragment goes in"
+                        );
+                    }
                 }
             }
             let position = |f: Fragment| fragments.iter().position(|g| g.0 == f.0);

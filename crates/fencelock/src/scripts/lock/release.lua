@@ -22,12 +22,31 @@
 -- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
 -- counter that is not an integer is left as it is.
 
--- The common case comes first, before the functions only the others need are defined
--- (the fragments after the marker below: each definition makes a closure on every
--- call): the caller's own plain lock on one node (no token to raise the counter to),
--- with no read-write lock's waiting writers to leave.
+-- The common cases come first, before the functions only the others need are defined
+-- (the fragments after the marker lines below: each definition makes a closure on
+-- every call): the caller's own plain lock with no read-write lock's waiting writers to
+-- leave, on one node (no token to raise the counter to), then on a Redlock node.
 local found = redis.pcall('GET', KEYS[1])
-if found == ARGV[1] and not KEYS[4] and ARGV[3] == '0' then
+local own = found == ARGV[1] and not KEYS[4]
+if own and ARGV[3] == '0' then
+  redis.call('DEL', KEYS[1], KEYS[3])
+  announce(ARGV[2], '')
+  return 1
+end
+-- (later fragments)
+
+local function raise_counter()
+  local floor = tonumber(ARGV[3])
+  if floor > 0 then
+    local counter, bad = read_counter(KEYS[2])
+    if not bad and (counter == nil or counter < floor) then
+      store_counter(KEYS[2], floor, ARGV[4])
+    end
+  end
+end
+
+if own then
+  raise_counter()
   redis.call('DEL', KEYS[1], KEYS[3])
   announce(ARGV[2], '')
   return 1
@@ -40,14 +59,7 @@ end
 if writer_gone(KEYS[4], ARGV[1]) then
   announce(ARGV[2], '')
 end
-
-local floor = tonumber(ARGV[3])
-if floor > 0 then
-  local counter, bad = read_counter(KEYS[2])
-  if not bad and (counter == nil or counter < floor) then
-    store_counter(KEYS[2], floor, ARGV[4])
-  end
-end
+raise_counter()
 
 if kind ~= 'plain' or holder ~= ARGV[1] then
   if kind == 'none' then
