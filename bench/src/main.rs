@@ -63,7 +63,7 @@ struct Cli {
     /// target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 16 minutes): 10 s per handoff row (20 s for slow
+    /// Full run (the default; about 27 minutes): 10 s per handoff row (20 s for slow
     /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
     /// locks watched for 20 s; how cost grows: 1,000 to 1,000,000 held locks, 10 s
     /// each, and fencelock's handoff at 1 to 256 waiters (nine counts); Sentinel and
