@@ -88,7 +88,8 @@
 //!    `queue/*.lua`, each with a header stating KEYS, ARGV and every reply;
 //!    `fragments/*.lua`, the functions they share (the server clock, key-type checks,
 //!    the holder check, the fencing counter, the fair queue, readers and waiting
-//!    writers), put in front of them by one table; one decoder per reply
+//!    writers), put in front of them by one table (some, in a script with a fast
+//!    path, at its marker line instead); one decoder per reply
 //!    (`replies.rs`). [`lua_scripts`] shows them as sent.
 //! 2. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
 //!    Redlock nodes, and answers acquire, extend, release, abandon, renewal batches and

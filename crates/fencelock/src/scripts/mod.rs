@@ -4,9 +4,10 @@
 //! the lock's scripts (a plain lock is also a read-write lock's writer), `semaphore/` the
 //! semaphore's, `rwlock/` a read-write lock's readers', `queue/` the delay queue's. The
 //! functions several scripts share are fragments in `fragments/`, put in front of a
-//! script when it is loaded, as
-//! [`Lua::parts`] lists: that table is the only place that says which fragment goes
-//! where. Every script refuses a key that holds data fencelock did not write the same
+//! script when it is loaded, as [`Lua::parts`] lists: that table says which fragments
+//! a script gets. A script with a fast path lists some of them after a `LATER` mark:
+//! those go in at its `-- (later fragments)` line instead, so that its common case runs
+//! before the functions only its other paths use are defined. Every script refuses a key that holds data fencelock did not write the same
 //! way (`types.lua`'s error reply, decoded in one place, [`replies::wrong_type`]).
 //!
 //! Scripts come in two [`Flavor`]s, composed from the same files: a standalone node's
@@ -39,9 +40,9 @@ struct Fragment(&'static str);
 const CLOCK: Fragment = Fragment(include_str!("fragments/clock.lua"));
 /// `wrong_type()`, `check_types()`.
 const TYPES: Fragment = Fragment(include_str!("fragments/types.lua"));
-/// `lock_holder()`.
+/// `lock_holder()`, `holder_of()`.
 const HOLDER: Fragment = Fragment(include_str!("fragments/holder.lua"));
-/// `read_counter()`, `next_fence()`; needs [`CLOCK`].
+/// `read_counter()`, `store_counter()`, `next_fence()`; needs [`CLOCK`].
 const FENCE: Fragment = Fragment(include_str!("fragments/fence.lua"));
 /// `purge_waiters()`.
 const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
@@ -62,8 +63,14 @@ const SHARDED_PUBLISH: Fragment = Fragment(include_str!("fragments/spublish.lua"
 /// acquire and release define 7 functions instead of 29 (docs/benchmarks.md has the
 /// count of Redis's instructions).
 const LATER: Fragment = Fragment("");
-/// The line of a script at which the next group of fragments after a [`LATER`] goes in.
-const LATER_MARK: &str = "-- (later fragments)\n";
+/// The line of a script at which the next group of fragments after a [`LATER`] goes in
+/// (a whole line, trailing `\r` or spaces allowed).
+const LATER_MARK: &str = "-- (later fragments)";
+
+/// Whether `line` is a [`LATER_MARK`] line.
+fn is_later_mark(line: &str) -> bool {
+    line.trim_end() == LATER_MARK
+}
 
 impl Fragment {
     /// The fragment as composed for `flavor`: a cluster announces on sharded pub/sub.
@@ -143,8 +150,8 @@ impl Lua {
         Lua::QueueCounts,
     ];
 
-    /// The table: each script's file, the fragments put in front of it (in this order),
-    /// and its own source. A script whose first line is a shebang (`#!lua flags=...`)
+    /// The table: each script's file, the fragments put in front of it (in this order;
+    /// those after a [`LATER`] at its marker lines instead), and its own source. A script whose first line is a shebang (`#!lua flags=...`)
     /// keeps it first.
     fn parts(self) -> (&'static str, &'static [Fragment], &'static str) {
         use Lua::*;
@@ -274,16 +281,44 @@ impl Lua {
             _ => ("", body),
         };
         let mut source = shebang.to_owned();
+        let mut groups = fragments.split(|f| f.0 == LATER.0);
         // Group i of fragments, then part i of the body (the unit test checks that
-        // there are as many marks as LATERs).
-        for (group, part) in fragments
-            .split(|f| f.0 == LATER.0)
-            .zip(body.split(LATER_MARK))
-        {
-            source.extend(group.iter().map(|f| f.for_flavor(flavor).0));
-            source.push_str(part);
+        // there are as many marks as LATERs: a group without its mark would be lost).
+        source.extend(
+            groups
+                .next()
+                .into_iter()
+                .flatten()
+                .map(|f| f.for_flavor(flavor).0),
+        );
+        for line in body.split_inclusive('\n') {
+            if is_later_mark(line) {
+                source.extend(
+                    groups
+                        .next()
+                        .into_iter()
+                        .flatten()
+                        .map(|f| f.for_flavor(flavor).0),
+                );
+            } else {
+                source.push_str(line);
+            }
         }
         source
+    }
+
+    /// The script's source split at its [`LATER_MARK`] lines.
+    #[cfg(test)]
+    fn body_parts(self) -> Vec<String> {
+        let mut parts = vec![String::new()];
+        for line in self.parts().2.split_inclusive('\n') {
+            if is_later_mark(line) {
+                parts.push(String::new());
+            } else if let Some(part) = parts.last_mut() {
+                part.push_str(line);
+            }
+        }
+        parts
     }
 
     fn script(self, flavor: Flavor) -> &'static redis::Script {
@@ -548,7 +583,8 @@ impl Call {
 
 /// Every Lua script fencelock sends, by file name (`lock/acquire.lua`, ...), composed as
 /// sent: the shared fragments, then the script's own source, whose header states its
-/// KEYS, ARGV and replies. For review (what runs on your Redis, with which keys), and for
+/// KEYS, ARGV and replies (a script with a fast path gets some fragments after it, at
+/// its `-- (later fragments)` lines). For review (what runs on your Redis, with which keys), and for
 /// running a script by hand with `EVAL`.
 ///
 /// First every script as a standalone node gets it (a Sentinel-managed master and a
@@ -962,11 +998,13 @@ mod tests {
             ("check_types(", TYPES),
             ("lock_holder(", HOLDER),
             ("holder_of(", HOLDER),
+            ("holder_by_type(", HOLDER),
             ("read_counter(", FENCE),
             ("store_counter(", FENCE),
             ("next_fence(", FENCE),
             ("purge_waiters(", FAIR_QUEUE),
             ("renew_lease(", LEASE),
+            ("renew_permit(", LEASE),
             ("READERS_MARK", HOLDER),
             ("readers_held(", READERS),
             ("writer_waits(", READERS),
@@ -1001,7 +1039,7 @@ mod tests {
             // those it uses; a fast path (the source before the marker) uses only the
             // fragments in front of it.
             let groups: Vec<&[Fragment]> = fragments.split(|f| f.0 == LATER.0).collect();
-            let parts: Vec<&str> = body.split(LATER_MARK).collect();
+            let parts = lua.body_parts();
             assert_eq!(
                 parts.len(),
                 groups.len(),
@@ -1042,6 +1080,23 @@ mod tests {
                         "{file}: a fragment comes after those it uses"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_marker_is_a_whole_line_with_either_line_ending() {
+        assert!(is_later_mark("-- (later fragments)\n"));
+        assert!(is_later_mark("-- (later fragments)\r\n"));
+        assert!(is_later_mark("-- (later fragments)"));
+        assert!(!is_later_mark("x = 1 -- (later fragments)\n"));
+        assert!(!is_later_mark("-- (later fragments) go here\n"));
+        // Composed, no marker is left, and every fragment is in.
+        for lua in Lua::ALL {
+            let source = lua.source(Flavor::Standalone);
+            assert!(!source.contains(LATER_MARK), "{}", lua.parts().0);
+            for f in lua.parts().1.iter().filter(|f| f.0 != LATER.0) {
+                assert!(source.contains(f.0), "{}", lua.parts().0);
             }
         }
     }

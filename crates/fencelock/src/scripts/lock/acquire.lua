@@ -37,8 +37,10 @@
 
 -- The common cases come first, before the functions only the others need are defined
 -- (the fragments after the marker below: each definition makes a closure on every
--- call): a grant at the first attempt, and a refusal by another plain holder. Checks
--- still come before the first write: a bad counter takes no SET.
+-- call): a grant to an attempt that never waited among a read-write lock's writers
+-- (ARGV[7] "0": every first attempt, and a plain waiter's later ones), and a refusal by
+-- another plain holder. Checks still come before the first write: a bad counter takes
+-- no SET.
 local counter, bad = read_counter(KEYS[2])
 
 local function reply(code, value, readers)

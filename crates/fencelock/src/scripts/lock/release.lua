@@ -24,8 +24,9 @@
 
 -- The common cases come first, before the functions only the others need are defined
 -- (the fragments after the marker lines below: each definition makes a closure on
--- every call): the caller's own plain lock with no read-write lock's waiting writers to
--- leave, on one node (no token to raise the counter to), then on a Redlock node.
+-- every call): the caller's own plain lock, called without a waiting-writers key (a
+-- read-write lock's writer passes KEYS[4], and takes the general path), on one node (no
+-- token to raise the counter to), then on a Redlock node.
 local found = redis.pcall('GET', KEYS[1])
 local own = found == ARGV[1] and not KEYS[4]
 if own and ARGV[3] == '0' then
