@@ -284,22 +284,14 @@ impl Lua {
         let mut groups = fragments.split(|f| f.0 == LATER.0);
         // Group i of fragments, then part i of the body (the unit test checks that
         // there are as many marks as LATERs: a group without its mark would be lost).
-        source.extend(
-            groups
-                .next()
-                .into_iter()
-                .flatten()
-                .map(|f| f.for_flavor(flavor).0),
-        );
+        let mut next_group = |source: &mut String| {
+            let group = groups.next().unwrap_or_default();
+            source.extend(group.iter().map(|f| f.for_flavor(flavor).0));
+        };
+        next_group(&mut source);
         for line in body.split_inclusive('\n') {
             if is_later_mark(line) {
-                source.extend(
-                    groups
-                        .next()
-                        .into_iter()
-                        .flatten()
-                        .map(|f| f.for_flavor(flavor).0),
-                );
+                next_group(&mut source);
             } else {
                 source.push_str(line);
             }
