@@ -7,8 +7,8 @@
 //! script when it is loaded, as [`Lua::parts`] lists: that table says which fragments
 //! a script gets. A script with a fast path lists some of them after a `LATER` mark:
 //! those go in at its `-- (later fragments)` line instead, so that its common case runs
-//! before the functions only its other paths use are defined. Every script refuses a key that holds data fencelock did not write the same
-//! way (`types.lua`'s error reply, decoded in one place, [`replies::wrong_type`]).
+//! before the functions only its other paths use are defined. Every script refuses a
+//! key that holds data fencelock did not write the same way (`types.lua`'s error reply, decoded in one place, [`replies::wrong_type`]).
 //!
 //! Scripts come in two [`Flavor`]s, composed from the same files: a standalone node's
 //! (also a Sentinel-managed master's and a Redlock node's), which announces releases with
@@ -70,6 +70,21 @@ const LATER_MARK: &str = "-- (later fragments)";
 /// Whether `line` is a [`LATER_MARK`] line.
 fn is_later_mark(line: &str) -> bool {
     line.trim_end() == LATER_MARK
+}
+
+/// `body` split at its [`LATER_MARK`] lines, which are left out.
+fn split_at_marks(body: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut at) = (0, 0);
+    for line in body.split_inclusive('\n') {
+        if is_later_mark(line) {
+            parts.push(&body[start..at]);
+            start = at + line.len();
+        }
+        at += line.len();
+    }
+    parts.push(&body[start..]);
+    parts
 }
 
 impl Fragment {
@@ -151,8 +166,8 @@ impl Lua {
     ];
 
     /// The table: each script's file, the fragments put in front of it (in this order;
-    /// those after a [`LATER`] at its marker lines instead), and its own source. A script whose first line is a shebang (`#!lua flags=...`)
-    /// keeps it first.
+    /// those after a [`LATER`] at its marker lines instead), and its own source. A
+    /// script whose first line is a shebang (`#!lua flags=...`) keeps it first.
     fn parts(self) -> (&'static str, &'static [Fragment], &'static str) {
         use Lua::*;
         match self {
@@ -282,35 +297,14 @@ impl Lua {
         };
         let mut source = shebang.to_owned();
         let mut groups = fragments.split(|f| f.0 == LATER.0);
-        // Group i of fragments, then part i of the body (the unit test checks that
+        // Group i of fragments, then part i of the body (the unit tests check that
         // there are as many marks as LATERs: a group without its mark would be lost).
-        let mut next_group = |source: &mut String| {
+        for part in split_at_marks(body) {
             let group = groups.next().unwrap_or_default();
             source.extend(group.iter().map(|f| f.for_flavor(flavor).0));
-        };
-        next_group(&mut source);
-        for line in body.split_inclusive('\n') {
-            if is_later_mark(line) {
-                next_group(&mut source);
-            } else {
-                source.push_str(line);
-            }
+            source.push_str(part);
         }
         source
-    }
-
-    /// The script's source split at its [`LATER_MARK`] lines.
-    #[cfg(test)]
-    fn body_parts(self) -> Vec<String> {
-        let mut parts = vec![String::new()];
-        for line in self.parts().2.split_inclusive('\n') {
-            if is_later_mark(line) {
-                parts.push(String::new());
-            } else if let Some(part) = parts.last_mut() {
-                part.push_str(line);
-            }
-        }
-        parts
     }
 
     fn script(self, flavor: Flavor) -> &'static redis::Script {
@@ -576,8 +570,8 @@ impl Call {
 /// Every Lua script fencelock sends, by file name (`lock/acquire.lua`, ...), composed as
 /// sent: the shared fragments, then the script's own source, whose header states its
 /// KEYS, ARGV and replies (a script with a fast path gets some fragments after it, at
-/// its `-- (later fragments)` lines). For review (what runs on your Redis, with which keys), and for
-/// running a script by hand with `EVAL`.
+/// its `-- (later fragments)` lines). For review (what runs on your Redis, with which
+/// keys), and for running a script by hand with `EVAL`.
 ///
 /// First every script as a standalone node gets it (a Sentinel-managed master and a
 /// Redlock node too), then, under `cluster/` (`cluster/lock/release.lua`, ...), those
@@ -1031,7 +1025,7 @@ mod tests {
             // those it uses; a fast path (the source before the marker) uses only the
             // fragments in front of it.
             let groups: Vec<&[Fragment]> = fragments.split(|f| f.0 == LATER.0).collect();
-            let parts = lua.body_parts();
+            let parts = split_at_marks(body);
             assert_eq!(
                 parts.len(),
                 groups.len(),
