@@ -433,6 +433,13 @@ pub enum UnavailableReason {
     /// a lease too short for the round trip): fencelock took it back, since another
     /// client may have held the lock by then. The detail says how late.
     LateGrant,
+    /// The server stopped answering on a connection that is still open (stopped,
+    /// hung, or behind a link that swallows what is sent): several calls in a row got no
+    /// answer, so this acquire was **not sent**: nothing was written, and nothing needs
+    /// taking back. Acquires go out again as soon as the server answers anything on the
+    /// connection (fencelock asks it with a `PING`) or the connection is replaced.
+    /// Releases and renewals of leases it may hold are still sent.
+    Stalled,
 }
 
 impl UnavailableReason {
@@ -446,6 +453,9 @@ impl UnavailableReason {
             Self::SlotMoving => "; wait for the failover or resharding to end",
             Self::LateGrant => {
                 "; the link or the server is slower than the lease allows: use a longer lease, or find what delays the replies"
+            }
+            Self::Stalled => {
+                "; check that the server is not stopped or overloaded, and that replies get through to this host"
             }
             _ => "; check that it is running and reachable, and the URL",
         }
@@ -462,6 +472,7 @@ impl fmt::Display for UnavailableReason {
             Self::ClusterDown => "the cluster is down",
             Self::SlotMoving => "the lock's slot is moving",
             Self::LateGrant => "the grant came back too late",
+            Self::Stalled => "it stopped answering",
         })
     }
 }

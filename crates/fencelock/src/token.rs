@@ -2,6 +2,7 @@
 //! grants happened ([`FencingToken`]).
 
 use std::fmt;
+use std::time::Instant;
 
 /// The random value stored in the lock key while a holder owns it.
 ///
@@ -12,36 +13,66 @@ use std::fmt;
 /// the next holder. The key holds the token as a plain string, the format redis-py's
 /// `Lock`, redsync and node-redlock use too, so those libraries and fencelock exclude each
 /// other on the same key.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct HolderToken(String);
+#[derive(Clone)]
+pub struct HolderToken {
+    token: String,
+    /// When this client drew it (`None`: read back, drawn elsewhere or earlier): a node
+    /// that held back every acquire since before then has nothing of it to release
+    /// (see [`UnavailableReason::Stalled`](crate::UnavailableReason::Stalled)).
+    drawn: Option<Instant>,
+}
 
 impl HolderToken {
     /// Draws a fresh token.
     pub(crate) fn generate() -> Self {
-        Self(random_hex32())
+        Self {
+            token: random_hex32(),
+            drawn: Some(Instant::now()),
+        }
     }
 
     /// A token read back (a [`DetachedLock`](crate::DetachedLock) taken over); the
     /// caller checked it is 32 lowercase hex digits.
     pub(crate) fn from_stored(token: String) -> Self {
-        Self(token)
+        Self { token, drawn: None }
     }
 
     /// The token as stored in Redis.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.token
+    }
+
+    /// When this client drew the token, before any call carried it; `None` for a token
+    /// read back.
+    pub(crate) fn drawn(&self) -> Option<Instant> {
+        self.drawn
+    }
+}
+
+/// Tokens are equal when their text is: when each was drawn does not matter.
+impl PartialEq for HolderToken {
+    fn eq(&self, other: &Self) -> bool {
+        self.token == other.token
+    }
+}
+
+impl Eq for HolderToken {}
+
+impl std::hash::Hash for HolderToken {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.token.hash(state);
     }
 }
 
 impl fmt::Display for HolderToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.token)
     }
 }
 
 impl fmt::Debug for HolderToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "HolderToken({})", self.0)
+        write!(f, "HolderToken({})", self.token)
     }
 }
 

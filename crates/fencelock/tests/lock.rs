@@ -475,6 +475,108 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
     .await;
 }
 
+/// A server that stops answering while its connection stays open (stopped with
+/// SIGSTOP) is not sent acquire after acquire: once several calls in a row got no
+/// answer, an acquire fails at once as `Stalled`, unsent, with nothing to take back.
+/// When the server answers again, acquires go out again, and what the timed-out
+/// attempts may have written was withdrawn (their withdrawals were sent after them).
+#[tokio::test]
+async fn acquires_are_held_back_from_a_server_that_stopped_answering() {
+    common::traces();
+    let mut r = RedisServer::start();
+    let c = Client::builder(r.url())
+        .response_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    c.lock("stall")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap(); // scripts loaded
+    common::memory_policy_read(&r.addr()).await;
+    r.cmd(&["CONFIG", "RESETSTAT"]);
+    r.pause();
+    let attempt = async || {
+        c.lock("stall")
+            .lease(Duration::from_secs(60))
+            .renew(false)
+            .try_acquire()
+            .await
+            .unwrap_err()
+    };
+    // Each attempt that times out sends its withdrawal, which times out as well (and is
+    // sent once more in the background).
+    let mut timed_out = 0;
+    let err = loop {
+        match attempt().await {
+            Error::Unavailable {
+                reason: UnavailableReason::TimedOut,
+                ..
+            } => timed_out += 1,
+            other => break other,
+        }
+        assert!(timed_out <= 8, "held back after at most 8 calls unanswered");
+    };
+    assert!(timed_out >= 2, "a few timeouts are not yet a stall");
+    match &err {
+        Error::Unavailable { node, reason, .. } => {
+            assert_eq!(node, &r.addr());
+            assert_eq!(*reason, UnavailableReason::Stalled);
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("it stopped answering") && text.contains("not sent"),
+        "{text}"
+    );
+    for _ in 0..20 {
+        let err = attempt().await;
+        assert!(
+            matches!(
+                err,
+                Error::Unavailable {
+                    reason: UnavailableReason::Stalled,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    r.resume();
+    // It runs what was sent before the stall: each timed-out attempt, then its
+    // withdrawal, twice; none of the 21 held back.
+    eventually(
+        "the timed-out attempts ran and were withdrawn",
+        Duration::from_secs(5),
+        async || r.script_calls() >= 3 * timed_out && !r.exists("fencelock:{stall}"),
+    )
+    .await;
+    assert_eq!(r.script_calls(), 3 * timed_out);
+    // Its answer to the client's PING ends the stall: a waiting acquire gets the lock.
+    let g = c
+        .lock("stall")
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquires go out again");
+    assert_eq!(
+        r.get("fencelock:{stall}").as_deref(),
+        Some(g.holder_token().as_str())
+    );
+    g.release().await.unwrap();
+    assert!(
+        common::traces()
+            .text()
+            .lines()
+            .any(|l| l.contains("stopped answering") && l.contains(&r.addr())),
+        "the stall is reported"
+    );
+}
+
 /// A grant whose reply comes back after its lease ran out is no grant: the acquire
 /// reports a late grant instead of a guard whose lease is already over (another client
 /// may hold the lock by then), with advice for a slow link, not for a server that is

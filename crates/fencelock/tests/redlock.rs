@@ -71,6 +71,82 @@ async fn acquires_with_two_of_five_nodes_killed_or_paused() {
     servers[4].resume();
 }
 
+/// A node whose server stops answering while its connection stays open (stopped with
+/// SIGSTOP) is sent nothing new once it counts as stalled: however many locks the others
+/// grant meanwhile, requests do not pile up for it (in the client's memory and on the
+/// connection). When it answers again, acquires reach it again, and the leases it
+/// granted late were released (their releases were sent after them).
+#[tokio::test]
+async fn a_stalled_node_is_not_sent_every_acquire_and_release() {
+    common::traces();
+    let mut servers = RedisServer::start_many(3);
+    let c = redlock(&servers, None).await;
+    let cycle = async || {
+        let g = c
+            .lock("rl")
+            .lease(Duration::from_secs(10))
+            .renew(false)
+            .try_acquire()
+            .await
+            .expect("2 of 3 suffice");
+        g.release().await.unwrap();
+    };
+    cycle().await; // scripts loaded
+    let addr = servers[2].addr();
+    common::memory_policy_read(&addr).await;
+    servers[2].pause();
+    let stalled = || {
+        common::traces()
+            .text()
+            .lines()
+            .any(|l| l.contains("stopped answering") && l.contains(&addr))
+    };
+    let mut cycles = 0;
+    while !stalled() {
+        cycle().await;
+        cycles += 1;
+        assert!(cycles < 100_000, "the node never counted as stalled");
+    }
+    c.flush().await; // the last calls to it timed out
+    let queued = servers[2].unread_request_bytes();
+    assert!(queued > 0, "what was sent before the stall waits there");
+    for _ in 0..200 {
+        cycle().await;
+    }
+    c.flush().await;
+    // One PING (14 bytes) asks whether it answers again; an acquire alone is longer.
+    let grew = servers[2].unread_request_bytes() - queued;
+    assert!(
+        grew < 100,
+        "{grew} bytes sent to the stalled node over 200 cycles"
+    );
+
+    servers[2].resume();
+    eventually(
+        "the leases it granted late were released",
+        Duration::from_secs(5),
+        async || !servers[2].exists(KEY),
+    )
+    .await;
+    eventually(
+        "acquires reach it again",
+        Duration::from_secs(5),
+        async || {
+            let g = c
+                .lock("rl")
+                .lease(Duration::from_secs(10))
+                .renew(false)
+                .try_acquire()
+                .await
+                .unwrap();
+            let reached = holds(&servers[2], g.holder_token().as_str());
+            g.release().await.unwrap();
+            reached
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn fails_with_three_of_five_down_naming_each_node() {
     let mut servers = RedisServer::start_many(5);

@@ -277,9 +277,10 @@ async fn attempts(
                 return Err(e);
             }
             Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
-                // One node's Unavailable leaves the outcome unknown; a failed quorum was
-                // taken back everywhere already.
-                unanswered |= matches!(e, Error::Unavailable { .. });
+                // One node's Unavailable leaves the outcome unknown, unless the attempt
+                // was not sent (a stalled node); a failed quorum was taken back
+                // everywhere already.
+                unanswered |= matches!(e, Error::Unavailable { reason, .. } if reason != UnavailableReason::Stalled);
                 pending.maybe_written = unanswered;
                 if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
                     pending.withdraw().await;

@@ -9,14 +9,15 @@
 //!
 //! Below it: [`node`] (one connection, its timeouts, the mapping of driver errors to
 //! fencelock's [`Error`]; a node is one server, a Sentinel-managed master, or a whole
-//! Redis Cluster, [`cluster`]) and [`subscriber`] (one pub/sub connection per client and
-//! node).
+//! Redis Cluster, [`cluster`]; what a node whose server stopped answering is not sent,
+//! [`stall`]) and [`subscriber`] (one pub/sub connection per client and node).
 
 pub(crate) mod access;
 pub(crate) mod cluster;
 pub(crate) mod node;
 pub(crate) mod quorum;
 pub(crate) mod sentinel;
+pub(crate) mod stall;
 pub(crate) mod subscriber;
 
 use std::borrow::Cow;
@@ -637,7 +638,7 @@ impl Backend {
         fence: u64,
         withdraw: bool,
     ) -> Call {
-        match mode {
+        let call = match mode {
             Mode::Plain => scripts::release(
                 keys,
                 token,
@@ -649,7 +650,8 @@ impl Backend {
             Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
             Mode::Semaphore { .. } => scripts::semaphore_release(keys, token),
             Mode::Read { .. } => scripts::read_release(keys, &mode.holder_id(token)),
-        }
+        };
+        call.undoing(token)
     }
 
     /// Releases on every node, each within its share, waiting for all of them.
@@ -678,7 +680,7 @@ impl Backend {
     ) -> Result<(), Error> {
         let answers: Vec<Result<(), Error>> = match mode {
             Mode::Fair { .. } => {
-                let invocation = scripts::fair_leave(keys, token);
+                let invocation = scripts::fair_leave(keys, token).undoing(token);
                 let left: Vec<Result<Left, Error>> =
                     fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await;
                 left.into_iter().map(|r| r.map(drop)).collect()

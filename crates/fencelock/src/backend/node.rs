@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::access::{self, Access};
 use super::cluster::{ClusterLink, ClusterUrl};
 use super::sentinel::{self, SentinelUrl};
+use super::stall::{self, Stall};
 use super::subscriber::{Source, Subscriber};
 use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
 use crate::scripts::replies::{Owned, Renewed};
@@ -87,6 +88,9 @@ struct Standalone {
     resolving: tokio::sync::Mutex<()>,
     timeouts: Timeouts,
     call_timeout: Duration,
+    /// Whether the server stopped answering on the connection, and what is held back
+    /// meanwhile.
+    stall: Stall,
 }
 
 /// Where calls go now; shared, since every call reads it (a clone of the client's
@@ -247,6 +251,7 @@ impl Node {
                     resolving: tokio::sync::Mutex::new(()),
                     timeouts,
                     call_timeout,
+                    stall: Stall::default(),
                 })),
                 timeouts,
                 call_timeout,
@@ -352,7 +357,9 @@ impl Node {
     /// within the call timeout. A Sentinel node whose master answers that it is a replica
     /// or cannot be reached asks the sentinels again and, if they name another master,
     /// sends the script there once more (within what is left of the time). A cluster
-    /// sends it to the master of its keys' slot, following redirections.
+    /// sends it to the master of its keys' slot, following redirections. A stalled
+    /// standalone node (see [`stall`]) is not sent an acquire, nor the
+    /// release of a token drawn since it stalled: [`UnavailableReason::Stalled`] at once.
     ///
     /// Cancel safety: dropping the future (or a timeout) may leave the script running on
     /// the server, or already run; callers that write must treat that as an unknown
@@ -364,6 +371,10 @@ impl Node {
     ) -> Result<T, Error> {
         let result = match &self.inner.link {
             Link::Standalone(s) => {
+                if s.stall.stalled() && s.holds_back(call) {
+                    // Not sent: no failure of the connection (its generation stays).
+                    return Err(not_sent(&read(&s.current).addr));
+                }
                 // A script is loaded with its first call on each connection, in the same
                 // write: an EVALSHA answered NOSCRIPT is sent again after whatever this
                 // connection sent meanwhile (a Redlock release after a late grant).
@@ -374,6 +385,7 @@ impl Node {
                     loaded.0 == generation && loaded.1 & bit != 0
                 };
                 let result = s.run(call, within, !known).await;
+                self.count_reply(s, &result);
                 if result.is_ok() && !known {
                     let mut loaded = lock(&self.inner.loaded);
                     if loaded.0 != generation {
@@ -391,6 +403,30 @@ impl Node {
             self.check_eviction_once();
         }
         self.noted(result)
+    }
+
+    /// Counts what a call on the standalone connection `s` came to towards its stall (see
+    /// [`stall`]): a timeout is one more call unanswered, which may begin a
+    /// stall (and a `PING` that waits for the server to answer again); anything else
+    /// (a reply, or a connection that broke and is replaced) ends one.
+    fn count_reply<T>(&self, s: &Standalone, result: &Result<T, Error>) {
+        match result {
+            Err(Error::Unavailable {
+                reason: UnavailableReason::TimedOut,
+                ..
+            }) => {
+                if s.stall.unanswered() {
+                    let addr = read(&s.current).addr.clone();
+                    tracing::warn!(
+                        node = %addr,
+                        calls = stall::STALLED_AFTER,
+                        "the server stopped answering: acquires are not sent to it until it answers again"
+                    );
+                    ask_until_answered(&self.inner);
+                }
+            }
+            _ => s.stall.answered(),
+        }
     }
 
     /// Once per connection (per [`generation`](Self::generation)), in the background:
@@ -487,7 +523,9 @@ impl Node {
         match &self.inner.link {
             Link::Standalone(s) => {
                 let call = scripts::renew(leases.iter().copied());
-                match s.run::<Renewed>(&call, within, false).await {
+                let renewed = s.run::<Renewed>(&call, within, false).await;
+                self.count_reply(s, &renewed);
+                match renewed {
                     Ok(Renewed(codes)) if codes.len() == leases.len() => {
                         codes.into_iter().map(Some).collect()
                     }
@@ -623,6 +661,15 @@ impl Node {
 }
 
 impl Standalone {
+    /// Whether `call` stays unsent while the node is stalled: an acquire, or the release
+    /// of a token drawn since the stall began (see [`stall`]).
+    fn holds_back(&self, call: &Call) -> bool {
+        call.lua().acquires()
+            || call
+                .undoes()
+                .is_some_and(|drawn| self.stall.holds_nothing_of(drawn))
+    }
+
     /// The connection to use now: for a Sentinel node that has not asked the sentinels
     /// yet, after asking them.
     async fn current(&self) -> Result<Arc<Current>, Error> {
@@ -765,8 +812,63 @@ impl Standalone {
             conn,
             epoch: current.epoch + 1,
         });
+        // Another connection: nothing sent on the old one is waited for.
+        self.stall.answered();
         Ok(true)
     }
+}
+
+/// Asks a stalled standalone node's server whether it answers again: one `PING` at a time
+/// on its connection, until one is answered or fails otherwise than by timing out (the
+/// connection broke, and the driver connects anew), the node moves to another master
+/// (a Sentinel node asks the sentinels after each `PING` that timed out), or the node is
+/// dropped; then the stall ends.
+fn ask_until_answered(inner: &Arc<Inner>) {
+    let Link::Standalone(s) = &inner.link else {
+        return;
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        s.stall.answered(); // no runtime to ask in: hold nothing back
+        return;
+    };
+    let weak = Arc::downgrade(inner);
+    let closed = inner.closed.clone();
+    let current = read(&s.current).clone();
+    runtime.spawn(async move {
+        loop {
+            // At most one PING per 100 ms, however fast a timeout comes.
+            let next = tokio::time::Instant::now() + Duration::from_millis(100);
+            let mut conn = current.conn.clone();
+            let ping = redis::cmd("PING");
+            let answer = tokio::select! {
+                () = closed.cancelled() => return,
+                answer = ping.query_async::<()>(&mut conn) => answer,
+            };
+            let Some(inner) = weak.upgrade() else { return };
+            let Link::Standalone(s) = &inner.link else {
+                return;
+            };
+            let timed_out = matches!(&answer, Err(e) if e.is_timeout());
+            if timed_out && s.sentinel.is_some() {
+                // A stopped master is failed over: ask the sentinels as a failed call
+                // would (the acquires held back do not).
+                let _ = s.switch(current.epoch).await;
+            }
+            let moved = read(&s.current).epoch != current.epoch;
+            if !timed_out || moved || !s.stall.stalled() {
+                if s.stall.stalled() {
+                    tracing::info!(node = %current.addr, "the server answers again");
+                }
+                s.stall.answered();
+                return;
+            }
+            drop(inner);
+            tokio::select! {
+                () = closed.cancelled() => return,
+                () = tokio::time::sleep_until(next) => {}
+            }
+        }
+    });
 }
 
 /// Follows `+switch-master` announcements of the node's service, one sentinel at a time,
@@ -830,6 +932,20 @@ pub(super) fn timed_out(addr: &str, after: Duration) -> Error {
         node: addr.to_owned(),
         reason: UnavailableReason::TimedOut,
         detail: format!("no answer within {}", HumanDuration(after)),
+        source: None,
+    }
+}
+
+/// A call held back, unsent, since the node's server stopped answering.
+fn not_sent(addr: &str) -> Error {
+    Error::Unavailable {
+        node: addr.to_owned(),
+        reason: UnavailableReason::Stalled,
+        detail: format!(
+            "not sent: its last {} calls got no answer, and acquires wait until it answers \
+             again",
+            stall::STALLED_AFTER
+        ),
         source: None,
     }
 }

@@ -25,7 +25,7 @@
 pub(crate) mod replies;
 
 use std::sync::{LazyLock, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{RedisWrite, ScriptInvocation};
 
@@ -328,6 +328,20 @@ impl Lua {
         &SOURCES[self.index() * Flavor::ALL.len() + flavor as usize]
     }
 
+    /// Whether the script takes a lock, a permit or a place in line (an acquire of any
+    /// kind): what a node whose server stopped answering holds back unsent
+    /// ([`UnavailableReason::Stalled`](crate::UnavailableReason::Stalled)).
+    pub(crate) fn acquires(self) -> bool {
+        matches!(
+            self,
+            Lua::Acquire
+                | Lua::ReentrantAcquire
+                | Lua::FairAcquire
+                | Lua::SemaphoreAcquire
+                | Lua::ReadAcquire
+        )
+    }
+
     /// Its place in [`Lua::ALL`], below 32.
     pub(crate) fn index(self) -> usize {
         Lua::ALL.iter().position(|l| *l == self).unwrap_or(0)
@@ -347,6 +361,9 @@ pub(crate) struct Call {
     /// The `EVALSHA` command per [`Flavor`], built when first sent: a call sent again (an
     /// acquire's next attempt) is not built again.
     evalsha: [OnceLock<redis::Cmd>; 2],
+    /// A release or withdrawal: when the token it undoes was drawn (see
+    /// [`Call::undoing`]).
+    undoes: Option<Instant>,
 }
 
 /// A list of byte strings in one buffer (a call's keys or arguments): two allocations
@@ -434,7 +451,23 @@ impl Call {
             args: Parts::with_capacity(8, 96),
             keys_in_args: Vec::new(),
             evalsha: [OnceLock::new(), OnceLock::new()],
+            undoes: None,
         }
+    }
+
+    /// Marks the call as undoing only what acquires of `token` wrote (a release, a
+    /// withdrawal): a node that held back every acquire since before the token was drawn
+    /// has nothing of it, and need not be sent this either. A token read back (not drawn
+    /// here) is always sent.
+    pub(crate) fn undoing(mut self, token: &HolderToken) -> Self {
+        self.undoes = token.drawn();
+        self
+    }
+
+    /// When the token this call undoes was drawn, if it was drawn by this client (see
+    /// [`Call::undoing`]).
+    pub(crate) fn undoes(&self) -> Option<Instant> {
+        self.undoes
     }
 
     fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
