@@ -435,10 +435,12 @@ pub enum UnavailableReason {
     LateGrant,
     /// The server stopped answering on a connection that is still open (stopped,
     /// hung, or behind a link that swallows what is sent): several calls in a row got no
-    /// answer, so this acquire was **not sent**: nothing was written, and nothing needs
-    /// taking back. Acquires go out again as soon as the server answers anything on the
-    /// connection (fencelock asks it with a `PING`) or the connection is replaced.
-    /// Releases and renewals of leases it may hold are still sent.
+    /// answer, so this call was **not sent**: an acquire (nothing was written, and
+    /// nothing needs taking back), or a Redlock release of a lease that node cannot hold
+    /// (its acquire was not sent either). Calls go out again as soon as the server
+    /// answers (fencelock asks it with a `PING` on a connection of its own) or the
+    /// connection is replaced. Releases and renewals of leases it may hold are still
+    /// sent. A standalone or Sentinel node only: a Redis Cluster node does not stall.
     Stalled,
 }
 

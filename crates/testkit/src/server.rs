@@ -830,6 +830,35 @@ impl RedisServer {
         unread
     }
 
+    /// Bytes that clients have written toward the server and it has not read
+    /// yet, wherever they wait: [`unread_request_bytes`](Self::unread_request_bytes)
+    /// plus what is still in the clients' own send queues to it (`tx_queue`
+    /// of the connections whose remote port is the server's, on this host).
+    ///
+    /// A paused server's receive queues fill up (the kernel stops taking
+    /// more than the socket's buffer holds), and what a client writes after
+    /// that waits in the client's send queue instead, passing into the
+    /// server's queue bit by bit as the kernel packs it: to count every
+    /// request written to a paused server, count both.
+    ///
+    /// # Panics
+    /// If `/proc/net/tcp` cannot be read.
+    pub fn pending_request_bytes(&self) -> usize {
+        let mut readable = false;
+        let mut pending = 0;
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            if let Ok(text) = fs::read_to_string(table) {
+                readable = true;
+                pending += unread_bytes_in(&text, self.port) + unsent_bytes_in(&text, self.port);
+            }
+        }
+        assert!(
+            readable,
+            "testkit: pending_request_bytes: cannot read /proc/net/tcp"
+        );
+        pending
+    }
+
     /// Non-panicking [`cmd`](Self::cmd) with a caller-chosen timeout for
     /// connect, write and read (e.g. to assert that a paused or killed server
     /// does *not* answer).
@@ -1421,6 +1450,25 @@ fn unread_bytes_in(table: &str, port: u16) -> usize {
         .sum()
 }
 
+/// What the client ends of connections to `port` in one `/proc/net/tcp{,6}`
+/// table have not yet had taken by the other end: their `tx_queue`.
+fn unsent_bytes_in(table: &str, port: u16) -> usize {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (remote, queues) = (fields.get(2)?, fields.get(4)?);
+            let remote_port = u16::from_str_radix(remote.rsplit(':').next()?, 16).ok()?;
+            if remote_port != port {
+                return None;
+            }
+            let (tx, _rx) = queues.split_once(':')?;
+            usize::from_str_radix(tx, 16).ok()
+        })
+        .sum()
+}
+
 /// The state letter from `/proc/PID/stat` (`R`, `S`, `T`, `Z`, ...).
 fn process_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -1695,6 +1743,10 @@ mod tests {
         assert_eq!(unread_bytes_in(table, 0x1F91), 0x100);
         assert_eq!(unread_bytes_in(table, 1234), 0);
         assert_eq!(unread_bytes_in("", 0x1F90), 0);
+        // The client end of a connection to 0x1F90 has 9 bytes not yet taken.
+        assert_eq!(unsent_bytes_in(table, 0x1F90), 9);
+        assert_eq!(unsent_bytes_in(table, 0x1F91), 0);
+        assert_eq!(unsent_bytes_in("", 0x1F90), 0);
     }
 
     #[test]

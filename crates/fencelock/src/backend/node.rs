@@ -818,11 +818,14 @@ impl Standalone {
     }
 }
 
-/// Asks a stalled standalone node's server whether it answers again: one `PING` at a time
-/// on its connection, until one is answered or fails otherwise than by timing out (the
-/// connection broke, and the driver connects anew), the node moves to another master
-/// (a Sentinel node asks the sentinels after each `PING` that timed out), or the node is
-/// dropped; then the stall ends.
+/// Asks a stalled standalone node's server whether it answers again: one `PING` on a
+/// connection of its own without a response timeout, outstanding until it is answered
+/// (nothing piles up on the node's connection meanwhile). Its answer, or any failure of
+/// that connection (something changed, which the node's next calls will show), ends the
+/// stall. Every response timeout meanwhile, a Sentinel node asks the sentinels (a stopped
+/// master is failed over; the acquires held back do not ask), and the task ends if the
+/// stall ended otherwise (another reply on the node's connection, a switch to another
+/// master) or the node was dropped.
 fn ask_until_answered(inner: &Arc<Inner>) {
     let Link::Standalone(s) = &inner.link else {
         return;
@@ -833,41 +836,50 @@ fn ask_until_answered(inner: &Arc<Inner>) {
     };
     let weak = Arc::downgrade(inner);
     let closed = inner.closed.clone();
+    let every = inner.timeouts.response;
     let current = read(&s.current).clone();
     runtime.spawn(async move {
-        loop {
-            // At most one PING per 100 ms, however fast a timeout comes.
-            let next = tokio::time::Instant::now() + Duration::from_millis(100);
-            let mut conn = current.conn.clone();
-            let ping = redis::cmd("PING");
-            let answer = tokio::select! {
-                () = closed.cancelled() => return,
-                answer = ping.query_async::<()>(&mut conn) => answer,
-            };
-            let Some(inner) = weak.upgrade() else { return };
-            let Link::Standalone(s) = &inner.link else {
-                return;
-            };
-            let timed_out = matches!(&answer, Err(e) if e.is_timeout());
-            if timed_out && s.sentinel.is_some() {
-                // A stopped master is failed over: ask the sentinels as a failed call
-                // would (the acquires held back do not).
-                let _ = s.switch(current.epoch).await;
-            }
-            let moved = read(&s.current).epoch != current.epoch;
-            if !timed_out || moved || !s.stall.stalled() {
-                if s.stall.stalled() {
-                    tracing::info!(node = %current.addr, "the server answers again");
+        let probe = async {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(None)
+                .set_response_timeout(None);
+            let mut conn = current
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await
+        };
+        // Until the stall ended otherwise; a Sentinel node asks the sentinels meanwhile.
+        let meanwhile = async {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let Link::Standalone(s) = &inner.link else { return };
+                if s.sentinel.is_some() {
+                    let _ = s.switch(current.epoch).await;
                 }
-                s.stall.answered();
-                return;
+                if !s.stall.stalled() || read(&s.current).epoch != current.epoch {
+                    return;
+                }
             }
-            drop(inner);
-            tokio::select! {
-                () = closed.cancelled() => return,
-                () = tokio::time::sleep_until(next) => {}
+        };
+        let answer = tokio::select! {
+            () = closed.cancelled() => return,
+            answer = probe => answer,
+            // Ended otherwise (a switch ends it as it replaces the connection).
+            () = meanwhile => return,
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        let Link::Standalone(s) = &inner.link else { return };
+        if s.stall.stalled() {
+            match answer {
+                Ok(()) => tracing::info!(node = %current.addr, "the server answers again"),
+                Err(e) => {
+                    tracing::info!(node = %current.addr, error = %e, "a stalled server's probe failed; acquires are sent again");
+                }
             }
         }
+        s.stall.answered();
     });
 }
 

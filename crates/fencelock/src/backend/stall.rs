@@ -7,8 +7,8 @@
 //! make that queue grow with every call: a Redlock client with one such node, which it
 //! needs no answer from, grew by about 1.7 KB per acquire and release, without bound.
 //!
-//! So after [`STALLED_AFTER`] calls in a row on a standalone node's connection timed
-//! out, the node counts as stalled:
+//! So after [`STALLED_AFTER`] calls in a row on a standalone (or Sentinel) node's
+//! connection timed out, the node counts as stalled:
 //!
 //! - **acquires are not sent**: they fail at once with
 //!   [`UnavailableReason::Stalled`](crate::UnavailableReason::Stalled), which says that
@@ -17,18 +17,29 @@
 //!   stall began: no acquire of it went to this node, so there is nothing to undo;
 //! - **everything else is sent**: releases and withdrawals of tokens that may have been
 //!   written before the stall (the server runs them after those acquires when it
-//!   resumes, so nothing stale is left behind), renewals, reads.
+//!   resumes), renewals, reads.
 //!
-//! One `PING` at a time asks the server whether it answers again; its reply, or any
-//! other reply on the connection, ends the stall (replies come in order, so every
-//! request before it was answered too), as does a broken connection (the driver
-//! connects anew, with an empty queue) or a Sentinel switch to another master. The
-//! connection is never replaced to end a stall: a new connection's requests could run
-//! before the old one's, a withdrawal before the acquire it withdraws.
+//! One limit is the driver's: a request that times out while it still waits for room
+//! in the connection's 50-request queue (the socket backed up toward a stopped server)
+//! is dropped unsent, while the requests before it were written. A release lost so
+//! leaves its grant on the resumed server until the lease ends. Sending it again later
+//! would reorder it after a later attempt of the same acquire (one token serves all its
+//! attempts), which it could then undo: so it is not.
 //!
-//! What the stall bounds: the queue holds at most the calls sent before it began, one
-//! `PING` per response timeout, the releases of leases granted before it, and the
-//! watchdog's renewals (one call per tick, whatever the number of leases).
+//! One `PING`, on a connection of its own without a response timeout, waits for the
+//! server to answer again; its answer (or a failure of that connection), any reply on the
+//! node's connection, a broken connection (the driver connects anew, with an empty
+//! queue) or a Sentinel switch to another master ends the stall. Ending it early is
+//! always safe: it only stops holding calls back. The node's connection is never
+//! replaced to end a stall: a new connection's requests could run before the old one's,
+//! a withdrawal before the acquire it withdraws.
+//!
+//! What is left to grow while a node stays stalled: the watchdog's renewals (one call per
+//! tick, whatever the number of leases) and the releases of leases granted before the
+//! stall (one each); the calls that began it and the acquires sent before it stay queued
+//! until the server answers or the connection breaks. A Redis Cluster node does not
+//! stall (the driver routes its calls to each slot's master itself; a stopped master is
+//! failed over by the cluster).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -43,10 +54,11 @@ pub(crate) const STALLED_AFTER: u32 = 8;
 pub(crate) struct Stall {
     /// Calls in a row that timed out, with no reply since.
     unanswered: AtomicU32,
-    /// Whether the node is stalled now (read on every call).
+    /// Whether the node is stalled now (read on every call); changed only with `since`
+    /// locked, so that `since` is `None` whenever this is false.
     stalled: AtomicBool,
     /// Since when, while stalled: taken after `stalled` was set, so every acquire sent
-    /// before the stall began was sent before this instant.
+    /// before the stall began was sent (admitted) before this instant.
     since: Mutex<Option<Instant>>,
 }
 
@@ -57,19 +69,26 @@ impl Stall {
     }
 
     /// Whether a call undoing a token drawn at `drawn` may stay unsent: the node has been
-    /// stalled since before then, without a break, so no acquire of that token reached it.
+    /// stalled since before then, without a break, so no acquire of that token reached it
+    /// (strictly before: a token drawn at the same reading of the clock may have been
+    /// admitted just before the stall began).
     pub fn holds_nothing_of(&self, drawn: Instant) -> bool {
-        self.stalled() && lock(&self.since).is_some_and(|since| since <= drawn)
+        self.stalled() && lock(&self.since).is_some_and(|since| since < drawn)
     }
 
     /// Counts a call that got no answer in time. True when this call began the stall:
     /// the caller then starts asking the server whether it answers again.
     pub fn unanswered(&self) -> bool {
         let n = self.unanswered.fetch_add(1, Ordering::SeqCst) + 1;
-        if n < STALLED_AFTER || self.stalled.swap(true, Ordering::SeqCst) {
+        if n < STALLED_AFTER {
             return false;
         }
-        *lock(&self.since) = Some(Instant::now());
+        let mut since = lock(&self.since);
+        if self.stalled.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        // After the flag: an acquire admitted before it was set was drawn before this.
+        *since = Some(Instant::now());
         true
     }
 
@@ -79,7 +98,7 @@ impl Stall {
         if self.unanswered.load(Ordering::Relaxed) != 0 {
             self.unanswered.store(0, Ordering::SeqCst);
         }
-        if self.stalled.load(Ordering::Relaxed) {
+        if self.stalled.load(Ordering::SeqCst) {
             let mut since = lock(&self.since);
             self.stalled.store(false, Ordering::SeqCst);
             *since = None;
@@ -123,7 +142,7 @@ mod tests {
         for _ in 0..STALLED_AFTER {
             s.unanswered();
         }
-        let during = Instant::now();
+        let during = next_reading(Instant::now());
         assert!(!s.holds_nothing_of(before), "drawn before: maybe sent");
         assert!(s.holds_nothing_of(during));
         s.answered();
@@ -135,5 +154,25 @@ mod tests {
             !s.holds_nothing_of(during),
             "drawn between two stalls: maybe sent"
         );
+    }
+
+    /// The first reading of the monotonic clock after `t`.
+    fn next_reading(t: Instant) -> Instant {
+        loop {
+            let now = Instant::now();
+            if now > t {
+                return now;
+            }
+        }
+    }
+
+    #[test]
+    fn a_token_drawn_at_the_stalls_first_instant_is_maybe_sent() {
+        let s = Stall::default();
+        for _ in 0..STALLED_AFTER {
+            s.unanswered();
+        }
+        let since = lock(&s.since).expect("stalled");
+        assert!(!s.holds_nothing_of(since));
     }
 }
