@@ -8,7 +8,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::algorithms::watchdog::Watchdog;
-use crate::backend::{Backend, Mode};
+use crate::backend::{Backend, Mode, Undo};
 use crate::keys::LockKeys;
 use crate::observe::{self, ReleaseKind, ReleaseOutcome};
 use crate::token::HolderToken;
@@ -83,7 +83,10 @@ impl Shared {
             async move {
                 // Never closed, so a permit always comes.
                 let _turn = turns.acquire_owned().await;
-                let result = backend.abandon(&keys, &token, &mode, ttl, fence).await;
+                // A guard dropped, or an acquire cancelled: the token's last call.
+                let result = backend
+                    .abandon(&keys, &token, &mode, ttl, fence, Undo::Withdraw)
+                    .await;
                 if what == Withdrawn::Guard {
                     observe::released(ReleaseKind::Drop, ReleaseOutcome::of(&result), None);
                 }

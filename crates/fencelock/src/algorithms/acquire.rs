@@ -32,7 +32,7 @@ use tracing::Instrument;
 use crate::algorithms::retry::Retry;
 use crate::backend::quorum::lease_end;
 use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
-use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Mode};
+use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Mode, Undo};
 use crate::error::{Blocker, Error, NodeList, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
@@ -198,7 +198,8 @@ async fn attempts(
                         .wait_replicas(&pending.keys.lock, req.replicas, replica_wait(req.ttl))
                         .await;
                     if !matches!(acked, Ok((n, _)) if n >= req.replicas) {
-                        pending.withdraw().await;
+                        // Another attempt may follow, with the same token.
+                        pending.withdraw(Undo::TakeBack).await;
                         match acked {
                             Ok((acknowledged, within)) => {
                                 return Err(Error::Unreplicated {
@@ -256,7 +257,7 @@ async fn attempts(
                 }
                 let now = Instant::now();
                 if deadline.is_some_and(|d| now >= d) {
-                    pending.withdraw().await;
+                    pending.withdraw(Undo::Withdraw).await;
                     return Err(Error::Held {
                         name: req.name.to_owned(),
                         blocked_by,
@@ -273,7 +274,7 @@ async fn attempts(
                     ..
                 },
             ) => {
-                pending.withdraw().await;
+                pending.withdraw(Undo::Withdraw).await;
                 return Err(e);
             }
             Err(e @ (Error::Unavailable { .. } | Error::NoQuorum { .. })) => {
@@ -283,7 +284,7 @@ async fn attempts(
                 unanswered |= matches!(e, Error::Unavailable { reason, .. } if reason != UnavailableReason::Stalled);
                 pending.maybe_written = unanswered;
                 if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
-                    pending.withdraw().await;
+                    pending.withdraw(Undo::Withdraw).await;
                     return Err(e);
                 }
                 report.waiting_since.get_or_insert_with(Instant::now);
@@ -291,7 +292,7 @@ async fn attempts(
                 Found::Unreachable
             }
             Err(e) => {
-                pending.withdraw().await;
+                pending.withdraw(Undo::Withdraw).await;
                 return Err(e);
             }
         };
@@ -659,13 +660,15 @@ impl Pending {
 
     /// Withdraws now, so the caller's error comes after the cleanup; on failure (or if
     /// this future is dropped) the drop retries in the background.
-    async fn withdraw(&mut self) {
+    /// Withdraws what the acquire may have written. `undo`: [`Undo::Withdraw`] when the
+    /// acquire ends, [`Undo::TakeBack`] when it may try again with the same token.
+    async fn withdraw(&mut self, undo: Undo) {
         if !self.owes_cleanup() {
             return;
         }
         let backend = &self.shared.backend;
         match backend
-            .abandon(&self.keys, &self.token, &self.mode, self.ttl, 0)
+            .abandon(&self.keys, &self.token, &self.mode, self.ttl, 0, undo)
             .await
         {
             Ok(()) => {

@@ -130,6 +130,20 @@ impl Mode {
     }
 }
 
+/// What a release call undoes, and whether the token goes on being used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Undo {
+    /// A held lock's release: the token's last call.
+    Release,
+    /// An acquire that ended without the lock withdraws what it may have written: the
+    /// token's last call.
+    Withdraw,
+    /// One failed attempt's writes taken back; the acquire may try again with the same
+    /// token, so this call must never run after that attempt (see
+    /// [`Call::undoing`](crate::scripts::Call::undoing)).
+    TakeBack,
+}
+
 /// One acquire attempt, as the backend is asked for it.
 pub(crate) struct AcquireRequest<'a> {
     pub name: &'a str,
@@ -471,7 +485,9 @@ impl Backend {
             .await
         };
         if take_back
-            && let Err(e) = Box::pin(self.abandon(req.keys, req.token, req.mode, req.ttl, 0)).await
+            && let Err(e) =
+                Box::pin(self.abandon(req.keys, req.token, req.mode, req.ttl, 0, Undo::TakeBack))
+                    .await
         {
             tracing::debug!(error = %e, "taking back a failed attempt failed; the keys expire after their lease");
         }
@@ -609,7 +625,7 @@ impl Backend {
         // that another client can take it at once) or said it is gone; the others go on
         // in the background (a node that does not answer keeps the key at most until it
         // expires).
-        let call = self.release_call(keys, token, mode, fence, false);
+        let call = self.release_call(keys, token, mode, fence, Undo::Release);
         let (confirmation, errors) = self
             .confirm_everywhere::<Owned>(call, ttl, self.quorum.needed(), 1, |o| Some(*o))
             .await;
@@ -628,16 +644,17 @@ impl Backend {
     }
 
     /// The release script for `mode`. `fence`: Redlock raises every node's counter to
-    /// the grant's token. `withdraw`: the token may still wait among a read-write lock's
-    /// writers (an acquire given up; a grant left them already).
+    /// the grant's token. `undo`: what it undoes (a withdrawal: the token may still wait
+    /// among a read-write lock's writers; a grant left them already).
     fn release_call(
         &self,
         keys: &LockKeys,
         token: &HolderToken,
         mode: &Mode,
         fence: u64,
-        withdraw: bool,
+        undo: Undo,
     ) -> Call {
+        let withdraw = undo != Undo::Release;
         let call = match mode {
             Mode::Plain => scripts::release(
                 keys,
@@ -651,10 +668,10 @@ impl Backend {
             Mode::Semaphore { .. } => scripts::semaphore_release(keys, token),
             Mode::Read { .. } => scripts::read_release(keys, &mode.holder_id(token)),
         };
-        call.undoing(token)
+        call.undoing(token, undo != Undo::TakeBack)
     }
 
-    /// Releases on every node, each within its share, waiting for all of them.
+    /// Withdraws on every node, each within its share, waiting for all of them.
     async fn release_everywhere(
         &self,
         keys: &LockKeys,
@@ -662,14 +679,16 @@ impl Backend {
         mode: &Mode,
         ttl: Duration,
         fence: u64,
+        undo: Undo,
     ) -> Vec<Result<Owned, Error>> {
-        let invocation = self.release_call(keys, token, mode, fence, true);
+        let invocation = self.release_call(keys, token, mode, fence, undo);
         fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await
     }
 
     /// Withdraws everything `token` may hold: its grant (on every node; Redlock raises
-    /// the counters to `fence`), or in fair mode its place in the queue. Succeeds when
-    /// any node answered, whatever it found.
+    /// the counters to `fence`), or in fair mode its place in the queue. `undo`: whether
+    /// another attempt with the token may follow ([`Undo::TakeBack`]) or not. Succeeds
+    /// when any node answered, whatever it found.
     pub async fn abandon(
         &self,
         keys: &LockKeys,
@@ -677,16 +696,18 @@ impl Backend {
         mode: &Mode,
         ttl: Duration,
         fence: u64,
+        undo: Undo,
     ) -> Result<(), Error> {
         let answers: Vec<Result<(), Error>> = match mode {
             Mode::Fair { .. } => {
-                let invocation = scripts::fair_leave(keys, token).undoing(token);
+                let invocation =
+                    scripts::fair_leave(keys, token).undoing(token, undo != Undo::TakeBack);
                 let left: Vec<Result<Left, Error>> =
                     fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await;
                 left.into_iter().map(|r| r.map(drop)).collect()
             }
             _ => self
-                .release_everywhere(keys, token, mode, ttl, fence)
+                .release_everywhere(keys, token, mode, ttl, fence, undo)
                 .await
                 .into_iter()
                 .map(|r| r.map(drop))

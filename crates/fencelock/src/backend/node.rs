@@ -91,7 +91,16 @@ struct Standalone {
     /// Whether the server stopped answering on the connection, and what is held back
     /// meanwhile.
     stall: Stall,
+    /// Releases that timed out and may have been dropped unsent (see [`Node::owe`]),
+    /// sent again once the server answers; at most [`OWED_MAX`].
+    owed: Mutex<Vec<Call>>,
+    /// Whether `owed` holds any (read on every reply).
+    owing: AtomicBool,
 }
+
+/// How many timed-out releases a node keeps to send again; beyond that the oldest are
+/// forgotten (their keys expire with their leases).
+const OWED_MAX: usize = 1024;
 
 /// Where calls go now; shared, since every call reads it (a clone of the client's
 /// connection details would cost allocations per call).
@@ -252,6 +261,8 @@ impl Node {
                     timeouts,
                     call_timeout,
                     stall: Stall::default(),
+                    owed: Mutex::new(Vec::new()),
+                    owing: AtomicBool::new(false),
                 })),
                 timeouts,
                 call_timeout,
@@ -386,6 +397,9 @@ impl Node {
                 };
                 let result = s.run(call, within, !known).await;
                 self.count_reply(s, &result);
+                if call.may_resend() && matches!(result, Err(ref e) if is_timeout(e)) {
+                    self.owe(s, call);
+                }
                 if result.is_ok() && !known {
                     let mut loaded = lock(&self.inner.loaded);
                     if loaded.0 != generation {
@@ -411,10 +425,7 @@ impl Node {
     /// (a reply, or a connection that broke and is replaced) ends one.
     fn count_reply<T>(&self, s: &Standalone, result: &Result<T, Error>) {
         match result {
-            Err(Error::Unavailable {
-                reason: UnavailableReason::TimedOut,
-                ..
-            }) => {
+            Err(e) if is_timeout(e) => {
                 if s.stall.unanswered() {
                     let addr = read(&s.current).addr.clone();
                     tracing::warn!(
@@ -425,8 +436,52 @@ impl Node {
                     ask_until_answered(&self.inner);
                 }
             }
-            _ => s.stall.answered(),
+            _ => {
+                s.stall.answered();
+                self.repay(s);
+            }
         }
+    }
+
+    /// Keeps a release that timed out, to send again once the server answers: the
+    /// driver drops a request that times out while it still waits for room in the
+    /// connection's queue (a connection backed up toward a stopped server), although the
+    /// acquire before it was written, and the server would keep that grant until the
+    /// lease ends. Only a token's last call is kept ([`Call::may_resend`]): it acts on
+    /// that token alone, so sending it again, after whatever was sent meanwhile, does no
+    /// harm.
+    fn owe(&self, s: &Standalone, call: &Call) {
+        let mut owed = lock(&s.owed);
+        if owed.len() >= OWED_MAX {
+            owed.remove(0);
+        }
+        owed.push(call.clone());
+        s.owing.store(true, Ordering::Release);
+    }
+
+    /// Sends again, in the background, the releases kept by [`owe`](Self::owe): the
+    /// server answers, so what was sent before them has run (replies come in order) or
+    /// will run before them.
+    fn repay(&self, s: &Standalone) {
+        if !s.owing.load(Ordering::Acquire) {
+            return;
+        }
+        let calls = {
+            let mut owed = lock(&s.owed);
+            s.owing.store(false, Ordering::Release);
+            std::mem::take(&mut *owed)
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the keys expire with their leases
+        };
+        tracing::debug!(node = %self.addr(), releases = calls.len(), "sending again releases that timed out");
+        let node = self.clone();
+        runtime.spawn(async move {
+            for call in calls {
+                // One that times out again is kept again.
+                let _ = node.run::<redis::Value>(&call, None).await;
+            }
+        });
     }
 
     /// Once per connection (per [`generation`](Self::generation)), in the background:
@@ -870,7 +925,8 @@ fn ask_until_answered(inner: &Arc<Inner>) {
             () = meanwhile => return,
         };
         let Some(inner) = weak.upgrade() else { return };
-        let Link::Standalone(s) = &inner.link else { return };
+        let node = Node { inner };
+        let Link::Standalone(s) = &node.inner.link else { return };
         if s.stall.stalled() {
             match answer {
                 Ok(()) => tracing::info!(node = %current.addr, "the server answers again"),
@@ -880,6 +936,7 @@ fn ask_until_answered(inner: &Arc<Inner>) {
             }
         }
         s.stall.answered();
+        node.repay(s);
     });
 }
 
@@ -946,6 +1003,17 @@ pub(super) fn timed_out(addr: &str, after: Duration) -> Error {
         detail: format!("no answer within {}", HumanDuration(after)),
         source: None,
     }
+}
+
+/// Whether `e` says that a call got no answer in time.
+fn is_timeout(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Unavailable {
+            reason: UnavailableReason::TimedOut,
+            ..
+        }
+    )
 }
 
 /// A call held back, unsent, since the node's server stopped answering.

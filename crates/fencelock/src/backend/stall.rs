@@ -19,12 +19,13 @@
 //!   written before the stall (the server runs them after those acquires when it
 //!   resumes), renewals, reads.
 //!
-//! One limit is the driver's: a request that times out while it still waits for room
-//! in the connection's 50-request queue (the socket backed up toward a stopped server)
-//! is dropped unsent, while the requests before it were written. A release lost so
-//! leaves its grant on the resumed server until the lease ends. Sending it again later
-//! would reorder it after a later attempt of the same acquire (one token serves all its
-//! attempts), which it could then undo: so it is not.
+//! The driver drops a request that times out while it still waits for room in the
+//! connection's 50-request queue (the socket backed up toward a stopped server), though
+//! the requests before it were written: a release lost so would leave its grant on the
+//! resumed server until the lease ends. So a node keeps the releases that timed out and
+//! sends them again once the server answers (`Node::owe`), but only a token's last call:
+//! a failed attempt's take-back, sent again after the next attempt of the same acquire
+//! (one token serves all its attempts), could undo that grant.
 //!
 //! One `PING`, on a connection of its own without a response timeout, waits for the
 //! server to answer again; its answer (or a failure of that connection), any reply on the

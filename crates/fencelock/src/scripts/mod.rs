@@ -350,6 +350,7 @@ impl Lua {
 
 /// One call of a script: its keys and arguments, sent in the flavor of the node that
 /// runs it, and what error messages name (the script and the keys it was given).
+#[derive(Clone)]
 pub(crate) struct Call {
     lua: Lua,
     /// Declared keys (`KEYS`).
@@ -364,11 +365,14 @@ pub(crate) struct Call {
     /// A release or withdrawal: when the token it undoes was drawn (see
     /// [`Call::undoing`]).
     undoes: Option<Instant>,
+    /// A release or withdrawal of a token no later attempt uses (see [`Call::undoing`]).
+    last: bool,
 }
 
 /// A list of byte strings in one buffer (a call's keys or arguments): two allocations
 /// for the whole list, where a `Vec` of each would take one per item. Calls are built for
 /// every acquire and release.
+#[derive(Clone)]
 struct Parts {
     data: Vec<u8>,
     /// Where each item ends in `data`.
@@ -452,16 +456,37 @@ impl Call {
             keys_in_args: Vec::new(),
             evalsha: [OnceLock::new(), OnceLock::new()],
             undoes: None,
+            last: false,
         }
     }
 
     /// Marks the call as undoing only what acquires of `token` wrote (a release, a
     /// withdrawal): a node that held back every acquire since before the token was drawn
     /// has nothing of it, and need not be sent this either. A token read back (not drawn
-    /// here) is always sent.
-    pub(crate) fn undoing(mut self, token: &HolderToken) -> Self {
+    /// here) is always sent. `last`: no attempt of the token follows (a lock released,
+    /// an acquire that ended), so the call may be sent again later if it may have been
+    /// lost (see [`Call::may_resend`]); a failed attempt's take-back, which the next
+    /// attempt with the same token follows, may not: sent late, it could undo that grant.
+    pub(crate) fn undoing(mut self, token: &HolderToken, last: bool) -> Self {
         self.undoes = token.drawn();
+        self.last = last;
         self
+    }
+
+    /// Whether the call may be sent again after it timed out (it may have been dropped
+    /// unsent): the last release or withdrawal of its token, by a script that acts only
+    /// on that token, so that running it twice, or after anything else, does no harm.
+    /// Not a reentrant release, which counts down one of its owner's holds.
+    pub(crate) fn may_resend(&self) -> bool {
+        self.last
+            && matches!(
+                self.lua,
+                Lua::Release
+                    | Lua::FairRelease
+                    | Lua::FairLeave
+                    | Lua::SemaphoreRelease
+                    | Lua::ReadRelease
+            )
     }
 
     /// When the token this call undoes was drawn, if it was drawn by this client (see
@@ -1101,6 +1126,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn only_a_tokens_last_release_by_token_may_be_sent_again() {
+        let keys = LockKeys::new("fl", "orders:7").unwrap();
+        let token = HolderToken::generate();
+        let release = || release(&keys, &token, 0, Duration::ZERO, true);
+        assert!(release().undoing(&token, true).may_resend());
+        assert!(
+            !release().undoing(&token, false).may_resend(),
+            "a take-back: the next attempt uses the token"
+        );
+        assert!(!release().may_resend(), "not marked as a release");
+        assert!(fair_leave(&keys, &token).undoing(&token, true).may_resend());
+        assert!(
+            !reentrant_release(&keys, "owner", &token)
+                .undoing(&token, true)
+                .may_resend(),
+            "counts down one hold of several"
+        );
+        let drawn = token.drawn().expect("drawn here");
+        assert_eq!(release().undoing(&token, true).undoes(), Some(drawn));
+        let stored = HolderToken::from_stored(token.as_str().to_owned());
+        assert_eq!(release().undoing(&stored, true).undoes(), None);
     }
 
     #[test]
