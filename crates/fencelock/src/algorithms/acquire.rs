@@ -33,7 +33,7 @@ use crate::algorithms::retry::Retry;
 use crate::backend::quorum::lease_end;
 use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
 use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Mode, Undo};
-use crate::error::{Blocker, Error, NodeList, NodeReport, UnavailableReason};
+use crate::error::{Blocker, Error, NodeList, NodeOutcome, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
 use crate::shared::{Shared, Withdrawn};
@@ -141,6 +141,10 @@ async fn attempts(
     // Whether an attempt that went out got no definite answer (a timeout, a dropped
     // connection): its write may still land, so it must be withdrawn at the end.
     let mut unanswered = false;
+    // Whether a Redlock attempt's take-back may have been lost on a node that did not
+    // answer in time (the driver drops a request that times out before it is written):
+    // the acquire's last withdrawal, which is sent again if need be, covers it.
+    let mut taken_back_unheard = false;
     // The last attempt Redis answered "not yours" (fair mode): when it was sent, and the
     // fencing counter it reported. A handover minted a higher token than that counter
     // only if it came after that answer, so its lease started after that send; one
@@ -237,7 +241,8 @@ async fn attempts(
             }) => {
                 // A definite answer (a failed Redlock quorum was already taken back
                 // everywhere); only an earlier unanswered attempt is still a maybe.
-                pending.maybe_written = unanswered;
+                taken_back_unheard |= any_timed_out(&nodes);
+                pending.maybe_written = unanswered || taken_back_unheard;
                 refused = Some((sent, fence_seen));
                 report.held(waits, attempt, blocked_by, &nodes);
                 // The lock is someone else's: their release will wake a waiter. An
@@ -282,7 +287,9 @@ async fn attempts(
                 // was not sent (a stalled node); a failed quorum was taken back
                 // everywhere already.
                 unanswered |= matches!(e, Error::Unavailable { reason, .. } if reason != UnavailableReason::Stalled);
-                pending.maybe_written = unanswered;
+                taken_back_unheard |=
+                    matches!(&e, Error::NoQuorum { nodes, .. } if any_timed_out(nodes));
+                pending.maybe_written = unanswered || taken_back_unheard;
                 if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
                     pending.withdraw(Undo::Withdraw).await;
                     return Err(e);
@@ -342,6 +349,16 @@ async fn attempts(
         }
         attempt = attempt.saturating_add(1);
     }
+}
+
+/// Whether a Redlock node got no answer in time (or none before the verdict).
+fn any_timed_out(nodes: &[NodeReport]) -> bool {
+    nodes.iter().any(|n| {
+        matches!(
+            n.outcome,
+            NodeOutcome::Unavailable(UnavailableReason::TimedOut)
+        )
+    })
 }
 
 /// How long a grant may wait for its replicas: a tenth of the lease, at most 1 s, at
@@ -658,10 +675,10 @@ impl Pending {
         }
     }
 
-    /// Withdraws now, so the caller's error comes after the cleanup; on failure (or if
-    /// this future is dropped) the drop retries in the background.
-    /// Withdraws what the acquire may have written. `undo`: [`Undo::Withdraw`] when the
-    /// acquire ends, [`Undo::TakeBack`] when it may try again with the same token.
+    /// Withdraws what the acquire may have written, now, so the caller's error comes
+    /// after the cleanup; on failure (or if this future is dropped) the drop retries in
+    /// the background. `undo`: [`Undo::Withdraw`] when the acquire ends,
+    /// [`Undo::TakeBack`] when it may try again with the same token.
     async fn withdraw(&mut self, undo: Undo) {
         if !self.owes_cleanup() {
             return;

@@ -6,6 +6,7 @@
 //! calls are routed by slot ([`super::cluster`]). Callers see the same methods for both;
 //! what differs is behind [`Link`].
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -92,15 +93,21 @@ struct Standalone {
     /// meanwhile.
     stall: Stall,
     /// Releases that timed out and may have been dropped unsent (see [`Node::owe`]),
-    /// sent again once the server answers; at most [`OWED_MAX`].
-    owed: Mutex<Vec<Call>>,
+    /// sent again once the server answers, each with the times it was sent again; at
+    /// most [`OWED_MAX`].
+    owed: Mutex<VecDeque<(Call, u8)>>,
     /// Whether `owed` holds any (read on every reply).
     owing: AtomicBool,
+    /// Whether a task is sending them again (one at a time).
+    repaying: AtomicBool,
 }
 
 /// How many timed-out releases a node keeps to send again; beyond that the oldest are
 /// forgotten (their keys expire with their leases).
 const OWED_MAX: usize = 1024;
+
+/// How many times a kept release is sent again before it is forgotten.
+const OWED_TRIES: u8 = 3;
 
 /// Where calls go now; shared, since every call reads it (a clone of the client's
 /// connection details would cost allocations per call).
@@ -261,8 +268,9 @@ impl Node {
                     timeouts,
                     call_timeout,
                     stall: Stall::default(),
-                    owed: Mutex::new(Vec::new()),
+                    owed: Mutex::new(VecDeque::new()),
                     owing: AtomicBool::new(false),
+                    repaying: AtomicBool::new(false),
                 })),
                 timeouts,
                 call_timeout,
@@ -380,6 +388,17 @@ impl Node {
         call: &Call,
         within: Option<Duration>,
     ) -> Result<T, Error> {
+        self.run_keeping(call, within, true).await
+    }
+
+    /// As [`run`](Self::run); `keep`: a release that times out is kept to send again
+    /// ([`owe`](Self::owe)), unless this is that sending.
+    async fn run_keeping<T: FromRedisValue>(
+        &self,
+        call: &Call,
+        within: Option<Duration>,
+        keep: bool,
+    ) -> Result<T, Error> {
         let result = match &self.inner.link {
             Link::Standalone(s) => {
                 if s.stall.stalled() && s.holds_back(call) {
@@ -397,8 +416,8 @@ impl Node {
                 };
                 let result = s.run(call, within, !known).await;
                 self.count_reply(s, &result);
-                if call.may_resend() && matches!(result, Err(ref e) if is_timeout(e)) {
-                    self.owe(s, call);
+                if keep && call.may_resend() && matches!(result, Err(ref e) if is_timeout(e)) {
+                    self.owe(s, call.clone(), 0);
                 }
                 if result.is_ok() && !known {
                     let mut loaded = lock(&self.inner.loaded);
@@ -443,44 +462,61 @@ impl Node {
         }
     }
 
-    /// Keeps a release that timed out, to send again once the server answers: the
-    /// driver drops a request that times out while it still waits for room in the
-    /// connection's queue (a connection backed up toward a stopped server), although the
-    /// acquire before it was written, and the server would keep that grant until the
-    /// lease ends. Only a token's last call is kept ([`Call::may_resend`]): it acts on
-    /// that token alone, so sending it again, after whatever was sent meanwhile, does no
-    /// harm.
-    fn owe(&self, s: &Standalone, call: &Call) {
+    /// Keeps a release that timed out (sent again `tries` times so far), to send again
+    /// once the server answers: the driver drops a request that times out while it
+    /// still waits for room in the connection's queue (a connection backed up toward a
+    /// stopped server), although the acquire before it was written, and the server would
+    /// keep that grant until the lease ends. Only a token's last call is kept
+    /// ([`Call::may_resend`]): it acts on that token alone, so sending it again, after
+    /// whatever was sent meanwhile, does no harm.
+    fn owe(&self, s: &Standalone, call: Call, tries: u8) {
+        if tries >= OWED_TRIES {
+            tracing::debug!(node = %self.addr(), "a release sent again timed out each time; its key expires with its lease");
+            return;
+        }
         let mut owed = lock(&s.owed);
         if owed.len() >= OWED_MAX {
-            owed.remove(0);
+            owed.pop_front();
         }
-        owed.push(call.clone());
+        owed.push_back((call, tries));
         s.owing.store(true, Ordering::Release);
     }
 
-    /// Sends again, in the background, the releases kept by [`owe`](Self::owe): the
-    /// server answers, so what was sent before them has run (replies come in order) or
-    /// will run before them.
+    /// Sends again, in the background, the releases kept by [`owe`](Self::owe), one
+    /// task at a time: the server answers, so what was sent before them has run
+    /// (replies come in order) or will run before them.
     fn repay(&self, s: &Standalone) {
-        if !s.owing.load(Ordering::Acquire) {
+        if !s.owing.load(Ordering::Acquire) || s.repaying.swap(true, Ordering::AcqRel) {
             return;
         }
-        let calls = {
-            let mut owed = lock(&s.owed);
-            s.owing.store(false, Ordering::Release);
-            std::mem::take(&mut *owed)
-        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            s.repaying.store(false, Ordering::Release);
             return; // no runtime: the keys expire with their leases
         };
-        tracing::debug!(node = %self.addr(), releases = calls.len(), "sending again releases that timed out");
         let node = self.clone();
         runtime.spawn(async move {
-            for call in calls {
-                // One that times out again is kept again.
-                let _ = node.run::<redis::Value>(&call, None).await;
+            let Link::Standalone(s) = &node.inner.link else { return };
+            loop {
+                let calls = {
+                    let mut owed = lock(&s.owed);
+                    s.owing.store(false, Ordering::Release);
+                    std::mem::take(&mut *owed)
+                };
+                if calls.is_empty() {
+                    break;
+                }
+                tracing::debug!(node = %node.addr(), releases = calls.len(), "sending again releases that timed out");
+                for (call, tries) in calls {
+                    let sent = node.run_keeping::<redis::Value>(&call, None, false).await;
+                    if matches!(sent, Err(ref e) if is_timeout(e)) {
+                        node.owe(s, call, tries + 1);
+                    }
+                }
+                if s.stall.stalled() {
+                    break; // the rest when it answers again
+                }
             }
+            s.repaying.store(false, Ordering::Release);
         });
     }
 
@@ -928,7 +964,7 @@ fn ask_until_answered(inner: &Arc<Inner>) {
         let node = Node { inner };
         let Link::Standalone(s) = &node.inner.link else { return };
         if s.stall.stalled() {
-            match answer {
+            match &answer {
                 Ok(()) => tracing::info!(node = %current.addr, "the server answers again"),
                 Err(e) => {
                     tracing::info!(node = %current.addr, error = %e, "a stalled server's probe failed; acquires are sent again");
@@ -936,7 +972,9 @@ fn ask_until_answered(inner: &Arc<Inner>) {
             }
         }
         s.stall.answered();
-        node.repay(s);
+        if answer.is_ok() {
+            node.repay(s);
+        }
     });
 }
 

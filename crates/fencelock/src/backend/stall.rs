@@ -23,7 +23,8 @@
 //! connection's 50-request queue (the socket backed up toward a stopped server), though
 //! the requests before it were written: a release lost so would leave its grant on the
 //! resumed server until the lease ends. So a node keeps the releases that timed out and
-//! sends them again once the server answers (`Node::owe`), but only a token's last call:
+//! sends them again once the server answers (`Node::owe`: at most 1,024 kept, each sent
+//! again at most three times, one task at a time), but only a token's last call:
 //! a failed attempt's take-back, sent again after the next attempt of the same acquire
 //! (one token serves all its attempts), could undo that grant.
 //!

@@ -475,8 +475,9 @@ impl Call {
 
     /// Whether the call may be sent again after it timed out (it may have been dropped
     /// unsent): the last release or withdrawal of its token, by a script that acts only
-    /// on that token, so that running it twice, or after anything else, does no harm.
-    /// Not a reentrant release, which counts down one of its owner's holds.
+    /// on that token (a reentrant release gives up the hold of its token, a read
+    /// release the reader of its token), so that running it twice, or after anything
+    /// else, does no harm.
     pub(crate) fn may_resend(&self) -> bool {
         self.last
             && matches!(
@@ -484,6 +485,7 @@ impl Call {
                 Lua::Release
                     | Lua::FairRelease
                     | Lua::FairLeave
+                    | Lua::ReentrantRelease
                     | Lua::SemaphoreRelease
                     | Lua::ReadRelease
             )
@@ -1141,10 +1143,14 @@ mod tests {
         assert!(!release().may_resend(), "not marked as a release");
         assert!(fair_leave(&keys, &token).undoing(&token, true).may_resend());
         assert!(
-            !reentrant_release(&keys, "owner", &token)
+            reentrant_release(&keys, "owner", &token)
                 .undoing(&token, true)
                 .may_resend(),
-            "counts down one hold of several"
+            "gives up the hold of its own token"
+        );
+        assert!(
+            !inspect(&keys).may_resend(),
+            "not a release: never kept to send again"
         );
         let drawn = token.drawn().expect("drawn here");
         assert_eq!(release().undoing(&token, true).undoes(), Some(drawn));
