@@ -85,16 +85,15 @@ async fn a_stalled_node_is_not_sent_every_acquire_and_release() {
     let mut servers = RedisServer::start_many(3);
     let c = redlock(&servers, None).await;
     const LEASE: Duration = Duration::from_secs(30);
-    let cycle = async || {
-        let g = c
-            .lock("rl")
+    let acquire = async || {
+        c.lock("rl")
             .lease(LEASE)
             .renew(false)
             .try_acquire()
             .await
-            .expect("2 of 3 suffice");
-        g.release().await.unwrap();
+            .expect("2 of 3 suffice")
     };
+    let cycle = async || acquire().await.release().await.unwrap();
     cycle().await; // scripts loaded
     let addr = servers[2].addr();
     common::memory_policy_read(&addr).await;
@@ -135,13 +134,7 @@ async fn a_stalled_node_is_not_sent_every_acquire_and_release() {
         "acquires reach it again",
         Duration::from_secs(5),
         async || {
-            let g = c
-                .lock("rl")
-                .lease(LEASE)
-                .renew(false)
-                .try_acquire()
-                .await
-                .unwrap();
+            let g = acquire().await;
             c.flush().await; // the acquire answers at a majority: wait for the third
             let reached = holds(&servers[2], g.holder_token().as_str());
             g.release().await.unwrap();

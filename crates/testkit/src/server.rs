@@ -815,19 +815,9 @@ impl RedisServer {
     /// # Panics
     /// If `/proc/net/tcp` cannot be read.
     pub fn unread_request_bytes(&self) -> usize {
-        let mut readable = false;
-        let mut unread = 0;
-        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            if let Ok(text) = fs::read_to_string(table) {
-                readable = true;
-                unread += unread_bytes_in(&text, self.port);
-            }
-        }
-        assert!(
-            readable,
-            "testkit: unread_request_bytes: cannot read /proc/net/tcp"
-        );
-        unread
+        self.sum_over_tcp_tables("unread_request_bytes", |table| {
+            unread_bytes_in(table, self.port)
+        })
     }
 
     /// Bytes that clients have written toward the server and it has not read
@@ -844,19 +834,24 @@ impl RedisServer {
     /// # Panics
     /// If `/proc/net/tcp` cannot be read.
     pub fn pending_request_bytes(&self) -> usize {
+        self.sum_over_tcp_tables("pending_request_bytes", |table| {
+            unread_bytes_in(table, self.port) + unsent_bytes_in(table, self.port)
+        })
+    }
+
+    /// `count` of `/proc/net/tcp` plus `count` of `/proc/net/tcp6` (each read once);
+    /// panics, naming `caller`, if neither can be read.
+    fn sum_over_tcp_tables(&self, caller: &str, count: impl Fn(&str) -> usize) -> usize {
         let mut readable = false;
-        let mut pending = 0;
+        let mut sum = 0;
         for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
             if let Ok(text) = fs::read_to_string(table) {
                 readable = true;
-                pending += unread_bytes_in(&text, self.port) + unsent_bytes_in(&text, self.port);
+                sum += count(&text);
             }
         }
-        assert!(
-            readable,
-            "testkit: pending_request_bytes: cannot read /proc/net/tcp"
-        );
-        pending
+        assert!(readable, "testkit: {caller}: cannot read /proc/net/tcp");
+        sum
     }
 
     /// Non-panicking [`cmd`](Self::cmd) with a caller-chosen timeout for
