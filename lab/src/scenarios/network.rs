@@ -112,9 +112,10 @@ fn is_late_refusal(e: &Event) -> bool {
 
 pub const DROPPED_REPLIES: Scenario = Scenario {
     name: "dropped-replies",
-    what: "p1 waits for the harness's lock (2 s lease) through a proxy that then drops its \
-        replies (its requests still run) until 3 TTLs after that lease ended, and resets \
-        its connections; p2, p3 start once someone took the lock in the fault",
+    what: "p1 waits for the harness's lock (2 s lease) through a proxy that drops its \
+        replies (its requests still run) from 150 ms before that lease ends until 3 TTLs \
+        after, and resets its connections; p2, p3 start once someone took the lock in the \
+        fault",
     expected: "a grant p1 has not heard of holds the lock (exercised); p1 holds it only once a \
         retry of the same acquire is answered, else it is withdrawn or expires; C6: the \
         lock back within one TTL of the heal; every checker holds",
@@ -172,6 +173,16 @@ impl Lab {
                 ));
             }
             thread::sleep(Duration::from_millis(1));
+        }
+        // The fault starts shortly before the harness's lease ends, so that worker 1's
+        // attempt at its end goes out in the fault before its client could count the
+        // node as stalled (8 calls in a row unanswered: it would then send no acquire
+        // until the heal, and nobody would take the lock in the fault).
+        if let Some(wait) = holder_until
+            .checked_sub(Duration::from_millis(150))
+            .and_then(|start| start.checked_duration_since(Instant::now()))
+        {
+            thread::sleep(wait);
         }
         proxy.set(Fault::DropReplies);
         let dropped = Instant::now();

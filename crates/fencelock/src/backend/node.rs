@@ -493,30 +493,36 @@ impl Node {
             s.repaying.store(false, Ordering::Release);
             return; // no runtime: the keys expire with their leases
         };
-        let node = self.clone();
+        // A weak handle: a client dropped meanwhile ends the task at its next call.
+        let weak = Arc::downgrade(&self.inner);
         runtime.spawn(async move {
-            let Link::Standalone(s) = &node.inner.link else { return };
             loop {
-                let calls = {
-                    let mut owed = lock(&s.owed);
-                    s.owing.store(false, Ordering::Release);
-                    std::mem::take(&mut *owed)
+                let Some(inner) = weak.upgrade() else { return };
+                let node = Node { inner };
+                let Link::Standalone(s) = &node.inner.link else {
+                    return;
                 };
-                if calls.is_empty() {
-                    break;
-                }
-                tracing::debug!(node = %node.addr(), releases = calls.len(), "sending again releases that timed out");
-                for (call, tries) in calls {
-                    let sent = node.run_keeping::<redis::Value>(&call, None, false).await;
-                    if matches!(sent, Err(ref e) if is_timeout(e)) {
-                        node.owe(s, call, tries + 1);
+                // Stalled again: the rest when it answers.
+                let next = (!s.stall.stalled()).then(|| {
+                    let mut owed = lock(&s.owed);
+                    let next = owed.pop_front();
+                    s.owing.store(!owed.is_empty(), Ordering::Release);
+                    next
+                });
+                let Some((call, tries)) = next.flatten() else {
+                    s.repaying.store(false, Ordering::Release);
+                    // Kept meanwhile, after the last look: not left for the next reply.
+                    if s.owing.load(Ordering::Acquire) && !s.stall.stalled() {
+                        node.repay(s);
                     }
-                }
-                if s.stall.stalled() {
-                    break; // the rest when it answers again
+                    return;
+                };
+                tracing::debug!(node = %node.addr(), "sending again a release that timed out");
+                let sent = node.run_keeping::<redis::Value>(&call, None, false).await;
+                if matches!(sent, Err(ref e) if is_timeout(e)) {
+                    node.owe(s, call, tries + 1);
                 }
             }
-            s.repaying.store(false, Ordering::Release);
         });
     }
 
