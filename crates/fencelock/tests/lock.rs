@@ -438,13 +438,7 @@ async fn an_acquire_that_times_out_is_unavailable_and_cleans_up() {
         .connect()
         .await
         .unwrap();
-    c.lock("p")
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    common::load_scripts(&c, "p").await;
     r.pause();
     let started = Instant::now();
     let err = c
@@ -489,18 +483,10 @@ async fn acquires_are_held_back_from_a_server_that_stopped_answering() {
         .connect()
         .await
         .unwrap();
-    c.lock("stall")
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap(); // scripts loaded
+    common::load_scripts(&c, "stall").await;
     common::memory_policy_read(&r.addr()).await;
-    // A counter ahead of the server clock goes up by exactly one per token minted: it
-    // counts the attempts the server ran.
-    let last_fence = r.server_time().as_micros() as u64 + 3_600_000_000;
-    r.cmd(&["SET", "fencelock:{stall}:fence", &last_fence.to_string()]);
+    // It counts the attempts the server ran.
+    let last_fence = common::counter_ahead(&r, "stall");
     r.pause();
     let attempt = async || {
         c.lock("stall")
@@ -651,17 +637,9 @@ async fn a_retried_acquire_whose_reply_was_lost_gets_the_same_grant() {
     // Scripts loaded on this connection first, so that an attempt is one EVALSHA (not
     // SCRIPT LOAD and EVALSHA, which the checks below would take for two attempts); and
     // the client's one memory-policy read of the connection done before the fault.
-    c.lock("warm")
-        .try_acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    common::load_scripts(&c, "warm").await;
     common::memory_policy_read(&r.addr()).await;
-    // A counter ahead of the server clock goes up by exactly one per token minted.
-    let last_fence = r.server_time().as_micros() as u64 + 3_600_000_000;
-    r.cmd(&["SET", "fencelock:{i}:fence", &last_fence.to_string()]);
+    let last_fence = common::counter_ahead(&r, "i");
 
     r.pause();
     let started = Instant::now();

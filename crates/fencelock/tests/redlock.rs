@@ -370,13 +370,7 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
     let a = redlock(&servers, None).await;
     let b = redlock(&servers, None).await;
     for c in [&a, &b] {
-        c.lock("warm")
-            .try_acquire()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap(); // scripts loaded
+        common::load_scripts(c, "warm").await;
     }
     servers[4].cmd(&["CONFIG", "RESETSTAT"]);
     servers[4].pause();

@@ -109,6 +109,33 @@ pub fn traces() -> &'static TraceLog {
     })
 }
 
+/// Loads the lock scripts on `client`'s connections (an acquire and a release of `name`),
+/// so that the test's later attempts are one `EVALSHA` each, not `SCRIPT LOAD` and
+/// `EVALSHA` (which a count of the requests reaching a server would take for two).
+pub async fn load_scripts(client: &fencelock::Client, name: &str) {
+    client
+        .lock(name)
+        .try_acquire()
+        .await
+        .expect("the warm-up acquire")
+        .release()
+        .await
+        .expect("the warm-up release");
+}
+
+/// Sets the fencing counter of lock `name` (default prefix) an hour ahead of `server`'s
+/// clock and returns it: each token minted from it is then exactly one higher than the
+/// last, so the counter counts the grants the server made.
+pub fn counter_ahead(server: &testkit::RedisServer, name: &str) -> u64 {
+    let ahead = server.server_time().as_micros() as u64 + 3_600_000_000;
+    server.cmd(&[
+        "SET",
+        &format!("fencelock:{{{name}}}:fence"),
+        &ahead.to_string(),
+    ]);
+    ahead
+}
+
 /// Waits until the client has read the memory policy of the server at `addr` (the one
 /// `INFO memory` a client sends per connection, in the background after its first call):
 /// for tests that then count or hold back the requests that reach the server. The test
