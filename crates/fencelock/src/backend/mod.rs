@@ -689,6 +689,10 @@ impl Backend {
     /// the counters to `fence`), or in fair mode its place in the queue. `undo`: whether
     /// another attempt with the token may follow ([`Undo::TakeBack`]) or not. Succeeds
     /// when any node answered, whatever it found.
+    ///
+    /// Cancel safety: as [`Node::run`]; a call dropped before it went out leaves its key
+    /// to expire with its lease (one that timed out is kept and sent again, if it is the
+    /// token's last).
     pub async fn abandon(
         &self,
         keys: &LockKeys,

@@ -391,8 +391,8 @@ impl Node {
         self.run_keeping(call, within, true).await
     }
 
-    /// As [`run`](Self::run); `keep`: a release that times out is kept to send again
-    /// ([`owe`](Self::owe)), unless this is that sending.
+    /// As [`run`](Self::run), cancel safety included; `keep`: a release that times out is
+    /// kept to send again ([`owe`](Self::owe)), unless this is that sending.
     async fn run_keeping<T: FromRedisValue>(
         &self,
         call: &Call,
