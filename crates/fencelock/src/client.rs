@@ -362,9 +362,10 @@ impl Client {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientStats {
-    /// Release channels subscribed to (one per lock name with waiters, and for fair
-    /// waiters also this client's own channel of that name, until the unsubscribe after
-    /// the last waiter left has gone through), summed over the nodes of a Redlock client.
+    /// Release channels subscribed to (one per lock name with waiters, and for plain and
+    /// fair waiters also this client's own channel of that name, until the unsubscribe
+    /// after the last waiter left has gone through), summed over the nodes of a Redlock
+    /// client.
     pub subscribed_channels: usize,
     /// Waiters registered for release notifications (a Redlock waiter registers on
     /// every node, and counts once per node).

@@ -10,6 +10,7 @@
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | likewise |
 //! | `fencelock:{orders:42}:grants` | hash | fair mode: what each waiter asked for (its TTL and holder info), so a release can hand the lock over | likewise |
 //! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |
+//! | `fencelock:{orders:42}:wakes` | zset | plain mode: the [tags](#release-channels) of the clients with a waiting acquire, each with a deadline (server ms) by which it calls again; `*` for waiting readers | 2 × the listing's timeout after the last listing |
 //!
 //! A semaphore ([`LockBuilder::permits`](crate::LockBuilder::permits)) named `pool` uses
 //! `fencelock:{pool}` as a zset instead (each holder's token, scored with the end of its
@@ -27,13 +28,18 @@
 //! lease; it expires with the last deadline. Grants of both sides come from one fencing
 //! counter.
 //!
+//! ## Release channels
+//!
 //! Releases are announced on the pub/sub channel `fencelock:{orders:42}:released`: on
 //! an empty message (a plain or reentrant release) each client wakes its longest-waiting
 //! plain waiter and all its reentrant and fair waiters; a message carrying an owner token
-//! wakes that waiter (the head of a fair queue). A fair release that hands the lock to
-//! the head of the queue says so with `G TOKEN FENCE PX` on the channel of that
-//! waiter's client only, `fencelock:{orders:42}:released:<client tag>` (a random tag per
-//! [`Client`](crate::Client)).
+//! wakes that waiter (the head of a fair queue). Each [`Client`](crate::Client) has a
+//! random tag, and its own channel for each lock, `fencelock:{orders:42}:released:<tag>`.
+//! A fair release that hands the lock to the head of the queue says so with `G TOKEN
+//! FENCE PX` on the own channel of that waiter's client only. A plain release whose wake
+//! list names a client wakes that client only, with an empty message on its own channel
+//! (the client listed longest ago, taken off the list); with nobody live listed, or
+//! readers waiting, it announces on the lock's channel, which every client hears.
 //!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain
@@ -115,6 +121,12 @@ impl LockKeys {
     /// A read-write lock's writers waiting for its readers, each with a deadline.
     pub fn writers(&self) -> String {
         self.with_suffix(":writers")
+    }
+
+    /// Plain mode: the clients with a waiting acquire, each with a deadline, of which a
+    /// release wakes one.
+    pub fn wake_list(&self) -> String {
+        self.with_suffix(":wakes")
     }
 
     /// The pub/sub channel releases are announced on.

@@ -37,10 +37,17 @@ use crate::token::{FencingToken, HolderToken};
 /// # How waiting works
 /// A waiting acquire that finds the lock held subscribes to the lock's release channel
 /// and then tries again, so the refusal it waits on came after the subscription and a
-/// release after it is never missed. A release wakes at once one plain waiter of each
-/// [`Client`](crate::Client), the one that has waited longest (one pub/sub message, then one round
-/// trip), rather than every waiter when only one can win; a woken waiter that is
-/// cancelled or fails before Redis answered its attempt hands the wake to the next.
+/// release after it is never missed. A release wakes at once one waiting
+/// [`Client`](crate::Client) (one pub/sub message, then one round trip), rather than every
+/// waiter when only one can win: each refused attempt lists its client on the lock's
+/// wake list in Redis until the lease that refused it would end, and the release wakes
+/// the client listed earliest, whose longest-waiting plain waiter then tries. A client
+/// that no longer listens (exited, crashed) is skipped; a woken waiter that is cancelled
+/// or fails before Redis answered its attempt hands the wake to the next waiter of its
+/// client, or to the next client. With nobody listed, or readers of a read-write lock
+/// waiting, a release wakes one plain waiter of every client. A waiting acquire that
+/// ends without the lock takes its client off the list (in the background) when no
+/// other waiter of the client waits for the lock.
 /// Waiters with an [`reentrant`](Self::reentrant) owner are all woken (holds of one owner can be held
 /// together). A [fair](Self::fair) release hands the lock to the waiter at the head of
 /// the queue and wakes only that one.
@@ -248,7 +255,8 @@ impl LockBuilder {
     /// released by its owner only, withdrawn when an acquire is cancelled, and gone one
     /// lease after its holder crashed; each grant gets a fencing token of its own, higher
     /// than every token granted before it under this name. Waiting is as for a plain
-    /// lock: a release wakes one waiter per [`Client`](crate::Client), and every wait is
+    /// lock with nobody on its wake list: a release wakes one waiter per
+    /// [`Client`](crate::Client), and every wait is
     /// also bounded by the end of the first held permit's lease. [`Error::Held`] says
     /// [`Blocker::Permits`](crate::Blocker::Permits): how many permits there are and when
     /// the first frees.

@@ -54,6 +54,29 @@ pub(crate) enum Withdrawn {
 }
 
 impl Shared {
+    /// Takes this client off the wake list of the lock of `keys` without waiting, once
+    /// none of its plain waiters waits for that lock any more (checked when the call
+    /// goes out: a waiter that came meanwhile keeps the listing). Without a Tokio
+    /// runtime it does nothing, and the listing expires by itself.
+    pub fn unlist_in_background(&self, keys: &LockKeys) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let keys = keys.clone();
+        self.background.spawn_on(
+            async move {
+                if backend.plain_waiters(&backend.own_channel(&keys)) > 0 {
+                    return;
+                }
+                if let Err(e) = backend.unlist(&keys).await {
+                    tracing::debug!(lock = keys.name(), error = %e, "leaving the wake list failed; the listing expires by itself");
+                }
+            },
+            &runtime,
+        );
+    }
+
     /// Withdraws a token (its grant, its queue place) without waiting. Never blocks or
     /// panics; without a Tokio runtime it does nothing, and the key expires after its
     /// lease (a queue place after the waiter timeout).

@@ -95,7 +95,8 @@ async fn a_release_wakes_a_waiter_in_another_client_by_sharded_pub_sub_over_tls(
         Duration::from_secs(10),
         async || {
             let stats = other.stats();
-            stats.waiters == 1 && stats.subscribed_channels == 1
+            // The lock's channel and this client's own.
+            stats.waiters == 1 && stats.subscribed_channels == 2
         },
     )
     .await;

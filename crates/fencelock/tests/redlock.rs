@@ -383,6 +383,15 @@ async fn stale_requests_from_a_paused_node_never_touch_another_holders_key() {
         .unwrap();
     let a_token = ga.holder_token().as_str().to_owned();
     ga.release().await.unwrap();
+    // The release answered once a majority had it; B acquires after it reached the
+    // other live node too (else B may find A's key there, and hold a majority without
+    // it).
+    eventually(
+        "A's release reached every live node",
+        Duration::from_secs(5),
+        async || !servers[..4].iter().any(|s| holds(s, &a_token)),
+    )
+    .await;
     let gb = b
         .lock("rl")
         .lease(Duration::from_secs(10))

@@ -90,7 +90,8 @@ async fn a_waiter_over_tls_is_woken_by_the_release() {
         Duration::from_secs(5),
         async || {
             let stats = client.stats();
-            stats.waiters == 1 && stats.subscribed_channels == 1
+            // The lock's channel and this client's own.
+            stats.waiters == 1 && stats.subscribed_channels == 2
         },
     )
     .await;
@@ -438,7 +439,8 @@ async fn mutual_tls_through_sentinels_refuses_a_client_without_its_certificate()
         Duration::from_secs(5),
         async || {
             let stats = client.stats();
-            stats.waiters == 1 && stats.subscribed_channels == 1
+            // The lock's channel and this client's own.
+            stats.waiters == 1 && stats.subscribed_channels == 2
         },
     )
     .await;

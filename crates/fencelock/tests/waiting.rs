@@ -17,7 +17,8 @@ fn llen(r: &RedisServer, key: &str) -> i64 {
 }
 
 /// Another OS process running the library: `hold TTL_MS` takes the lock and never
-/// releases it; `fair-wait TIMEOUT_MS` joins the fair queue and waits for ever.
+/// releases it; `wait 0` waits for it for ever; `fair-wait TIMEOUT_MS` joins the fair
+/// queue and waits for ever.
 fn helper(r: &RedisServer, name: &str, mode: &str, arg: u64) -> common::Helper {
     spawn_helper(
         "helper_process",
@@ -42,6 +43,7 @@ fn helper_process() {
                 .try_acquire()
                 .await
                 .unwrap(),
+            "wait" => c.lock(name).wait_forever().acquire().await.unwrap(),
             "fair-wait" => c
                 .lock(name)
                 .waiter_timeout(arg)
@@ -397,8 +399,13 @@ async fn a_cancelled_wait_leaves_no_key_queue_entry_or_subscription() {
         assert!(waiting.await.unwrap_err().is_cancelled());
         assert_eq!(c.stats().waiters, 0, "unregistered in the client at once");
         if !fair {
-            // Every attempt was answered: there is nothing to withdraw.
-            assert_eq!(c.stats().background_tasks, 0, "no release sent for nothing");
+            // Every attempt was answered: there is nothing to withdraw. The one call in
+            // the background (if it has not gone out yet) takes the client off the wake
+            // list.
+            assert!(
+                c.stats().background_tasks <= 1,
+                "no release sent for nothing"
+            );
         }
         c.flush().await;
         assert_eq!(llen(&r, &queue), 0, "no queue entry left");
@@ -407,6 +414,7 @@ async fn a_cancelled_wait_leaves_no_key_queue_entry_or_subscription() {
                 .as_int(),
             Some(0)
         );
+        // A plain waiter's client left the wake list its attempts put it on.
         assert_eq!(r.cmd(&["DBSIZE"]).as_int(), keys_before, "no key left");
         let channel = format!("fencelock:{{{name}}}:released");
         eventually(
@@ -910,4 +918,237 @@ async fn the_queue_keys_of_crashed_waiters_expire_by_themselves() {
         async || !r.exists("fencelock:{q}:queue") && !r.exists("fencelock:{q}:waiters"),
     )
     .await;
+}
+
+/// The clients on `name`'s wake list (`*` for waiting readers).
+fn listed(r: &RedisServer, name: &str) -> Vec<String> {
+    let key = format!("fencelock:{{{name}}}:wakes");
+    r.cmd(&["ZRANGE", &key, "0", "-1"])
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A waiting acquire of `name` on its own task, which reports on `done` when it got the
+/// lock, then holds it until told on the returned sender to release it.
+fn waiter(
+    c: &Client,
+    name: &str,
+    done: tokio::sync::mpsc::UnboundedSender<usize>,
+    id: usize,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let lock = c
+        .lock(name)
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .wait(Duration::from_secs(30));
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let guard = lock.acquire().await.unwrap();
+        done.send(id).unwrap();
+        let _ = released.await;
+        guard.release().await.unwrap();
+    });
+    (task, release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_one_waiting_client_by_name_not_every_client() {
+    let r = RedisServer::start();
+    let holder_client = Client::connect(&r.url()).await.unwrap();
+    common::load_scripts(&holder_client, "warm-up").await;
+    // A 60 s lease, not renewed: no waiter's lease-bound timer runs out during the test,
+    // and every script call counted is an attempt or a release.
+    let holder = holder_client
+        .lock("herd")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(Client::connect(&r.url()).await.unwrap());
+    }
+    let (done, mut got) = tokio::sync::mpsc::unbounded_channel();
+    let before_waiters = r.script_calls();
+    let mut releases = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, c) in clients.iter().enumerate() {
+        let (task, release) = waiter(c, "herd", done.clone(), i);
+        tasks.push(task);
+        releases.push(Some(release));
+    }
+    // Each waiter's two refused attempts (before and after subscribing); the second
+    // listed its client.
+    eventually("3 clients listed", Duration::from_secs(5), async || {
+        listed(&r, "herd").len() == 3 && r.script_calls() == before_waiters + 6
+    })
+    .await;
+
+    let before = r.script_calls();
+    holder.release().await.unwrap();
+    let first = got.recv().await.unwrap();
+    // The release and one attempt: the client named was woken, the other two were not
+    // (waking every client would make it 4).
+    assert_eq!(r.script_calls(), before + 2, "one attempt for the release");
+    assert_eq!(
+        listed(&r, "herd").len(),
+        2,
+        "the client woken left the list"
+    );
+    assert_eq!(clients[(first + 1) % 3].stats().waiters, 1);
+    assert_eq!(clients[(first + 2) % 3].stats().waiters, 1);
+
+    // Each release hands the lock to the next client the same way: one attempt each.
+    let before = r.script_calls();
+    releases[first].take().unwrap().send(()).unwrap();
+    let second = got.recv().await.unwrap();
+    assert_ne!(second, first);
+    releases[second].take().unwrap().send(()).unwrap();
+    let third = got.recv().await.unwrap();
+    releases[third].take().unwrap().send(()).unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Three releases and two attempts.
+    assert_eq!(r.script_calls(), before + 5);
+    assert!(listed(&r, "herd").is_empty());
+    assert!(
+        !r.exists("fencelock:{herd}:wakes"),
+        "an empty list leaves no key"
+    );
+}
+
+#[tokio::test]
+async fn a_client_woken_by_name_whose_waiter_was_cancelled_hands_the_wake_on() {
+    let r = RedisServer::start();
+    let holder_client = Client::connect(&r.url()).await.unwrap();
+    common::load_scripts(&holder_client, "warm-up").await;
+    let mut holder = holder_client
+        .lock("baton")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let (first_client, second_client) = (
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    );
+    let waiting = |c: &Client| {
+        c.lock("baton")
+            .lease(Duration::from_secs(60))
+            .renew(false)
+            .wait(Duration::from_secs(30))
+    };
+    // The first waiter's future is polled only until it waits, then never again: a task
+    // that is woken but cancelled before it runs.
+    let first_lock = waiting(&first_client);
+    let mut first = Box::pin(first_lock.acquire());
+    tokio::select! {
+        result = &mut first => panic!("acquired a held lock: {result:?}"),
+        () = eventually("the first client listed", Duration::from_secs(5), async || {
+            listed(&r, "baton").len() == 1
+        }) => {}
+    }
+    // A longer lease now: the second client is listed after the first (for longer), so
+    // the release names the first.
+    holder.extend(Duration::from_secs(120)).await.unwrap();
+    let second_lock = waiting(&second_client);
+    let second = tokio::spawn(async move { second_lock.acquire().await.unwrap() });
+    eventually("both clients listed", Duration::from_secs(5), async || {
+        listed(&r, "baton").len() == 2
+    })
+    .await;
+
+    let before = r.script_calls();
+    holder.release().await.unwrap();
+    eventually(
+        "the first client taken off the list",
+        Duration::from_secs(5),
+        async || listed(&r, "baton").len() == 1,
+    )
+    .await;
+    assert_eq!(
+        r.script_calls(),
+        before + 1,
+        "the release only: the first client's waiter was woken and did not run, the second was not woken"
+    );
+    assert!(!r.exists("fencelock:{baton}"), "the lock is free");
+
+    let dropped = Instant::now();
+    drop(first);
+    let guard = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second client got the wake the first one handed on")
+        .unwrap();
+    assert!(dropped.elapsed() < Duration::from_secs(5));
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_release_skips_a_listed_client_that_was_killed() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    common::load_scripts(&c, "warm-up").await;
+    let mut holder = c
+        .lock("n")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    // Another process waits, listed first; then it is SIGKILLed (its connections go).
+    let mut dead = helper(&r, "n", "wait", 0);
+    eventually(
+        "the other process listed",
+        Duration::from_secs(10),
+        async || listed(&r, "n").len() == 1,
+    )
+    .await;
+    holder.extend(Duration::from_secs(120)).await.unwrap();
+    let waiter = Client::connect(&r.url()).await.unwrap();
+    let lock = waiter
+        .lock("n")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .wait(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    eventually("both listed", Duration::from_secs(5), async || {
+        listed(&r, "n").len() == 2
+    })
+    .await;
+    dead.kill().unwrap();
+    eventually(
+        "the killed process's subscriptions gone",
+        Duration::from_secs(10),
+        async || {
+            let own = r.cmd(&["PUBSUB", "CHANNELS", "fencelock:{n}:released:*"]);
+            own.as_array().is_some_and(|a| a.len() == 1)
+        },
+    )
+    .await;
+    assert_eq!(
+        listed(&r, "n").len(),
+        2,
+        "the killed process is still listed, first"
+    );
+
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    // Named, it would swallow the wake, and the live waiter would sleep out the 120 s
+    // lease; the release finds nobody listening for it and wakes the next.
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the live waiter was woken")
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(5));
+    assert!(listed(&r, "n").is_empty());
+    guard.release().await.unwrap();
 }

@@ -27,16 +27,22 @@ pub const FAIR_HANDOVER: Scenario = Scenario {
     run: |lab, tag, scale| lab.fair_handover(tag, scale),
 };
 
-/// Counts the handover messages (`G TOKEN FENCE PX`) on a lock's clients' own release
-/// channels.
-struct Handovers {
+/// Counts messages on a lock's clients' own release channels: the handovers (`G TOKEN
+/// FENCE PX`) of fair releases, or the wakes by name (empty) of plain ones.
+pub(super) struct Handovers {
     seen: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: thread::JoinHandle<Result<(), String>>,
 }
 
 impl Handovers {
-    fn listen(url: &str, channel: &str) -> Result<Self, String> {
+    /// Listens on every client's own channel of the lock whose release channel is
+    /// `channel`, counting the messages whose payload `counts`.
+    pub(super) fn listen(
+        url: &str,
+        channel: &str,
+        counts: fn(&[u8]) -> bool,
+    ) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let mut conn = client.get_connection().map_err(|e| e.to_string())?;
         conn.set_read_timeout(Some(Duration::from_millis(50)))
@@ -59,7 +65,7 @@ impl Handovers {
             while !done.load(Ordering::Relaxed) {
                 match messages.get_message() {
                     Ok(m) => {
-                        if m.get_payload_bytes().starts_with(b"G ") {
+                        if counts(m.get_payload_bytes()) {
                             tally.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -75,7 +81,8 @@ impl Handovers {
         Ok(Self { seen, stop, thread })
     }
 
-    fn stop(self) -> Result<usize, String> {
+    /// Stops listening: how many messages were counted.
+    pub(super) fn stop(self) -> Result<usize, String> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
             .join()
@@ -95,6 +102,7 @@ impl Lab {
         let handovers = Handovers::listen(
             &self.lock.url(),
             &format!("fencelock:{{lab:{tag}}}:released"),
+            |payload| payload.starts_with(b"G "),
         )?;
         let stop_file = self.dir.join(format!("{tag}.stop"));
         let mut workers = Workers::default();

@@ -31,8 +31,9 @@ use tracing::Instrument;
 
 use crate::algorithms::retry::Retry;
 use crate::backend::quorum::lease_end;
+use crate::backend::subscriber::Wake;
 use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
-use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Mode, Undo};
+use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Listing, Mode, Undo};
 use crate::error::{Blocker, Error, NodeList, NodeOutcome, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
@@ -134,6 +135,7 @@ async fn attempts(
         ttl: req.ttl,
         maybe_written: false,
         queued: false,
+        listed: false,
     };
     let backend = &shared.backend;
     let mut waiter: Option<Waiter> = None;
@@ -163,6 +165,7 @@ async fn attempts(
         let sent = Instant::now();
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
+        let listing = waiter.as_ref().and_then(|w| w.listing(backend, &pending));
         report.attempts = attempt.saturating_add(1);
         let outcome = backend
             .acquire(&AcquireRequest {
@@ -176,6 +179,7 @@ async fn attempts(
                 // A place among waiting writers: taken by a refusal that said so, or
                 // maybe by an attempt that was not answered.
                 queued: pending.queued || (waits && unanswered),
+                listing,
                 calls: &calls,
             })
             .await;
@@ -244,6 +248,7 @@ async fn attempts(
                 taken_back_unheard |= any_timed_out(&nodes);
                 pending.maybe_written = unanswered || taken_back_unheard;
                 refused = Some((sent, fence_seen));
+                pending.listed |= matches!(pending.mode, Mode::Plain) && listing.is_some();
                 report.held(waits, attempt, blocked_by, &nodes);
                 // The lock is someone else's: their release will wake a waiter. An
                 // attempt that failed on an error settles nothing, so if this wait ends
@@ -350,6 +355,11 @@ async fn attempts(
         attempt = attempt.saturating_add(1);
     }
 }
+
+/// How much longer than the lease that refused its attempt a waiting client stays on the
+/// lock's wake list (`fragments/wakes.lua`): the waiter tries again by itself when that
+/// lease ends, and lists its client again if refused; the margin covers its wake-up.
+const LISTING_MARGIN: Duration = Duration::from_secs(1);
 
 /// Whether a Redlock node got no answer in time (or none before the verdict).
 fn any_timed_out(nodes: &[NodeReport]) -> bool {
@@ -537,6 +547,9 @@ struct Waiter {
     subscriptions: Vec<Subscription>,
     /// Whether every node's subscription was confirmed.
     everywhere: bool,
+    /// A plain waiter whose client's own channel is subscribed on every node: its
+    /// attempts list the client on the lock's wake list, and a release wakes it by name.
+    named: bool,
 }
 
 impl Waiter {
@@ -567,24 +580,52 @@ impl Waiter {
         let id = next_waiter_id();
         let wake = pending.mode.wake(&pending.token);
         // A fair waiter also listens on its client's own channel, where the release that
-        // hands it the lock says so (only that client hears it).
-        let own = match pending.mode {
-            Mode::Fair { .. } => Some(backend.own_channel(&pending.keys)),
-            _ => None,
+        // hands it the lock says so (only that client hears it); a plain waiter, where
+        // a release that woke its client by name says so.
+        let (own, own_wake) = match pending.mode {
+            Mode::Fair { .. } => (Some(backend.own_channel(&pending.keys)), wake),
+            Mode::Plain => (
+                Some(backend.own_channel(&pending.keys)),
+                Wake::Named(&pending.keys),
+            ),
+            _ => (None, wake),
         };
         let (mut subscriptions, own) =
             futures_util::future::join(backend.subscribe(&channel, id, wake), async {
                 match &own {
-                    Some(own) => backend.subscribe(own, id, wake).await,
+                    Some(own) => backend.subscribe(own, id, own_wake).await,
                     None => Vec::new(),
                 }
             })
             .await;
         let everywhere = subscriptions.len() == backend.nodes().len();
+        let named = matches!(pending.mode, Mode::Plain) && own.len() == backend.nodes().len();
         subscriptions.extend(own);
         Self {
             subscriptions,
             everywhere,
+            named,
+        }
+    }
+
+    /// Where this waiter's client stands on the lock's wake list after its next
+    /// attempt (a named plain waiter; a waiting reader lists waiting readers): listed
+    /// if refused, and after a grant if other plain waiters of the client wait for the
+    /// lock too. `None`: not listed.
+    fn listing<'a>(&self, backend: &'a Backend, pending: &Pending) -> Option<Listing<'a>> {
+        let tag = backend.client_tag();
+        match pending.mode {
+            Mode::Plain if self.named => Some(Listing {
+                tag,
+                margin: LISTING_MARGIN,
+                stays: backend.plain_waiters(&backend.own_channel(&pending.keys)) > 1,
+            }),
+            Mode::Read { .. } => Some(Listing {
+                tag,
+                margin: LISTING_MARGIN,
+                stays: false,
+            }),
+            _ => None,
         }
     }
 
@@ -617,8 +658,15 @@ impl Waiter {
         }
         let any_release = async {
             match self.subscriptions.as_slice() {
-                // The usual case (one node, not fair): no boxes to poll through.
+                // The usual cases (one node: its channel, and its client's own for plain
+                // and fair waiters): no boxes to poll through.
                 [one] => one.notified().await,
+                [one, two] => {
+                    tokio::select! {
+                        () = one.notified() => {}
+                        () = two.notified() => {}
+                    }
+                }
                 many => {
                     select_all(many.iter().map(|s| Box::pin(s.notified()))).await;
                 }
@@ -643,6 +691,10 @@ struct Pending {
     ttl: Duration,
     maybe_written: bool,
     queued: bool,
+    /// A plain waiter's attempt listed its client on the lock's wake list, and no grant
+    /// took it off: when the acquire ends without the lock, its client leaves the list
+    /// unless another of its waiters waits for the lock.
+    listed: bool,
 }
 
 impl Pending {
@@ -660,7 +712,8 @@ impl Pending {
     ) -> Granted {
         self.maybe_written = false;
         self.queued = false;
-        // Nothing is owed, so the drop needs neither.
+        self.listed = false;
+        // Nothing is owed, so the drop needs none of them.
         let token = std::mem::replace(&mut self.token, HolderToken::from_stored(String::new()));
         Granted {
             keys: LockKeys {
@@ -701,6 +754,9 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
+        if self.listed {
+            self.shared.unlist_in_background(&self.keys);
+        }
         if self.owes_cleanup() {
             self.shared.abandon_in_background(
                 Withdrawn::Acquire,

@@ -33,6 +33,7 @@ use tokio_util::task::TaskTracker;
 use crate::error::{Blocker, Error, LossCause, NodeReport};
 use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
+pub(crate) use crate::scripts::Listing;
 use crate::scripts::{
     self, Call,
     replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed, Resized},
@@ -159,19 +160,35 @@ pub(crate) struct AcquireRequest<'a> {
     /// waiting writers, which a grant then leaves (the first attempt never has: its
     /// grant skips that write).
     pub queued: bool,
+    /// The client's place on the lock's wake list, kept by a refusal: a plain waiter's
+    /// (whose client then hears a release by name), or a waiting reader's (which lists
+    /// waiting readers; only the margin counts).
+    pub listing: Option<Listing<'a>>,
     /// The calls built by the first attempt, sent again by the later ones.
     pub calls: &'a AcquireCalls,
 }
 
-/// The script calls of one acquire: built by its first attempt and sent again by every
-/// later one, since nothing in them changes between attempts but whether it may be
-/// among waiting writers (indexed by [`AcquireRequest::queued`]).
+impl AcquireRequest<'_> {
+    /// Which of [`AcquireCalls`]'s calls this attempt sends.
+    fn variant(&self) -> usize {
+        let listed = match self.listing {
+            None => 0,
+            Some(l) => 1 + usize::from(l.stays),
+        };
+        usize::from(self.queued) * 3 + listed
+    }
+}
+
+/// The script calls of one acquire: built by the attempt that first needs each and sent
+/// again by the later ones, since nothing in them changes between attempts but whether
+/// it may be among waiting writers ([`AcquireRequest::queued`]) and whether and how its
+/// client is listed ([`AcquireRequest::listing`]).
 #[derive(Default)]
 pub(crate) struct AcquireCalls {
     /// The call every node gets (a Redlock node that has said who it is, every other).
-    anonymous: [OnceLock<Arc<Call>>; 2],
+    anonymous: [OnceLock<Arc<Call>>; 6],
     /// A Redlock node that has not said who it is yet: the call that asks it.
-    identified: [OnceLock<Arc<Call>>; 2],
+    identified: [OnceLock<Arc<Call>>; 6],
 }
 
 /// The outcome of one acquire attempt that the nodes answered.
@@ -349,10 +366,37 @@ impl Backend {
     }
 
     /// This client's own release channel for the lock of `keys`: where a fair release
-    /// hands the lock to one of this client's waiters (in the lock's slot, like its
-    /// other channel).
+    /// hands the lock to one of this client's waiters, and a plain release wakes this
+    /// client by name (in the lock's slot, like its other channel).
     pub fn own_channel(&self, keys: &LockKeys) -> String {
         format!("{}:{}", keys.channel(), self.client_tag)
+    }
+
+    /// Takes this client off the wake list of the lock of `keys` on every node: its last
+    /// plain waiter of the lock ended without it. Errors are the nodes' (the listing
+    /// then expires by itself, with the lease that refused the waiter).
+    ///
+    /// Cancel safety: it only removes; dropped, the listing expires as said.
+    pub async fn unlist(&self, keys: &LockKeys) -> Result<(), Error> {
+        let call = scripts::unlist(keys, &self.client_tag);
+        fan_out::<i64>(&self.nodes, None, |_| &call)
+            .await
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
+    }
+
+    /// This client's name on a lock's wake list, and in its own channels.
+    pub fn client_tag(&self) -> &str {
+        &self.client_tag
+    }
+
+    /// How many plain waiters of this client wait on `channel` (on the first node; a
+    /// Redlock waiter subscribes on every node).
+    pub fn plain_waiters(&self, channel: &str) -> usize {
+        self.nodes
+            .first()
+            .map_or(0, |n| n.subscriber().plain_waiters(channel))
     }
 
     /// Every node, in the order given.
@@ -409,6 +453,7 @@ impl Backend {
                 self.counter_idle,
                 req.join,
                 req.queued,
+                req.listing,
             ),
             Mode::Fair { waiter_timeout } => scripts::fair_acquire(
                 req.keys,
@@ -428,9 +473,14 @@ impl Backend {
                 self.counter_idle,
                 req.join,
             ),
-            Mode::Read { owner } => {
-                scripts::read_acquire(req.keys, req.token, req.ttl, owner, self.counter_idle)
-            }
+            Mode::Read { owner } => scripts::read_acquire(
+                req.keys,
+                req.token,
+                req.ttl,
+                owner,
+                self.counter_idle,
+                req.listing.map(|l| l.margin),
+            ),
             Mode::Semaphore { permits, fair } => scripts::semaphore_acquire(
                 req.keys,
                 req.token,
@@ -440,8 +490,8 @@ impl Backend {
                 fair.map(|timeout| (timeout, req.join)),
             ),
         };
-        let anonymous = req.calls.anonymous[usize::from(req.queued)]
-            .get_or_init(|| Arc::new(invocation(false)));
+        let anonymous =
+            req.calls.anonymous[req.variant()].get_or_init(|| Arc::new(invocation(false)));
         let sent_at = Instant::now();
         let mut owner_hold = false;
         let (verdict, take_back) = if let Some(node) = self.only_node() {
@@ -452,8 +502,8 @@ impl Backend {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
             // future as large as a Redlock one's.
             Box::pin(async {
-                let identified = req.calls.identified[usize::from(req.queued)]
-                    .get_or_init(|| Arc::new(invocation(true)));
+                let identified =
+                    req.calls.identified[req.variant()].get_or_init(|| Arc::new(invocation(true)));
                 // Each node's generation when its call went out: what it says about itself
                 // holds for that connection.
                 let generations: Vec<u64> = self.nodes.iter().map(Node::generation).collect();

@@ -19,8 +19,9 @@ use super::access::{self, Access};
 use super::cluster::{ClusterLink, ClusterUrl};
 use super::sentinel::{self, SentinelUrl};
 use super::stall::{self, Stall};
-use super::subscriber::{Source, Subscriber};
+use super::subscriber::{HandOn, Source, Subscriber};
 use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
+use crate::keys::LockKeys;
 use crate::scripts::replies::{Owned, Renewed};
 use crate::scripts::{self, Call, Flavor, replies};
 
@@ -203,7 +204,7 @@ impl Node {
                 Subscriber::new(source, timeouts)
             };
             let link = ClusterLink::open(cluster, timeouts, call_timeout, eager).await?;
-            return Ok(Self {
+            return Ok(Self::hands_on(Self {
                 inner: Arc::new(Inner {
                     link: Link::Cluster(Box::new(link)),
                     timeouts,
@@ -217,7 +218,7 @@ impl Node {
                     channel_refusal_warned: AtomicBool::new(false),
                     closed: CancellationToken::new(),
                 }),
-            });
+            }));
         }
         let sentinel = SentinelUrl::parse(url, access)?;
         let (addr, client) = match &sentinel {
@@ -287,7 +288,28 @@ impl Node {
         if matches!(&inner.link, Link::Standalone(s) if s.sentinel.is_some()) {
             watch_switches(&inner);
         }
-        Ok(Self { inner })
+        Ok(Self::hands_on(Self { inner }))
+    }
+
+    /// Gives the node's subscriber what hands on a wake that this client was woken by
+    /// name for and had no waiter left to take (see [`HandOn`]): `lock/wake.lua`, in
+    /// the background.
+    fn hands_on(self) -> Self {
+        let weak = Arc::downgrade(&self.inner);
+        let hand_on: HandOn = Arc::new(move |keys: LockKeys| {
+            let (Some(inner), Ok(rt)) = (weak.upgrade(), tokio::runtime::Handle::try_current())
+            else {
+                return;
+            };
+            let node = Node { inner };
+            rt.spawn(async move {
+                if let Err(e) = node.run::<i64>(&scripts::wake(&keys), None).await {
+                    tracing::debug!(error = %e, "handing a release's wake on failed; the other waiters call again within a third of their listing");
+                }
+            });
+        });
+        self.inner.subscriber.hand_on_with(hand_on);
+        self
     }
 
     /// The node's `host:port` (a Sentinel node's current master); a cluster's seeds,

@@ -15,11 +15,17 @@
 //! still busy with an earlier wake (a waiter whose future is not being polled must not
 //! swallow every wake), else the longest-waiting.
 //!
+//! A plain release usually wakes one client only: the one its lock's wake list names
+//! (`fragments/wakes.lua`), with an empty message on that client's own channel, where
+//! every plain waiter of the client also listens ([`Wake::Named`]); it wakes one of them
+//! as above. When none is left to take it (they all left), the wake is handed on to the
+//! next client of the list ([`HandOn`]: the node runs `lock/wake.lua`).
+//!
 //! A woken plain waiter owes an answered attempt for its wake. Its caller reads a mark
 //! before each attempt and settles it once Redis answered; a plain waiter dropped with a
 //! wake it has not settled (cancelled, or failed on an error) passes the wake on to the
-//! next plain waiter, so a free lock is never left with only sleeping waiters of this
-//! client. (A fair waiter that leaves has its successor told by the queue script.) A
+//! next plain waiter (on its client's own channel, with none left, to the next client),
+//! so a free lock is never left with only sleeping waiters of this client. (A fair waiter that leaves has its successor told by the queue script.) A
 //! `Notify` keeps one permit, so a message that arrives between a failed attempt and the
 //! wait is not lost.
 //!
@@ -40,7 +46,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -53,6 +59,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::Timeouts;
+use crate::keys::LockKeys;
 
 /// The shared pub/sub connection of one client to one node.
 #[derive(Clone)]
@@ -165,6 +172,8 @@ struct Inner {
     /// Held only while connecting, so one caller connects and the others reuse it.
     connecting: tokio::sync::Mutex<()>,
     epoch: AtomicU64,
+    /// See [`Subscriber::hand_on_with`].
+    hand_on: OnceLock<HandOn>,
     /// Cancelled when the last handle goes (the client was dropped): the dispatcher,
     /// which holds only a weak reference, then drops the connection at once instead of
     /// waiting for a message that will never come.
@@ -191,6 +200,11 @@ pub(crate) fn next_waiter_id() -> u64 {
 pub(crate) enum Wake<'a> {
     /// A plain waiter: each release wakes one plain waiter per client.
     Plain,
+    /// A plain waiter on its client's own channel for the lock of these keys, where a
+    /// release that woke this client by name says so (`fragments/wakes.lua`): as
+    /// [`Wake::Plain`], and a wake that finds no plain waiter of the client there is
+    /// handed on to the next client of the lock's wake list.
+    Named(&'a LockKeys),
     /// A reentrant waiter: every release wakes every one of them.
     Owner,
     /// A fair waiter with this owner token: woken when a message names it (its turn),
@@ -208,6 +222,9 @@ struct Channel {
     subscribed: tokio::sync::Mutex<Option<(u64, bool)>>,
     /// By waiter id, so in arrival order.
     waiters: Mutex<BTreeMap<u64, Waiter>>,
+    /// A client's own channel with plain waiters ([`Wake::Named`]): the lock whose wake a
+    /// message here hands on when no plain waiter is left to take it.
+    named: OnceLock<LockKeys>,
 }
 
 /// How a waiter is woken, as stored.
@@ -263,11 +280,12 @@ impl Waiter {
 }
 
 /// Wakes one plain waiter: the longest-waiting one that has settled every earlier wake,
-/// or else the longest-waiting one. Nothing if there is no plain waiter.
-fn wake_one_plain(waiters: &mut BTreeMap<u64, Waiter>) {
+/// or else the longest-waiting one. Nothing if there is no plain waiter: says whether
+/// there was one.
+fn wake_one_plain(waiters: &mut BTreeMap<u64, Waiter>) -> bool {
     let mut members = waiters.values_mut().filter(|w| w.kind == Kind::Plain);
     let Some(oldest) = members.next() else {
-        return;
+        return false;
     };
     if oldest.wakes == oldest.settled {
         oldest.wake();
@@ -276,7 +294,12 @@ fn wake_one_plain(waiters: &mut BTreeMap<u64, Waiter>) {
     } else {
         oldest.wake();
     }
+    true
 }
+
+/// Hands on a wake that a client's own channel got when none of its plain waiters was
+/// left to take it: the node runs `lock/wake.lua` for the lock, in the background.
+pub(crate) type HandOn = Arc<dyn Fn(LockKeys) + Send + Sync>;
 
 /// One waiter's registration. Dropping it unregisters the waiter, and unsubscribes the
 /// channel in the background once no waiter of this client is left on it.
@@ -305,6 +328,7 @@ impl Subscriber {
                 conn: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 epoch: AtomicU64::new(0),
+                hand_on: OnceLock::new(),
                 closed: CancellationToken::new(),
             }),
         }
@@ -338,7 +362,7 @@ impl Subscriber {
     ) -> Result<Subscription, redis::RedisError> {
         let inner = &self.inner;
         let kind = match wake {
-            Wake::Plain => Kind::Plain,
+            Wake::Plain | Wake::Named(_) => Kind::Plain,
             Wake::Owner => Kind::Owner,
             Wake::Turn(token) => Kind::Turn(token.as_bytes().to_vec()),
         };
@@ -352,9 +376,13 @@ impl Subscriber {
                         name: channel.to_owned(),
                         subscribed: tokio::sync::Mutex::new(None),
                         waiters: Mutex::new(BTreeMap::new()),
+                        named: OnceLock::new(),
                     })
                 })
                 .clone();
+            if let Wake::Named(keys) = wake {
+                ch.named.get_or_init(|| keys.clone());
+            }
             lock(&ch.waiters).insert(
                 id,
                 Waiter {
@@ -378,6 +406,23 @@ impl Subscriber {
             .ensure_subscribed(&subscription.channel, sink, epoch)
             .await?;
         Ok(subscription)
+    }
+
+    /// How many plain waiters of this client wait on `channel`.
+    pub fn plain_waiters(&self, channel: &str) -> usize {
+        let Some(ch) = lock(&self.inner.channels).get(channel).cloned() else {
+            return 0;
+        };
+        lock(&ch.waiters)
+            .values()
+            .filter(|w| w.kind == Kind::Plain)
+            .count()
+    }
+
+    /// Sets what hands on a wake that a client's own channel got with no plain waiter
+    /// left to take it (the node's `lock/wake.lua`); until then such a wake is dropped.
+    pub fn hand_on_with(&self, hand_on: HandOn) {
+        let _ = self.inner.hand_on.set(hand_on);
     }
 
     pub fn stats(&self) -> SubscriberStats {
@@ -435,9 +480,12 @@ impl Drop for Subscription {
             let mut waiters = lock(&self.channel.waiters);
             let gone = waiters.remove(&self.id);
             // A wake this plain waiter never answered with an attempt: the lock may be
-            // free and no other plain waiter awake, so the next one takes it over.
-            if gone.is_some_and(|w| w.kind == Kind::Plain && w.wakes > w.settled) {
-                wake_one_plain(&mut waiters);
+            // free and no other plain waiter awake, so the next one takes it over; on
+            // the client's own channel, with none left, the next listed client does.
+            if gone.is_some_and(|w| w.kind == Kind::Plain && w.wakes > w.settled)
+                && !wake_one_plain(&mut waiters)
+            {
+                self.inner.hand_on(&self.channel);
             }
             waiters.is_empty()
         };
@@ -603,7 +651,9 @@ impl Inner {
             for waiter in waiters.values_mut().filter(|w| w.kind != Kind::Plain) {
                 waiter.wake();
             }
-            wake_one_plain(&mut waiters);
+            if !wake_one_plain(&mut waiters) {
+                self.hand_on(&ch);
+            }
         } else {
             let (token, handover) = match Handover::parse(payload) {
                 Some((token, handover)) => (token, Some(handover)),
@@ -615,6 +665,18 @@ impl Inner {
                     waiter.wake();
                 }
             }
+        }
+    }
+
+    /// A wake of `ch` found no plain waiter: on a client's own channel, it goes on to
+    /// the next client of the lock's wake list (the release took this one off it).
+    fn hand_on(&self, ch: &Channel) {
+        if let (Some(keys), Some(hand_on)) = (ch.named.get(), self.hand_on.get()) {
+            tracing::trace!(
+                channel = ch.name,
+                "woken by name with no waiter left; handing the wake on"
+            );
+            hand_on(keys.clone());
         }
     }
 

@@ -51,6 +51,10 @@ const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
 const READERS: Fragment = Fragment(include_str!("fragments/readers.lua"));
 /// `renew_lease()`; needs [`HOLDER`] and [`CLOCK`].
 const LEASE: Fragment = Fragment(include_str!("fragments/lease.lua"));
+/// `list_waiter()`; needs [`CLOCK`].
+const WAITING: Fragment = Fragment(include_str!("fragments/waiting.lua"));
+/// `wake_next()`; needs [`CLOCK`] and [`PUBLISH`].
+const WAKES: Fragment = Fragment(include_str!("fragments/wakes.lua"));
 /// `announce()` with classic `PUBLISH`; a cluster's scripts get [`SHARDED_PUBLISH`] in
 /// its place.
 const PUBLISH: Fragment = Fragment(include_str!("fragments/publish.lua"));
@@ -131,6 +135,8 @@ pub(crate) enum Lua {
     ReadRelease,
     Inspect,
     Break,
+    Wake,
+    Unlist,
     QueuePush,
     QueueTake,
     QueueAck,
@@ -140,7 +146,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 22] = [
+    const ALL: [Lua; 24] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -157,6 +163,8 @@ impl Lua {
         Lua::ReadRelease,
         Lua::Inspect,
         Lua::Break,
+        Lua::Wake,
+        Lua::Unlist,
         Lua::QueuePush,
         Lua::QueueTake,
         Lua::QueueAck,
@@ -173,12 +181,14 @@ impl Lua {
         match self {
             Acquire => (
                 "lock/acquire.lua",
-                &[CLOCK, FENCE, LATER, TYPES, HOLDER, READERS],
+                &[CLOCK, FENCE, WAITING, LATER, TYPES, HOLDER, READERS],
                 include_str!("lock/acquire.lua"),
             ),
             Release => (
                 "lock/release.lua",
-                &[PUBLISH, LATER, CLOCK, FENCE, LATER, TYPES, HOLDER, READERS],
+                &[
+                    PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS,
+                ],
                 include_str!("lock/release.lua"),
             ),
             Renew => (
@@ -233,7 +243,7 @@ impl Lua {
             ),
             ReadAcquire => (
                 "rwlock/read_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, READERS],
+                &[TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING],
                 include_str!("rwlock/read_acquire.lua"),
             ),
             ReadRelease => (
@@ -251,6 +261,12 @@ impl Lua {
                 &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
                 include_str!("lock/break.lua"),
             ),
+            Wake => (
+                "lock/wake.lua",
+                &[CLOCK, PUBLISH, WAKES],
+                include_str!("lock/wake.lua"),
+            ),
+            Unlist => ("lock/unlist.lua", &[], include_str!("lock/unlist.lua")),
             QueuePush => (
                 "queue/push.lua",
                 &[TYPES, CLOCK],
@@ -679,11 +695,25 @@ fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 
+/// A waiting plain acquire's client on the lock's wake list (`fragments/waiting.lua`):
+/// a release wakes a listed client by its own channel, not every client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Listing<'a> {
+    /// The client's tag: its own channel is the lock's, `:`, then this.
+    pub tag: &'a str,
+    /// How much longer a listing lasts than the lease that refused the attempt (when
+    /// the waiter tries again by itself).
+    pub margin: Duration,
+    /// Other waiters of the client wait for the lock too: a grant leaves it listed.
+    pub stays: bool,
+}
+
 /// `identify`: report run id and uptime; `info`: the holder info to store with the
 /// grant ("" for none); `counter_idle`: how long the fencing counter lives without a
 /// grant (zero: for ever), as in every script that writes the counter; `join`: a
 /// waiting acquire, which waits among a read-write lock's writers when readers hold it;
-/// `queued`: an earlier attempt may have joined those writers, which a grant leaves.
+/// `queued`: an earlier attempt may have joined those writers, which a grant leaves;
+/// `listing`: the client's place on the wake list, which a refusal keeps.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn acquire(
     keys: &LockKeys,
@@ -694,24 +724,32 @@ pub(crate) fn acquire(
     counter_idle: Duration,
     join: bool,
     queued: bool,
+    listing: Option<Listing<'_>>,
 ) -> Call {
     let mut inv = Call::new(Lua::Acquire);
     inv.key(&keys.lock)
         .key(keys.fence())
         .key(keys.holder_info())
-        .key(keys.writers())
-        .arg(token.as_str())
+        .key(keys.writers());
+    if listing.is_some() {
+        inv.key(keys.wake_list());
+    }
+    inv.arg(token.as_str())
         .arg(ms(ttl))
         .arg(flag(identify))
         .arg(info)
         .arg(ms(counter_idle))
         .arg(flag(join))
         .arg(flag(queued));
+    if let Some(l) = listing {
+        inv.arg(l.tag).arg(ms(l.margin)).arg(flag(l.stays));
+    }
     inv
 }
 
 /// `fence`: the grant's token, raised into the counter (0: none). `withdraw`: the token
-/// may wait among a read-write lock's writers, which it leaves.
+/// may wait among a read-write lock's writers, which it leaves. The release wakes one
+/// client of the lock's wake list (`fragments/wakes.lua`).
 pub(crate) fn release(
     keys: &LockKeys,
     token: &HolderToken,
@@ -722,7 +760,8 @@ pub(crate) fn release(
     let mut inv = Call::new(Lua::Release);
     inv.key(&keys.lock)
         .key(keys.fence())
-        .key(keys.holder_info());
+        .key(keys.holder_info())
+        .key(keys.wake_list());
     if withdraw {
         inv.key(keys.writers());
     }
@@ -817,21 +856,43 @@ pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Dura
 /// `join`: as [`acquire`]'s.
 /// Takes a read-write lock's read side for `token`, with `owner` ("" for none)
 /// (`rwlock/read_acquire.lua`).
+/// `listing`: a waiting read, which a refusal by a writer lists as waiting readers
+/// (`*`) on the lock's wake list, for the writer's lease and this margin.
 pub(crate) fn read_acquire(
     keys: &LockKeys,
     token: &HolderToken,
     ttl: Duration,
     owner: &str,
     counter_idle: Duration,
+    listing: Option<Duration>,
 ) -> Call {
     let mut inv = Call::new(Lua::ReadAcquire);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .key(keys.writers())
-        .arg(token.as_str())
+    inv.key(&keys.lock).key(keys.fence()).key(keys.writers());
+    if listing.is_some() {
+        inv.key(keys.wake_list());
+    }
+    inv.arg(token.as_str())
         .arg(ms(ttl))
         .arg(owner)
         .arg(ms(counter_idle));
+    if let Some(margin) = listing {
+        inv.arg(ms(margin));
+    }
+    inv
+}
+
+/// Takes the client tagged `tag` off the lock's wake list (`lock/unlist.lua`).
+pub(crate) fn unlist(keys: &LockKeys, tag: &str) -> Call {
+    let mut inv = Call::new(Lua::Unlist);
+    inv.key(keys.wake_list()).arg(tag);
+    inv
+}
+
+/// Hands a release's wake on to the next client of the lock's wake list, or to every
+/// client (`lock/wake.lua`): a client woken by name had no waiter left to take it.
+pub(crate) fn wake(keys: &LockKeys) -> Call {
+    let mut inv = Call::new(Lua::Wake);
+    inv.key(keys.wake_list()).arg(keys.channel());
     inv
 }
 
@@ -1236,10 +1297,11 @@ mod tests {
         let expected = [
             "EVALSHA",
             hash.as_str(),
-            "4",
+            "5",
             "fl:{orders:7}",
             &keys.fence(),
             &keys.holder_info(),
+            &keys.wake_list(),
             &keys.writers(),
             token.as_str(),
             &keys.channel(),

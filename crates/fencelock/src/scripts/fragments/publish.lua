@@ -2,9 +2,10 @@
 -- managed master, or a Redlock node): classic pub/sub. Functions only; a Redis Cluster
 -- gets spublish.lua in its place.
 --
--- announce(channel, message): tell the waiters subscribed to channel
+-- announce(channel, message) -> tells the waiters subscribed to channel; returns how many
+--   connections got the message
 
 local function announce(channel, message)
-  redis.call('PUBLISH', channel, message)
+  return redis.call('PUBLISH', channel, message)
 end
 

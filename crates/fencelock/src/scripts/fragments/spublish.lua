@@ -3,9 +3,10 @@
 -- node of the cluster). The channel shares the lock's hash tag, so it maps to the slot of
 -- the keys the script was given. Functions only; in place of publish.lua.
 --
--- announce(channel, message): tell the waiters subscribed to channel
+-- announce(channel, message) -> tells the waiters subscribed to channel; returns how many
+--   connections got the message
 
 local function announce(channel, message)
-  redis.call('SPUBLISH', channel, message)
+  return redis.call('SPUBLISH', channel, message)
 end
 

@@ -9,6 +9,7 @@
 --                          is not empty)
 -- KEYS[4]  waiting writers optional: a read-write lock's writers waiting for its
 --                          readers (readers.lua); a grant leaves it
+-- KEYS[5]  wake list       with ARGV[8]: the clients waiting for the lock (wakes.lua)
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  "1": also say who the server is, its run id and uptime (Redlock: two names
@@ -20,6 +21,13 @@
 --          (KEYS[4]) so that no new reader comes in before it; absent or "0": do not
 -- ARGV[7]  "0": no earlier attempt of this acquire waited among the writers, so a grant
 --          has no place there to leave (the first attempt); absent or "1": it leaves it
+-- ARGV[8]  a waiting acquire's client tag (absent or "": none): a refusal by another
+--          holder lists the client on KEYS[5] until that holder's lease ends and
+--          ARGV[9] ms more, so that a release wakes it by name (waiting.lua); a grant
+--          takes it off, unless ARGV[10] is "1" (other waiters of the client wait for
+--          the lock too: listed for the new lease and ARGV[9] ms)
+-- ARGV[9]  the listing's margin, ms (ARGV[8])
+-- ARGV[10] "1": the client stays listed after a grant (ARGV[8])
 --
 -- Reply {code, value} or {6, ms, readers}, with ARGV[3] "1" followed by run_id, uptime_s:
 --   code 1  acquired now; value is the new fencing token
@@ -57,13 +65,25 @@ local function reply(code, value, readers)
   return out
 end
 
+-- A listed client's place on the wake list, after an answer: kept after a refusal by a
+-- lease with pttl ms left (a grant: nil), for that lease and a margin.
+local function relist(pttl)
+  if ARGV[8] and ARGV[8] ~= '' then
+    local lasts = math.max(pttl or tonumber(ARGV[2]), 0) + tonumber(ARGV[9])
+    list_waiter(KEYS[5], ARGV[8], lasts, pttl ~= nil or ARGV[10] == '1')
+  end
+end
+
 local taken = not bad and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 if taken and ARGV[7] == '0' then
+  relist(nil)
   return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
 end
 local found = not taken and not bad and redis.pcall('GET', KEYS[1])
 if type(found) == 'string' and found ~= ARGV[1] then
-  return reply(0, redis.call('PTTL', KEYS[1]))
+  local pttl = redis.call('PTTL', KEYS[1])
+  relist(pttl)
+  return reply(0, pttl)
 end
 -- (later fragments)
 if bad then
@@ -74,6 +94,7 @@ local function granted()
   if ARGV[7] ~= '0' then
     writer_gone(KEYS[4], ARGV[1])
   end
+  relist(nil)
   return reply(1, next_fence(KEYS[2], counter, ARGV[5]))
 end
 
@@ -98,6 +119,7 @@ elseif kind == 'foreign' then
 end
 if kind == 'plain' and holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  relist(nil)
   if counter == nil then
     -- The counter vanished while we held the lock: our first token is unknowable, so
     -- mint a fresh one, which is higher than any token handed out before.
@@ -105,4 +127,6 @@ if kind == 'plain' and holder == ARGV[1] then
   end
   return reply(2, counter)
 end
-return reply(0, redis.call('PTTL', KEYS[1]))
+local pttl = redis.call('PTTL', KEYS[1])
+relist(pttl)
+return reply(0, pttl)

@@ -4,11 +4,14 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  fence counter
 -- KEYS[3]  holder info (deleted with the lock)
--- KEYS[4]  waiting writers optional: a read-write lock's (readers.lua); the token leaves
+-- KEYS[4]  wake list: the clients waiting for the lock (wakes.lua), of which the release
+--          wakes one
+-- KEYS[5]  waiting writers optional: a read-write lock's (readers.lua); the token leaves
 --          it (a writer that gave up waiting), and when it was the last one the readers
 --          it held back are woken
 -- ARGV[1]  holder token
--- ARGV[2]  release channel: an empty message there announces the release
+-- ARGV[2]  release channel: an empty message there (or on one listed client's own
+--          channel, wakes.lua) announces the release
 -- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
 --          the key (Redlock: the next grant on any majority gets a higher token); "0":
 --          leave the counter alone
@@ -25,13 +28,13 @@
 -- The common cases come first, before the functions only the others need are defined
 -- (the fragments after the marker lines below: each definition makes a closure on
 -- every call): the caller's own plain lock, called without a waiting-writers key (a
--- read-write lock's writer passes KEYS[4], and takes the general path), on one node (no
+-- read-write lock's writer passes KEYS[5], and takes the general path), on one node (no
 -- token to raise the counter to), then on a Redlock node.
 local found = redis.pcall('GET', KEYS[1])
-local own = found == ARGV[1] and not KEYS[4]
+local own = found == ARGV[1] and not KEYS[5]
 if own and ARGV[3] == '0' then
   redis.call('DEL', KEYS[1], KEYS[3])
-  announce(ARGV[2], '')
+  wake_next(KEYS[4], ARGV[2])
   return 1
 end
 -- (later fragments)
@@ -49,7 +52,7 @@ end
 if own then
   raise_counter()
   redis.call('DEL', KEYS[1], KEYS[3])
-  announce(ARGV[2], '')
+  wake_next(KEYS[4], ARGV[2])
   return 1
 end
 -- (later fragments)
@@ -57,7 +60,7 @@ local kind, holder = holder_of(KEYS[1], found)
 if kind == 'foreign' and holder ~= 'readers' then
   return wrong_type(KEYS[1], holder)
 end
-if writer_gone(KEYS[4], ARGV[1]) then
+if writer_gone(KEYS[5], ARGV[1]) then
   announce(ARGV[2], '')
 end
 raise_counter()
@@ -69,5 +72,5 @@ if kind ~= 'plain' or holder ~= ARGV[1] then
   return -1
 end
 redis.call('DEL', KEYS[1], KEYS[3])
-announce(ARGV[2], '')
+wake_next(KEYS[4], ARGV[2])
 return 1

@@ -6,6 +6,10 @@
 --                          a reentrant lock's hash
 -- KEYS[2]  fence counter   plain integer string, as for a lock (fence.lua)
 -- KEYS[3]  waiting writers ZSET of writer tokens scored with their deadlines
+-- KEYS[4]  wake list       optional, a waiting read's: refused by a writer, it lists '*'
+--                          there until the writer's lease ends and ARGV[5] ms more, so
+--                          that the writer's release wakes every client (wakes.lua),
+--                          not one listed writer's
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  owner id        "" for none. A reader with an owner is the ZSET member
@@ -14,6 +18,7 @@
 --                          otherwise wait for a writer that waits for it), and it may
 --                          take the read side of its owner's reentrant write lock
 -- ARGV[4]  counter idle time, ms ("0": never), as acquire.lua's ARGV[5]
+-- ARGV[5]  the listing's margin, ms (with KEYS[4])
 --
 -- Reply {code, value} or {code, ms, count}:
 --   code 1  acquired now; value is the new fencing token
@@ -52,7 +57,11 @@ if kind == 'reentrant' then
   redis.call('PEXPIRE', KEYS[1], ttl)
   return {4, fence}
 elseif kind == 'plain' then
-  return {0, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  if KEYS[4] then
+    list_waiter(KEYS[4], '*', math.max(pttl, 0) + tonumber(ARGV[5]), true)
+  end
+  return {0, pttl}
 elseif kind == 'foreign' and holder ~= 'readers' then
   return wrong_type(KEYS[1], holder)
 end

@@ -1,0 +1,117 @@
+//! Plain mode's wakes by name: a release wakes one listed client on its own channel,
+//! not every client. Listed clients stopped (a wake they swallow) and killed (a wake
+//! the release must not send them).
+
+use std::thread;
+use std::time::Instant;
+
+use testkit::history::{Op, Phase, monotonic_ns};
+
+use super::fair::Handovers;
+use super::{AVAILABILITY_SLACK, STEADY_MAX, Scale, Scenario, count, wait_until};
+use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, signal};
+use crate::outcomes::Outcome;
+
+pub const PLAIN_NAMED_WAKES: Scenario = Scenario {
+    name: "plain-named-wakes",
+    what: "4 plain workers waiting on one lock, renewed leases, each release waking one \
+        listed client by name; p3 SIGSTOPped for 3 TTLs (listed, it swallows the wakes \
+        sent to it), p4 SIGKILLed (listed, waiting or holding), once per fault round",
+    expected: "every checker holds; releases did wake clients by name (counted from \
+        their messages); the others go on past the stopped and the killed worker, the \
+        next acquire within one TTL of the kill",
+    run: |lab, tag, scale| lab.plain_named_wakes(tag, scale),
+};
+
+impl Lab {
+    /// Four plain workers with renewed leases on the fenced resource, steady until the
+    /// faults are done. Per fault round: p3 SIGSTOPped for three TTLs (a release that
+    /// names it is heard by nobody who acts on it: the others must go on when the lease
+    /// that refused them ends, as without the message) and p4 SIGKILLed (its listing
+    /// stays until a release finds nobody listening on its channel and skips it); then
+    /// every live worker must acquire again.
+    fn plain_named_wakes(&self, tag: &str, scale: Scale) -> Result<Outcome, String> {
+        let named = Handovers::listen(
+            &self.lock.url(),
+            &format!("fencelock:{{lab:{tag}}}:released"),
+            <[u8]>::is_empty,
+        )?;
+        let stop_file = self.dir.join(format!("{tag}.stop"));
+        let mut workers = Workers::default();
+        let mut histories = Vec::new();
+        let mut pids = Vec::new();
+        let spawn = |workers: &mut Workers, p: u32| {
+            let (mut args, path) = self.worker_args(tag, p, Resource::Fenced, STEADY_MAX);
+            args.extend([
+                "--renewed".into(),
+                format!("--stop-file={}", stop_file.display()),
+            ]);
+            workers.spawn(&self.exe, &args).map(|pid| (pid, path))
+        };
+        for p in 1..=4 {
+            let (pid, path) = spawn(&mut workers, p)?;
+            pids.push(pid);
+            histories.push(path);
+        }
+        self.wait_for_acquire(tag, &histories)?;
+        let mut faults = Vec::new();
+        let mut windows = Vec::new();
+        let mut kills = Vec::new();
+        for round in 0..scale.failovers {
+            let from = monotonic_ns();
+            wait_until(tag, "acquisitions before the fault", || {
+                histories
+                    .iter()
+                    .map(|h| count(h, from, Op::Acquire, Phase::Ok).unwrap_or(0))
+                    .sum::<usize>()
+                    >= 8
+            })?;
+            let stopped = monotonic_ns();
+            signal(pids[2], libc::SIGSTOP);
+            thread::sleep(3 * TTL);
+            signal(pids[2], libc::SIGCONT);
+            let killed = monotonic_ns();
+            workers.kill(pids[3]);
+            kills.push(killed);
+            windows.push((stopped, killed));
+            faults.push(format!(
+                "round {}: SIGSTOP p3 for {} ms, SIGKILL p{}",
+                round + 1,
+                (3 * TTL).as_millis(),
+                4 + round
+            ));
+            let (pid, path) = spawn(&mut workers, 5 + round)?;
+            pids[3] = pid;
+            histories.push(path);
+        }
+        let healed_at = monotonic_ns();
+        let live = [
+            &histories[0],
+            &histories[1],
+            &histories[2],
+            &histories[histories.len() - 1],
+        ];
+        wait_until(tag, "every live worker acquires after the faults", || {
+            live.iter()
+                .all(|h| count(h, healed_at, Op::Acquire, Phase::Ok).unwrap_or(0) >= 2)
+        })?;
+        std::fs::write(&stop_file, b"").map_err(|e| format!("{}: {e}", stop_file.display()))?;
+        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+        let woken = named.stop()?;
+
+        faults.push(format!("{woken} wakes by name"));
+        let (mut o, h) = self.judge(tag, &histories, faults.join("; "))?;
+        o.count_under_fault(&h, &windows);
+        o.expect_clean(&[1, 2, 3, 4, 5]);
+        for killed in kills {
+            o.judge_availability(&h, killed, TTL + AVAILABILITY_SLACK, true);
+        }
+        if woken == 0 {
+            o.failed
+                .push("no release woke a client by name (nothing exercised)".into());
+        }
+        o.details
+            .push(format!("{woken} releases woke one client by name"));
+        Ok(o)
+    }
+}
