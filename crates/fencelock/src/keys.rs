@@ -10,7 +10,7 @@
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | likewise |
 //! | `fencelock:{orders:42}:grants` | hash | fair mode: what each waiter asked for (its TTL and holder info), so a release can hand the lock over | likewise |
 //! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |
-//! | `fencelock:{orders:42}:wakes` | zset | plain mode: the [tags](#release-channels) of the clients with a waiting acquire, each with a deadline (server ms) by which it calls again; `*` for waiting readers | 2 × the listing's timeout after the last listing |
+//! | `fencelock:{orders:42}:wakes` | zset | plain mode's wake list: the [tags](#release-channels) of the clients with a waiting acquire, each scored with when it was listed (server ms); `*` when readers or reentrant owners wait behind a plain holder | when empty, or once the lease that refused the last listing has ended and a second more |
 //!
 //! A semaphore ([`LockBuilder::permits`](crate::LockBuilder::permits)) named `pool` uses
 //! `fencelock:{pool}` as a zset instead (each holder's token, scored with the end of its
@@ -38,8 +38,9 @@
 //! A fair release that hands the lock to the head of the queue says so with `G TOKEN
 //! FENCE PX` on the own channel of that waiter's client only. A plain release whose wake
 //! list names a client wakes that client only, with an empty message on its own channel
-//! (the client listed longest ago, taken off the list); with nobody live listed, or
-//! readers waiting, it announces on the lock's channel, which every client hears.
+//! (the client listed first, taken off the list); with nobody live listed, or readers or
+//! reentrant owners waiting, it announces on the lock's channel, which every client
+//! hears.
 //!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain

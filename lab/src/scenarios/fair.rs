@@ -27,8 +27,9 @@ pub const FAIR_HANDOVER: Scenario = Scenario {
     run: |lab, tag, scale| lab.fair_handover(tag, scale),
 };
 
-/// Counts messages on a lock's clients' own release channels: the handovers (`G TOKEN
-/// FENCE PX`) of fair releases, or the wakes by name (empty) of plain ones.
+/// Counts release messages of a lock: on its clients' own channels, the handovers (`G
+/// TOKEN FENCE PX`) of fair releases; or on the lock's channel itself, the plain
+/// releases that wake every client.
 pub(super) struct Handovers {
     seen: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -36,11 +37,15 @@ pub(super) struct Handovers {
 }
 
 impl Handovers {
-    /// Listens on every client's own channel of the lock whose release channel is
-    /// `channel`, counting the messages whose payload `counts`.
+    /// Listens on `channel` (`own`: on every client's own channel of the lock whose
+    /// release channel it is), counting the messages whose payload `counts`. (Not on the
+    /// clients' own channels for plain releases: a pattern subscription there counts as
+    /// a listener of every client, dead ones included, which a release would then not
+    /// skip.)
     pub(super) fn listen(
         url: &str,
         channel: &str,
+        own: bool,
         counts: fn(&[u8]) -> bool,
     ) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
@@ -58,9 +63,12 @@ impl Handovers {
         let thread = thread::spawn(move || {
             let mut messages = conn.as_pubsub();
             // Each client's own channel: the lock's channel, then ":" and the client.
-            messages
-                .psubscribe(format!("{channel}:*"))
-                .map_err(|e| e.to_string())?;
+            if own {
+                messages.psubscribe(format!("{channel}:*"))
+            } else {
+                messages.subscribe(&channel)
+            }
+            .map_err(|e| e.to_string())?;
             let _ = ready_tx.send(());
             while !done.load(Ordering::Relaxed) {
                 match messages.get_message() {
@@ -102,6 +110,7 @@ impl Lab {
         let handovers = Handovers::listen(
             &self.lock.url(),
             &format!("fencelock:{{lab:{tag}}}:released"),
+            true,
             |payload| payload.starts_with(b"G "),
         )?;
         let stop_file = self.dir.join(format!("{tag}.stop"));

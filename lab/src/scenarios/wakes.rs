@@ -1,5 +1,5 @@
 //! Plain mode's wakes by name: a release wakes one listed client on its own channel,
-//! not every client. Listed clients stopped (a wake they swallow) and killed (a wake
+//! not every client. Counted without listening there (see [`Handovers::listen`]). Listed clients stopped (a wake they swallow) and killed (a wake
 //! the release must not send them).
 
 use std::thread;
@@ -17,9 +17,10 @@ pub const PLAIN_NAMED_WAKES: Scenario = Scenario {
     what: "4 plain workers waiting on one lock, renewed leases, each release waking one \
         listed client by name; p3 SIGSTOPped for 3 TTLs (listed, it swallows the wakes \
         sent to it), p4 SIGKILLed (listed, waiting or holding), once per fault round",
-    expected: "every checker holds; releases did wake clients by name (counted from \
-        their messages); the others go on past the stopped and the killed worker, the \
-        next acquire within one TTL of the kill",
+    expected: "every checker holds; releases did wake clients by name (the server's \
+        PUBLISH count less the releases heard on the lock's channel); the others go on \
+        past the stopped and the killed worker, the next acquire within one TTL of the \
+        kill",
     run: |lab, tag, scale| lab.plain_named_wakes(tag, scale),
 };
 
@@ -31,11 +32,16 @@ impl Lab {
     /// stays until a release finds nobody listening on its channel and skips it); then
     /// every live worker must acquire again.
     fn plain_named_wakes(&self, tag: &str, scale: Scale) -> Result<Outcome, String> {
-        let named = Handovers::listen(
+        // Releases that woke every client, heard on the lock's channel; each other
+        // PUBLISH went to a client's own channel (a wake by name, or one skipped).
+        let everyone = Handovers::listen(
             &self.lock.url(),
             &format!("fencelock:{{lab:{tag}}}:released"),
+            false,
             <[u8]>::is_empty,
         )?;
+        let published = || publishes(&self.lock.url());
+        let published_before = published()?;
         let stop_file = self.dir.join(format!("{tag}.stop"));
         let mut workers = Workers::default();
         let mut histories = Vec::new();
@@ -97,9 +103,12 @@ impl Lab {
         })?;
         std::fs::write(&stop_file, b"").map_err(|e| format!("{}: {e}", stop_file.display()))?;
         workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
-        let woken = named.stop()?;
+        let broadcasts = everyone.stop()?;
+        let woken = (published()? - published_before).saturating_sub(broadcasts as u64);
 
-        faults.push(format!("{woken} wakes by name"));
+        faults.push(format!(
+            "{woken} wakes by name, {broadcasts} releases to every client"
+        ));
         let (mut o, h) = self.judge(tag, &histories, faults.join("; "))?;
         o.count_under_fault(&h, &windows);
         o.expect_clean(&[1, 2, 3, 4, 5]);
@@ -114,4 +123,19 @@ impl Lab {
             .push(format!("{woken} releases woke one client by name"));
         Ok(o)
     }
+}
+
+/// How many PUBLISH commands the server at `url` ran so far, scripts' included.
+fn publishes(url: &str) -> Result<u64, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client.get_connection().map_err(|e| e.to_string())?;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
+    Ok(stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0))
 }

@@ -609,9 +609,10 @@ impl Waiter {
     }
 
     /// Where this waiter's client stands on the lock's wake list after its next
-    /// attempt (a named plain waiter; a waiting reader lists waiting readers): listed
-    /// if refused, and after a grant if other plain waiters of the client wait for the
-    /// lock too. `None`: not listed.
+    /// attempt: a named plain waiter's client is listed if refused, and after a grant if
+    /// other plain waiters of the client wait for the lock too; a waiting reader or
+    /// reentrant owner lists `*` when a plain holder refuses it (whose release then
+    /// wakes every client, these waiters among them). `None`: not listed.
     fn listing<'a>(&self, backend: &'a Backend, pending: &Pending) -> Option<Listing<'a>> {
         let tag = backend.client_tag();
         match pending.mode {
@@ -620,7 +621,7 @@ impl Waiter {
                 margin: LISTING_MARGIN,
                 stays: backend.plain_waiters(&backend.own_channel(&pending.keys)) > 1,
             }),
-            Mode::Read { .. } => Some(Listing {
+            Mode::Read { .. } | Mode::Reentrant { .. } => Some(Listing {
                 tag,
                 margin: LISTING_MARGIN,
                 stays: false,

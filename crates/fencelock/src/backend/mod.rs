@@ -161,8 +161,9 @@ pub(crate) struct AcquireRequest<'a> {
     /// grant skips that write).
     pub queued: bool,
     /// The client's place on the lock's wake list, kept by a refusal: a plain waiter's
-    /// (whose client then hears a release by name), or a waiting reader's (which lists
-    /// waiting readers; only the margin counts).
+    /// (whose client then hears a release by name), or a waiting reader's or reentrant
+    /// owner's (which a plain holder's refusal lists as `*`, so that its release wakes
+    /// every client; only the margin counts).
     pub listing: Option<Listing<'a>>,
     /// The calls built by the first attempt, sent again by the later ones.
     pub calls: &'a AcquireCalls,
@@ -472,6 +473,7 @@ impl Backend {
                 req.ttl,
                 self.counter_idle,
                 req.join,
+                req.listing.map(|l| l.margin),
             ),
             Mode::Read { owner } => scripts::read_acquire(
                 req.keys,

@@ -304,7 +304,7 @@ impl Node {
             let node = Node { inner };
             rt.spawn(async move {
                 if let Err(e) = node.run::<i64>(&scripts::wake(&keys), None).await {
-                    tracing::debug!(error = %e, "handing a release's wake on failed; the other waiters call again within a third of their listing");
+                    tracing::debug!(error = %e, "handing a release's wake on failed; the other waiters try again when the lease that refused them would have ended");
                 }
             });
         });

@@ -198,7 +198,8 @@ pub(crate) fn next_waiter_id() -> u64 {
 /// Which release messages wake a waiter.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Wake<'a> {
-    /// A plain waiter: each release wakes one plain waiter per client.
+    /// A plain waiter on the lock's channel: each message there wakes one plain waiter
+    /// of the client.
     Plain,
     /// A plain waiter on its client's own channel for the lock of these keys, where a
     /// release that woke this client by name says so (`fragments/wakes.lua`): as
@@ -300,6 +301,15 @@ fn wake_one_plain(waiters: &mut BTreeMap<u64, Waiter>) -> bool {
 /// Hands on a wake that a client's own channel got when none of its plain waiters was
 /// left to take it: the node runs `lock/wake.lua` for the lock, in the background.
 pub(crate) type HandOn = Arc<dyn Fn(LockKeys) + Send + Sync>;
+
+/// The lock whose client's own channel `channel` is (`<lock key>:released:<tag>`, the
+/// tag 16 hex digits), or `None` for any other channel.
+fn own_channel_lock(channel: &str) -> Option<LockKeys> {
+    let (lock, tag) = channel.rsplit_once(":released:")?;
+    (tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit())).then(|| LockKeys {
+        lock: lock.to_owned(),
+    })
+}
 
 /// One waiter's registration. Dropping it unregisters the waiter, and unsubscribes the
 /// channel in the background once no waiter of this client is left on it.
@@ -642,6 +652,19 @@ impl Inner {
     /// Wakes the waiters of `channel` that `payload` is meant for.
     fn deliver(&self, channel: &str, payload: &[u8]) {
         let Some(ch) = lock(&self.channels).get(channel).cloned() else {
+            // A wake by name for a client whose last waiter of the lock left just before
+            // (the server counted this connection when it published): handed on.
+            if let (true, Some(keys), Some(hand_on)) = (
+                payload.is_empty(),
+                own_channel_lock(channel),
+                self.hand_on.get(),
+            ) {
+                tracing::trace!(
+                    channel,
+                    "woken by name with no waiter left; handing the wake on"
+                );
+                hand_on(keys);
+            }
             return;
         };
         let mut waiters = lock(&ch.waiters);

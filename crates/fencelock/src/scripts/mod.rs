@@ -203,7 +203,7 @@ impl Lua {
             ),
             ReentrantAcquire => (
                 "lock/reentrant_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, READERS],
+                &[TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING],
                 include_str!("lock/reentrant_acquire.lua"),
             ),
             ReentrantRelease => (
@@ -889,10 +889,13 @@ pub(crate) fn unlist(keys: &LockKeys, tag: &str) -> Call {
 }
 
 /// Hands a release's wake on to the next client of the lock's wake list, or to every
-/// client (`lock/wake.lua`): a client woken by name had no waiter left to take it.
+/// client, unless the lock is held (`lock/wake.lua`): a client woken by name had no
+/// waiter left to take it.
 pub(crate) fn wake(keys: &LockKeys) -> Call {
     let mut inv = Call::new(Lua::Wake);
-    inv.key(keys.wake_list()).arg(keys.channel());
+    inv.key(&keys.lock)
+        .key(keys.wake_list())
+        .arg(keys.channel());
     inv
 }
 
@@ -904,6 +907,8 @@ pub(crate) fn read_release(keys: &LockKeys, member: &str) -> Call {
     inv
 }
 
+/// `listing`: a waiting acquire, which a refusal by a plain holder lists as waiting
+/// owners (`*`) on the lock's wake list, for that holder's lease and this margin.
 pub(crate) fn reentrant_acquire(
     keys: &LockKeys,
     owner: &str,
@@ -911,16 +916,21 @@ pub(crate) fn reentrant_acquire(
     ttl: Duration,
     counter_idle: Duration,
     join: bool,
+    listing: Option<Duration>,
 ) -> Call {
     let mut inv = Call::new(Lua::ReentrantAcquire);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .key(keys.writers())
-        .arg(owner)
+    inv.key(&keys.lock).key(keys.fence()).key(keys.writers());
+    if listing.is_some() {
+        inv.key(keys.wake_list());
+    }
+    inv.arg(owner)
         .arg(token.as_str())
         .arg(ms(ttl))
         .arg(ms(counter_idle))
         .arg(flag(join));
+    if let Some(margin) = listing {
+        inv.arg(ms(margin));
+    }
     inv
 }
 

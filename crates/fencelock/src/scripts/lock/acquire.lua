@@ -22,10 +22,11 @@
 -- ARGV[7]  "0": no earlier attempt of this acquire waited among the writers, so a grant
 --          has no place there to leave (the first attempt); absent or "1": it leaves it
 -- ARGV[8]  a waiting acquire's client tag (absent or "": none): a refusal by another
---          holder lists the client on KEYS[5] until that holder's lease ends and
---          ARGV[9] ms more, so that a release wakes it by name (waiting.lua); a grant
---          takes it off, unless ARGV[10] is "1" (other waiters of the client wait for
---          the lock too: listed for the new lease and ARGV[9] ms)
+--          holder lists the client on KEYS[5] (unless it is listed: it keeps its
+--          place), the list kept until that holder's lease ends and ARGV[9] ms more, so
+--          that a release wakes the client by name (waiting.lua); a grant takes it off,
+--          unless ARGV[10] is "1" (other waiters of the client wait for the lock too:
+--          listed, the list kept for the new lease and ARGV[9] ms)
 -- ARGV[9]  the listing's margin, ms (ARGV[8])
 -- ARGV[10] "1": the client stays listed after a grant (ARGV[8])
 --
@@ -67,9 +68,11 @@ end
 
 -- A listed client's place on the wake list, after an answer: kept after a refusal by a
 -- lease with pttl ms left (a grant: nil), for that lease and a margin.
+local listed = ARGV[8] and ARGV[8] ~= ''
+local margin = listed and tonumber(ARGV[9]) or 0
 local function relist(pttl)
-  if ARGV[8] and ARGV[8] ~= '' then
-    local lasts = math.max(pttl or tonumber(ARGV[2]), 0) + tonumber(ARGV[9])
+  if listed then
+    local lasts = math.max(pttl or tonumber(ARGV[2]), 0) + margin
     list_waiter(KEYS[5], ARGV[8], lasts, pttl ~= nil or ARGV[10] == '1')
   end
 end

@@ -10,8 +10,13 @@
 -- ARGV[2]  acquisition token (32 hex digits, fresh for every acquire call)
 -- ARGV[3]  ttl, ms
 -- ARGV[4]  counter idle time, ms (as acquire.lua's ARGV[5])
+-- KEYS[4]  wake list       optional, a waiting acquire's: refused by a plain holder, it
+--                          lists '*' there (kept until that lease ends and ARGV[6] ms
+--                          more), so that the plain holder's release wakes every client
+--                          (wakes.lua), not one listed plain waiter's
 -- ARGV[5]  "1": a waiting acquire: when readers hold the lock, wait among the writers
 --          (KEYS[3], by the acquisition token); absent or "0": do not
+-- ARGV[6]  the listing's margin, ms (with KEYS[4])
 --
 -- Reply:
 --   {1, fence}        acquired: the first hold, a new fencing token
@@ -46,8 +51,12 @@ if kind == 'none' then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   writer_gone(KEYS[3], ARGV[2])
   return {1, fence}
-elseif kind == 'plain' then
-  return {0, redis.call('PTTL', KEYS[1])} -- a plain lock holds it
+elseif kind == 'plain' then -- a plain lock holds it
+  local pttl = redis.call('PTTL', KEYS[1])
+  if KEYS[4] then
+    list_waiter(KEYS[4], '*', math.max(pttl, 0) + tonumber(ARGV[6]), true)
+  end
+  return {0, pttl}
 elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end

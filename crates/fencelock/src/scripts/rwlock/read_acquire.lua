@@ -7,9 +7,9 @@
 -- KEYS[2]  fence counter   plain integer string, as for a lock (fence.lua)
 -- KEYS[3]  waiting writers ZSET of writer tokens scored with their deadlines
 -- KEYS[4]  wake list       optional, a waiting read's: refused by a writer, it lists '*'
---                          there until the writer's lease ends and ARGV[5] ms more, so
---                          that the writer's release wakes every client (wakes.lua),
---                          not one listed writer's
+--                          there (kept until the writer's lease ends and ARGV[5] ms
+--                          more), so that the writer's release wakes every client
+--                          (wakes.lua), not one listed writer's
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  owner id        "" for none. A reader with an owner is the ZSET member
