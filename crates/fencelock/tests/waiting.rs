@@ -1217,3 +1217,85 @@ async fn a_reentrant_owner_waiting_behind_a_plain_holder_is_woken_with_everyone(
         .await
         .expect("every waiter got the lock in turn");
 }
+
+#[tokio::test]
+async fn a_client_woken_by_name_that_another_caller_beat_keeps_the_head_of_the_list() {
+    let r = RedisServer::start();
+    let holder_client = Client::connect(&r.url()).await.unwrap();
+    common::load_scripts(&holder_client, "warm-up").await;
+    let holder = holder_client
+        .lock("head")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let (a, b) = (
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    );
+    let waiting = |c: &Client| {
+        c.lock("head")
+            .lease(Duration::from_secs(60))
+            .renew(false)
+            .wait(Duration::from_secs(30))
+    };
+    // A's waiter is polled only while the test says: its wake by name waits for it.
+    let a_lock = waiting(&a);
+    let mut first = Box::pin(a_lock.acquire());
+    tokio::select! {
+        result = &mut first => panic!("acquired a held lock: {result:?}"),
+        () = eventually("A listed", Duration::from_secs(5), async || {
+            listed(&r, "head").len() == 1
+        }) => {}
+    }
+    let a_tag = listed(&r, "head").remove(0);
+    // The server's clock moves on, so that B is listed after A.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b_lock = waiting(&b);
+    let second = tokio::spawn(async move { b_lock.acquire().await.unwrap() });
+    eventually("B listed", Duration::from_secs(5), async || {
+        listed(&r, "head").len() == 2
+    })
+    .await;
+    let b_tag = listed(&r, "head")
+        .into_iter()
+        .find(|t| *t != a_tag)
+        .unwrap();
+
+    holder.release().await.unwrap();
+    eventually(
+        "A woken and taken off",
+        Duration::from_secs(5),
+        async || listed(&r, "head") == [b_tag.clone()],
+    )
+    .await;
+    // Another caller takes the free lock before A's waiter runs.
+    let barger = holder_client
+        .lock("head")
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    // A's waiter runs: refused, its client goes back to the head of the list, not
+    // behind B (who would then be woken next, and A again only after everyone).
+    tokio::select! {
+        result = &mut first => panic!("acquired a held lock: {result:?}"),
+        () = eventually("A listed again, first", Duration::from_secs(5), async || {
+            listed(&r, "head") == [a_tag.clone(), b_tag.clone()]
+        }) => {}
+    }
+    barger.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), &mut first)
+        .await
+        .expect("A woken again (asleep, it would wait out the 60 s lease)")
+        .unwrap();
+    assert!(!second.is_finished(), "B still waits");
+    guard.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("B woken next")
+        .unwrap();
+    guard.release().await.unwrap();
+}

@@ -165,7 +165,7 @@ async fn attempts(
         let sent = Instant::now();
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
-        let listing = waiter.as_ref().and_then(|w| w.listing(backend, &pending));
+        let listing = waiter.as_mut().and_then(|w| w.listing(backend, &pending));
         report.attempts = attempt.saturating_add(1);
         let outcome = backend
             .acquire(&AcquireRequest {
@@ -550,6 +550,10 @@ struct Waiter {
     /// A plain waiter whose client's own channel is subscribed on every node: its
     /// attempts list the client on the lock's wake list, and a release wakes it by name.
     named: bool,
+    /// Where the own channel's subscriptions start in `subscriptions`.
+    own_from: usize,
+    /// The wakes by name seen by the last attempt's listing.
+    named_seen: u64,
 }
 
 impl Waiter {
@@ -600,11 +604,14 @@ impl Waiter {
             .await;
         let everywhere = subscriptions.len() == backend.nodes().len();
         let named = matches!(pending.mode, Mode::Plain) && own.len() == backend.nodes().len();
+        let own_from = subscriptions.len();
         subscriptions.extend(own);
         Self {
             subscriptions,
             everywhere,
             named,
+            own_from,
+            named_seen: 0,
         }
     }
 
@@ -613,18 +620,30 @@ impl Waiter {
     /// other plain waiters of the client wait for the lock too; a waiting reader or
     /// reentrant owner lists `*` when a plain holder refuses it (whose release then
     /// wakes every client, these waiters among them). `None`: not listed.
-    fn listing<'a>(&self, backend: &'a Backend, pending: &Pending) -> Option<Listing<'a>> {
+    /// A plain waiter woken by name since its last attempt goes back to the head of the
+    /// list if refused (another caller took the free lock first).
+    fn listing<'a>(&mut self, backend: &'a Backend, pending: &Pending) -> Option<Listing<'a>> {
         let tag = backend.client_tag();
         match pending.mode {
-            Mode::Plain if self.named => Some(Listing {
-                tag,
-                margin: LISTING_MARGIN,
-                stays: backend.plain_waiters(&backend.own_channel(&pending.keys)) > 1,
-            }),
+            Mode::Plain if self.named => {
+                let named: u64 = self.subscriptions[self.own_from..]
+                    .iter()
+                    .map(Subscription::wake_mark)
+                    .sum();
+                let front = named > self.named_seen;
+                self.named_seen = named;
+                Some(Listing {
+                    tag,
+                    margin: LISTING_MARGIN,
+                    stays: backend.plain_waiters(&backend.own_channel(&pending.keys)) > 1,
+                    front,
+                })
+            }
             Mode::Read { .. } | Mode::Reentrant { .. } => Some(Listing {
                 tag,
                 margin: LISTING_MARGIN,
                 stays: false,
+                front: false,
             }),
             _ => None,
         }

@@ -174,9 +174,9 @@ impl AcquireRequest<'_> {
     fn variant(&self) -> usize {
         let listed = match self.listing {
             None => 0,
-            Some(l) => 1 + usize::from(l.stays),
+            Some(l) => 1 + usize::from(l.stays) + 2 * usize::from(l.front),
         };
-        usize::from(self.queued) * 3 + listed
+        usize::from(self.queued) * 5 + listed
     }
 }
 
@@ -187,9 +187,9 @@ impl AcquireRequest<'_> {
 #[derive(Default)]
 pub(crate) struct AcquireCalls {
     /// The call every node gets (a Redlock node that has said who it is, every other).
-    anonymous: [OnceLock<Arc<Call>>; 6],
+    anonymous: [OnceLock<Arc<Call>>; 10],
     /// A Redlock node that has not said who it is yet: the call that asks it.
-    identified: [OnceLock<Arc<Call>>; 6],
+    identified: [OnceLock<Arc<Call>>; 10],
 }
 
 /// The outcome of one acquire attempt that the nodes answered.

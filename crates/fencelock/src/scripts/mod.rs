@@ -706,6 +706,9 @@ pub(crate) struct Listing<'a> {
     pub margin: Duration,
     /// Other waiters of the client wait for the lock too: a grant leaves it listed.
     pub stays: bool,
+    /// A release woke the client by name since its last attempt (and took it off the
+    /// list): refused, it goes back to the head of the list.
+    pub front: bool,
 }
 
 /// `identify`: report run id and uptime; `info`: the holder info to store with the
@@ -742,7 +745,10 @@ pub(crate) fn acquire(
         .arg(flag(join))
         .arg(flag(queued));
     if let Some(l) = listing {
-        inv.arg(l.tag).arg(ms(l.margin)).arg(flag(l.stays));
+        inv.arg(l.tag)
+            .arg(ms(l.margin))
+            .arg(flag(l.stays))
+            .arg(flag(l.front));
     }
     inv
 }

@@ -29,6 +29,8 @@
 --          listed, the list kept for the new lease and ARGV[9] ms)
 -- ARGV[9]  the listing's margin, ms (ARGV[8])
 -- ARGV[10] "1": the client stays listed after a grant (ARGV[8])
+-- ARGV[11] "1": a release woke this client by name since its last attempt: refused,
+--          it goes back to the head of the list, not to its end (ARGV[8])
 --
 -- Reply {code, value} or {6, ms, readers}, with ARGV[3] "1" followed by run_id, uptime_s:
 --   code 1  acquired now; value is the new fencing token
@@ -73,7 +75,7 @@ local margin = listed and tonumber(ARGV[9]) or 0
 local function relist(pttl)
   if listed then
     local lasts = math.max(pttl or tonumber(ARGV[2]), 0) + margin
-    list_waiter(KEYS[5], ARGV[8], lasts, pttl ~= nil or ARGV[10] == '1')
+    list_waiter(KEYS[5], ARGV[8], lasts, pttl ~= nil or ARGV[10] == '1', pttl ~= nil and ARGV[11] == '1')
   end
 end
 
