@@ -1020,49 +1020,82 @@ async fn a_release_wakes_one_waiting_client_by_name_not_every_client() {
     );
 }
 
-#[tokio::test]
-async fn a_client_woken_by_name_whose_waiter_was_cancelled_hands_the_wake_on() {
-    let r = RedisServer::start();
+/// Two clients waiting for `name`, held by a third for 60 s (not renewed), the first
+/// listed before the second. The first client's waiter is a future that only its caller
+/// polls (here, until its client was listed): a task that is woken but does not run.
+struct TwoListed {
+    holder_client: Client,
+    holder: fencelock::LockGuard,
+    first: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<fencelock::LockGuard, Error>> + Send>,
+    >,
+    first_tag: String,
+    second: tokio::task::JoinHandle<fencelock::LockGuard>,
+    second_tag: String,
+    _clients: [Client; 2],
+}
+
+async fn two_listed(r: &RedisServer, name: &str) -> TwoListed {
     let holder_client = Client::connect(&r.url()).await.unwrap();
     common::load_scripts(&holder_client, "warm-up").await;
     let holder = holder_client
-        .lock("baton")
+        .lock(name)
         .lease(Duration::from_secs(60))
         .renew(false)
         .try_acquire()
         .await
         .unwrap();
-    let (first_client, second_client) = (
+    let clients = [
         Client::connect(&r.url()).await.unwrap(),
         Client::connect(&r.url()).await.unwrap(),
-    );
+    ];
     let waiting = |c: &Client| {
-        c.lock("baton")
+        c.lock(name)
             .lease(Duration::from_secs(60))
             .renew(false)
             .wait(Duration::from_secs(30))
     };
-    // The first waiter's future is polled only until it waits, then never again: a task
-    // that is woken but cancelled before it runs.
-    let first_lock = waiting(&first_client);
-    let mut first = Box::pin(first_lock.acquire());
+    let first_lock = waiting(&clients[0]);
+    let mut first: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+        Box::pin(async move { first_lock.acquire().await });
     tokio::select! {
         result = &mut first => panic!("acquired a held lock: {result:?}"),
         () = eventually("the first client listed", Duration::from_secs(5), async || {
-            listed(&r, "baton").len() == 1
+            listed(r, name).len() == 1
         }) => {}
     }
-    let first_tag = listed(&r, "baton").remove(0);
+    let first_tag = listed(r, name).remove(0);
     // The server's clock moves on, so that the second client is listed after the first
-    // (a tie would go by tag), and the release names the first.
+    // (a tie would go by tag).
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let second_lock = waiting(&second_client);
+    let second_lock = waiting(&clients[1]);
     let second = tokio::spawn(async move { second_lock.acquire().await.unwrap() });
     eventually("both clients listed", Duration::from_secs(5), async || {
-        listed(&r, "baton").len() == 2
+        listed(r, name).len() == 2
     })
     .await;
-    assert_eq!(listed(&r, "baton")[0], first_tag, "the first client first");
+    let order = listed(r, name);
+    assert_eq!(order[0], first_tag, "the first client first");
+    TwoListed {
+        holder_client,
+        holder,
+        first,
+        first_tag,
+        second,
+        second_tag: order[1].clone(),
+        _clients: clients,
+    }
+}
+
+#[tokio::test]
+async fn a_client_woken_by_name_whose_waiter_was_cancelled_hands_the_wake_on() {
+    let r = RedisServer::start();
+    let TwoListed {
+        holder,
+        first,
+        second,
+        ..
+    } = two_listed(&r, "baton").await;
 
     let before = r.script_calls();
     holder.release().await.unwrap();
@@ -1221,47 +1254,15 @@ async fn a_reentrant_owner_waiting_behind_a_plain_holder_is_woken_with_everyone(
 #[tokio::test]
 async fn a_client_woken_by_name_that_another_caller_beat_keeps_the_head_of_the_list() {
     let r = RedisServer::start();
-    let holder_client = Client::connect(&r.url()).await.unwrap();
-    common::load_scripts(&holder_client, "warm-up").await;
-    let holder = holder_client
-        .lock("head")
-        .lease(Duration::from_secs(60))
-        .renew(false)
-        .try_acquire()
-        .await
-        .unwrap();
-    let (a, b) = (
-        Client::connect(&r.url()).await.unwrap(),
-        Client::connect(&r.url()).await.unwrap(),
-    );
-    let waiting = |c: &Client| {
-        c.lock("head")
-            .lease(Duration::from_secs(60))
-            .renew(false)
-            .wait(Duration::from_secs(30))
-    };
-    // A's waiter is polled only while the test says: its wake by name waits for it.
-    let a_lock = waiting(&a);
-    let mut first = Box::pin(a_lock.acquire());
-    tokio::select! {
-        result = &mut first => panic!("acquired a held lock: {result:?}"),
-        () = eventually("A listed", Duration::from_secs(5), async || {
-            listed(&r, "head").len() == 1
-        }) => {}
-    }
-    let a_tag = listed(&r, "head").remove(0);
-    // The server's clock moves on, so that B is listed after A.
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let b_lock = waiting(&b);
-    let second = tokio::spawn(async move { b_lock.acquire().await.unwrap() });
-    eventually("B listed", Duration::from_secs(5), async || {
-        listed(&r, "head").len() == 2
-    })
-    .await;
-    let b_tag = listed(&r, "head")
-        .into_iter()
-        .find(|t| *t != a_tag)
-        .unwrap();
+    let TwoListed {
+        holder_client,
+        holder,
+        mut first,
+        first_tag: a_tag,
+        second,
+        second_tag: b_tag,
+        ..
+    } = two_listed(&r, "head").await;
 
     holder.release().await.unwrap();
     eventually(
