@@ -542,10 +542,8 @@ fn render_handoff(s: &mut String, r: &Results) {
          harness's bookkeeping (`BLPOP`); at {most} waiters that is {} processes of {}–{} \
          tasks, {} connections to Redis, all on the same {} CPUs as the redis-server. \
          Samples are handoffs to a waiter in another process; \"+ same process\" counts the \
-         handoffs to a waiter in the releaser's own process, not sampled (in plain mode \
-         the release wakes one waiter per client, and the releaser's own process often \
-         wins, so plain mode has few samples at many waiters). A p99 of fewer than a few \
-         hundred samples is a rough figure.\n",
+         handoffs to a waiter in the releaser's own process, not sampled. A p99 of fewer \
+         than a few hundred samples is a rough figure.\n",
         fmt_dur(r.plan.handoff_run),
         WAITERS
             .iter()

@@ -38,7 +38,8 @@
 //! A fair release that hands the lock to the head of the queue says so with `G TOKEN
 //! FENCE PX` on the own channel of that waiter's client only. A plain release whose wake
 //! list names a client wakes that client only, with an empty message on its own channel
-//! (the client listed first, taken off the list); with nobody live listed, or readers or
+//! (the client listed first, taken off the list; refused, it goes back to the head of
+//! it); with nobody live listed, or readers or
 //! reentrant owners waiting, it announces on the lock's channel, which every client
 //! hears.
 //!

@@ -40,16 +40,16 @@ use crate::token::{FencingToken, HolderToken};
 /// release after it is never missed. A release wakes at once one waiting
 /// [`Client`](crate::Client) (one pub/sub message, then one round trip), rather than every
 /// waiter when only one can win: each refused attempt lists its client on the lock's
-/// wake list in Redis until the lease that refused it would end, and the release wakes
-/// the client listed earliest, whose longest-waiting plain waiter then tries. A client
-/// whose connections are gone (exited, crashed) is skipped; a woken waiter that is
-/// cancelled or fails before Redis answered its attempt hands the wake to the next
-/// waiter of its client, or to the next client; a client that hangs swallows one wake,
-/// and the others try again when the lease that refused them would have ended. With
-/// nobody listed, or readers or reentrant owners waiting behind the plain holder, a
-/// release wakes one plain waiter of every client. A waiting acquire that ends without
-/// the lock takes its client off the list (in the background) when no other waiter of
-/// the client waits for the lock.
+/// wake list in Redis, and the release wakes the client listed earliest, whose
+/// longest-waiting plain waiter then tries (beaten to the free lock by another caller,
+/// that client goes back to the head of the list). A client whose connections are gone
+/// (exited, crashed) is skipped; a woken waiter that is cancelled or fails before Redis
+/// answered its attempt hands the wake to the next waiter of its client, or to the next
+/// client; a client that hangs swallows one wake, and the others try again when the
+/// lease that refused them would have ended. With nobody listed, or readers or reentrant
+/// owners waiting behind the plain holder, a release wakes one plain waiter of every
+/// client. A waiting acquire that ends without the lock takes its client off the list
+/// (in the background) when no other waiter of the client waits for the lock.
 /// Waiters with an [`reentrant`](Self::reentrant) owner are all woken (holds of one owner can be held
 /// together). A [fair](Self::fair) release hands the lock to the waiter at the head of
 /// the queue and wakes only that one.
