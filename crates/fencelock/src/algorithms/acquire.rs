@@ -356,9 +356,9 @@ async fn attempts(
     }
 }
 
-/// How much longer than the lease that refused its attempt a waiting client stays on the
-/// lock's wake list (`fragments/wakes.lua`): the waiter tries again by itself when that
-/// lease ends, and lists its client again if refused; the margin covers its wake-up.
+/// How much longer than the lease that refused a listed attempt the lock's wake list is
+/// kept (`fragments/waiting.lua`): its waiters try again by themselves when that lease
+/// ends, and list their clients again if refused; the margin covers their wake-up.
 const LISTING_MARGIN: Duration = Duration::from_secs(1);
 
 /// Whether a Redlock node got no answer in time (or none before the verdict).
@@ -620,6 +620,7 @@ impl Waiter {
     /// other plain waiters of the client wait for the lock too; a waiting reader or
     /// reentrant owner lists `*` when a plain holder refuses it (whose release then
     /// wakes every client, these waiters among them). `None`: not listed.
+    ///
     /// A plain waiter woken by name since its last attempt goes back to the head of the
     /// list if refused (another caller took the free lock first).
     fn listing<'a>(&mut self, backend: &'a Backend, pending: &Pending) -> Option<Listing<'a>> {
