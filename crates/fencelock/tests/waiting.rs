@@ -1300,3 +1300,48 @@ async fn a_client_woken_by_name_that_another_caller_beat_keeps_the_head_of_the_l
         .unwrap();
     guard.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_client_beaten_to_the_lock_alone_on_the_list_leaves_a_list_that_expires() {
+    let r = RedisServer::start();
+    let holder_client = Client::connect(&r.url()).await.unwrap();
+    common::load_scripts(&holder_client, "warm-up").await;
+    let lock = |c: &Client| c.lock("alone").lease(Duration::from_secs(60)).renew(false);
+    let holder = lock(&holder_client).try_acquire().await.unwrap();
+    let a = Client::connect(&r.url()).await.unwrap();
+    let a_lock = lock(&a).wait(Duration::from_secs(30));
+    let mut waiting = Box::pin(a_lock.acquire());
+    tokio::select! {
+        result = &mut waiting => panic!("acquired a held lock: {result:?}"),
+        () = eventually("listed", Duration::from_secs(5), async || {
+            listed(&r, "alone").len() == 1
+        }) => {}
+    }
+    holder.release().await.unwrap();
+    eventually("woken and taken off", Duration::from_secs(5), async || {
+        !r.exists("fencelock:{alone}:wakes")
+    })
+    .await;
+    let barger = lock(&holder_client).try_acquire().await.unwrap();
+    // Its waiter runs: refused, the client goes back to the head of an empty list.
+    tokio::select! {
+        result = &mut waiting => panic!("acquired a held lock: {result:?}"),
+        () = eventually("listed again", Duration::from_secs(5), async || {
+            listed(&r, "alone").len() == 1
+        }) => {}
+    }
+    let left = r
+        .cmd(&["PTTL", "fencelock:{alone}:wakes"])
+        .as_int()
+        .unwrap();
+    assert!(
+        left > 0 && left <= 61_000,
+        "the list lasts as long as the barger's lease and a second: {left} ms"
+    );
+    barger.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken by the barger's release")
+        .unwrap();
+    guard.release().await.unwrap();
+}

@@ -10,17 +10,19 @@
 --   every client, as without a list.
 
 local function list_waiter(list, member, lasts, stays, front)
-  if stays and front then
+  if not stays then
+    redis.pcall('ZREM', list, member)
+    return
+  end
+  if front then
     local head = redis.pcall('ZRANGE', list, 0, 0, 'WITHSCORES')
     local score = type(head) == 'table' and tonumber(head[2])
     redis.pcall('ZADD', list, score and score - 1 or server_ms(), member)
-  elseif stays then
-    redis.pcall('ZADD', list, 'NX', server_ms(), member)
-    local left = redis.pcall('PTTL', list)
-    if type(left) == 'number' and left < lasts then
-      redis.pcall('PEXPIRE', list, lasts)
-    end
   else
-    redis.pcall('ZREM', list, member)
+    redis.pcall('ZADD', list, 'NX', server_ms(), member)
+  end
+  local left = redis.pcall('PTTL', list)
+  if type(left) == 'number' and left < lasts then
+    redis.pcall('PEXPIRE', list, lasts)
   end
 end
