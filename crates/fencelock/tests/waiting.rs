@@ -916,6 +916,21 @@ async fn the_queue_keys_of_crashed_waiters_expire_by_themselves() {
     .await;
 }
 
+/// A client holding `name` for 60 s, not renewed (no waiter's lease-bound timer runs
+/// out in a test; no renewal is counted among its script calls), its scripts loaded.
+async fn held_for_a_minute(r: &RedisServer, name: &str) -> (Client, fencelock::LockGuard) {
+    let c = Client::connect(&r.url()).await.unwrap();
+    common::load_scripts(&c, "warm-up").await;
+    let held = c
+        .lock(name)
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    (c, held)
+}
+
 /// The clients on `name`'s wake list (`*` for waiting readers).
 fn listed(r: &RedisServer, name: &str) -> Vec<String> {
     let key = format!("fencelock:{{{name}}}:wakes");
@@ -1036,15 +1051,7 @@ struct TwoListed {
 }
 
 async fn two_listed(r: &RedisServer, name: &str) -> TwoListed {
-    let holder_client = Client::connect(&r.url()).await.unwrap();
-    common::load_scripts(&holder_client, "warm-up").await;
-    let holder = holder_client
-        .lock(name)
-        .lease(Duration::from_secs(60))
-        .renew(false)
-        .try_acquire()
-        .await
-        .unwrap();
+    let (holder_client, holder) = held_for_a_minute(r, name).await;
     let clients = [
         Client::connect(&r.url()).await.unwrap(),
         Client::connect(&r.url()).await.unwrap(),
@@ -1185,15 +1192,7 @@ async fn a_release_skips_a_listed_client_that_was_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reentrant_owner_waiting_behind_a_plain_holder_is_woken_with_everyone() {
     let r = RedisServer::start();
-    let holder_client = Client::connect(&r.url()).await.unwrap();
-    common::load_scripts(&holder_client, "warm-up").await;
-    let holder = holder_client
-        .lock("mixed")
-        .lease(Duration::from_secs(60))
-        .renew(false)
-        .try_acquire()
-        .await
-        .unwrap();
+    let (_holder_client, holder) = held_for_a_minute(&r, "mixed").await;
     // Two plain waiters in two clients, listed; each holds the lock until told.
     let plain = [
         Client::connect(&r.url()).await.unwrap(),

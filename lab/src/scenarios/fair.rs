@@ -27,6 +27,30 @@ pub const FAIR_HANDOVER: Scenario = Scenario {
     run: |lab, tag, scale| lab.fair_handover(tag, scale),
 };
 
+/// After rounds that stopped p3 and replaced p4 by a fresh worker each time: waits
+/// until p1, p2, p3 and the last fresh worker have each acquired twice more, then has
+/// every worker stop (`stop_file`) and waits for them.
+pub(super) fn live_workers_go_on(
+    tag: &str,
+    histories: &[std::path::PathBuf],
+    stop_file: &std::path::Path,
+    workers: &mut Workers,
+) -> Result<(), String> {
+    let healed_at = monotonic_ns();
+    let live = [
+        &histories[0],
+        &histories[1],
+        &histories[2],
+        &histories[histories.len() - 1],
+    ];
+    wait_until(tag, "every live worker acquires after the faults", || {
+        live.iter()
+            .all(|h| count(h, healed_at, Op::Acquire, Phase::Ok).unwrap_or(0) >= 2)
+    })?;
+    std::fs::write(stop_file, b"").map_err(|e| format!("{}: {e}", stop_file.display()))?;
+    workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)
+}
+
 /// Counts release messages of a lock: on its clients' own channels, the handovers (`G
 /// TOKEN FENCE PX`) of fair releases; or on the lock's channel itself, the plain
 /// releases that wake every client.
@@ -164,19 +188,7 @@ impl Lab {
             histories.push(path);
         }
         // The line goes on: every live worker acquires again after the last fault.
-        let healed_at = monotonic_ns();
-        let live = [
-            &histories[0],
-            &histories[1],
-            &histories[2],
-            &histories[histories.len() - 1],
-        ];
-        wait_until(tag, "every live worker acquires after the faults", || {
-            live.iter()
-                .all(|h| count(h, healed_at, Op::Acquire, Phase::Ok).unwrap_or(0) >= 2)
-        })?;
-        std::fs::write(&stop_file, b"").map_err(|e| format!("{}: {e}", stop_file.display()))?;
-        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+        live_workers_go_on(tag, &histories, &stop_file, &mut workers)?;
         let handed = handovers.stop()?;
 
         faults.push(format!("{handed} handovers"));

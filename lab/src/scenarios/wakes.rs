@@ -3,13 +3,12 @@
 //! the release must not send them).
 
 use std::thread;
-use std::time::Instant;
 
 use testkit::history::{Op, Phase, monotonic_ns};
 
-use super::fair::Handovers;
+use super::fair::{Handovers, live_workers_go_on};
 use super::{AVAILABILITY_SLACK, STEADY_MAX, Scale, Scenario, count, wait_until};
-use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, signal};
+use crate::harness::{Lab, Resource, TTL, Workers, signal};
 use crate::outcomes::Outcome;
 
 pub const PLAIN_NAMED_WAKES: Scenario = Scenario {
@@ -90,19 +89,7 @@ impl Lab {
             pids[3] = pid;
             histories.push(path);
         }
-        let healed_at = monotonic_ns();
-        let live = [
-            &histories[0],
-            &histories[1],
-            &histories[2],
-            &histories[histories.len() - 1],
-        ];
-        wait_until(tag, "every live worker acquires after the faults", || {
-            live.iter()
-                .all(|h| count(h, healed_at, Op::Acquire, Phase::Ok).unwrap_or(0) >= 2)
-        })?;
-        std::fs::write(&stop_file, b"").map_err(|e| format!("{}: {e}", stop_file.display()))?;
-        workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
+        live_workers_go_on(tag, &histories, &stop_file, &mut workers)?;
         let broadcasts = everyone.stop()?;
         let woken = (published()? - published_before).saturating_sub(broadcasts as u64);
 

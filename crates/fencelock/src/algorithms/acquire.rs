@@ -31,7 +31,6 @@ use tracing::Instrument;
 
 use crate::algorithms::retry::Retry;
 use crate::backend::quorum::lease_end;
-use crate::backend::subscriber::Wake;
 use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
 use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Backend, Listing, Mode, Undo};
 use crate::error::{Blocker, Error, NodeList, NodeOutcome, NodeReport, UnavailableReason};
@@ -586,18 +585,14 @@ impl Waiter {
         // A fair waiter also listens on its client's own channel, where the release that
         // hands it the lock says so (only that client hears it); a plain waiter, where
         // a release that woke its client by name says so.
-        let (own, own_wake) = match pending.mode {
-            Mode::Fair { .. } => (Some(backend.own_channel(&pending.keys)), wake),
-            Mode::Plain => (
-                Some(backend.own_channel(&pending.keys)),
-                Wake::Named(&pending.keys),
-            ),
-            _ => (None, wake),
+        let own = match pending.mode {
+            Mode::Fair { .. } | Mode::Plain => Some(backend.own_channel(&pending.keys)),
+            _ => None,
         };
         let (mut subscriptions, own) =
             futures_util::future::join(backend.subscribe(&channel, id, wake), async {
                 match &own {
-                    Some(own) => backend.subscribe(own, id, own_wake).await,
+                    Some(own) => backend.subscribe(own, id, wake).await,
                     None => Vec::new(),
                 }
             })

@@ -16,17 +16,19 @@
 //! swallow every wake), else the longest-waiting.
 //!
 //! A plain release usually wakes one client only: the one its lock's wake list names
-//! (`fragments/wakes.lua`), with an empty message on that client's own channel, where
-//! every plain waiter of the client also listens ([`Wake::Named`]); it wakes one of them
-//! as above. When none is left to take it (they all left), the wake is handed on to the
-//! next client of the list ([`HandOn`]: the node runs `lock/wake.lua`).
+//! (`fragments/wakes.lua`), with an empty message on that client's own channel
+//! (`<lock key>:released:<client tag>`), where every plain waiter of the client also
+//! listens; it wakes one of them as above. When none is left to take it (they all
+//! left), the wake is handed on to the next client of the list ([`HandOn`]: the node runs
+//! `lock/wake.lua` for the lock the channel's name says).
 //!
 //! A woken plain waiter owes an answered attempt for its wake. Its caller reads a mark
 //! before each attempt and settles it once Redis answered; a plain waiter dropped with a
 //! wake it has not settled (cancelled, or failed on an error) passes the wake on to the
 //! next plain waiter (on its client's own channel, with none left, to the next client),
-//! so a free lock is never left with only sleeping waiters of this client. (A fair waiter that leaves has its successor told by the queue script.) A
-//! `Notify` keeps one permit, so a message that arrives between a failed attempt and the
+//! so a free lock is never left with only sleeping waiters of this client. (A fair
+//! waiter that leaves has its successor told by the queue script.) A `Notify` keeps one
+//! permit, so a message that arrives between a failed attempt and the
 //! wait is not lost.
 //!
 //! Pub/sub is a hint, never the only way out of a wait: callers bound every wait by the
@@ -198,14 +200,9 @@ pub(crate) fn next_waiter_id() -> u64 {
 /// Which release messages wake a waiter.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Wake<'a> {
-    /// A plain waiter on the lock's channel: each message there wakes one plain waiter
-    /// of the client.
+    /// A plain waiter: each message wakes one plain waiter of the client. On the
+    /// client's own channel, a wake that finds none is handed on ([`HandOn`]).
     Plain,
-    /// A plain waiter on its client's own channel for the lock of these keys, where a
-    /// release that woke this client by name says so (`fragments/wakes.lua`): as
-    /// [`Wake::Plain`], and a wake that finds no plain waiter of the client there is
-    /// handed on to the next client of the lock's wake list.
-    Named(&'a LockKeys),
     /// A reentrant waiter: every release wakes every one of them.
     Owner,
     /// A fair waiter with this owner token: woken when a message names it (its turn),
@@ -223,9 +220,6 @@ struct Channel {
     subscribed: tokio::sync::Mutex<Option<(u64, bool)>>,
     /// By waiter id, so in arrival order.
     waiters: Mutex<BTreeMap<u64, Waiter>>,
-    /// A client's own channel with plain waiters ([`Wake::Named`]): the lock whose wake a
-    /// message here hands on when no plain waiter is left to take it.
-    named: OnceLock<LockKeys>,
 }
 
 /// How a waiter is woken, as stored.
@@ -372,7 +366,7 @@ impl Subscriber {
     ) -> Result<Subscription, redis::RedisError> {
         let inner = &self.inner;
         let kind = match wake {
-            Wake::Plain | Wake::Named(_) => Kind::Plain,
+            Wake::Plain => Kind::Plain,
             Wake::Owner => Kind::Owner,
             Wake::Turn(token) => Kind::Turn(token.as_bytes().to_vec()),
         };
@@ -386,13 +380,9 @@ impl Subscriber {
                         name: channel.to_owned(),
                         subscribed: tokio::sync::Mutex::new(None),
                         waiters: Mutex::new(BTreeMap::new()),
-                        named: OnceLock::new(),
                     })
                 })
                 .clone();
-            if let Wake::Named(keys) = wake {
-                ch.named.get_or_init(|| keys.clone());
-            }
             lock(&ch.waiters).insert(
                 id,
                 Waiter {
@@ -437,8 +427,8 @@ impl Subscriber {
 
     pub fn stats(&self) -> SubscriberStats {
         let channels = lock(&self.inner.channels);
-        // A fair waiter listens on two channels (the lock's and its client's own): it
-        // counts once.
+        // A plain or fair waiter listens on two channels (the lock's and its client's
+        // own): it counts once.
         let mut ids: Vec<u64> = channels
             .values()
             .flat_map(|c| lock(&c.waiters).keys().copied().collect::<Vec<_>>())
@@ -495,7 +485,7 @@ impl Drop for Subscription {
             if gone.is_some_and(|w| w.kind == Kind::Plain && w.wakes > w.settled)
                 && !wake_one_plain(&mut waiters)
             {
-                self.inner.hand_on(&self.channel);
+                self.inner.hand_on(&self.channel.name);
             }
             waiters.is_empty()
         };
@@ -654,16 +644,8 @@ impl Inner {
         let Some(ch) = lock(&self.channels).get(channel).cloned() else {
             // A wake by name for a client whose last waiter of the lock left just before
             // (the server counted this connection when it published): handed on.
-            if let (true, Some(keys), Some(hand_on)) = (
-                payload.is_empty(),
-                own_channel_lock(channel),
-                self.hand_on.get(),
-            ) {
-                tracing::trace!(
-                    channel,
-                    "woken by name with no waiter left; handing the wake on"
-                );
-                hand_on(keys);
+            if payload.is_empty() {
+                self.hand_on(channel);
             }
             return;
         };
@@ -675,7 +657,7 @@ impl Inner {
                 waiter.wake();
             }
             if !wake_one_plain(&mut waiters) {
-                self.hand_on(&ch);
+                self.hand_on(channel);
             }
         } else {
             let (token, handover) = match Handover::parse(payload) {
@@ -693,13 +675,13 @@ impl Inner {
 
     /// A wake of `ch` found no plain waiter: on a client's own channel, it goes on to
     /// the next client of the lock's wake list (the release took this one off it).
-    fn hand_on(&self, ch: &Channel) {
-        if let (Some(keys), Some(hand_on)) = (ch.named.get(), self.hand_on.get()) {
+    fn hand_on(&self, channel: &str) {
+        if let (Some(keys), Some(hand_on)) = (own_channel_lock(channel), self.hand_on.get()) {
             tracing::trace!(
-                channel = ch.name,
+                channel,
                 "woken by name with no waiter left; handing the wake on"
             );
-            hand_on(keys.clone());
+            hand_on(keys);
         }
     }
 
@@ -834,6 +816,18 @@ mod tests {
     use testkit::RedisServer;
 
     const WITHIN: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn a_clients_own_channel_names_its_lock_and_no_other_channel_does() {
+        let keys = LockKeys::new("fencelock", "orders:42").unwrap();
+        let own = format!("{}:{:016x}", keys.channel(), 0xabcu64);
+        assert_eq!(own_channel_lock(&own), Some(keys.clone()));
+        assert_eq!(own_channel_lock(&keys.channel()), None);
+        assert_eq!(own_channel_lock(&format!("{}:abc", keys.channel())), None);
+        // A name that looks like a tag inside its hash tag is still the lock's channel.
+        let odd = LockKeys::new("fencelock", "a:released:0123456789abcdef").unwrap();
+        assert_eq!(own_channel_lock(&odd.channel()), None);
+    }
 
     #[test]
     fn a_handover_message_names_its_waiter_its_token_and_its_lease() {
