@@ -165,6 +165,9 @@ async fn attempts(
         // The wakes this attempt answers (see `Waiter::settle`).
         let marks = waiter.as_ref().map(Waiter::marks);
         let listing = waiter.as_mut().and_then(|w| w.listing(backend, &pending));
+        // Until this attempt is answered, it may have listed the client, so an acquire
+        // dropped meanwhile takes the client off the list too.
+        pending.listed |= matches!(pending.mode, Mode::Plain) && listing.is_some();
         report.attempts = attempt.saturating_add(1);
         let outcome = backend
             .acquire(&AcquireRequest {
@@ -247,7 +250,6 @@ async fn attempts(
                 taken_back_unheard |= any_timed_out(&nodes);
                 pending.maybe_written = unanswered || taken_back_unheard;
                 refused = Some((sent, fence_seen));
-                pending.listed |= matches!(pending.mode, Mode::Plain) && listing.is_some();
                 report.held(waits, attempt, blocked_by, &nodes);
                 // The lock is someone else's: their release will wake a waiter. An
                 // attempt that failed on an error settles nothing, so if this wait ends
@@ -707,8 +709,8 @@ struct Pending {
     ttl: Duration,
     maybe_written: bool,
     queued: bool,
-    /// A plain waiter's attempt listed its client on the lock's wake list, and no grant
-    /// took it off: when the acquire ends without the lock, its client leaves the list
+    /// A plain waiter's attempt listed its client on the lock's wake list (or, not yet
+    /// answered, may have), and no grant took it off: when the acquire ends without the lock, its client leaves the list
     /// unless another of its waiters waits for the lock.
     listed: bool,
 }
