@@ -443,6 +443,12 @@ fn fair_scripts_never_touch_keys_of_a_wrong_type() {
     assert_wrong_type(&fair(true), GRANTS, "string");
     assert!(!r.exists(LOCK));
     assert_eq!(r.get(GRANTS).as_deref(), Some("not-a-hash"));
+    r.cmd(&["DEL", GRANTS]);
+    r.cmd(&["SET", WAITERS, "not-a-zset"]);
+    assert_wrong_type(&fair(true), WAITERS, "string");
+    assert!(!r.exists(LOCK));
+    assert!(!r.exists(QUEUE));
+    assert_eq!(r.get(WAITERS).as_deref(), Some("not-a-zset"));
 }
 
 #[test]
@@ -469,6 +475,19 @@ fn fair_release_and_leave_in_every_key_state() {
     assert!(!r.exists(LOCK));
     r.cmd(&["HSET", LOCK, "f", "v"]);
     assert_wrong_type(&fair_release_raw(&r, MINE), LOCK, "hash");
+    r.cmd(&["DEL", LOCK]);
+
+    // Queue keys of another type: released, and nobody is woken through them.
+    for key in [QUEUE, WAITERS, GRANTS] {
+        fair_acquire(&r, THEIRS, true);
+        fair_acquire(&r, MINE, true);
+        r.cmd(&["DEL", key]);
+        r.cmd(&["SET", key, "not ours"]);
+        assert_eq!(release(THEIRS), 1, "released with {key} of another type");
+        assert!(!r.exists(LOCK), "not handed on through {key}");
+        assert_eq!(r.get(key).as_deref(), Some("not ours"));
+        r.cmd(&["DEL", QUEUE, WAITERS, GRANTS]);
+    }
 }
 
 #[test]
@@ -484,9 +503,11 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
     let release = |t: &str| fair_release(&r, t);
     let (dead, next, old) = ("d".repeat(32), "n".repeat(32), "o".repeat(32));
     assert_eq!(ints(&fair_acquire(&r, THEIRS, true))[0], 1);
-    // In line: a waiter that crashed (its deadline passed), then a live one, then one
-    // of a client that registers no grant (an older fencelock).
-    r.cmd(&["RPUSH", QUEUE, &dead]);
+    // In line: a waiter that crashed (its deadline passed; put at the head after the
+    // live one's call, which would have purged it), then a live one, then one of a
+    // client that registers no grant (an older fencelock).
+    assert_eq!(ints(&fair_acquire(&r, &next, true))[0], 0);
+    r.cmd(&["LPUSH", QUEUE, &dead]);
     r.cmd(&[
         "ZADD",
         WAITERS,
@@ -494,7 +515,6 @@ fn fair_release_hands_the_lock_to_the_head_of_the_queue() {
         &dead,
     ]);
     r.cmd(&["HSET", GRANTS, &dead, &format!("10000 {OWN_CHANNEL} ")]);
-    assert_eq!(ints(&fair_acquire(&r, &next, true))[0], 0);
     r.cmd(&["RPUSH", QUEUE, &old]);
     r.cmd(&[
         "ZADD",

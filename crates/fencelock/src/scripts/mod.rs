@@ -36,7 +36,7 @@ use crate::token::HolderToken;
 #[derive(Clone, Copy)]
 struct Fragment(&'static str);
 
-/// `server_us()`, `server_ms()`.
+/// `server_us()`, `server_ms()`, `server_ms_us()`.
 const CLOCK: Fragment = Fragment(include_str!("fragments/clock.lua"));
 /// `wrong_type()`, `check_types()`.
 const TYPES: Fragment = Fragment(include_str!("fragments/types.lua"));
@@ -44,7 +44,7 @@ const TYPES: Fragment = Fragment(include_str!("fragments/types.lua"));
 const HOLDER: Fragment = Fragment(include_str!("fragments/holder.lua"));
 /// `read_counter()`, `store_counter()`, `next_fence()`; needs [`CLOCK`].
 const FENCE: Fragment = Fragment(include_str!("fragments/fence.lua"));
-/// `purge_waiters()`.
+/// `purge_waiters()`, `overdue()`, `purge_overdue()`.
 const FAIR_QUEUE: Fragment = Fragment(include_str!("fragments/fair_queue.lua"));
 /// `readers_held()`, `writer_waits()`, `writer_meets_readers()`, `writer_gone()`; needs
 /// [`TYPES`], [`HOLDER`] and [`CLOCK`].
@@ -1117,6 +1117,7 @@ mod tests {
         let defined_in = [
             ("server_us(", CLOCK),
             ("server_ms(", CLOCK),
+            ("server_ms_us(", CLOCK),
             ("wrong_type(", TYPES),
             ("check_types(", TYPES),
             ("lock_holder(", HOLDER),
@@ -1126,6 +1127,8 @@ mod tests {
             ("store_counter(", FENCE),
             ("next_fence(", FENCE),
             ("purge_waiters(", FAIR_QUEUE),
+            ("overdue(", FAIR_QUEUE),
+            ("purge_overdue(", FAIR_QUEUE),
             ("renew_lease(", LEASE),
             ("renew_permit(", LEASE),
             ("READERS_MARK", HOLDER),

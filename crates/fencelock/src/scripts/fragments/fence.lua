@@ -10,8 +10,9 @@
 --   after idle_ms without another write (nil, or "0": never). A counter that expired
 --   is reseeded from the server clock by next_fence, so tokens keep increasing as long
 --   as that clock has not stepped back by more than the idle time since the last grant
--- next_fence(key, value, idle_ms) -> the new token, stored in the counter (see
---   store_counter): value + 1, and at least the server clock in microseconds. So tokens keep increasing when the counter
+-- next_fence(key, value, idle_ms, now_us) -> the new token, stored in the counter (see
+--   store_counter): value + 1, and at least the server clock in microseconds (now_us
+--   when the caller read it already, or nil). So tokens keep increasing when the counter
 --   is lost (FLUSHALL, a restart without persistence) or older than the last grants (a
 --   replica promoted after missing them), and tokens minted on different Redlock nodes
 --   stay comparable: as long as the server clocks do not step back, and the lock is not
@@ -39,8 +40,8 @@ local function store_counter(key, value, idle_ms)
   end
 end
 
-local function next_fence(key, value, idle_ms)
-  local fence = math.max((value or 0) + 1, server_us())
+local function next_fence(key, value, idle_ms, now_us)
+  local fence = math.max((value or 0) + 1, now_us or server_us())
   store_counter(key, fence, idle_ms)
   return fence
 end

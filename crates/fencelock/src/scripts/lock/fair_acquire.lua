@@ -5,8 +5,9 @@
 -- KEYS[3]  queue           LIST of waiting holder tokens, in arrival order
 -- KEYS[4]  waiters         ZSET holder token -> deadline (server ms) by which the waiter
 --                          must call again, or be purged as crashed
---                          (both expire 2 x the waiter timeout after the last call of a
---                          waiter, unless a later call of another waiter extends them)
+--                          (both expire 1.5 to 2 x the waiter timeout after the last
+--                          call of a waiter, unless a later call of another waiter
+--                          extends them)
 -- KEYS[5]  holder info     plain string, with the lock key's expiry (when ARGV[6] is
 --                          not empty)
 -- KEYS[6]  grants          HASH holder token -> "TTL_MS CHANNEL INFO": what each queued
@@ -43,7 +44,13 @@ if kind == 'reentrant' then
 elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
-local bad = check_types({KEYS[3], 'list', KEYS[4], 'zset', KEYS[6], 'hash'})
+-- Each key's type is checked before the first write, by the first read of it that the
+-- script needs anyway where there is one (LINDEX, ZRANGEBYSCORE), by TYPE where not.
+local head = redis.pcall('LINDEX', KEYS[3], 0)
+if type(head) == 'table' then
+  return wrong_type(KEYS[3], redis.call('TYPE', KEYS[3]).ok)
+end
+local bad = check_types({KEYS[6], 'hash'})
 if bad then
   return bad
 end
@@ -51,9 +58,15 @@ local counter, bad_counter = read_counter(KEYS[2])
 if bad_counter then
   return wrong_type(KEYS[2], bad_counter)
 end
-
-local now = server_ms()
-purge_waiters(KEYS[3], KEYS[4], now, KEYS[6])
+local now, now_us = server_ms_us()
+local dead = overdue(KEYS[4], now)
+if not dead then
+  return wrong_type(KEYS[4], redis.call('TYPE', KEYS[4]).ok)
+end
+purge_overdue(KEYS[3], KEYS[4], dead, now, KEYS[6])
+if #dead > 0 then
+  head = redis.call('LINDEX', KEYS[3], 0)
+end
 
 local function on_grant() -- leave the queue, describe the holder
   redis.call('LREM', KEYS[3], 0, ARGV[1])
@@ -68,29 +81,31 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   on_grant()
   if counter == nil then
-    return {2, next_fence(KEYS[2], counter, ARGV[8])}
+    return {2, next_fence(KEYS[2], counter, ARGV[8], now_us)}
   end
   return {2, counter}
 end
 
-local head = redis.call('LINDEX', KEYS[3], 0)
 if kind == 'none' and (not head or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   on_grant()
-  return {1, next_fence(KEYS[2], counter, ARGV[8])}
+  return {1, next_fence(KEYS[2], counter, ARGV[8], now_us)}
 end
 
 if ARGV[5] == '1' then
-  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+  local timeout = tonumber(ARGV[3])
+  -- A new member of the deadlines joins the end of the queue; one already there keeps
+  -- its place.
+  if redis.call('ZADD', KEYS[4], now + timeout, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
-  local timeout = tonumber(ARGV[3])
-  redis.call('ZADD', KEYS[4], now + timeout, ARGV[1])
   redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[7] .. ' ' .. ARGV[6])
   -- The queue outlives every live waiter's deadline, and goes by itself once the last
-  -- waiter stopped calling (crashed) even if nobody calls a fair script again.
+  -- waiter stopped calling (crashed) even if nobody calls a fair script again: each
+  -- key is kept at least the timeout, set to twice it when less than one and a half
+  -- is left (so that most calls only read the expiry).
   for _, key in ipairs({KEYS[3], KEYS[4], KEYS[6]}) do
-    if redis.call('PTTL', key) < 2 * timeout then
+    if redis.call('PTTL', key) < timeout * 3 / 2 then
       redis.call('PEXPIRE', key, 2 * timeout)
     end
   end

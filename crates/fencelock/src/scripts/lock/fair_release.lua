@@ -37,17 +37,30 @@ elseif kind ~= 'plain' or holder ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[1], KEYS[4])
 
-if redis.call('TYPE', KEYS[2]).ok ~= 'list' or redis.call('TYPE', KEYS[3]).ok ~= 'zset' then
+-- Queue keys of other types are read through redis.pcall: the first read of each (LINDEX,
+-- ZRANGEBYSCORE, HGET) checks its type on the way, and nobody is woken through them.
+local head = redis.pcall('LINDEX', KEYS[2], 0)
+if type(head) ~= 'string' then
+  return 1 -- nobody waits (or the queue is not a list)
+end
+local now, now_us = server_ms_us()
+local dead = overdue(KEYS[3], now)
+if not dead then
   return 1
 end
-local grants = redis.call('TYPE', KEYS[6]).ok == 'hash'
-local now = server_ms()
-purge_waiters(KEYS[2], KEYS[3], now, grants and KEYS[6] or nil)
-local head = redis.call('LINDEX', KEYS[2], 0)
-if not head then
-  return 1
+local wanted = redis.pcall('HGET', KEYS[6], head)
+local grants = type(wanted) ~= 'table'
+if not grants then
+  wanted = nil
 end
-local wanted = grants and redis.call('HGET', KEYS[6], head)
+purge_overdue(KEYS[2], KEYS[3], dead, now, grants and KEYS[6] or nil)
+if #dead > 0 then
+  head = redis.call('LINDEX', KEYS[2], 0)
+  if not head then
+    return 1
+  end
+  wanted = grants and redis.call('HGET', KEYS[6], head)
+end
 local counter, bad = read_counter(KEYS[5])
 if wanted and not bad then
   local ttl, channel, info = string.match(wanted, '^(%d+) (%S+) (.*)$')
@@ -55,7 +68,7 @@ if wanted and not bad then
   local px = math.min(tonumber(ttl) or 0, deadline - now)
   if px > 0 then
     redis.call('SET', KEYS[1], head, 'PX', px)
-    local fence = next_fence(KEYS[5], counter, ARGV[3])
+    local fence = next_fence(KEYS[5], counter, ARGV[3], now_us)
     redis.call('LREM', KEYS[2], 0, head)
     redis.call('ZREM', KEYS[3], head)
     redis.call('HDEL', KEYS[6], head)
