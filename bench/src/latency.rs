@@ -108,6 +108,10 @@ pub struct LatencyRun {
     pub blackholed: Series,
     /// Where the threads ran (the pinning), for the report.
     pub placement: String,
+    /// redis-server's CPU time per cycle (ns) of each single-node client run alone for
+    /// [`LatencyRun::cycles`] cycles right after the turns: label, ns per cycle (or why
+    /// it could not be read).
+    pub server_cpu: Vec<(String, Result<f64, String>)>,
 }
 
 /// One client of the rotation.
@@ -189,6 +193,7 @@ impl Cycler {
 /// release cycles on each client, in turns of [`BLOCK`].
 pub async fn run<P>(
     single_url: &str,
+    single_pid: u32,
     redlock_urls: &[String],
     cycles: usize,
     pin: impl FnOnce() -> (P, String),
@@ -275,6 +280,16 @@ pub async fn run<P>(
     ];
     let (pins, placement) = pin();
     let (warmup, samples) = in_turns(&mut clients, cycles).await?;
+    let mut server_cpu = Vec::new();
+    for (who, c) in &mut clients {
+        let label = match who {
+            Who::Lock(peer, false) => peer.label().to_owned(),
+            Who::Raw => "redis-rs alone".to_owned(),
+            Who::Ping => "PING".to_owned(),
+            _ => continue,
+        };
+        server_cpu.push((label, server_cpu_per_cycle(single_pid, c, cycles).await));
+    }
     drop(pins);
     fence_single.flush().await;
     fence_redlock.flush().await;
@@ -308,7 +323,32 @@ pub async fn run<P>(
         blackholed,
         raw,
         placement,
+        server_cpu,
     })
+}
+
+/// The CPU time the thread `pid` (a redis-server's main thread, which runs every
+/// command) has used, ns, from `/proc/PID/schedstat`: the scheduler's own count, to the
+/// nanosecond (`getrusage` and `INFO cpu` may count in ticks of several ms).
+fn thread_cpu_ns(pid: u32) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/schedstat");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    text.split_whitespace()
+        .next()
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| format!("{path}: unexpected {text:?}"))
+}
+
+/// redis-server `pid`'s CPU time per cycle of `client` (ns), over `cycles` cycles of it
+/// alone: what one acquire + release costs the server (its commands, scripts and the
+/// socket reads and writes), without the other clients' work mixed in.
+async fn server_cpu_per_cycle(pid: u32, client: &mut Cycler, cycles: usize) -> Result<f64, String> {
+    let before = thread_cpu_ns(pid)?;
+    for _ in 0..cycles {
+        client.once().await?;
+    }
+    let used = thread_cpu_ns(pid)?.saturating_sub(before);
+    Ok(used as f64 / cycles.max(1) as f64)
 }
 
 /// Warms every client up (a tenth of `cycles`, at least [`BLOCK`], taking turns cycle by

@@ -278,9 +278,13 @@ async fn bench(
         plan.latency_cycles
     );
     let redlock_urls: Vec<String> = servers.redlock.iter().map(|s| s.url()).collect();
-    let latency = latency::run(&url, &redlock_urls, plan.latency_cycles, || {
-        servers::pin_for_latency(None, server, &servers.redlock)
-    })
+    let latency = latency::run(
+        &url,
+        server.pid(),
+        &redlock_urls,
+        plan.latency_cycles,
+        || servers::pin_for_latency(None, server, &servers.redlock),
+    )
     .await;
     if let Err(e) = &latency {
         eprintln!("latency run failed: {e}");

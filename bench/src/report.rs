@@ -683,12 +683,52 @@ fn uncontended_section(s: &mut String, r: &Results, charts: &Charts) {
         );
     }
     let _ = writeln!(s);
+    server_cpu_table(s, lat);
     chart_link(
         s,
         charts,
         &charts.latency,
         "Uncontended acquire + release latency distributions",
     );
+}
+
+/// What an uncontended cycle costs the server, per client of the harness.
+fn server_cpu_table(s: &mut String, lat: &LatencyRun) {
+    let _ = writeln!(
+        s,
+        "What a cycle costs the server: right after the turns, each single-node client of \
+         the harness ran {} more cycles alone, and redis-server's main thread (which runs \
+         every command and script) was timed by the scheduler (`/proc/PID/schedstat`): its \
+         CPU time over those cycles ÷ {}. It includes the socket reads and writes, which \
+         are alike for two round trips; the rest is the commands and scripts. redlock opens \
+         a connection per command, and pays for it here too.\n",
+        lat.cycles, lat.cycles
+    );
+    let _ = writeln!(
+        s,
+        "| client | redis-server CPU per cycle | × fencelock |\n|---|---|---|"
+    );
+    let fence = lat
+        .server_cpu
+        .iter()
+        .find(|(label, _)| label == Peer::Fencelock.label())
+        .and_then(|(_, r)| r.as_ref().ok().copied());
+    for (label, cost) in &lat.server_cpu {
+        match cost {
+            Ok(ns) => {
+                let _ = writeln!(
+                    s,
+                    "| {label} | {} | {} |",
+                    fmt_ns(*ns as u64),
+                    fence.map_or("–".into(), |f| x(ns / f)),
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(s, "| {label} | not measured: {e} | – |");
+            }
+        }
+    }
+    let _ = writeln!(s);
 }
 
 fn redlock_section(s: &mut String, r: &Results) {
