@@ -35,10 +35,11 @@ Exit status:
 
 COMMAND never runs without the lock. fencelock renews the lease (to --ttl, every
 third of --ttl) for as long as COMMAND runs, up to --max-hold if given, and
-tells a watcher in COMMAND's process group each renewed end of the lease. If
-fencelock dies (SIGKILL, the OOM killer), the watcher stops COMMAND's group
-(SIGTERM, then SIGKILL at the end of the lease); if fencelock is stopped or
-hangs, the watcher kills the group when the lease ends.
+tells a watcher in COMMAND's process group (`lease-watcher` in ps) each renewed
+end of the lease. If fencelock dies (SIGKILL, the OOM killer, pkill fencelock),
+the watcher stops COMMAND's group (SIGTERM, then SIGKILL at the end of the
+lease); if fencelock is stopped or hangs, the watcher kills the group when the
+lease ends.
 
 If the lease is lost (its key expired or was deleted, another owner holds the
 lock, Redis did not confirm a renewal in time, or --max-hold was reached),

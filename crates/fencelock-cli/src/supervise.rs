@@ -378,7 +378,7 @@ impl Watcher {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?;
         let mut command = Command::new(exe);
-        command.arg("__watch");
+        command.arg0(watcher::NAME).arg("__watch");
         if crate::exit::json() {
             command.arg("--json");
         }

@@ -1,7 +1,7 @@
 //! The watcher: a small process in COMMAND's process group that kills the group when
 //! the lease can no longer be vouched for, whatever happened to fencelock.
 //!
-//! fencelock starts it (as `fencelock __watch`) before COMMAND, in the process group
+//! fencelock starts it (as `fencelock __watch`, named [`NAME`] in `ps`) before COMMAND, in the process group
 //! COMMAND then joins, and writes to its stdin, a pipe, each confirmed end of the lease
 //! as a `CLOCK_MONOTONIC` time (`D <ns>`), `L` once the lease is lost (fencelock is
 //! stopping COMMAND; no later end will come, and the watcher kills the group at the last
@@ -24,6 +24,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::exit::say;
+
+/// The watcher's name in `ps` (its `argv[0]` and its command name): without
+/// "fencelock" in it, so that killing fencelock by name (`pkill fencelock`, `pkill -f
+/// fencelock`, `killall fencelock`) leaves the watcher to take COMMAND's group down, as
+/// it does when fencelock alone is killed.
+pub(crate) const NAME: &str = "lease-watcher";
 
 /// The signals the watcher (and so every process started from it) ignores.
 pub(crate) const IGNORED: [libc::c_int; 7] = [
@@ -78,6 +84,14 @@ fn readable_within(timeout: Duration) -> bool {
 /// how long COMMAND gets after SIGTERM when fencelock is gone.
 #[allow(unsafe_code)]
 pub(crate) fn watch(mut deadline_ns: u64, grace: Duration) -> ExitCode {
+    // The command name (`/proc/self/comm`, what `pkill` and `killall` match) comes from
+    // the binary's file name: set it to NAME, as argv[0] already is.
+    let comm = std::ffi::CString::new(NAME).unwrap_or_default();
+    // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string that
+    // outlives the call.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
     for signal in IGNORED {
         // SAFETY: setting a signal's disposition to SIG_IGN has no memory effects.
         unsafe {

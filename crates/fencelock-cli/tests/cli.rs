@@ -1161,6 +1161,91 @@ fn killed_fencelock_takes_command_down(extra: &[&str]) {
     );
 }
 
+/// The processes below `pid` (its children, theirs, ...), from `/proc`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the command name may hold spaces and parentheses.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        if let Some(ppid) = after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            parents.push((child, ppid));
+        }
+    }
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+#[test]
+fn killing_fencelock_by_name_leaves_command_to_its_watcher() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut grandchild = Grandchild::new(dir.path(), "exit 0");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "5s",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        r#"sh "$0" "$1" & wait"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (mut child, _) = spawn_until_ready(&args, &server, "k", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+    // What `pkill -9 fencelock` or `pkill -9 -f fencelock` would kill among this
+    // test's processes: every one whose command name or command line says fencelock.
+    let says_fencelock = |p: u32| {
+        ["comm", "cmdline"].iter().any(|f| {
+            std::fs::read(format!("/proc/{p}/{f}"))
+                .is_ok_and(|b| String::from_utf8_lossy(&b).contains("fencelock"))
+        })
+    };
+    let named: Vec<u32> = descendants(child.id())
+        .into_iter()
+        .filter(|&p| says_fencelock(p))
+        .collect();
+    assert!(!named.contains(&pid), "COMMAND's child is not named so");
+    // Those first, fencelock last: a watcher among them would be dead before fencelock
+    // is, as when pkill kills them all at once.
+    for p in &named {
+        kill(*p, "KILL");
+    }
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "COMMAND outlived the lease: {:?}",
+        killed.elapsed()
+    );
+}
+
 #[test]
 fn a_stopped_fencelock_has_command_killed_when_its_lease_ends() {
     let server = RedisServer::start();
