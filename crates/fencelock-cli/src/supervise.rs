@@ -56,7 +56,7 @@ pub(crate) async fn run_command(
         return Err(Failure::Usage("no COMMAND given after '--'".to_owned()));
     };
     ignore(libc::SIGTTOU); // so that fencelock can take the terminal back from the background
-    let mut watcher = Watcher::start(held.guard().valid_until(), args.kill_grace)?;
+    let mut watcher = Watcher::start(held.guard().valid_until(), args.kill_grace, None)?;
     let group = Group(watcher.pid);
     // When fencelock has the terminal, COMMAND's group gets it from COMMAND itself, just
     // before its exec: a COMMAND that reads the terminal at once must not find itself in
@@ -87,7 +87,10 @@ pub(crate) async fn run_command(
             biased;
             event = signals.next() => match event {
                 Event::Child => match peek(pid) {
-                    State::Running => {}
+                    // COMMAND runs on, and its watcher was killed (by hand, `kill -9`):
+                    // a new one joins the group, or a later death of fencelock would
+                    // leave COMMAND running without the lock.
+                    State::Running => watcher.replace_if_gone(group, told, args.kill_grace),
                     State::Exited => {
                         let at = Instant::now();
                         let valid_until = held.guard().valid_until();
@@ -368,13 +371,17 @@ pub(crate) struct Watcher {
     child: Child,
     pid: libc::pid_t,
     pipe: Option<ChildStdin>,
+    /// Watchers that died while COMMAND ran (killed by hand) and were replaced: reaped
+    /// only at the end, the first one's pid being COMMAND's process group ID.
+    replaced: Vec<Child>,
 }
 
 impl Watcher {
-    /// Starts `fencelock __watch` in a new process group (COMMAND joins it), with the
-    /// lease's end and the kill grace.
+    /// Starts `fencelock __watch` in a new process group (COMMAND joins it), or in
+    /// `group` when given (a watcher that replaces a dead one), with the lease's end and
+    /// the kill grace.
     #[allow(unsafe_code)]
-    fn start(valid_until: Instant, grace: Duration) -> Result<Self, Failure> {
+    fn start(valid_until: Instant, grace: Duration, group: Option<Group>) -> Result<Self, Failure> {
         let exe = std::env::current_exe()
             .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?;
         let mut command = Command::new(exe);
@@ -387,7 +394,7 @@ impl Watcher {
             .arg(grace.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .process_group(0);
+            .process_group(group.map_or(0, |g| g.0));
         // SAFETY: between fork and exec only async-signal-safe calls: signal(2). Ignored
         // signals stay ignored across exec, so no forwarded signal can kill the watcher
         // before it starts.
@@ -404,7 +411,43 @@ impl Watcher {
             .map_err(|e| Failure::System(format!("cannot start the watcher: {e}")))?;
         let pipe = child.stdin.take();
         let pid = child.id() as libc::pid_t;
-        Ok(Self { child, pid, pipe })
+        Ok(Self {
+            child,
+            pid,
+            pipe,
+            replaced: Vec::new(),
+        })
+    }
+
+    /// If the watcher has exited while COMMAND runs (it was killed: it exits by itself
+    /// only after killing the group, itself included), starts a new one in `group`, told
+    /// the lease's end `valid_until`. If none can start, fencelock says so and goes on:
+    /// it still stops COMMAND itself when the lease is lost.
+    fn replace_if_gone(&mut self, group: Group, valid_until: Instant, grace: Duration) {
+        if !matches!(peek(self.pid), State::Exited) {
+            return;
+        }
+        match Self::start(valid_until, grace, Some(group)) {
+            Ok(mut new) => {
+                std::mem::swap(self, &mut new);
+                self.replaced.append(&mut new.replaced);
+                self.replaced.push(new.child);
+                tell(
+                    Level::Warning,
+                    format_args!("COMMAND's watcher was killed; a new one watches COMMAND's group"),
+                );
+            }
+            Err(e) => {
+                self.pipe = None;
+                tell(
+                    Level::Warning,
+                    format_args!(
+                        "COMMAND's watcher was killed, and a new one could not start \
+                         ({e}): if fencelock dies now, nothing stops COMMAND"
+                    ),
+                );
+            }
+        }
     }
 
     /// Tells the watcher the lease's confirmed end.
@@ -423,6 +466,13 @@ impl Watcher {
         self.send("X\n");
         self.pipe = None;
         let _ = self.child.wait();
+        self.reap_replaced();
+    }
+
+    fn reap_replaced(&mut self) {
+        for mut child in self.replaced.drain(..) {
+            let _ = child.wait();
+        }
     }
 
     /// A second write end of the watcher's pipe, for the keeper to tell it the lease's
@@ -444,6 +494,7 @@ impl Watcher {
         let _ = self.child.kill();
         self.pipe = None;
         let _ = self.child.wait();
+        self.reap_replaced();
     }
 }
 

@@ -1246,6 +1246,79 @@ fn killing_fencelock_by_name_leaves_command_to_its_watcher() {
     );
 }
 
+/// The processes below `pid` whose command name is the watcher's.
+fn watchers(pid: u32) -> Vec<u32> {
+    descendants(pid)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim_end() == "lease-watcher")
+        })
+        .collect()
+}
+
+/// Whether process `pid` is alive and not a zombie.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn a_killed_watcher_is_replaced_so_a_later_kill_of_fencelock_still_stops_command() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut grandchild = Grandchild::new(dir.path(), "exit 0");
+    let [script, pid_file] = grandchild.args();
+    let args = [
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "5s",
+        "w",
+        "--",
+        "sh",
+        "-c",
+        r#"sh "$0" "$1" & wait"#,
+        script.as_str(),
+        pid_file.as_str(),
+    ];
+    let (mut child, started) =
+        spawn_until_ready(&args, &server, "w", || grandchild.pid().is_some());
+    let pid = grandchild.pid().unwrap();
+    let first = watchers(child.id());
+    assert_eq!(first.len(), 1, "one watcher: {first:?}");
+    kill(first[0], "KILL");
+    let mut replacement = Vec::new();
+    testkit::eventually("a new watcher runs", EVENT_TIMEOUT, || {
+        replacement = watchers(child.id())
+            .into_iter()
+            .filter(|p| alive(*p))
+            .collect();
+        !replacement.is_empty()
+    });
+    assert!(!replacement.contains(&first[0]), "{replacement:?}");
+    assert!(alive(pid), "COMMAND goes on with its lock");
+    child.kill().unwrap();
+    let killed = Instant::now();
+    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
+        process_gone(pid)
+    });
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "COMMAND outlived the lease: {:?}",
+        killed.elapsed()
+    );
+    let run = finish(child, started);
+    assert!(
+        run.stderr
+            .contains("warning: COMMAND's watcher was killed; a new one watches COMMAND's group"),
+        "{run:#?}"
+    );
+}
+
 #[test]
 fn a_stopped_fencelock_has_command_killed_when_its_lease_ends() {
     let server = RedisServer::start();
