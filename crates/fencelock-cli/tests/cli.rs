@@ -1127,6 +1127,12 @@ fn a_killed_fencelock_takes_command_down_before_its_lease_ends() {
 /// `fencelock run EXTRA... --ttl 5s k -- ...` is SIGKILLed while COMMAND's child runs:
 /// the watcher takes COMMAND's group down before the lease ends.
 fn killed_fencelock_takes_command_down(extra: &[&str]) {
+    kill_fencelock_after(extra, |_, _| {});
+}
+
+/// As [`killed_fencelock_takes_command_down`], calling `before(fencelock's pid, the pid
+/// of COMMAND's child)` first; returns fencelock's run.
+fn kill_fencelock_after(extra: &[&str], before: impl FnOnce(u32, u32)) -> Run {
     let server = RedisServer::start();
     let dir = tempfile::tempdir().unwrap();
     // COMMAND's child stops on SIGTERM, as a well-behaved program would.
@@ -1146,11 +1152,12 @@ fn killed_fencelock_takes_command_down(extra: &[&str]) {
         script.as_str(),
         pid_file.as_str(),
     ]);
-    let (mut child, _) = spawn_until_ready(&args, &server, "k", || grandchild.pid().is_some());
+    let (mut child, started) =
+        spawn_until_ready(&args, &server, "k", || grandchild.pid().is_some());
     let pid = grandchild.pid().unwrap();
+    before(child.id(), pid);
     child.kill().unwrap(); // SIGKILL: nothing of fencelock runs any more
     let killed = Instant::now();
-    child.wait().unwrap();
     testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
         process_gone(pid)
     });
@@ -1159,6 +1166,7 @@ fn killed_fencelock_takes_command_down(extra: &[&str]) {
         "COMMAND outlived the lease: {:?}",
         killed.elapsed()
     );
+    finish(child, started)
 }
 
 /// The processes below `pid` (its children, theirs, ...), from `/proc`.
@@ -1195,55 +1203,26 @@ fn descendants(pid: u32) -> Vec<u32> {
 
 #[test]
 fn killing_fencelock_by_name_leaves_command_to_its_watcher() {
-    let server = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut grandchild = Grandchild::new(dir.path(), "exit 0");
-    let [script, pid_file] = grandchild.args();
-    let args = [
-        "run",
-        "--redis",
-        &server.url(),
-        "--ttl",
-        "5s",
-        "k",
-        "--",
-        "sh",
-        "-c",
-        r#"sh "$0" "$1" & wait"#,
-        script.as_str(),
-        pid_file.as_str(),
-    ];
-    let (mut child, _) = spawn_until_ready(&args, &server, "k", || grandchild.pid().is_some());
-    let pid = grandchild.pid().unwrap();
-    // What `pkill -9 fencelock` or `pkill -9 -f fencelock` would kill among this
-    // test's processes: every one whose command name or command line says fencelock.
-    let says_fencelock = |p: u32| {
-        ["comm", "cmdline"].iter().any(|f| {
-            std::fs::read(format!("/proc/{p}/{f}"))
-                .is_ok_and(|b| String::from_utf8_lossy(&b).contains("fencelock"))
-        })
-    };
-    let named: Vec<u32> = descendants(child.id())
-        .into_iter()
-        .filter(|&p| says_fencelock(p))
-        .collect();
-    assert!(!named.contains(&pid), "COMMAND's child is not named so");
-    // Those first, fencelock last: a watcher among them would be dead before fencelock
-    // is, as when pkill kills them all at once.
-    for p in &named {
-        kill(*p, "KILL");
-    }
-    child.kill().unwrap();
-    let killed = Instant::now();
-    child.wait().unwrap();
-    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
-        process_gone(pid)
+    kill_fencelock_after(&[], |fencelock, pid| {
+        // What `pkill -9 fencelock` or `pkill -9 -f fencelock` would kill among this
+        // test's processes: every one whose command name or command line says
+        // fencelock. Those first, fencelock last: a watcher among them would be dead
+        // before fencelock is, as when pkill kills them all at once.
+        let says_fencelock = |p: u32| {
+            ["comm", "cmdline"].iter().any(|f| {
+                std::fs::read(format!("/proc/{p}/{f}"))
+                    .is_ok_and(|b| String::from_utf8_lossy(&b).contains("fencelock"))
+            })
+        };
+        let named: Vec<u32> = descendants(fencelock)
+            .into_iter()
+            .filter(|&p| says_fencelock(p))
+            .collect();
+        assert!(!named.contains(&pid), "COMMAND's child is not named so");
+        for p in &named {
+            kill(*p, "KILL");
+        }
     });
-    assert!(
-        killed.elapsed() < Duration::from_secs(5),
-        "COMMAND outlived the lease: {:?}",
-        killed.elapsed()
-    );
 }
 
 /// The processes below `pid` whose command name is the watcher's.
@@ -1267,51 +1246,17 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn a_killed_watcher_is_replaced_so_a_later_kill_of_fencelock_still_stops_command() {
-    let server = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut grandchild = Grandchild::new(dir.path(), "exit 0");
-    let [script, pid_file] = grandchild.args();
-    let args = [
-        "run",
-        "--redis",
-        &server.url(),
-        "--ttl",
-        "5s",
-        "w",
-        "--",
-        "sh",
-        "-c",
-        r#"sh "$0" "$1" & wait"#,
-        script.as_str(),
-        pid_file.as_str(),
-    ];
-    let (mut child, started) =
-        spawn_until_ready(&args, &server, "w", || grandchild.pid().is_some());
-    let pid = grandchild.pid().unwrap();
-    let first = watchers(child.id());
-    assert_eq!(first.len(), 1, "one watcher: {first:?}");
-    kill(first[0], "KILL");
-    let mut replacement = Vec::new();
-    testkit::eventually("a new watcher runs", EVENT_TIMEOUT, || {
-        replacement = watchers(child.id())
-            .into_iter()
-            .filter(|p| alive(*p))
-            .collect();
-        !replacement.is_empty()
+    let run = kill_fencelock_after(&[], |fencelock, pid| {
+        let first = watchers(fencelock);
+        assert_eq!(first.len(), 1, "one watcher: {first:?}");
+        kill(first[0], "KILL");
+        testkit::eventually("a new watcher runs", EVENT_TIMEOUT, || {
+            watchers(fencelock)
+                .into_iter()
+                .any(|p| p != first[0] && alive(p))
+        });
+        assert!(alive(pid), "COMMAND goes on with its lock");
     });
-    assert!(!replacement.contains(&first[0]), "{replacement:?}");
-    assert!(alive(pid), "COMMAND goes on with its lock");
-    child.kill().unwrap();
-    let killed = Instant::now();
-    testkit::eventually("COMMAND's group is gone", EVENT_TIMEOUT, || {
-        process_gone(pid)
-    });
-    assert!(
-        killed.elapsed() < Duration::from_secs(5),
-        "COMMAND outlived the lease: {:?}",
-        killed.elapsed()
-    );
-    let run = finish(child, started);
     assert!(
         run.stderr
             .contains("warning: COMMAND's watcher was killed; a new one watches COMMAND's group"),
