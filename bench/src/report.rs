@@ -699,8 +699,8 @@ fn server_cpu_table(s: &mut String, lat: &LatencyRun) {
         "What a cycle costs the server: right after the turns, each single-node client of \
          the harness ran {} more cycles alone, and redis-server's main thread (which runs \
          every command and script) was timed by the scheduler (`/proc/PID/schedstat`): its \
-         CPU time over those cycles ÷ {}. It includes the socket reads and writes, which \
-         are alike for two round trips; the rest is the commands and scripts. redlock opens \
+         CPU time over those cycles ÷ {}. It includes the socket reads and writes (two \
+         round trips per lock cycle, one per PING); the rest is the commands and scripts. redlock opens \
          a connection per command, and pays for it here too.\n",
         lat.cycles, lat.cycles
     );

@@ -12,6 +12,8 @@
 //!   watcher (Ctrl-Z does not stop the watcher), and takes it back when resumed; if it
 //!   could not be kept, the watcher has killed COMMAND's group when the lease ended,
 //!   and fencelock exits 76.
+//! - A watcher killed by hand while COMMAND runs is replaced at once by a new one in the
+//!   group (one killed while the job is suspended, when fencelock is resumed).
 //! - SIGINT, SIGTERM and SIGHUP that fencelock gets are forwarded to the group, each
 //!   followed by SIGCONT so that a stopped member can act on it.
 //! - When the lease is lost, the group gets SIGTERM and SIGCONT, then SIGKILL after the
@@ -90,7 +92,7 @@ pub(crate) async fn run_command(
                     // COMMAND runs on, and its watcher was killed (by hand, `kill -9`):
                     // a new one joins the group, or a later death of fencelock would
                     // leave COMMAND running without the lock.
-                    State::Running => watcher.replace_if_gone(group, told, args.kill_grace),
+                    State::Running => watcher.replace_if_gone(group, held, told, args.kill_grace),
                     State::Exited => {
                         let at = Instant::now();
                         let valid_until = held.guard().valid_until();
@@ -107,6 +109,10 @@ pub(crate) async fn run_command(
                     State::Stopped => {
                         consume_stop(pid);
                         terminal.take_back();
+                        // A watcher killed just before: its replacement watches the
+                        // suspended job (one killed during the suspension is replaced
+                        // only when fencelock is resumed).
+                        watcher.replace_if_gone(group, held, told, args.kill_grace);
                         // The keeper renews the lease while fencelock is stopped: the
                         // guard is detached (nothing in this process renews it now).
                         let keeper = Keeper::start(held, watcher.pipe_for_keeper());
@@ -347,9 +353,9 @@ pub(crate) fn ignore(signal: libc::c_int) {
     }
 }
 
-/// COMMAND's process group. Its ID is the watcher's pid, and fencelock reaps the watcher
-/// only after it is done with the group, so while the group is used the ID names it and
-/// nothing else.
+/// COMMAND's process group. Its ID is the first watcher's pid, and fencelock reaps that
+/// watcher (and any that replaced it) only after it is done with the group, so while
+/// the group is used the ID names it and nothing else.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Group(libc::pid_t);
 
@@ -374,6 +380,8 @@ pub(crate) struct Watcher {
     /// Watchers that died while COMMAND ran (killed by hand) and were replaced: reaped
     /// only at the end, the first one's pid being COMMAND's process group ID.
     replaced: Vec<Child>,
+    /// A replacement could not start, and fencelock said so (once).
+    unreplaced: bool,
 }
 
 impl Watcher {
@@ -416,36 +424,47 @@ impl Watcher {
             pid,
             pipe,
             replaced: Vec::new(),
+            unreplaced: false,
         })
     }
 
-    /// If the watcher has exited while COMMAND runs (it was killed: it exits by itself
-    /// only after killing the group, itself included), starts a new one in `group`, told
-    /// the lease's end `valid_until`. If none can start, fencelock says so and goes on:
-    /// it still stops COMMAND itself when the lease is lost.
-    fn replace_if_gone(&mut self, group: Group, valid_until: Instant, grace: Duration) {
+    /// If the watcher has exited while COMMAND is alive and the lease still holds (it
+    /// was killed: by itself it exits only once it has killed the group, itself
+    /// included, at the end of the lease), starts a new one in `group`, told the lease's
+    /// last confirmed end `told`. If none can start, fencelock says so once and goes
+    /// on: it still stops COMMAND itself when the lease is lost.
+    fn replace_if_gone(&mut self, group: Group, held: &Held, told: Instant, grace: Duration) {
+        let guard = held.guard();
+        if guard.loss_cause().is_some() || told <= Instant::now() {
+            return; // the group is (being) stopped; nothing left to watch for
+        }
         if !matches!(peek(self.pid), State::Exited) {
             return;
         }
-        match Self::start(valid_until, grace, Some(group)) {
+        if !self.unreplaced {
+            tell(
+                Level::Warning,
+                format_args!("COMMAND's watcher was killed; a new one takes its place"),
+            );
+        }
+        match Self::start(told, grace, Some(group)) {
             Ok(mut new) => {
                 std::mem::swap(self, &mut new);
+                // `new` is the dead watcher now: keep it, and those it replaced, unreaped.
                 self.replaced.append(&mut new.replaced);
                 self.replaced.push(new.child);
-                tell(
-                    Level::Warning,
-                    format_args!("COMMAND's watcher was killed; a new one watches COMMAND's group"),
-                );
             }
             Err(e) => {
                 self.pipe = None;
-                tell(
-                    Level::Warning,
-                    format_args!(
-                        "COMMAND's watcher was killed, and a new one could not start \
-                         ({e}): if fencelock dies now, nothing stops COMMAND"
-                    ),
-                );
+                if !std::mem::replace(&mut self.unreplaced, true) {
+                    tell(
+                        Level::Warning,
+                        format_args!(
+                            "a new watcher could not start ({e}): if fencelock dies now, \
+                             nothing stops COMMAND"
+                        ),
+                    );
+                }
             }
         }
     }

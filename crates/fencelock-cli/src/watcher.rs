@@ -1,11 +1,11 @@
 //! The watcher: a small process in COMMAND's process group that kills the group when
 //! the lease can no longer be vouched for, whatever happened to fencelock.
 //!
-//! fencelock starts it (as `fencelock __watch`, named [`NAME`] in `ps`) before COMMAND, in the process group
-//! COMMAND then joins, and writes to its stdin, a pipe, each confirmed end of the lease
-//! as a `CLOCK_MONOTONIC` time (`D <ns>`), `L` once the lease is lost (fencelock is
-//! stopping COMMAND; no later end will come, and the watcher kills the group at the last
-//! one without a word), and `X` once COMMAND has exited. The watcher needs nothing from
+//! fencelock starts it (as `fencelock __watch`, named [`NAME`] in `ps`) before COMMAND,
+//! in the process group COMMAND then joins, and writes to its stdin, a pipe, each
+//! confirmed end of the lease as a `CLOCK_MONOTONIC` time (`D <ns>`), `L` once the lease
+//! is lost (fencelock is stopping COMMAND; no later end will come, and the watcher kills
+//! the group at the last one without a word), and `X` once COMMAND has exited. The watcher needs nothing from
 //! fencelock to act:
 //!
 //! - the pipe closes without `X` (fencelock was SIGKILLed, the OOM killer, a crash):

@@ -5,8 +5,8 @@
 //! | key | type | holds | expires |
 //! |---|---|---|---|
 //! | `fencelock:{orders:42}` | string | the holder's [`HolderToken`](crate::HolderToken) | after the TTL |
-//! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | never |
-//! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty, or 1.5 to 2 × the waiter timeout after the last waiter's last call |
+//! | `fencelock:{orders:42}:fence` | string | the last [`FencingToken`](crate::FencingToken) handed out | 7 days after the last grant ([`ClientBuilder::fence_counter_idle`](crate::ClientBuilder::fence_counter_idle); the next grant reseeds it from the server clock) |
+//! | `fencelock:{orders:42}:queue` | list | fair mode: owner tokens of the waiters, in arrival order | when empty, or 1.5 to 2 × a waiter timeout after the last waiter's last call |
 //! | `fencelock:{orders:42}:waiters` | zset | fair mode: each waiter's deadline (server ms) to call again | likewise |
 //! | `fencelock:{orders:42}:grants` | hash | fair mode: what each waiter asked for (its TTL and holder info), so a release can hand the lock over | likewise |
 //! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |

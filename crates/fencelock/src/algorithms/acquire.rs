@@ -710,8 +710,8 @@ struct Pending {
     maybe_written: bool,
     queued: bool,
     /// A plain waiter's attempt listed its client on the lock's wake list (or, not yet
-    /// answered, may have), and no grant took it off: when the acquire ends without the lock, its client leaves the list
-    /// unless another of its waiters waits for the lock.
+    /// answered, may have), and no grant took it off: when the acquire ends without the
+    /// lock, its client leaves the list unless another of its waiters waits for it.
     listed: bool,
 }
 

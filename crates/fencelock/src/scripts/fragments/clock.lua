@@ -15,7 +15,6 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-
 local function server_ms_us()
   local t = redis.call('TIME')
   local s, us = tonumber(t[1]), tonumber(t[2])

@@ -101,9 +101,9 @@ if ARGV[5] == '1' then
   end
   redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[7] .. ' ' .. ARGV[6])
   -- The queue outlives every live waiter's deadline, and goes by itself once the last
-  -- waiter stopped calling (crashed) even if nobody calls a fair script again: each
-  -- key is kept at least the timeout, set to twice it when less than one and a half
-  -- is left (so that most calls only read the expiry).
+  -- waiter stopped calling (crashed) even if nobody calls a fair script again: after
+  -- this call each key has at least one and a half timeouts left (set to twice the
+  -- timeout when less was left, so that most calls only read the expiry).
   for _, key in ipairs({KEYS[3], KEYS[4], KEYS[6]}) do
     if redis.call('PTTL', key) < timeout * 3 / 2 then
       redis.call('PEXPIRE', key, 2 * timeout)

@@ -25,7 +25,9 @@
 --    0   not held: the key is absent (the lease expired)
 --   -1   not held: another holder has the key
 -- A lock key that holds data fencelock did not write: wrong_type(); nothing written. A
--- queue key of another type is left alone (nobody is woken through it).
+-- queue key of another type is left alone: with the queue or the deadlines of another
+-- type nobody is woken; with the grants of another type the head is told its turn
+-- (TOKEN on the release channel), as a head without a grants entry is.
 
 local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'foreign' then
@@ -37,8 +39,9 @@ elseif kind ~= 'plain' or holder ~= ARGV[1] then
 end
 redis.call('DEL', KEYS[1], KEYS[4])
 
--- Queue keys of other types are read through redis.pcall: the first read of each (LINDEX,
--- ZRANGEBYSCORE, HGET) checks its type on the way, and nobody is woken through them.
+-- Queue keys are read through redis.pcall: the first read of each (LINDEX,
+-- ZRANGEBYSCORE, HGET) checks its type on the way (see the header for keys of another
+-- type).
 local head = redis.pcall('LINDEX', KEYS[2], 0)
 if type(head) ~= 'string' then
   return 1 -- nobody waits (or the queue is not a list)
