@@ -22,6 +22,7 @@
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -372,6 +373,9 @@ impl Group {
     }
 }
 
+/// This process's own binary, as the kernel sees it.
+const PROC_SELF_EXE: &str = "/proc/self/exe";
+
 /// The watcher process and the pipe to it.
 pub(crate) struct Watcher {
     child: Child,
@@ -390,8 +394,14 @@ impl Watcher {
     /// the kill grace.
     #[allow(unsafe_code)]
     fn start(valid_until: Instant, grace: Duration, group: Option<Group>) -> Result<Self, Failure> {
-        let exe = std::env::current_exe()
-            .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?;
+        // Started through /proc/self/exe (this very binary, even if its file has been
+        // replaced since), its command name is `exe` from the exec on, until it names
+        // itself: never `fencelock`, so killing fencelock by name cannot take it along.
+        let exe = match Path::new(PROC_SELF_EXE) {
+            own if own.exists() => own.to_path_buf(),
+            _ => std::env::current_exe()
+                .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?,
+        };
         let mut command = Command::new(exe);
         command.arg0(watcher::NAME).arg("__watch");
         if crate::exit::json() {

@@ -28,7 +28,8 @@ use crate::exit::say;
 /// The watcher's name in `ps` (its `argv[0]` and its command name): without
 /// "fencelock" in it, so that killing fencelock by name (`pkill fencelock`, `pkill -f
 /// fencelock`, `killall fencelock`) leaves the watcher to take COMMAND's group down, as
-/// it does when fencelock alone is killed.
+/// it does when fencelock alone is killed. (It is started through `/proc/self/exe`, so
+/// its command name is `exe` until it sets this one.)
 pub(crate) const NAME: &str = "lease-watcher";
 
 /// The signals the watcher (and so every process started from it) ignores.
