@@ -18,6 +18,7 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,9 @@ use fencelock::{Client, DetachedLock, Error, LockGuard};
 use crate::Held;
 use crate::args::{Cli, Command};
 use crate::exit::EX_LEASE_LOST;
+
+/// The keeper's name (argv[0] and command name): fencelock's own.
+const NAME: &str = "fencelock";
 
 /// How long fencelock waits for its keeper to exit after it took the lock back.
 const KEEPER_EXIT: Duration = Duration::from_secs(2);
@@ -42,8 +46,10 @@ impl Keeper {
     /// was: the lease then runs out while suspended) if the keeper cannot be started.
     /// `watcher`: a write end of the pipe to COMMAND's watcher.
     pub(crate) fn start(held: &mut Held, watcher: Option<std::os::fd::OwnedFd>) -> Option<Self> {
-        let exe = std::env::current_exe().ok()?;
+        // From this very binary (supervise::own_binary), named fencelock as before.
+        let exe = crate::supervise::own_binary().ok()?;
         let mut child = std::process::Command::new(exe)
+            .arg0(NAME)
             .arg("__keep")
             .arg("--")
             .args(std::env::args_os().skip(1))
@@ -90,6 +96,9 @@ impl Keeper {
 /// (`D <CLOCK_MONOTONIC ns>`), and holds it until stdin closes (exit 0, the lock
 /// detached again, not released) or the lease is lost (exit 76).
 pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
+    // Started through /proc/self/exe, its command name is `exe`: named as the fencelock
+    // it stands in for, in `ps` and for `pkill`.
+    crate::watcher::name_self(NAME);
     // Job control is fencelock's business: the keeper is never stopped by it.
     for signal in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGINT] {
         crate::supervise::ignore(signal);

@@ -22,7 +22,7 @@
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -376,6 +376,17 @@ impl Group {
 /// This process's own binary, as the kernel sees it.
 const PROC_SELF_EXE: &str = "/proc/self/exe";
 
+/// The binary to start fencelock's helpers (the watcher, the keeper) from: this very
+/// binary through /proc/self/exe, even if its file has been replaced or removed since
+/// fencelock started (a package upgrade), so a helper is never another version of
+/// fencelock, and never missing; its path where there is no /proc.
+pub(crate) fn own_binary() -> std::io::Result<PathBuf> {
+    match Path::new(PROC_SELF_EXE) {
+        own if own.exists() => Ok(own.to_path_buf()),
+        _ => std::env::current_exe(),
+    }
+}
+
 /// The watcher process and the pipe to it.
 pub(crate) struct Watcher {
     child: Child,
@@ -397,11 +408,8 @@ impl Watcher {
         // Started through /proc/self/exe (this very binary, even if its file has been
         // replaced since), its command name is `exe` from the exec on, until it names
         // itself: never `fencelock`, so killing fencelock by name cannot take it along.
-        let exe = match Path::new(PROC_SELF_EXE) {
-            own if own.exists() => own.to_path_buf(),
-            _ => std::env::current_exe()
-                .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?,
-        };
+        let exe = own_binary()
+            .map_err(|e| Failure::System(format!("cannot find fencelock's own binary: {e}")))?;
         let mut command = Command::new(exe);
         command.arg0(watcher::NAME).arg("__watch");
         if crate::exit::json() {

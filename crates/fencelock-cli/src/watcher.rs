@@ -81,18 +81,25 @@ fn readable_within(timeout: Duration) -> bool {
     n > 0
 }
 
-/// Runs the watcher: `deadline_ns` is the end of the lease when COMMAND starts, `grace`
-/// how long COMMAND gets after SIGTERM when fencelock is gone.
+/// Sets this process's command name (`/proc/self/comm`, what `ps -C`, `pkill` and
+/// `killall` match; at most 15 bytes are kept) to `name`.
 #[allow(unsafe_code)]
-pub(crate) fn watch(mut deadline_ns: u64, grace: Duration) -> ExitCode {
-    // The command name (`/proc/self/comm`, what `pkill` and `killall` match) comes from
-    // the binary's file name: set it to NAME, as argv[0] already is.
-    let comm = std::ffi::CString::new(NAME).unwrap_or_default();
+pub(crate) fn name_self(name: &str) {
+    let comm = std::ffi::CString::new(name).unwrap_or_default();
     // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string that
     // outlives the call.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
     }
+}
+
+/// Runs the watcher: `deadline_ns` is the end of the lease when COMMAND starts, `grace`
+/// how long COMMAND gets after SIGTERM when fencelock is gone.
+#[allow(unsafe_code)]
+pub(crate) fn watch(mut deadline_ns: u64, grace: Duration) -> ExitCode {
+    // Its command name comes from the binary's file name (`exe`): set it to NAME, as
+    // argv[0] already is.
+    name_self(NAME);
     for signal in IGNORED {
         // SAFETY: setting a signal's disposition to SIG_IGN has no memory effects.
         unsafe {

@@ -44,7 +44,12 @@ impl Run {
 
 /// A `fencelock` command that ignores any `FENCELOCK_REDIS` of the caller.
 fn command<S: AsRef<OsStr>>(args: &[S]) -> Command {
-    let mut cmd = Command::new(BIN);
+    command_of(Path::new(BIN), args)
+}
+
+/// As [`command`], with fencelock's binary at `bin`.
+fn command_of<S: AsRef<OsStr>>(bin: &Path, args: &[S]) -> Command {
+    let mut cmd = Command::new(bin);
     cmd.args(args)
         .env_remove("FENCELOCK_REDIS")
         .stdin(Stdio::null())
@@ -686,10 +691,20 @@ fn spawn_until_ready(
     args: &[&str],
     server: &RedisServer,
     name: &str,
+    ready: impl FnMut() -> bool,
+) -> (Child, Instant) {
+    spawn_command_until_ready(command(args), server, name, ready)
+}
+
+/// As [`spawn_until_ready`], with the command made.
+fn spawn_command_until_ready(
+    mut command: Command,
+    server: &RedisServer,
+    name: &str,
     mut ready: impl FnMut() -> bool,
 ) -> (Child, Instant) {
     let started = Instant::now();
-    let mut child = command(args).spawn().expect("spawn fencelock");
+    let mut child = command.spawn().expect("spawn fencelock");
     {
         // Don't leave it running: a test that fails here should not hang others.
         let child = KillOnPanic(&mut child);
@@ -1075,6 +1090,24 @@ fn process_state(pid: u32) -> Option<char> {
 /// holder comes between COMMAND's lines; resumed, COMMAND goes on to its end.
 #[test]
 fn a_suspended_run_keeps_the_lock_and_command_goes_on_when_resumed() {
+    suspended_run_keeps_the_lock(None);
+}
+
+/// As above, with the file fencelock was started from removed once the run has started
+/// (as a package upgrade replaces it): the lock's keeper still starts, from the binary
+/// that runs.
+#[test]
+fn a_suspended_run_keeps_the_lock_when_fencelock_s_file_was_removed_meanwhile() {
+    // A second name of the test binary (a hard link, beside it: the same file system),
+    // removed later; no copy, so nothing has it open for writing when it is run.
+    let dir = tempfile::tempdir_in(Path::new(BIN).parent().unwrap()).unwrap();
+    let link = dir.path().join("fencelock");
+    fs::hard_link(BIN, &link).unwrap();
+    suspended_run_keeps_the_lock(Some(&link));
+}
+
+/// The suspended-run test, with fencelock started from `link` (then removed) if given.
+fn suspended_run_keeps_the_lock(link: Option<&Path>) {
     let server = RedisServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
@@ -1084,9 +1117,13 @@ fn a_suspended_run_keeps_the_lock_and_command_goes_on_when_resumed() {
     let args = [
         "run", "--redis", &url, "--ttl", "2s", "t", "--", "sh", "-c", script, log_path,
     ];
-    let (first, started) = spawn_until_ready(&args, &server, "t", || {
+    let first = command_of(link.unwrap_or(Path::new(BIN)), &args);
+    let (first, started) = spawn_command_until_ready(first, &server, "t", || {
         fs::read_to_string(&log).is_ok_and(|l| l.contains("A1"))
     });
+    if let Some(link) = link {
+        fs::remove_file(link).unwrap();
+    }
     // As `kill -TSTP %1` would: fencelock suspends COMMAND and then itself.
     kill(first.id(), "TSTP");
     testkit::eventually("fencelock is stopped", EVENT_TIMEOUT, || {
