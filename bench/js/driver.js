@@ -101,6 +101,7 @@ function parse() {
       contenders: { type: "string", default: "1" },
       "spread-ms": { type: "string", default: "100" },
       "ttl-ms": { type: "string", default: "10000" },
+      "stamp-file": { type: "string" },
     },
   });
   const int = (k) => {
@@ -144,6 +145,7 @@ function parse() {
     contenders: int("contenders"),
     spreadMs: int("spread-ms"),
     ttlMs: int("ttl-ms"),
+    stampFile: values["stamp-file"],
   };
 }
 
@@ -275,12 +277,30 @@ function describe(e) {
   return `${(e && e.name) || "Error"}: ${(e && e.message) || e}`;
 }
 
+/** A stamp record's length in the run's stamp file (the Rust worker's StampFile). */
+const STAMP_LEN = 64;
+
+/** The last stamp in the stamp file open as `fd`, or null before the first. */
+function readStamp(fd) {
+  const buf = Buffer.alloc(STAMP_LEN);
+  const n = fs.readSync(fd, buf, 0, STAMP_LEN, 0);
+  const text = buf.toString("utf8", 0, n).trim();
+  return text === "" ? null : text;
+}
+
+/** Overwrites the stamp file's record, padded with spaces. */
+function writeStamp(fd, stamp) {
+  const buf = Buffer.from(stamp.padEnd(STAMP_LEN));
+  fs.writeSync(fd, buf, 0, buf.length, 0);
+}
+
 /**
- * Strict handoff, as in the Rust worker: acquire, read the previous holder's stamp,
- * record release-to-acquire if it was another process and we were already waiting,
- * tell it its lock was taken, hold, stamp, release, wait until someone took it. The
- * semaphore handoff queues the stamps instead, as the Rust worker does: RPUSH before the
- * release, LPOP of the oldest once held (releases and acquisitions paired in order).
+ * Strict handoff, as in the Rust worker: acquire, read the previous holder's stamp
+ * (from the run's stamp file, so no Redis round trip), record release-to-acquire if it
+ * was another process and we were already waiting, tell it its lock was taken, hold,
+ * stamp, release, wait until someone took it. The semaphore handoff queues the stamps
+ * in Redis instead, as the Rust worker does: RPUSH before the release, LPOP of the
+ * oldest once held (releases and acquisitions paired in order).
  */
 async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
   try {
@@ -288,7 +308,8 @@ async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
     const pid = process.pid;
     const me = `${pid}:${task}`;
     const queued = args.scenario === "semaphore-handoff";
-    const stampKey = queued ? `${args.name}:stamps` : `${args.name}:stamp`;
+    const stampKey = `${args.name}:stamps`;
+    const stamps = queued ? null : fs.openSync(args.stampFile, "r+");
     const myInbox = `${args.name}:taken:${me}`;
     const holdMs = args.holdUs / 1000;
     await sleepUntil(firstNs);
@@ -299,7 +320,8 @@ async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
       }
       const now = monoNs();
       r.acquisitions += 1;
-      const prev = queued ? await client.lpop(stampKey) : await client.get(stampKey);
+      const prev = queued ? await client.lpop(stampKey) : readStamp(stamps);
+      const told = client.pipeline().del(myInbox);
       if (prev !== null) {
         const [ppid, pns, ptask] = prev.split(" ");
         const prevNs = BigInt(pns);
@@ -312,15 +334,19 @@ async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
           r.late += 1;
         }
         if (prevId !== me) {
-          await client.lpush(`${args.name}:taken:${prevId}`, 1);
+          told.lpush(`${args.name}:taken:${prevId}`, 1);
         }
       }
+      await told.exec();
       if (holdMs > 0) {
         await sleep(holdMs);
       }
       const stamp = `${pid} ${monoNs()} ${task}`;
-      const pipeline = client.pipeline().del(myInbox);
-      await (queued ? pipeline.rpush(stampKey, stamp) : pipeline.set(stampKey, stamp)).exec();
+      if (queued) {
+        await client.rpush(stampKey, stamp);
+      } else {
+        writeStamp(stamps, stamp);
+      }
       await locker.release();
       for (;;) {
         if (monoNs() >= deadlineNs) {

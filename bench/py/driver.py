@@ -91,19 +91,34 @@ class Result:
         self.errors = []
 
 
+STAMP_LEN = 64
+
+
+def read_stamp(fd):
+    """The last stamp in the run's stamp file (the Rust worker's StampFile: one record at
+    its start, padded with spaces to STAMP_LEN bytes), or None before the first."""
+    text = os.pread(fd, STAMP_LEN, 0).decode().strip()
+    return text or None
+
+
+def write_stamp(fd, stamp):
+    os.pwrite(fd, stamp.ljust(STAMP_LEN).encode(), 0)
+
+
 def handoff_task(args, task, first_ns, deadline_ns, out):
-    """Strict handoff, as in the Rust worker: acquire, read the previous holder's stamp,
-    record release-to-acquire if it was another process and we were already waiting,
-    tell it its lock was taken, hold, stamp, release, wait until someone took it."""
+    """Strict handoff, as in the Rust worker: acquire, read the previous holder's stamp
+    (from the run's stamp file, so no Redis round trip), record release-to-acquire if it
+    was another process and we were already waiting, tell it its lock was taken, hold,
+    stamp, release, wait until someone took it."""
     r = Result()
     out[task] = r
     try:
         client = new_client(args)
         blpop = new_client(args)
         locker = Locker(args, client)
+        stamps = os.open(args.stamp_file, os.O_RDWR)
         pid = os.getpid()
         me = f"{pid}:{task}"
-        stamp_key = f"{args.name}:stamp"
         my_inbox = f"{args.name}:taken:{me}"
         hold = args.hold_us / 1e6
         sleep_until(first_ns)
@@ -113,9 +128,11 @@ def handoff_task(args, task, first_ns, deadline_ns, out):
                 break
             now = mono_ns()
             r.acquisitions += 1
-            prev = client.get(stamp_key)
+            prev = read_stamp(stamps)
+            pipe = client.pipeline(transaction=False)
+            pipe.delete(my_inbox)
             if prev is not None:
-                ppid, pns, ptask = prev.decode().split(" ")
+                ppid, pns, ptask = prev.split(" ")
                 ppid, pns = int(ppid), int(pns)
                 prev_id = f"{ppid}:{ptask}"
                 if ppid == pid:
@@ -125,12 +142,10 @@ def handoff_task(args, task, first_ns, deadline_ns, out):
                 else:
                     r.late += 1
                 if prev_id != me:
-                    client.lpush(f"{args.name}:taken:{prev_id}", 1)
-            time.sleep(hold)
-            pipe = client.pipeline(transaction=False)
-            pipe.delete(my_inbox)
-            pipe.set(stamp_key, f"{pid} {mono_ns()} {task}")
+                    pipe.lpush(f"{args.name}:taken:{prev_id}", 1)
             pipe.execute()
+            time.sleep(hold)
+            write_stamp(stamps, f"{pid} {mono_ns()} {task}")
             locker.release()
             while True:
                 if mono_ns() >= deadline_ns:
@@ -218,6 +233,7 @@ def main():
     p.add_argument("--contenders", type=int, default=1)
     p.add_argument("--spread-ms", type=int, default=100)
     p.add_argument("--ttl-ms", type=int, default=10000)
+    p.add_argument("--stamp-file", help="handoff: the run's stamp file (made by the harness)")
     args = p.parse_args()
 
     new_client(args).ping()

@@ -87,6 +87,18 @@ async fn run_workers(
     } else {
         (launch.exe.clone(), vec!["worker".to_owned()])
     };
+    // The lock handoff's stamps (worker.rs's StampFile): a file made empty for the run,
+    // shared by its workers, removed after it.
+    let stamp_file = (run.scenario == Scenario::Handoff).then(|| {
+        std::env::temp_dir().join(format!(
+            "fencelock-bench-{}-{}.stamp",
+            std::process::id(),
+            run.name
+        ))
+    });
+    if let Some(path) = &stamp_file {
+        std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     let arg_lists: Vec<Vec<String>> = tasks
         .iter()
         .enumerate()
@@ -121,12 +133,23 @@ async fn run_workers(
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if let Some(path) = &stamp_file {
+                args.push("--stamp-file".to_owned());
+                args.push(path.display().to_string());
+            }
             args.extend(run.peer.lock_args());
             args
         })
         .collect();
-    let workers = Workers::start(&program, &prefix, &arg_lists).await?;
-    let reports = workers.run(run.duration).await?;
+    let ran = async {
+        let workers = Workers::start(&program, &prefix, &arg_lists).await?;
+        workers.run(run.duration).await
+    }
+    .await;
+    if let Some(path) = &stamp_file {
+        let _ = std::fs::remove_file(path);
+    }
+    let reports = ran?;
     let mut merged = Report::default();
     for r in reports {
         merged.samples.extend(r.samples);

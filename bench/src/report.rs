@@ -825,8 +825,11 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
     let _ = writeln!(s, "## Handoff latency\n");
     let _ = writeln!(
         s,
-        "From just before the holder's release (its stamp write, then release) until a \
-         waiter in another OS process holds the lock, by CLOCK_MONOTONIC. Contenders \
+        "From just before the holder's release until a waiter in another OS process holds \
+         the lock, by CLOCK_MONOTONIC: the holder writes the time into a file that every \
+         contender of the row shares, the next holder reads it, and neither costs a Redis \
+         round trip (until 26 November the stamp was a Redis `SET`, whose round trip every \
+         sample included, about one PING). Contenders \
          (waiters + 1) run over up to {MAX_PROCS} processes (tokio tasks in the Rust worker, \
          threads in the Python driver, async tasks in the Node driver; each process with its \
          own client; in the Python and Node drivers, each contender with its own); hold \
@@ -841,8 +844,8 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
          while their load on Redis grows; python-redis-lock does not poll (BLPOP). Redis \
          commands/s: `total_commands_processed` of `INFO stats` over the row / its length \
          (commands run inside scripts count too, so it measures the work Redis does); it \
-         includes the harness's own bookkeeping (a GET, an LPUSH, a DEL + SET and a BLPOP \
-         per handoff, the same for every lock).\n",
+         includes the harness's own bookkeeping (a DEL, an LPUSH and a BLPOP per handoff, \
+         the same for every lock).\n",
         fmt_dur(r.plan.handoff_run),
         fmt_dur(r.plan.slow_run),
     );

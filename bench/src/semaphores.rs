@@ -113,7 +113,8 @@ pub(crate) fn render(s: &mut String, sem: &Semaphores, plan: &Plan, unit: u64, u
          semaphore; strict handoff and the sampling rules of the lock handoff, but since \
          permits are interchangeable each holder pushes its stamp (CLOCK_MONOTONIC) onto a \
          list just before it releases and each new holder pops the oldest: the time from \
-         a release to a waiter in another process holding a permit, releases and \
+         a release (its push's round trip included, which the lock handoff's stamp file \
+         avoids) to a waiter in another process holding a permit, releases and \
          acquisitions paired in order. An acquisition by a contender that was not waiting \
          at its paired release (most often a releaser back from its notification, taking \
          a permit the waiters have not noticed yet) is not a sample: that leaves out \

@@ -94,6 +94,10 @@ pub struct WorkerArgs {
     /// `--lock semaphore`: the semaphore's permits.
     #[arg(long, default_value_t = 1)]
     pub permits: u32,
+    /// Handoff: the file through which each holder tells the next one when it released
+    /// (see [`StampFile`]); the harness makes it, empty, for the run.
+    #[arg(long, value_name = "PATH")]
+    pub stamp_file: Option<std::path::PathBuf>,
 }
 
 /// How a process takes and gives back the lock under test. One per process, shared by
@@ -242,6 +246,53 @@ struct Ctx {
     locker: Locker,
     conn: MultiplexedConnection,
     pid: u32,
+    /// Handoff: where the holders' stamps go.
+    stamps: Option<StampFile>,
+}
+
+/// The lock handoff's stamps: one record at the start of a file (in the temporary
+/// directory, so in the page cache), which each holder overwrites with `"<pid> <ns>
+/// <task>"` just before it releases and the next holder reads once it holds the lock. The
+/// lock orders the write before the read, and neither costs a Redis round trip, so a
+/// sample is the handoff alone (until 26 November the stamp was a Redis `SET`, whose
+/// round trip each sample included). All the workers of a run, whatever their language,
+/// share the file and write the record the same way.
+struct StampFile(std::fs::File);
+
+impl StampFile {
+    /// A record's length: written padded with spaces, so that a longer record never
+    /// leaves a tail of an earlier one.
+    const LEN: usize = 64;
+
+    fn open(path: &std::path::Path) -> Result<Self, String> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map(StampFile)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn write(&self, stamp: &str) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let record = format!("{stamp:<width$}", width = Self::LEN);
+        self.0.write_all_at(record.as_bytes(), 0)
+    }
+
+    /// The last record written; `None` before the first.
+    fn read(&self) -> std::io::Result<Option<String>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; Self::LEN];
+        let mut read = 0;
+        while read < buf.len() {
+            match self.0.read_at(&mut buf[read..], read as u64)? {
+                0 => break,
+                n => read += n,
+            }
+        }
+        let text = String::from_utf8_lossy(&buf[..read]).trim().to_owned();
+        Ok((!text.is_empty()).then_some(text))
+    }
 }
 
 /// Runs the worker; returns the process exit code.
@@ -357,10 +408,16 @@ async fn run_async(
             );
         }
     }
+    let stamps = match (&args.scenario, &args.stamp_file) {
+        (Scenario::Handoff, Some(path)) => Some(StampFile::open(path)?),
+        (Scenario::Handoff, None) => return Err("a handoff needs --stamp-file".to_owned()),
+        _ => None,
+    };
     let ctx = Arc::new(Ctx {
         locker,
         conn,
         pid: std::process::id(),
+        stamps,
         args,
     });
     emit(&["ready".to_owned()]);
@@ -461,21 +518,23 @@ fn parse_stamp(s: &str) -> Option<(u32, u64, String)> {
 }
 
 /// One contender of the handoff scenario. Each loop: acquire (waiting for ever) → read
-/// the clock → GET the stamp of the previous holder → record a sample if that holder was
+/// the clock → read the stamp of the previous holder → record a sample if that holder was
 /// another process and this contender was already waiting when it released → tell the
 /// previous holder its lock was taken → hold → write our stamp → release → wait until
 /// another contender has taken the lock (strict handoff, no barging: the releaser
 /// always rejoins the waiters instead of retaking a lock it just freed).
 ///
-/// The semaphore handoff ([`Scenario::SemaphoreHandoff`]) differs in the stamps only: a
-/// semaphore's releases may overlap, so one stamp key will not do. Each holder pushes
-/// its stamp onto a list (`RPUSH`) just before it releases, and each new holder takes
-/// the oldest stamp there (`LPOP`). Permits are interchangeable, so which release freed
-/// the permit taken is not known; releases and acquisitions are paired in order (once
-/// the first `permits` acquisitions have taken the free permits, every acquisition
-/// needed a release, and the list holds one stamp per permit freed and not taken
-/// again). The stamp's holder is told its permit was taken, and only then contends
-/// again.
+/// The lock handoff's stamps go through a file ([`StampFile`]), so a sample runs from
+/// just before the release to the next holder holding the lock. The semaphore handoff
+/// ([`Scenario::SemaphoreHandoff`]) keeps them in Redis: a semaphore's releases may
+/// overlap, so one record will not do. Each holder pushes its stamp onto a list
+/// (`RPUSH`) just before it releases, and each new holder takes the oldest stamp there
+/// (`LPOP`); each of its samples includes that push's round trip. Permits are
+/// interchangeable, so which release freed the permit taken is not known; releases and
+/// acquisitions are paired in order (once the first `permits` acquisitions have taken
+/// the free permits, every acquisition needed a release, and the list holds one stamp
+/// per permit freed and not taken again). The stamp's holder is told its permit was
+/// taken, and only then contends again.
 async fn handoff_task(
     ctx: &Ctx,
     mut blpop: MultiplexedConnection,
@@ -486,12 +545,7 @@ async fn handoff_task(
     let mut conn = ctx.conn.clone();
     let name = &ctx.args.name;
     let me = format!("{}:{task}", ctx.pid);
-    let queued = ctx.args.scenario == Scenario::SemaphoreHandoff;
-    let stamp_key = if queued {
-        format!("{name}:stamps")
-    } else {
-        format!("{name}:stamp")
-    };
+    let stamp_list = format!("{name}:stamps");
     let my_inbox = format!("{name}:taken:{me}");
     let hold = Duration::from_micros(ctx.args.hold_us);
     while Instant::now() < deadline {
@@ -506,20 +560,24 @@ async fn handoff_task(
         };
         let now = mono_ns();
         r.acquisitions += 1;
-        let prev: Result<Option<String>, _> = if queued {
-            conn.lpop(&stamp_key, None).await
-        } else {
-            conn.get(&stamp_key).await
+        let prev: Result<Option<String>, String> = match &ctx.stamps {
+            Some(file) => file.read().map_err(|e| format!("stamp file: {e}")),
+            None => conn
+                .lpop(&stamp_list, None)
+                .await
+                .map_err(|e| format!("LPOP: {e}")),
         };
         let prev = match prev {
             Ok(p) => p,
             Err(e) => {
-                r.errors
-                    .push(format!("{}: {e}", if queued { "LPOP" } else { "GET" }));
+                r.errors.push(e);
                 let _ = ctx.locker.release(held).await;
                 break;
             }
         };
+        // While the lock is held: a "taken" for the previous holder, and none left for us.
+        let mut pipe = redis::pipe();
+        pipe.del(&my_inbox).ignore();
         if let Some((pid, ns, prev_id)) = prev.as_deref().and_then(parse_stamp) {
             if pid == ctx.pid {
                 r.same_process += 1;
@@ -529,25 +587,24 @@ async fn handoff_task(
                 r.late += 1;
             }
             if prev_id != me {
-                let pushed: Result<i64, _> = conn.lpush(format!("{name}:taken:{prev_id}"), 1).await;
-                if let Err(e) = pushed {
-                    r.errors.push(format!("LPUSH: {e}"));
-                }
+                pipe.lpush(format!("{name}:taken:{prev_id}"), 1).ignore();
             }
+        }
+        let told: Result<(), _> = pipe.query_async(&mut conn).await;
+        if let Err(e) = told {
+            r.errors.push(format!("LPUSH: {e}"));
         }
         sleep(hold).await;
         let stamp = format!("{} {} {task}", ctx.pid, mono_ns());
-        let mut pipe = redis::pipe();
-        pipe.del(&my_inbox).ignore();
-        if queued {
-            pipe.rpush(&stamp_key, stamp).ignore();
-        } else {
-            pipe.set(&stamp_key, stamp).ignore();
-        }
-        let wrote: Result<(), _> = pipe.query_async(&mut conn).await;
+        let wrote = match &ctx.stamps {
+            Some(file) => file.write(&stamp).map_err(|e| format!("stamp file: {e}")),
+            None => conn
+                .rpush::<_, _, ()>(&stamp_list, stamp)
+                .await
+                .map_err(|e| format!("RPUSH stamp: {e}")),
+        };
         if let Err(e) = wrote {
-            let cmd = if queued { "RPUSH" } else { "SET" };
-            r.errors.push(format!("{cmd} stamp: {e}"));
+            r.errors.push(e);
         }
         if let Err(e) = ctx.locker.release(held).await {
             r.errors.push(format!("release: {e}"));
@@ -607,4 +664,36 @@ async fn hot_key_task(ctx: &Ctx, deadline: Instant) -> TaskResult {
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stamp_file_gives_back_the_last_stamp_whole() {
+        let path = std::env::temp_dir().join(format!("stamp-test-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let writer = StampFile::open(&path).unwrap();
+        let reader = StampFile::open(&path).unwrap();
+        assert_eq!(
+            reader.read().unwrap(),
+            None,
+            "nothing before the first stamp"
+        );
+        writer.write("12345 987654321012 63").unwrap();
+        assert_eq!(
+            reader.read().unwrap().as_deref(),
+            Some("12345 987654321012 63")
+        );
+        // A shorter stamp after a longer one leaves nothing of the longer behind.
+        writer.write("7 5 0").unwrap();
+        let last = reader.read().unwrap();
+        assert_eq!(last.as_deref(), Some("7 5 0"));
+        assert_eq!(
+            parse_stamp(last.as_deref().unwrap()),
+            Some((7, 5, "7:0".to_owned()))
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
 }
