@@ -29,9 +29,6 @@ use crate::Held;
 use crate::args::{Cli, Command};
 use crate::exit::EX_LEASE_LOST;
 
-/// The keeper's name (argv[0] and command name): fencelock's own.
-const NAME: &str = "fencelock";
-
 /// How long fencelock waits for its keeper to exit after it took the lock back.
 const KEEPER_EXIT: Duration = Duration::from_secs(2);
 
@@ -46,10 +43,14 @@ impl Keeper {
     /// was: the lease then runs out while suspended) if the keeper cannot be started.
     /// `watcher`: a write end of the pipe to COMMAND's watcher.
     pub(crate) fn start(held: &mut Held, watcher: Option<std::os::fd::OwnedFd>) -> Option<Self> {
-        // From this very binary (supervise::own_binary), named fencelock as before.
+        // From this very binary (supervise::own_binary), with fencelock's own argv[0], so
+        // that it shows in `ps` as fencelock's command line did.
         let exe = crate::supervise::own_binary().ok()?;
+        let arg0 = std::env::args_os()
+            .next()
+            .unwrap_or_else(|| OsString::from("fencelock"));
         let mut child = std::process::Command::new(exe)
-            .arg0(NAME)
+            .arg0(arg0)
             .arg("__keep")
             .arg("--")
             .args(std::env::args_os().skip(1))
@@ -96,9 +97,14 @@ impl Keeper {
 /// (`D <CLOCK_MONOTONIC ns>`), and holds it until stdin closes (exit 0, the lock
 /// detached again, not released) or the lease is lost (exit 76).
 pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
-    // Started through /proc/self/exe, its command name is `exe`: named as the fencelock
-    // it stands in for, in `ps` and for `pkill`.
-    crate::watcher::name_self(NAME);
+    // Started through /proc/self/exe, its command name is `exe`: it takes the name of
+    // the binary fencelock was started as (its argv[0]'s file name), as when it was
+    // started from that path, for `ps` and `pkill`.
+    let arg0 = std::env::args_os().next().unwrap_or_default();
+    let name = std::path::Path::new(&arg0)
+        .file_name()
+        .map_or("fencelock".into(), |n| n.to_string_lossy());
+    crate::watcher::name_self(&name);
     // Job control is fencelock's business: the keeper is never stopped by it.
     for signal in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGINT] {
         crate::supervise::ignore(signal);

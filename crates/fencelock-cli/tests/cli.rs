@@ -1373,9 +1373,12 @@ fn a_command_that_ended_inside_its_lease_keeps_its_status_when_the_release_comes
     .expect("spawn fencelock");
     testkit::eventually("the lock is taken", EVENT_TIMEOUT, || server.exists(&key));
     let acquired = Instant::now();
-    // A renewal resets the key's TTL to 3 s: the lease is then confirmed until about 3 s
-    // after it. Redis stops answering right after one, until just after that confirmed
-    // end; COMMAND ends in between, well before fencelock would give the lease up.
+    // Right after a renewal (which resets the key's TTL to 3 s), Redis stops answering
+    // until just after the key expires, which is when it would, as read then, and
+    // fencelock's confirmed end of the lease comes a little before (its drift margin).
+    // COMMAND ends half a second before the key expires: within its lease, however late
+    // the renewal was seen. Its release is then answered within fencelock's response
+    // timeout (1 s), but after the lease ended.
     let mut last = i64::MAX;
     testkit::eventually("a renewal", EVENT_TIMEOUT, || {
         let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
@@ -1384,11 +1387,12 @@ fn a_command_that_ended_inside_its_lease_keeps_its_status_when_the_release_comes
         last = pttl;
         renewed
     });
-    let renewed = Instant::now();
+    let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+    let expires = Instant::now() + Duration::from_millis(pttl.try_into().unwrap());
     server.pause();
-    thread::sleep(Duration::from_millis(2300).saturating_sub(renewed.elapsed()));
+    thread::sleep((expires - Duration::from_millis(500)).saturating_duration_since(Instant::now()));
     fs::write(&go, "").unwrap();
-    thread::sleep(Duration::from_millis(3100).saturating_sub(renewed.elapsed()));
+    thread::sleep((expires + Duration::from_millis(150)).saturating_duration_since(Instant::now()));
     server.resume();
     let run = finish(child, started);
     assert_eq!(run.code(), Some(0), "{run:#?}");
