@@ -337,7 +337,11 @@ async function handoffTask(args, c, task, firstNs, deadlineNs, r) {
           told.lpush(`${args.name}:taken:${prevId}`, 1);
         }
       }
-      await told.exec();
+      // exec() resolves with [error, reply] pairs: an error is thrown, as a command's is.
+      const failed = (await told.exec()).find(([e]) => e);
+      if (failed) {
+        throw failed[0];
+      }
       if (holdMs > 0) {
         await sleep(holdMs);
       }

@@ -88,17 +88,17 @@ async fn run_workers(
         (launch.exe.clone(), vec!["worker".to_owned()])
     };
     // The lock handoff's stamps (worker.rs's StampFile): a file made empty for the run,
-    // shared by its workers, removed after it.
-    let stamp_file = (run.scenario == Scenario::Handoff).then(|| {
-        std::env::temp_dir().join(format!(
-            "fencelock-bench-{}-{}.stamp",
-            std::process::id(),
-            run.name
-        ))
-    });
-    if let Some(path) = &stamp_file {
-        std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+    // shared by its workers, removed after it (however the run ends).
+    let stamp_file = match run.scenario {
+        Scenario::Handoff => Some(
+            tempfile::Builder::new()
+                .prefix("fencelock-bench-stamps-")
+                .tempfile()
+                .map_err(|e| format!("the handoff's stamp file: {e}"))?
+                .into_temp_path(),
+        ),
+        _ => None,
+    };
     let arg_lists: Vec<Vec<String>> = tasks
         .iter()
         .enumerate()
@@ -141,15 +141,9 @@ async fn run_workers(
             args
         })
         .collect();
-    let ran = async {
-        let workers = Workers::start(&program, &prefix, &arg_lists).await?;
-        workers.run(run.duration).await
-    }
-    .await;
-    if let Some(path) = &stamp_file {
-        let _ = std::fs::remove_file(path);
-    }
-    let reports = ran?;
+    let workers = Workers::start(&program, &prefix, &arg_lists).await?;
+    let reports = workers.run(run.duration).await?;
+    drop(stamp_file);
     let mut merged = Report::default();
     for r in reports {
         merged.samples.extend(r.samples);

@@ -592,7 +592,7 @@ async fn handoff_task(
         }
         let told: Result<(), _> = pipe.query_async(&mut conn).await;
         if let Err(e) = told {
-            r.errors.push(format!("LPUSH: {e}"));
+            r.errors.push(format!("DEL/LPUSH: {e}"));
         }
         sleep(hold).await;
         let stamp = format!("{} {} {task}", ctx.pid, mono_ns());
@@ -672,7 +672,8 @@ mod tests {
 
     #[test]
     fn the_stamp_file_gives_back_the_last_stamp_whole() {
-        let path = std::env::temp_dir().join(format!("stamp-test-{}", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stamps");
         std::fs::write(&path, b"").unwrap();
         let writer = StampFile::open(&path).unwrap();
         let reader = StampFile::open(&path).unwrap();
@@ -694,6 +695,5 @@ mod tests {
             parse_stamp(last.as_deref().unwrap()),
             Some((7, 5, "7:0".to_owned()))
         );
-        std::fs::remove_file(&path).unwrap();
     }
 }
