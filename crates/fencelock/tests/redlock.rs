@@ -637,6 +637,71 @@ async fn a_release_with_a_stopped_minority_takes_no_longer_than_the_node_timeout
     assert!(servers[..2].iter().all(|s| !s.exists(KEY)));
 }
 
+/// A Redlock acquire dropped while its requests wait unread on stopped nodes may still be
+/// run by each node once it resumes, so each may grant it: every such grant is taken
+/// back in the background, on every node, well before its 60 s lease would end.
+#[tokio::test]
+async fn a_redlock_acquire_dropped_in_flight_takes_back_every_grant() {
+    common::traces();
+    let mut servers = RedisServer::start_many(3);
+    // Long enough for the test to see the requests arrive before the acquire gives up.
+    let c = Client::redlock(servers.iter().map(RedisServer::url))
+        .restart_protection(None)
+        .response_timeout(Duration::from_secs(5))
+        .node_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    c.lock("rl")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap(); // scripts loaded on every node
+    for s in &servers {
+        common::memory_policy_read(&s.addr()).await;
+        s.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+    for s in &mut servers {
+        s.pause();
+    }
+    let lock = c.lock("rl").lease(Duration::from_secs(60)).renew(false);
+    let mut attempt = Box::pin(lock.try_acquire());
+    // Dropped once its request has reached every stopped server, where it waits unread.
+    tokio::select! {
+        result = &mut attempt => panic!("no reply while every node is paused: {result:?}"),
+        () = eventually(
+            "the acquire reached every stopped node",
+            Duration::from_secs(5),
+            async || servers.iter().all(|s| s.unread_request_bytes() > 0),
+        ) => {}
+    }
+    drop(attempt);
+    for s in &mut servers {
+        s.resume();
+    }
+    // Each node runs the acquire, then the release sent after it.
+    eventually(
+        "every node's grant is taken back",
+        Duration::from_secs(5),
+        async || {
+            servers
+                .iter()
+                .all(|s| s.script_calls() >= 2 && !s.exists(KEY))
+        },
+    )
+    .await;
+    // The lock is free for others well before the lease would end.
+    c.lock("rl")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
 /// A minority that does not answer costs the acquire and the release nothing: they
 /// answer once a majority has, not after the node timeout, and the stopped node's late
 /// grant is released there once it runs again (its requests run in the order sent).
