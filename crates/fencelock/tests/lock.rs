@@ -572,6 +572,50 @@ async fn acquires_are_held_back_from_a_server_that_stopped_answering() {
     );
 }
 
+/// A release lost with its connection (the link reset: a network blip, a restart) fails
+/// for the caller, but is kept and sent again once the server answers, so the lock is
+/// free well before its lease would end; a guard dropped meanwhile is released the same
+/// way. The connections really are reset, by a TCP proxy.
+#[tokio::test]
+async fn a_release_lost_with_its_connection_is_sent_again_once_the_server_answers() {
+    let r = RedisServer::start();
+    let proxy = FaultProxy::start(&r.addr());
+    let c = Client::builder(proxy.url()).connect().await.unwrap();
+    let lock = |name| c.lock(name).lease(Duration::from_secs(60)).renew(false);
+    let released = lock("reset").try_acquire().await.unwrap();
+    let dropped = lock("dropped").try_acquire().await.unwrap();
+    proxy.set(Fault::Reset);
+    let err = released.release().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unavailable {
+                reason: UnavailableReason::Io | UnavailableReason::Refused,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    drop(dropped);
+    c.flush().await;
+    assert!(r.exists("fencelock:{reset}") && r.exists("fencelock:{dropped}"));
+    proxy.set(Fault::Pass);
+    // Any call that gets an answer sends them again.
+    lock("other")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    eventually(
+        "both lost releases are sent again",
+        Duration::from_secs(5),
+        async || !r.exists("fencelock:{reset}") && !r.exists("fencelock:{dropped}"),
+    )
+    .await;
+}
+
 /// A grant whose reply comes back after its lease ran out is no grant: the acquire
 /// reports a late grant instead of a guard whose lease is already over (another client
 /// may hold the lock by then), with advice for a slow link, not for a server that is

@@ -438,7 +438,7 @@ impl Node {
                 };
                 let result = s.run(call, within, !known).await;
                 self.count_reply(s, &result);
-                if keep && call.may_resend() && matches!(result, Err(ref e) if is_timeout(e)) {
+                if keep && call.may_resend() && matches!(result, Err(ref e) if link_failed(e)) {
                     self.owe(s, call.clone(), 0);
                 }
                 if result.is_ok() && !known {
@@ -463,7 +463,9 @@ impl Node {
     /// Counts what a call on the standalone connection `s` came to towards its stall (see
     /// [`stall`]): a timeout is one more call unanswered, which may begin a
     /// stall (and a `PING` that waits for the server to answer again); anything else
-    /// (a reply, or a connection that broke and is replaced) ends one.
+    /// (a reply, or a connection that broke and is replaced) ends one. A reply also sends
+    /// again the releases kept meanwhile ([`repay`](Self::repay)); a broken link does
+    /// not (they would fail again).
     fn count_reply<T>(&self, s: &Standalone, result: &Result<T, Error>) {
         match result {
             Err(e) if is_timeout(e) => {
@@ -477,6 +479,7 @@ impl Node {
                     ask_until_answered(&self.inner);
                 }
             }
+            Err(e) if link_broke(e) => s.stall.answered(),
             _ => {
                 s.stall.answered();
                 self.repay(s);
@@ -484,16 +487,18 @@ impl Node {
         }
     }
 
-    /// Keeps a release that timed out (sent again `tries` times so far), to send again
-    /// once the server answers: the driver drops a request that times out while it
-    /// still waits for room in the connection's queue (a connection backed up toward a
-    /// stopped server), although the acquire before it was written, and the server would
-    /// keep that grant until the lease ends. Only a token's last call is kept
+    /// Keeps a release that timed out, or whose connection broke or could not be made
+    /// (sent again `tries` times so far), to send again once the server answers: the
+    /// driver drops a request that times out while it still waits for room in the
+    /// connection's queue (a connection backed up toward a stopped server), although the
+    /// acquire before it was written, and the server would keep that grant until the
+    /// lease ends; a release lost with its connection (a restart, a network blip) would
+    /// leave the lock held as long. Only a token's last call is kept
     /// ([`Call::may_resend`]): it acts on that token alone, so sending it again, after
     /// whatever was sent meanwhile, does no harm.
     fn owe(&self, s: &Standalone, call: Call, tries: u8) {
         if tries >= OWED_TRIES {
-            tracing::debug!(node = %self.addr(), "a release sent again timed out each time; its key expires with its lease");
+            tracing::debug!(node = %self.addr(), "a release sent again was lost each time; its key expires with its lease");
             return;
         }
         let mut owed = lock(&s.owed);
@@ -506,7 +511,8 @@ impl Node {
 
     /// Sends again, in the background, the releases kept by [`owe`](Self::owe), one
     /// task at a time: the server answers, so what was sent before them has run
-    /// (replies come in order) or will run before them.
+    /// (replies come in order) or will run before them. One that fails for the link
+    /// again is kept, and the rest wait for the server's next answer.
     fn repay(&self, s: &Standalone) {
         if !s.owing.load(Ordering::Acquire) || s.repaying.swap(true, Ordering::AcqRel) {
             return;
@@ -539,10 +545,12 @@ impl Node {
                     }
                     return;
                 };
-                tracing::debug!(node = %node.addr(), "sending again a release that timed out");
+                tracing::debug!(node = %node.addr(), "sending again a release that was lost");
                 let sent = node.run_keeping::<redis::Value>(&call, None, false).await;
-                if matches!(sent, Err(ref e) if is_timeout(e)) {
+                if matches!(sent, Err(ref e) if link_failed(e)) {
                     node.owe(s, call, tries + 1);
+                    s.repaying.store(false, Ordering::Release);
+                    return;
                 }
             }
         });
@@ -1080,6 +1088,27 @@ fn is_timeout(e: &Error) -> bool {
             ..
         }
     )
+}
+
+/// Whether `e` says that a call may not have reached the server, or run there, because
+/// of the link: no answer in time, a connection that broke (before or after the call
+/// went out), or none to be had. A release that failed so is kept to send again.
+fn link_failed(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Unavailable {
+            reason: UnavailableReason::TimedOut
+                | UnavailableReason::Io
+                | UnavailableReason::Refused,
+            ..
+        }
+    )
+}
+
+/// Whether `e` says that the link failed without the server's having stopped answering
+/// on it (see [`link_failed`]): no answer from the server came with it.
+fn link_broke(e: &Error) -> bool {
+    link_failed(e) && !is_timeout(e)
 }
 
 /// A call held back, unsent, since the node's server stopped answering.
