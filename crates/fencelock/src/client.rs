@@ -138,6 +138,10 @@ impl Client {
     /// over); [`Error::InvalidArgument`] for a name this client's prefix cannot make a
     /// key of; [`Error::Unavailable`], [`Error::Rejected`], [`Error::WrongType`].
     ///
+    /// A detached lock is attached once per holding: once its guard released it (even
+    /// if that release failed: one that could not reach Redis may be sent again later,
+    /// see [`LockGuard::release`]), its text must not be attached again.
+    ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the extend may or may not have happened, and no guard
     /// holds the lock: attach a clone of the detached lock again.

@@ -966,9 +966,10 @@ impl LockGuard {
     /// [`Error::LeaseLost`] when the lease had already ended (the key expired, or another
     /// owner holds it now): the lock is not yours and nothing was deleted, but work done
     /// under it may have overlapped. [`Error::Unavailable`] when Redis could not be
-    /// reached or did not answer in time: the release is kept and sent again once that
-    /// server answers a later call of this client (a standalone, Sentinel or Redlock
-    /// node), and otherwise the key expires after its TTL. [`Error::Rejected`],
+    /// reached or did not answer in time: on a standalone, Sentinel or Redlock node a
+    /// release that timed out or was lost with its connection is kept and sent again
+    /// (up to three times) once that server answers a later call of this client;
+    /// otherwise the key expires after its TTL. [`Error::Rejected`],
     /// [`Error::WrongType`].
     ///
     /// # Cancel safety

@@ -743,8 +743,8 @@ impl Backend {
     /// when any node answered, whatever it found.
     ///
     /// Cancel safety: as [`Node::run`]; a call dropped before it went out leaves its key
-    /// to expire with its lease (one that timed out is kept and sent again, if it is the
-    /// token's last).
+    /// to expire with its lease (one that timed out or was lost with its connection is
+    /// kept and sent again, if it is the token's last).
     pub async fn abandon(
         &self,
         keys: &LockKeys,

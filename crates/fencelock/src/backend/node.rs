@@ -93,8 +93,8 @@ struct Standalone {
     /// Whether the server stopped answering on the connection, and what is held back
     /// meanwhile.
     stall: Stall,
-    /// Releases that timed out and may have been dropped unsent (see [`Node::owe`]),
-    /// sent again once the server answers, each with the times it was sent again; at
+    /// Releases that timed out (and may have been dropped unsent) or were lost with
+    /// their connection (see [`Node::owe`]), sent again once the server answers, each with the times it was sent again; at
     /// most [`OWED_MAX`].
     owed: Mutex<VecDeque<(Call, u8)>>,
     /// Whether `owed` holds any (read on every reply).
@@ -103,7 +103,7 @@ struct Standalone {
     repaying: AtomicBool,
 }
 
-/// How many timed-out releases a node keeps to send again; beyond that the oldest are
+/// How many lost releases a node keeps to send again; beyond that the oldest are
 /// forgotten (their keys expire with their leases).
 const OWED_MAX: usize = 1024;
 
@@ -413,8 +413,9 @@ impl Node {
         self.run_keeping(call, within, true).await
     }
 
-    /// As [`run`](Self::run), cancel safety included; `keep`: a release that times out is
-    /// kept to send again ([`owe`](Self::owe)), unless this is that sending.
+    /// As [`run`](Self::run), cancel safety included; `keep`: a release that times out or
+    /// is lost with its connection is kept to send again ([`owe`](Self::owe)), unless
+    /// this is that sending.
     async fn run_keeping<T: FromRedisValue>(
         &self,
         call: &Call,

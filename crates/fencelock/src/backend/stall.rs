@@ -22,9 +22,10 @@
 //! The driver drops a request that times out while it still waits for room in the
 //! connection's 50-request queue (the socket backed up toward a stopped server), though
 //! the requests before it were written: a release lost so would leave its grant on the
-//! resumed server until the lease ends. So a node keeps the releases that timed out and
-//! sends them again once the server answers (`Node::owe`: at most 1,024 kept, each sent
-//! again at most three times, one task at a time), but only a token's last call:
+//! resumed server until the lease ends. So a node keeps the releases that timed out (and
+//! those lost with their connection: a restart, a network blip) and sends them again once
+//! the server answers (`Node::owe`: at most 1,024 kept, each sent again at most three
+//! times, one task at a time), but only a token's last call:
 //! a failed attempt's take-back, sent again after the next attempt of the same acquire
 //! (one token serves all its attempts), could undo that grant.
 //!

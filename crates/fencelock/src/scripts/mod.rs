@@ -490,7 +490,7 @@ impl Call {
     }
 
     /// Whether the call may be sent again after it timed out (it may have been dropped
-    /// unsent): the last release or withdrawal of its token, by a script that acts only
+    /// unsent) or was lost with its connection: the last release or withdrawal of its token, by a script that acts only
     /// on that token (a reentrant release gives up the hold of its token, a read
     /// release the reader of its token), so that running it twice, or after anything
     /// else, does no harm.
