@@ -447,7 +447,7 @@ fn man_pages_for_every_subcommand_with_run_options_and_an_exit_item_per_code() {
 #[test]
 fn json_run_messages_say_the_lock_is_held_and_when_redis_stops_answering() {
     let mut redis = RedisServer::start();
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args([
             "--json", "run", "--ttl", "1500ms", "slow", "--", "sleep", "10",
         ])
@@ -456,14 +456,17 @@ fn json_run_messages_say_the_lock_is_held_and_when_redis_stops_answering() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    testkit::eventually("the lock is taken", Duration::from_secs(10), || {
-        redis.exists("fencelock:{slow}")
-    });
+    // Paused once fencelock says it holds the lock (the key alone may be there before
+    // the grant's reply has left a server paused in between).
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut text = String::new();
+    std::io::BufRead::read_line(&mut err, &mut text).unwrap();
     redis.pause();
-    let out = child.wait_with_output().unwrap();
+    std::io::Read::read_to_string(&mut err, &mut text).unwrap();
+    let status = child.wait().unwrap();
     redis.resume();
-    assert_eq!(out.status.code(), Some(76), "{out:?}");
-    let lines: Vec<Value> = stderr(&out)
+    assert_eq!(status.code(), Some(76), "{status:?}: {text}");
+    let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect();
