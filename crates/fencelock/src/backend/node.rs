@@ -94,8 +94,8 @@ struct Standalone {
     /// meanwhile.
     stall: Stall,
     /// Releases that timed out (and may have been dropped unsent) or were lost with
-    /// their connection (see [`Node::owe`]), sent again once the server answers, each with the times it was sent again; at
-    /// most [`OWED_MAX`].
+    /// their connection (see [`Node::owe`]), sent again once the server answers, each
+    /// with the times it was sent again; at most [`OWED_MAX`].
     owed: Mutex<VecDeque<(Call, u8)>>,
     /// Whether `owed` holds any (read on every reply).
     owing: AtomicBool,
