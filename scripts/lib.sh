@@ -22,6 +22,29 @@ need_redis_server() {
   need_command redis-server redis-server
 }
 
+# PostgreSQL (initdb, postgres, psql) from Debian's package, when no
+# /usr/lib/postgresql/*/bin/postgres exists: testkit's Postgres starts its own throwaway
+# servers from there (or from $PG_BIN, if set), as the postgres user when run as root.
+# Debian's package creates that user, and may create and start a system cluster on
+# 5432; fencelock never uses it, and it is left alone.
+need_postgresql() {
+  if [ -n "${PG_BIN:-}" ] && [ -x "$PG_BIN/postgres" ]; then
+    return
+  fi
+  if compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+    return
+  fi
+  echo "PostgreSQL not found: installing postgresql with apt-get" >&2
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+  fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >/dev/null
+  compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null \
+    || { echo "could not install postgresql" >&2; exit 1; }
+}
+
 # tmux: the CLI's terminal tests (Ctrl-C, Ctrl-Z, a COMMAND that reads the terminal) run
 # fencelock inside it.
 need_tmux() {

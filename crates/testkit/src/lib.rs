@@ -1,4 +1,4 @@
-//! Real `redis-server` processes for fencelock's integration tests.
+//! Real `redis-server` (and PostgreSQL) processes for fencelock's integration tests.
 //!
 //! Every [`RedisServer`] is a child process on a free loopback port (never
 //! 6379) with its own temporary directory. Tests can pause it (`SIGSTOP`),
@@ -46,6 +46,12 @@
 //! [`SentinelBuilder::tls`] and [`ClusterBuilder::tls`] run whole deployments
 //! over TLS (a TLS cluster on TLS ports only, its bus and replication too).
 //!
+//! [`Postgres`] is a real PostgreSQL server in the same spirit: a throwaway
+//! `postgres` on a free loopback port in its own temporary directory, with
+//! [`psql`](Postgres::psql) for queries, a database per test
+//! ([`create_database`](Postgres::create_database)), and the same faults
+//! (pause, kill); see [`postgres`].
+//!
 //! [`ServerClock`] is a wall clock a test steps forward or back under a
 //! running server ([`ServerBuilder::clock`]); see [`clock`].
 //!
@@ -55,7 +61,8 @@
 //! [`monitor`] records a server's `MONITOR` stream and replays it into C5's
 //! input (which owner's key each script deleted or extended).
 //!
-//! `redis-server` is taken from `$REDIS_SERVER` if set, else from `$PATH`.
+//! `redis-server` is taken from `$REDIS_SERVER` if set, else from `$PATH`;
+//! PostgreSQL from `$PG_BIN` if set, else from `/usr/lib/postgresql/*/bin`.
 //! Linux only (`prctl`, `/proc`). Start servers from the test's own thread:
 //! see [`RedisServer`] on `PR_SET_PDEATHSIG`.
 
@@ -67,6 +74,11 @@
 // and in the history `clock_gettime(CLOCK_MONOTONIC)` (std's `Instant` does
 // not expose its raw value, which must be comparable across processes), and
 // `atexit` to remove the shared TLS files' directory when the process exits.
+// For PostgreSQL: `geteuid` and `getpwnam_r` (to run the server as the
+// `postgres` user when the tests run as root, which it refuses), the
+// `pre_exec` hook with `SIGQUIT` (its immediate shutdown), and `kill` on its
+// process group and on its backends (stop, continue, quit, kill), and
+// `shmctl` to remove the System V shared memory segment a killed server leaves.
 #![allow(unsafe_code)]
 
 pub mod checkers;
@@ -74,6 +86,7 @@ pub mod clock;
 pub mod cluster;
 pub mod history;
 pub mod monitor;
+pub mod postgres;
 pub mod proxy;
 mod resp;
 pub mod sentinel;
@@ -83,6 +96,7 @@ mod wait;
 
 pub use clock::ServerClock;
 pub use cluster::{Cluster, ClusterBuilder, SlotMigration};
+pub use postgres::Postgres;
 pub use proxy::{Fault, FaultProxy};
 pub use resp::Reply;
 pub use sentinel::{SentinelBuilder, SentinelGroup};

@@ -1216,19 +1216,21 @@ fn spawn(binary: &Path, config: &Config, port: u16, tls_port: Option<u16>, dir: 
 /// spawning thread dies (`PR_SET_PDEATHSIG`, see [`RedisServer`]); the spawn
 /// fails if the parent is already gone.
 pub(crate) fn die_with_parent(cmd: &mut Command) {
+    die_with_parent_by(cmd, libc::SIGKILL);
+}
+
+/// [`die_with_parent`] with `signal` instead of `SIGKILL` (PostgreSQL's
+/// postmaster gets `SIGQUIT`, its immediate shutdown, which ends its
+/// backends too). The hook runs after a [`CommandExt::uid`] switch (which
+/// would clear the setting), so it holds for a child that runs as another
+/// user.
+pub(crate) fn die_with_parent_by(cmd: &mut Command, signal: libc::c_int) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs in the forked child before exec; it only makes
     // async-signal-safe syscalls (prctl, getppid) and allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             // The parent may have died before prctl took effect.
@@ -1374,7 +1376,7 @@ fn tls_client(tls: &TlsConfig, dir: &Path) -> Arc<rustls::ClientConfig> {
 /// Whether process `pid` holds a TCP socket listening on `port`, judged from
 /// `/proc/net/tcp{,6}` and `/proc/PID/fd`. If `/proc` cannot be read, assumes
 /// yes (falls back to trusting the `PING`).
-fn owns_listener(pid: u32, port: u16) -> bool {
+pub(crate) fn owns_listener(pid: u32, port: u16) -> bool {
     let mut inodes = Vec::new();
     let mut readable = false;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -1465,7 +1467,7 @@ fn unsent_bytes_in(table: &str, port: u16) -> usize {
 }
 
 /// The state letter from `/proc/PID/stat` (`R`, `S`, `T`, `Z`, ...).
-fn process_state(pid: u32) -> Option<char> {
+pub(crate) fn process_state(pid: u32) -> Option<char> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may contain spaces.
     let after = &stat[stat.rfind(')')? + 1..];
@@ -1559,7 +1561,7 @@ fn find_redis_server(
         .ok_or_else(|| NOT_FOUND.to_owned())
 }
 
-fn is_executable(p: &Path) -> bool {
+pub(crate) fn is_executable(p: &Path) -> bool {
     fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
