@@ -11,6 +11,7 @@ use crate::backend::{Access, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
 use crate::detach::DetachedLock;
 use crate::error::Error;
+use crate::fence::FencedWrite;
 use crate::keys;
 use crate::limits::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_PROTECTION,
@@ -226,6 +227,30 @@ impl Client {
             ));
         }
         DelayQueue::new(self.inner.clone(), name.into())
+    }
+
+    /// Writes to a resource kept in the Redis of this client, applied only if `token`
+    /// is at least the highest fencing token the resource `resource` accepted: the
+    /// resource's own check of the token (see [`fence`](crate::fence)). Add the writes
+    /// to the [`FencedWrite`], then [`apply`](FencedWrite::apply) it. Name the resource
+    /// after the lock whose token it checks (`guard.name()`). This client may be
+    /// another than the lock's: the resource's Redis need not hold the lock.
+    pub fn fenced_write(
+        &self,
+        resource: impl Into<String>,
+        token: crate::FencingToken,
+    ) -> FencedWrite<'_> {
+        FencedWrite::new(self, resource.into(), token)
+    }
+
+    /// The key prefix this client's keys go under.
+    pub(crate) fn key_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// The one node of a single-node client; `None` for Redlock.
+    pub(crate) fn single_node(&self) -> Option<&crate::backend::Node> {
+        self.inner.backend.only_node()
     }
 
     /// What Redis holds for the lock `name`, on each node, read in one consistent

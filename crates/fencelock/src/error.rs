@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::token::FencingToken;
+
 /// Everything that can go wrong when taking, extending or releasing a lock, or using a
 /// [`DelayQueue`](crate::DelayQueue).
 ///
@@ -161,6 +163,58 @@ pub enum Error {
         /// What Redis showed instead of the caller's token.
         cause: LossCause,
     },
+
+    /// A resource refused a write whose fencing token is lower than one it accepted
+    /// already ([`fence`](crate::fence)): a newer holder has written since this
+    /// holder's token was minted, so this holder lost its lock (a pause past its lease,
+    /// a lost lease it did not notice, a broken lock). Nothing was written (PostgreSQL:
+    /// the transaction is to be rolled back). Stop working on the resource; take the
+    /// lock again for a new token.
+    #[error(
+        "resource {resource:?} refused fencing token {token}: it accepted token {highest} already, so this holder lost its lock; nothing was written: stop, and take the lock again for a new token"
+    )]
+    Fenced {
+        /// The resource's name (the name of the lock that guards it).
+        resource: String,
+        /// The token this holder wrote with.
+        token: FencingToken,
+        /// The higher token the resource accepted before.
+        highest: FencingToken,
+    },
+
+    /// PostgreSQL failed a fencing check ([`fence`](crate::fence)) for a reason other
+    /// than a stale token: the connection, permissions, a serialization failure, an
+    /// aborted transaction, or the setup not installed in this database (SQLSTATE
+    /// `42883` or `42P01`: run `fencelock sql`). The transaction is to be rolled back.
+    #[error("{}", database_message(resource, code.as_deref(), message))]
+    Database {
+        /// The resource whose check failed (empty for an install).
+        resource: String,
+        /// The SQLSTATE, when the server answered with an error.
+        code: Option<String>,
+        /// What the database client said.
+        message: String,
+        /// The database client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+/// [`Error::Database`]'s message: a missing setup says how to install it.
+fn database_message(resource: &str, code: Option<&str>, message: &str) -> String {
+    let missing = crate::fence::setup_missing(code, message);
+    let code = code.map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default();
+    if missing {
+        return format!(
+            "the fencing check is not installed in this PostgreSQL database{code}: {message}; install it once with `fencelock sql | psql \"$DATABASE_URL\"` (or fencelock::fence's install)"
+        );
+    }
+    if resource.is_empty() {
+        return format!("PostgreSQL failed to install the fencing check{code}: {message}");
+    }
+    format!(
+        "PostgreSQL failed the fencing check of resource {resource:?}{code}: {message}; the transaction is to be rolled back"
+    )
 }
 
 /// An error of the Redis driver, kept as the [`source`](std::error::Error::source) of a

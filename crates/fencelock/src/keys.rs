@@ -12,6 +12,12 @@
 //! | `fencelock:{orders:42}:holder` | string | what the holder says about itself (host, pid, command), if it said anything | with the lock key |
 //! | `fencelock:{orders:42}:wakes` | zset | plain mode's wake list: the [tags](#release-channels) of the clients with a waiting acquire, each scored with when it was listed (server ms); `*` when readers or reentrant owners wait behind a plain holder | when empty, or once the lease that refused the last listing has ended and a second more |
 //!
+//! A resource kept in Redis and written with
+//! [`Client::fenced_write`](crate::Client::fenced_write) has one key of fencelock's,
+//! `fencelock:{orders:42}:accepted` for the resource `orders:42`: a string, the highest
+//! fencing token the resource accepted, which never expires (delete it with the
+//! resource). It lives on the resource's Redis, which may be another than the lock's.
+//!
 //! A semaphore ([`LockBuilder::permits`](crate::LockBuilder::permits)) named `pool` uses
 //! `fencelock:{pool}` as a zset instead (each holder's token, scored with the end of its
 //! lease in server ms; it expires with the longest lease), `fencelock:{pool}:fence` as
@@ -135,6 +141,22 @@ impl LockKeys {
     pub fn channel(&self) -> String {
         self.with_suffix(":released")
     }
+}
+
+/// The key of a resource's fence in a fenced write to Redis
+/// ([`Client::fenced_write`](crate::Client::fenced_write)): the highest token the
+/// resource accepted, `<prefix>:{<resource>}:accepted`. Named as a lock is, so that the
+/// keys of the resource that carry its name as hash tag share its Cluster slot.
+pub(crate) fn fence_key(prefix: &str, resource: &str) -> Result<String, Error> {
+    validate_name(resource).map_err(|e| match e {
+        Error::InvalidArgument { reason, .. } => Error::invalid("resource name", reason),
+        other => other,
+    })?;
+    Ok(if prefix.is_empty() {
+        format!("{{{resource}}}:accepted")
+    } else {
+        format!("{prefix}:{{{resource}}}:accepted")
+    })
 }
 
 /// The lock name inside a lock key: between the braces of its hash tag (neither the

@@ -116,6 +116,8 @@
 //! is installed. Holder tokens and passwords are never logged. [`observe`] lists every
 //! name; `examples/prometheus.rs` exports them for Prometheus.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod admin;
 mod algorithms;
 mod backend;
@@ -123,6 +125,7 @@ mod client;
 mod delay_queue;
 mod detach;
 mod error;
+pub mod fence;
 pub mod keys;
 pub mod limits;
 mod lock;
@@ -147,7 +150,8 @@ pub use lock::{Acquisition, LockBuilder, LockGuard};
 pub use scripts::lua_scripts;
 pub use token::{FencingToken, HolderToken};
 
-/// The README's examples, compiled as doc tests.
-#[cfg(doctest)]
+/// The README's examples, compiled as doc tests (with every feature: some examples use
+/// the PostgreSQL checks).
+#[cfg(all(doctest, feature = "sqlx", feature = "tokio-postgres"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;

@@ -98,3 +98,7 @@ pub const MAX_VISIBILITY: Duration = Duration::from_secs(24 * 3600);
 /// The most permits a semaphore may have ([`LockBuilder::permits`](crate::LockBuilder::permits)):
 /// each held permit is a member of one zset, which every acquire trims and counts.
 pub const MAX_PERMITS: u32 = 1_000_000;
+
+/// The most writes one [fenced write](crate::Client::fenced_write) carries: 1,000 (one
+/// script call; Redis runs nothing else meanwhile).
+pub const MAX_FENCED_WRITES: usize = 1000;

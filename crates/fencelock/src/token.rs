@@ -107,6 +107,13 @@ impl FencingToken {
     }
 }
 
+/// The token as a number, for a resource that stores or compares it.
+impl From<FencingToken> for u64 {
+    fn from(token: FencingToken) -> u64 {
+        token.0
+    }
+}
+
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)

@@ -339,6 +339,11 @@ impl Node {
         }
     }
 
+    /// Whether this is a Redis Cluster, where one script's keys must share a slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.link, Link::Cluster(_))
+    }
+
     /// Redlock: who the node is, and its restart protection.
     pub fn health(&self) -> std::sync::MutexGuard<'_, Health> {
         self.inner

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use redis::{RedisWrite, ScriptInvocation};
 
 use crate::keys::{LockKeys, QueueKeys};
-use crate::token::HolderToken;
+use crate::token::{FencingToken, HolderToken};
 
 /// A Lua file shared by several scripts: functions only.
 #[derive(Clone, Copy)]
@@ -143,10 +143,11 @@ pub(crate) enum Lua {
     QueueRetry,
     QueueExtend,
     QueueCounts,
+    FencedWrite,
 }
 
 impl Lua {
-    const ALL: [Lua; 24] = [
+    const ALL: [Lua; 25] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -171,6 +172,7 @@ impl Lua {
         Lua::QueueRetry,
         Lua::QueueExtend,
         Lua::QueueCounts,
+        Lua::FencedWrite,
     ];
 
     /// The table: each script's file, the fragments put in front of it (in this order;
@@ -293,6 +295,7 @@ impl Lua {
                 &[TYPES, CLOCK],
                 include_str!("queue/counts.lua"),
             ),
+            FencedWrite => ("fence/write.lua", &[TYPES], include_str!("fence/write.lua")),
         }
     }
 
@@ -1035,6 +1038,41 @@ pub(crate) fn break_lock(keys: &LockKeys, counter_idle: Duration) -> Call {
     inv
 }
 
+/// One write of a fenced write: its command, its key (an index into the call's keys),
+/// its arguments.
+#[derive(Debug)]
+pub(crate) struct FencedOp {
+    pub command: &'static str,
+    pub key: usize,
+    pub args: Vec<Vec<u8>>,
+}
+
+/// `fence/write.lua`: `writes` to `keys` (each key once), only with `token` at least
+/// the highest the resource's `fence` key recorded.
+pub(crate) fn fenced_write(
+    fence: &str,
+    keys: &[String],
+    token: FencingToken,
+    writes: &[FencedOp],
+) -> Call {
+    let mut inv = Call::new(Lua::FencedWrite);
+    inv.key(fence);
+    for key in keys {
+        inv.key(key);
+    }
+    inv.arg(token.get());
+    for write in writes {
+        // KEYS[1] is the fence, so the write's key is KEYS[2 + its index].
+        inv.arg(write.command)
+            .arg(write.key + 2)
+            .arg(write.args.len());
+        for arg in &write.args {
+            inv.arg(arg.as_slice());
+        }
+    }
+    inv
+}
+
 /// A queue item's id as stored: 20 zero-padded decimal digits, so that items due in the
 /// same millisecond sort by id.
 fn member(id: u64) -> String {
@@ -1256,9 +1294,19 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_announces_on_sharded_pub_sub_and_only_its_batch_has_a_shebang() {
+    fn a_cluster_announces_on_sharded_pub_sub_and_only_two_scripts_have_a_shebang() {
         for lua in Lua::ALL {
             let file = lua.parts().0;
+            // The fenced write's flagless shebang (refused when the server is out of
+            // memory, before it starts) is the same everywhere.
+            if lua == Lua::FencedWrite {
+                for flavor in Flavor::ALL {
+                    let source = lua.source(flavor);
+                    assert!(source.starts_with("#!lua\n"), "{file}");
+                    assert_eq!(source.matches("#!").count(), 1, "{file}");
+                }
+                continue;
+            }
             if lua.sent_to(Flavor::Standalone) {
                 let source = lua.source(Flavor::Standalone);
                 assert!(!source.contains("'SPUBLISH'"), "{file}");

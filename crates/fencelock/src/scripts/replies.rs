@@ -367,6 +367,43 @@ impl FromRedisValue for Broke {
     }
 }
 
+/// What `fence/write.lua` answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FencedWriteReply {
+    /// Every write applied, the token recorded: each write's reply, in order.
+    Accepted(Vec<crate::fence::Reply>),
+    /// A higher token was accepted before: nothing written.
+    Refused(FencingToken),
+}
+
+impl FromRedisValue for FencedWriteReply {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        use crate::fence::Reply;
+        let bad = || ParsingError::from(format!("fence/write.lua replied with {v:?}"));
+        let Value::Array(items) = &v else {
+            return Err(bad());
+        };
+        match items.as_slice() {
+            [Value::Int(0), highest] => text(highest)
+                .and_then(|t| t.parse().ok())
+                .map(|t| Self::Refused(FencingToken::new(t)))
+                .ok_or_else(bad),
+            [Value::Int(1), replies @ ..] => replies
+                .iter()
+                .map(|r| match r {
+                    Value::Okay => Some(Reply::Ok),
+                    Value::Int(n) => Some(Reply::Integer(*n)),
+                    Value::SimpleString(s) if s == "OK" => Some(Reply::Ok),
+                    other => text(other).map(Reply::Text),
+                })
+                .collect::<Option<_>>()
+                .map(Self::Accepted)
+                .ok_or_else(bad),
+            _ => Err(bad()),
+        }
+    }
+}
+
 /// An item `queue/take.lua` delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Taken {
