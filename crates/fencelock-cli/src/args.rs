@@ -114,6 +114,26 @@ pub(crate) enum Command {
     /// evicted holder's late writes. Asks first on a terminal; give --yes otherwise.
     Break(BreakArgs),
 
+    /// Write to a resource kept in Redis with the fencing token: the writes are applied,
+    /// all of them, only if TOKEN is at least the highest token the resource accepted.
+    ///
+    /// For a COMMAND under `fencelock run`, whose FENCELOCK_NAME and FENCELOCK_TOKEN
+    /// are the defaults of --resource and --token: a holder that was paused past its
+    /// lease and resumes after a newer holder wrote gets exit status 76 and writes
+    /// nothing. WRITE is one or more of: SET KEY VALUE, DEL KEY, INCRBY KEY N, HSET KEY
+    /// FIELD VALUE, RPUSH KEY VALUE, LPUSH KEY VALUE, XADD KEY FIELD VALUE (entry ID *),
+    /// PEXPIRE KEY MS, each with its arguments, in order; the replies are printed one
+    /// per line. On a Redis Cluster, every KEY must carry the resource's name as its
+    /// hash tag: {NAME}:...
+    #[command(after_help = WRITE_AFTER_HELP)]
+    Write(WriteArgs),
+
+    /// Print the SQL that installs the fencing check in a PostgreSQL database:
+    /// `fencelock sql | psql "$DATABASE_URL"`. Then a transaction calls `SELECT
+    /// fencelock_check('NAME', TOKEN)` before its writes, and rolls back with SQLSTATE
+    /// FL001 when a newer holder's token was accepted. Running the SQL again is safe.
+    Sql,
+
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
     Completions(CompletionsArgs),
 
@@ -279,6 +299,47 @@ pub(crate) struct BreakArgs {
     pub(crate) name: String,
 }
 
+/// The exit statuses of `fencelock write`.
+pub(crate) const WRITE_AFTER_HELP: &str = "\
+Exit status:
+  0    every write applied, TOKEN recorded
+  64   bad usage or input: a WRITE, TOKEN, resource name or Redis URL; a key
+       in another Redis Cluster slot than the resource
+  69   Redis unavailable or refusing: unreachable, an error reply such as
+       NOAUTH or READONLY, a write that the key's type refuses (WRONGTYPE:
+       nothing written), a fence key that holds data fencelock did not write
+  76   refused: the resource accepted a higher token, so this holder lost its
+       lock; nothing written
+
+Example, under the lock that guards the resource:
+  fencelock run stock:42 -- fencelock write INCRBY '{stock:42}:sold' 1";
+
+/// `fencelock write`.
+#[derive(Debug, Args)]
+pub(crate) struct WriteArgs {
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+
+    /// The resource: the name of the lock that guards it (FENCELOCK_NAME under
+    /// `fencelock run`).
+    #[arg(long, value_name = "NAME", env = "FENCELOCK_NAME")]
+    pub(crate) resource: String,
+
+    /// The fencing token, decimal (FENCELOCK_TOKEN under `fencelock run`).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "FENCELOCK_TOKEN",
+        allow_hyphen_values = true
+    )]
+    pub(crate) token: String,
+
+    /// The writes: a command (SET, DEL, INCRBY, HSET, RPUSH, LPUSH, XADD, PEXPIRE)
+    /// followed by its arguments, then the next.
+    #[arg(value_name = "WRITE", required = true, num_args = 1.., allow_hyphen_values = true)]
+    pub(crate) writes: Vec<String>,
+}
+
 /// `fencelock completions`.
 #[derive(Debug, Args)]
 pub(crate) struct CompletionsArgs {
@@ -288,7 +349,16 @@ pub(crate) struct CompletionsArgs {
 }
 
 /// The subcommands that have a manual page of their own: every visible one.
-pub(crate) const MAN_PAGES: [&str; 6] = ["run", "status", "list", "break", "completions", "man"];
+pub(crate) const MAN_PAGES: [&str; 8] = [
+    "run",
+    "status",
+    "list",
+    "break",
+    "write",
+    "sql",
+    "completions",
+    "man",
+];
 
 /// `fencelock man`.
 #[derive(Debug, Args)]

@@ -21,7 +21,8 @@ pub(crate) const EX_NOT_FOUND: u8 = 127;
 pub(crate) const EX_SOFTWARE: u8 = 70;
 /// The lock was not acquired within `--wait`.
 pub(crate) const EX_TEMPFAIL: u8 = 75;
-/// The lease was lost while COMMAND ran (or by the time it exited).
+/// The lease was lost while COMMAND ran (or by the time it exited); `write`: the
+/// resource accepted a higher token (this holder lost its lock).
 pub(crate) const EX_LEASE_LOST: u8 = 76;
 
 /// Why fencelock exits with a status of its own rather than COMMAND's.
@@ -146,6 +147,7 @@ pub(crate) fn exit_code(failure: &Failure) -> u8 {
         Failure::Lock(Error::Unreplicated { .. }) => EX_UNAVAILABLE,
         Failure::Lock(Error::Held { .. }) => EX_TEMPFAIL,
         Failure::Lock(Error::NoQuorum { .. }) => EX_UNAVAILABLE,
+        Failure::Lock(Error::Fenced { .. }) => EX_LEASE_LOST,
         Failure::Interrupted(signal) => signal_exit_code(*signal),
         Failure::LostByExit { .. } => EX_LEASE_LOST,
         Failure::Lock(_) => EX_SOFTWARE,

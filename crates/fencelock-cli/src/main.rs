@@ -102,6 +102,19 @@ fn main() -> ExitCode {
         Command::Status(args) => block_on(async move { ops::status(&args).await }),
         Command::List(args) => block_on(async move { ops::list(&args).await }),
         Command::Break(args) => block_on(async move { ops::break_lock(&args).await }),
+        Command::Write(args) => block_on(async move { ops::fenced_write(&args).await }),
+        Command::Sql => {
+            let mut stdout = std::io::stdout().lock();
+            let written = stdout
+                .write_all(fencelock::fence::POSTGRES_SETUP.as_bytes())
+                .and_then(|()| stdout.flush());
+            return match written {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    fail(&Failure::System(format!("cannot write the SQL: {e}")))
+                }
+                _ => ExitCode::SUCCESS,
+            };
+        }
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

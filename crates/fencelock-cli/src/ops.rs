@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fencelock::{BreakOutcome, Client, ClientBuilder, Error, Holder, LockState, LockStatus};
 use serde_json::{Value, json};
 
-use crate::args::{BreakArgs, Connection, ListArgs, StatusArgs};
+use crate::args::{BreakArgs, Connection, ListArgs, StatusArgs, WriteArgs};
 use crate::exit::{Failure, json as json_output, warn};
 use fencelock::HumanDuration as Human;
 
@@ -166,6 +166,121 @@ pub(crate) async fn status(args: &StatusArgs) -> Result<u8, Failure> {
         }
     }
     Ok(0)
+}
+
+/// `fencelock write WRITE...`: the writes, applied with the token or not at all.
+pub(crate) async fn fenced_write(args: &WriteArgs) -> Result<u8, Failure> {
+    let token: u64 = args.token.parse().map_err(|_| {
+        Failure::Usage(format!(
+            "invalid fencing token {:?}: give a whole number from 0 to {} (FENCELOCK_TOKEN under fencelock run)",
+            args.token,
+            u64::MAX
+        ))
+    })?;
+    let token = fencelock::FencingToken::new(token);
+    let writes = parse_writes(&args.writes)?;
+    let client = client(&args.connection).await?;
+    let mut write = client.fenced_write(&args.resource, token);
+    for w in writes {
+        write = match w {
+            ResourceWrite::Set(key, value) => write.set(key, value),
+            ResourceWrite::Del(key) => write.del(key),
+            ResourceWrite::IncrBy(key, by) => write.incr_by(key, by),
+            ResourceWrite::HSet(key, field, value) => write.hset(key, field, value),
+            ResourceWrite::RPush(key, value) => write.rpush(key, value),
+            ResourceWrite::LPush(key, value) => write.lpush(key, value),
+            ResourceWrite::XAdd(key, field, value) => write.xadd(key, [(field, value)]),
+            ResourceWrite::PExpire(key, ms) => write.expire(key, Duration::from_millis(ms)),
+        };
+    }
+    let replies = write.apply().await.map_err(Failure::Lock)?;
+    let text = |reply: &fencelock::fence::Reply| match reply {
+        fencelock::fence::Reply::Ok => "OK".to_owned(),
+        fencelock::fence::Reply::Integer(n) => n.to_string(),
+        fencelock::fence::Reply::Text(t) => t.clone(),
+        _ => String::new(),
+    };
+    if json_output() {
+        let replies: Vec<Value> = replies
+            .iter()
+            .map(|r| match r {
+                fencelock::fence::Reply::Integer(n) => json!(n),
+                other => json!(text(other)),
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({ "resource": args.resource, "token": token.get(), "replies": replies })
+        );
+    } else {
+        for reply in &replies {
+            println!("{}", text(reply));
+        }
+    }
+    Ok(0)
+}
+
+/// One WRITE of `fencelock write`.
+#[derive(Debug, PartialEq, Eq)]
+enum ResourceWrite {
+    Set(String, String),
+    Del(String),
+    IncrBy(String, i64),
+    HSet(String, String, String),
+    RPush(String, String),
+    LPush(String, String),
+    XAdd(String, String, String),
+    PExpire(String, u64),
+}
+
+/// The WRITEs of the command line: each command name (any case) and as many arguments
+/// as it takes.
+fn parse_writes(words: &[String]) -> Result<Vec<ResourceWrite>, Failure> {
+    const FORMS: &str = "SET KEY VALUE, DEL KEY, INCRBY KEY N, HSET KEY FIELD VALUE, \
+                         RPUSH KEY VALUE, LPUSH KEY VALUE, XADD KEY FIELD VALUE, PEXPIRE KEY MS";
+    let usage = |m: String| Failure::Usage(format!("{m}; a WRITE is one of: {FORMS}"));
+    let mut writes = Vec::new();
+    let mut rest = words;
+    while let [command, after @ ..] = rest {
+        let name = command.to_ascii_uppercase();
+        let arity = match name.as_str() {
+            "DEL" => 1,
+            "SET" | "INCRBY" | "RPUSH" | "LPUSH" | "PEXPIRE" => 2,
+            "HSET" | "XADD" => 3,
+            _ => return Err(usage(format!("unknown write {command:?}"))),
+        };
+        if after.len() < arity {
+            return Err(usage(format!(
+                "{name} needs {arity} argument{}",
+                if arity == 1 { "" } else { "s" }
+            )));
+        }
+        let (args, next) = after.split_at(arity);
+        let arg = |i: usize| args[i].clone();
+        let number = |i: usize, what: &str| {
+            args[i].parse::<i64>().map_err(|_| {
+                usage(format!(
+                    "{name}'s {what} {:?} is not a whole number",
+                    args[i]
+                ))
+            })
+        };
+        writes.push(match name.as_str() {
+            "SET" => ResourceWrite::Set(arg(0), arg(1)),
+            "DEL" => ResourceWrite::Del(arg(0)),
+            "INCRBY" => ResourceWrite::IncrBy(arg(0), number(1, "increment")?),
+            "HSET" => ResourceWrite::HSet(arg(0), arg(1), arg(2)),
+            "RPUSH" => ResourceWrite::RPush(arg(0), arg(1)),
+            "LPUSH" => ResourceWrite::LPush(arg(0), arg(1)),
+            "XADD" => ResourceWrite::XAdd(arg(0), arg(1), arg(2)),
+            _ => match u64::try_from(number(1, "MS")?) {
+                Ok(ms) if ms > 0 => ResourceWrite::PExpire(arg(0), ms),
+                _ => return Err(usage(format!("PEXPIRE's MS {:?} is not positive", args[1]))),
+            },
+        });
+        rest = next;
+    }
+    Ok(writes)
 }
 
 /// `fencelock list [PATTERN]`.
@@ -562,6 +677,33 @@ fn status_node_json(n: &fencelock::NodeStatus) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_are_read_by_their_arity_and_bad_ones_say_the_forms() {
+        let words = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            parse_writes(&words("set k v incrby n -2 hset h f v del d pexpire k 50")).unwrap(),
+            [
+                ResourceWrite::Set("k".into(), "v".into()),
+                ResourceWrite::IncrBy("n".into(), -2),
+                ResourceWrite::HSet("h".into(), "f".into(), "v".into()),
+                ResourceWrite::Del("d".into()),
+                ResourceWrite::PExpire("k".into(), 50),
+            ]
+        );
+        for bad in [
+            "GET k",
+            "SET k",
+            "INCRBY n x",
+            "PEXPIRE k 0",
+            "PEXPIRE k -5",
+        ] {
+            match parse_writes(&words(bad)) {
+                Err(Failure::Usage(m)) => assert!(m.contains("a WRITE is one of"), "{bad}: {m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
 
     fn has_password(args: &[&str]) -> bool {
         password_in_args(args.iter().map(std::ffi::OsString::from))
