@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::Args;
 use testkit::history::{Event, HistoryWriter, Op, Phase, read_history};
 
-use crate::worker::{FENCED_WRITE, ResourceKeys};
+use crate::store::{Store, StoreKind};
 
 /// Arguments of the hidden `command` subcommand.
 #[derive(Args, Debug, Clone)]
@@ -81,32 +81,29 @@ pub fn main(args: CommandArgs) -> Result<(), String> {
             .map_err(|err| format!("history append: {err}"))
     };
     record(Event::now(p, Op::Acquire, Phase::Ok).with_valid_until(u64::MAX))?;
-    let mut res = redis::Client::open(args.resource_url.as_str())
-        .and_then(|c| c.get_connection())
-        .map_err(|e| format!("resource connect: {e}"))?;
-    let keys = ResourceKeys::new(&args.prefix);
-    let script = redis::Script::new(FENCED_WRITE);
+    // The resource is named after the lock, which fencelock says in FENCELOCK_NAME.
+    let lock = std::env::var("FENCELOCK_NAME").map_err(|_| "FENCELOCK_NAME missing")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let mut store = rt.block_on(Store::connect(
+        StoreKind::Redis,
+        &args.resource_url,
+        &args.prefix,
+    ))?;
     for i in 0..args.iterations {
         record(Event::now(p, Op::Read, Phase::Invoke))?;
-        let current: Option<i64> = redis::cmd("GET")
-            .arg(&keys.counter)
-            .query(&mut res)
+        let current = rt
+            .block_on(store.read())
             .map_err(|e| format!("resource read: {e}"))?;
-        let current = current.unwrap_or(0);
         record(Event::now(p, Op::Read, Phase::Ok).with_value(current))?;
         let value = i64::from(p) * 1_000_000 + i64::from(i);
         record(Event::now(p, Op::Write, Phase::Invoke).with_value(value))?;
-        let accepted: i64 = script
-            .key(&keys.max_token)
-            .key(&keys.counter)
-            .key(&keys.values)
-            .key(&keys.log)
-            .arg(token)
-            .arg(current + 1)
-            .arg(value)
-            .invoke(&mut res)
+        let accepted = rt
+            .block_on(store.write(Some(&lock), token, current + 1, value))
             .map_err(|e| format!("resource write: {e}"))?;
-        record(if accepted == 1 {
+        record(if accepted {
             Event::now(p, Op::Write, Phase::Ok).with_value(value)
         } else {
             Event::now(p, Op::Write, Phase::Fail)

@@ -20,10 +20,10 @@ use testkit::history::{
     Event, HistoryWriter, Op, Phase, monotonic_ns, read_histories, read_history,
 };
 use testkit::monitor::{self, Monitor};
-use testkit::{RedisServer, ServerClock};
+use testkit::{Postgres, RedisServer, ServerClock};
 
 use crate::outcomes::Outcome;
-use crate::worker::{FENCED_WRITE, ResourceKeys};
+use crate::store::{POSTGRES_TABLES, Store, StoreKind};
 
 /// Fixed lease of every acquire.
 pub const TTL: Duration = Duration::from_millis(500);
@@ -138,11 +138,32 @@ impl Workers {
     }
 }
 
-/// Which resource the workers write to.
+/// Which resource the workers write to (see [`store`](crate::store)).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Resource {
+    /// The resource server, through fencelock's Redis check (`Client::fenced_write`).
     Fenced,
+    /// The resource server, plain writes.
     Unfenced,
+    /// PostgreSQL, through fencelock's check (`fencelock_check`).
+    FencedPostgres,
+    /// PostgreSQL, plain writes.
+    UnfencedPostgres,
+}
+
+impl Resource {
+    /// Whether the resource checks the token.
+    pub fn fenced(self) -> bool {
+        matches!(self, Self::Fenced | Self::FencedPostgres)
+    }
+
+    /// Where it lives.
+    pub fn store(self) -> StoreKind {
+        match self {
+            Self::Fenced | Self::Unfenced => StoreKind::Redis,
+            Self::FencedPostgres | Self::UnfencedPostgres => StoreKind::Postgres,
+        }
+    }
 }
 
 /// The servers every scenario runs against, where histories go, and the seed of the
@@ -151,6 +172,10 @@ pub struct Lab {
     pub exe: PathBuf,
     pub lock: RedisServer,
     pub resource: RedisServer,
+    /// The PostgreSQL resource, with fencelock's check and the lab's tables installed.
+    pub postgres: Postgres,
+    /// The scenarios (tags) whose workers wrote to PostgreSQL.
+    pub postgres_tags: RefCell<std::collections::HashSet<String>>,
     /// Independent lock nodes of the Redlock scenarios.
     pub nodes: Vec<RedisServer>,
     /// A node with `appendfsync always`, standing in for n2 in the persistent
@@ -169,7 +194,8 @@ pub struct Lab {
 
 impl Lab {
     /// Starts the lock server, the Redlock nodes, the persistent node and a MONITOR
-    /// recorder on each of them, then the resource server; histories go to `dir`.
+    /// recorder on each of them, then the resource server and PostgreSQL (with
+    /// fencelock's check installed); histories go to `dir`.
     pub fn start(exe: PathBuf, dir: PathBuf, seed: u64) -> Result<Self, String> {
         let lock = RedisServer::start();
         let nodes = RedisServer::start_many(REDLOCK_NODES);
@@ -181,10 +207,17 @@ impl Lab {
             .chain(&nodes)
             .map(|s| Monitor::start(&s.addr()).map_err(|e| format!("MONITOR of {}: {e}", s.addr())))
             .collect::<Result<_, _>>()?;
+        let postgres = Postgres::start();
+        postgres
+            .try_psql(fencelock::fence::POSTGRES_SETUP)
+            .and_then(|_| postgres.try_psql(POSTGRES_TABLES))
+            .map_err(|e| format!("PostgreSQL setup: {e}"))?;
         Ok(Self {
             exe,
             lock,
             resource: RedisServer::start(),
+            postgres,
+            postgres_tags: RefCell::default(),
             nodes,
             persistent,
             clocked,
@@ -219,8 +252,22 @@ impl Lab {
         let history = self.dir.join(format!("{tag}-p{process}.jsonl"));
         let mut args = vec![format!("--process={process}")];
         args.extend(lock_urls.iter().map(|u| format!("--lock-url={u}")));
+        let resource_url = match resource.store() {
+            StoreKind::Redis => self.resource.url(),
+            StoreKind::Postgres => {
+                self.postgres_tags.borrow_mut().insert(tag.to_owned());
+                self.postgres.url()
+            }
+        };
         args.extend([
-            format!("--resource-url={}", self.resource.url()),
+            format!("--resource-url={resource_url}"),
+            format!(
+                "--store={}",
+                match resource.store() {
+                    StoreKind::Redis => "redis",
+                    StoreKind::Postgres => "postgres",
+                }
+            ),
             format!("--lock=lab:{tag}"),
             format!("--prefix=res:{tag}"),
             format!("--iterations={iterations}"),
@@ -229,7 +276,7 @@ impl Lab {
             format!("--seed={}", self.seed),
             format!("--history={}", history.display()),
         ]);
-        if resource == Resource::Fenced {
+        if resource.fenced() {
             args.push("--fenced".into());
         }
         (args, history)
@@ -277,15 +324,56 @@ impl Lab {
         }
     }
 
-    /// A writer to the fenced resource of `tag`, for scenarios the harness drives.
+    /// A writer to the fenced resource of `tag` (in Redis), for scenarios the harness
+    /// drives.
     pub fn resource_writer(&self, tag: &str) -> Result<ResourceWriter, String> {
-        let conn = redis::Client::open(self.resource.url().as_str())
-            .and_then(|c| c.get_connection())
-            .map_err(|e| format!("{tag}: resource connect: {e}"))?;
+        let rt = runtime()?;
+        let store = rt
+            .block_on(Store::connect(
+                StoreKind::Redis,
+                &self.resource.url(),
+                &format!("res:{tag}"),
+            ))
+            .map_err(|e| format!("{tag}: {e}"))?;
         Ok(ResourceWriter {
-            conn,
-            keys: ResourceKeys::new(&format!("res:{tag}")),
+            rt,
+            store,
+            lock: format!("lab:{tag}"),
         })
+    }
+
+    /// The final state of `tag`'s resource: the values written, and the counter.
+    fn resource_state(&self, tag: &str) -> Result<(Vec<i64>, i64), String> {
+        let prefix = format!("res:{tag}");
+        if self.postgres_tags.borrow().contains(tag) {
+            let read = |sql: String| {
+                self.postgres
+                    .try_psql(&sql)
+                    .map_err(|e| format!("{tag}: PostgreSQL resource: {e}"))
+            };
+            let values = read(format!(
+                "SELECT value FROM lab_values WHERE tag = '{prefix}'"
+            ))?;
+            let counter = read(format!("SELECT n FROM lab_counter WHERE tag = '{prefix}'"))?;
+            return Ok((
+                values.lines().filter_map(|l| l.parse().ok()).collect(),
+                counter.parse().unwrap_or(0),
+            ));
+        }
+        let members = self.resource.cmd(&["HKEYS", &format!("{prefix}:values")]);
+        let values = members
+            .as_array()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| r.as_str().and_then(|s| s.parse().ok()))
+            .collect();
+        let counter = self
+            .resource
+            .cmd(&["GET", &format!("{prefix}:counter")])
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        Ok((values, counter))
     }
 
     /// Merges the histories, reads the resource's final state, runs the checkers.
@@ -348,20 +436,7 @@ impl Lab {
         // C2 when one holder at a time writes.
         let fenced = !matches!(sharing, Sharing::Permits(2..));
         let h = read_histories(histories).map_err(|e| e.to_string())?;
-        let keys = ResourceKeys::new(&format!("res:{tag}"));
-        let members = self.resource.cmd(&["SMEMBERS", &keys.values]);
-        let final_values: Vec<i64> = members
-            .as_array()
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|r| r.as_str().and_then(|s| s.parse().ok()))
-            .collect();
-        let counter = self
-            .resource
-            .cmd(&["GET", &keys.counter])
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let (final_values, counter) = self.resource_state(tag)?;
         let results: [Vec<Violation>; 4] = [
             match sharing {
                 Sharing::Permits(permits) => leases_over(&h, permits),
@@ -483,10 +558,13 @@ pub fn spans(h: &[Event], op: Op, from: u64, to: u64) -> usize {
         .count()
 }
 
-/// Writes of the harness itself to a fenced resource, recorded in a history.
+/// Writes of the harness itself to the fenced resource (fencelock's Redis check),
+/// recorded in a history.
 pub struct ResourceWriter {
-    conn: redis::Connection,
-    keys: ResourceKeys,
+    rt: tokio::runtime::Runtime,
+    store: Store,
+    /// The lock, after which the resource is named.
+    lock: String,
 }
 
 impl ResourceWriter {
@@ -508,23 +586,17 @@ impl ResourceWriter {
         };
         hist.append(&event(Phase::Invoke))
             .map_err(|e| e.to_string())?;
-        let accepted: i64 = redis::Script::new(FENCED_WRITE)
-            .key(&self.keys.max_token)
-            .key(&self.keys.counter)
-            .key(&self.keys.values)
-            .key(&self.keys.log)
-            .arg(token)
-            .arg(value)
-            .arg(value)
-            .invoke(&mut self.conn)
+        let accepted = self
+            .rt
+            .block_on(self.store.write(Some(&self.lock), token, value, value))
             .map_err(|e| format!("fenced write: {e}"))?;
-        let done = if accepted == 1 {
+        let done = if accepted {
             event(Phase::Ok)
         } else {
             event(Phase::Fail).with_error("stale fencing token")
         };
         hist.append(&done).map_err(|e| e.to_string())?;
-        Ok(accepted == 1)
+        Ok(accepted)
     }
 }
 

@@ -1,7 +1,8 @@
 //! `fencelock-lab`: the safety lab of fencelock.
 //!
 //! `fencelock-lab run --short|--long [--seed N] [--out DIR] [--report FILE]` starts a
-//! lock `redis-server`, a resource `redis-server` and 5 Redlock nodes (testkit; the
+//! lock `redis-server`, a resource `redis-server`, a PostgreSQL server (the resource of
+//! the `*-postgres` scenarios) and 5 Redlock nodes (testkit; the
 //! failover scenarios start a Sentinel group or a Redis Cluster of their own each
 //! round), runs the seeded fault scenarios with worker processes (this binary
 //! re-executed as the hidden
@@ -15,7 +16,8 @@
 //! [`harness`] (servers, proxies, workers, judging histories with the checkers),
 //! [`outcomes`] (what a scenario produced, its expectations), [`report`] (the markdown
 //! report), [`scenarios`] (each scenario with its description, grouped by fault),
-//! [`worker`] (the worker process) and [`command`] (the COMMAND of the CLI scenarios).
+//! [`worker`] (the worker process), [`store`] (the resource it writes, through
+//! fencelock's checks or without) and [`command`] (the COMMAND of the CLI scenarios).
 
 // Unsafe is needed for process control std does not offer: `libc::kill` (SIGSTOP and
 // SIGCONT of a worker) and `prctl(PR_SET_PDEATHSIG)` in the forked worker, so workers
@@ -27,6 +29,7 @@ mod harness;
 mod outcomes;
 mod report;
 mod scenarios;
+mod store;
 mod worker;
 
 use std::path::PathBuf;

@@ -58,7 +58,10 @@ pub fn report(
         out,
         "Workers are separate OS processes running the library (acquire, read the resource, \
          wait 0-5 ms, write with the fencing token, release; fixed 500 ms TTL unless said), \
-         each writing a JSON Lines history stamped with CLOCK_MONOTONIC. The checkers: \
+         each writing a JSON Lines history stamped with CLOCK_MONOTONIC. The fenced \
+         resource checks the token with fencelock's own checks, as a user's would: in \
+         Redis `Client::fenced_write`, in PostgreSQL (the *-postgres scenarios) \
+         `fencelock_check` in each write's transaction. The checkers: \
          **C1** leases of different owners never overlap (a semaphore's: never more at \
          once than its permits) and every acknowledged write lies in its writer's lease; \
          **C2** the fenced resource never accepts a lower token after \
@@ -109,11 +112,12 @@ pub fn report(
          key's state unknown, e.g. right after a node restarted). A positive control is a \
          known anomaly its checker must find on every run, or the run fails (a checker that \
          cannot fail proves nothing); every checker has one: C1 paused-worker-unfenced, \
+         paused-worker-postgres-unfenced, \
          redlock-restart-unprotected, sentinel-failover, cluster-failover, evicted-lock-key, \
          clock-step-forward, cli-unsupervised and semaphore-paused-fixed, and for a \
          semaphore's permit count semaphore-permit-removed, for a read-write lock's readers \
          and writer rwlock-reader-removed and rwlock-reader-paused-fixed, C2 \
-         paused-worker-unfenced, C3 resource-crash, C4 counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
+         paused-worker-unfenced and paused-worker-postgres-unfenced, C3 resource-crash, C4 counter-rewound and clock-step-back, C5 expired-holder, C6 holder-killed-long-lease. Their violations \
          are the expected non-zero counts in the table, with those the nemesis explains by \
          the faults it drew. Under faults: acquisitions made while a fault was active (from \
          its injection to its heal; a fault that never heals in the round counts to its \

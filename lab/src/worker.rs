@@ -9,43 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use testkit::history::{Event, HistoryWriter, Op, Phase, monotonic_ns};
 
-/// The fenced resource's write: accepted only with a token not lower than every token
-/// accepted before. KEYS: max token, counter, set of written values, log list.
-/// ARGV: token, new counter value, written value. Returns 1 (accepted) or 0 (rejected).
-pub const FENCED_WRITE: &str = r"
-local tok = tonumber(ARGV[1])
-local high = tonumber(redis.call('GET', KEYS[1]) or '-1')
-if tok < high then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[2])
-redis.call('SADD', KEYS[3], ARGV[3])
-redis.call('RPUSH', KEYS[4], ARGV[1] .. ':' .. ARGV[3])
-return 1
-";
-
-/// Keys of one scenario's resource on the resource server.
-pub struct ResourceKeys {
-    /// Highest accepted token (fenced only).
-    pub max_token: String,
-    /// The counter every worker increments (read, then write read + 1).
-    pub counter: String,
-    /// Set of every distinct value written and accepted.
-    pub values: String,
-    /// `token:value` of every accepted write (fenced only).
-    pub log: String,
-}
-
-impl ResourceKeys {
-    /// The keys under `prefix`.
-    pub fn new(prefix: &str) -> Self {
-        Self {
-            max_token: format!("{prefix}:max_token"),
-            counter: format!("{prefix}:counter"),
-            values: format!("{prefix}:values"),
-            log: format!("{prefix}:log"),
-        }
-    }
-}
+use crate::store::{Store, StoreKind};
 
 /// Arguments of the hidden `worker` subcommand.
 #[derive(Args, Debug, Clone)]
@@ -66,16 +30,21 @@ pub struct WorkerArgs {
     /// Connect and response timeout of the lock client, ms.
     #[arg(long, default_value_t = 1000, overrides_with = "lock_timeout_ms")]
     pub lock_timeout_ms: u64,
-    /// `redis://` URL of the resource server.
+    /// URL of the resource: the resource `redis-server`, or PostgreSQL with `--store
+    /// postgres`.
     #[arg(long)]
     pub resource_url: String,
+    /// Where the resource lives.
+    #[arg(long, value_enum, default_value = "redis")]
+    pub store: StoreKind,
     /// Lock name.
     #[arg(long)]
     pub lock: String,
     /// Key prefix of the resource.
     #[arg(long)]
     pub prefix: String,
-    /// Write through the fencing script (otherwise a plain SET).
+    /// Write through fencelock's check of the token (`Client::fenced_write`, or
+    /// `fencelock_check` in PostgreSQL); otherwise plain writes.
     #[arg(long)]
     pub fenced: bool,
     /// Iterations (acquire .. release).
@@ -170,13 +139,8 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("lock connect: {e}"))?;
     let nodes: Vec<String> = client.nodes();
-    let mut res = redis::Client::open(args.resource_url.as_str())
-        .map_err(|e| e.to_string())?
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| format!("resource connect: {e}"))?;
-    let script = redis::Script::new(FENCED_WRITE);
-    let keys = ResourceKeys::new(&args.prefix);
+    let mut store = Store::connect(args.store, &args.resource_url, &args.prefix).await?;
+    let fenced = args.fenced.then_some(args.lock.as_str());
     let mut rng =
         StdRng::seed_from_u64(args.seed ^ u64::from(p).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let ttl = Duration::from_millis(args.ttl_ms);
@@ -254,13 +218,9 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                     && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN))
                 {
                     record(Event::now(p, Op::Read, Phase::Invoke))?;
-                    let read: Result<Option<i64>, _> = redis::cmd("GET")
-                        .arg(&keys.counter)
-                        .query_async(&mut res)
-                        .await;
-                    record(match read {
-                        Ok(v) => Event::now(p, Op::Read, Phase::Ok).with_value(v.unwrap_or(0)),
-                        Err(e) => Event::now(p, Op::Read, Phase::Info).with_error(e.to_string()),
+                    record(match store.read().await {
+                        Ok(v) => Event::now(p, Op::Read, Phase::Ok).with_value(v),
+                        Err(e) => Event::now(p, Op::Read, Phase::Info).with_error(e),
                     })?;
                 }
             }
@@ -269,18 +229,13 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         }
 
         record(Event::now(p, Op::Read, Phase::Invoke))?;
-        let read: Result<Option<i64>, _> = redis::cmd("GET")
-            .arg(&keys.counter)
-            .query_async(&mut res)
-            .await;
-        let current = match read {
+        let current = match store.read().await {
             Ok(v) => {
-                let v = v.unwrap_or(0);
                 record(Event::now(p, Op::Read, Phase::Ok).with_value(v))?;
                 Some(v)
             }
             Err(e) => {
-                record(Event::now(p, Op::Read, Phase::Info).with_error(e.to_string()))?;
+                record(Event::now(p, Op::Read, Phase::Info).with_error(e))?;
                 None
             }
         };
@@ -325,37 +280,11 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                     .with_value(value)
             };
             record(write_event(Phase::Invoke))?;
-            let outcome: Result<bool, redis::RedisError> = if args.fenced {
-                script
-                    .key(&keys.max_token)
-                    .key(&keys.counter)
-                    .key(&keys.values)
-                    .key(&keys.log)
-                    .arg(token)
-                    .arg(next)
-                    .arg(value)
-                    .invoke_async::<i64>(&mut res)
-                    .await
-                    .map(|r| r == 1)
-            } else {
-                redis::pipe()
-                    .atomic()
-                    .cmd("SET")
-                    .arg(&keys.counter)
-                    .arg(next)
-                    .ignore()
-                    .cmd("SADD")
-                    .arg(&keys.values)
-                    .arg(value)
-                    .ignore()
-                    .query_async::<()>(&mut res)
-                    .await
-                    .map(|()| true)
-            };
+            let outcome = store.write(fenced, token, next, value).await;
             match outcome {
                 Ok(true) => record(write_event(Phase::Ok))?,
                 Ok(false) => record(write_event(Phase::Fail).with_error("stale fencing token"))?,
-                Err(e) => record(write_event(Phase::Info).with_error(e.to_string()))?,
+                Err(e) => record(write_event(Phase::Info).with_error(e))?,
             }
         }
 

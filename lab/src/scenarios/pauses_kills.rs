@@ -36,6 +36,29 @@ pub const PAUSED_WORKER_RENEWED: Scenario = Scenario {
     run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, true),
 };
 
+pub const PAUSED_WORKER_POSTGRES: Scenario = Scenario {
+    name: "paused-worker-postgres",
+    what: "paused-worker-fenced with the resource in PostgreSQL, checked by \
+        `fencelock_check` in each write's transaction",
+    expected: "PostgreSQL rolls back p1's late write; every checker holds",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::FencedPostgres, false),
+};
+
+pub const PAUSED_WORKER_POSTGRES_RENEWED: Scenario = Scenario {
+    name: "paused-worker-postgres-renewed",
+    what: "paused-worker-renewed with the resource in PostgreSQL",
+    expected: "p1's guard reports the loss before the write, or PostgreSQL rolls it back",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::FencedPostgres, true),
+};
+
+pub const PAUSED_WORKER_POSTGRES_UNFENCED: Scenario = Scenario {
+    name: "paused-worker-postgres-unfenced",
+    what: "paused-worker-postgres without the check",
+    expected: "**positive control**: C1 and C2 flag the late write, the counter in \
+        PostgreSQL shows the lost update",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::UnfencedPostgres, false),
+};
+
 impl Lab {
     /// Worker 1 takes the lock and stops itself (SIGSTOP) between its read and its write
     /// for 3 TTLs; worker 2 acquires and writes meanwhile; worker 1 then writes late with
@@ -72,9 +95,14 @@ impl Lab {
         workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
 
         let faults = format!(
-            "SIGSTOP p1 for {} ms holding a {} lease",
+            "SIGSTOP p1 for {} ms holding a {} lease{}",
             (3 * TTL).as_millis(),
-            if renewed { "renewed" } else { "fixed" }
+            if renewed { "renewed" } else { "fixed" },
+            if resource.store() == crate::store::StoreKind::Postgres {
+                " (resource in PostgreSQL)"
+            } else {
+                ""
+            }
         );
         let (mut o, h) = self.judge(tag, &[hist_a, hist_b], faults)?;
         o.count_under_fault(&h, &[(stopped_ns, resumed_ns)]);
@@ -102,15 +130,15 @@ impl Lab {
             o.failed
                 .push("p2 did not acquire while p1 was paused (no fault exercised)".into());
         }
-        match (resource, renewed) {
-            (Resource::Fenced, false) => {
+        match (resource.fenced(), renewed) {
+            (true, false) => {
                 if late_write.map(|e| e.phase) != Some(Phase::Fail) {
                     o.failed
                         .push("the fenced resource did not reject p1's late write".into());
                 }
                 o.expect_clean(&[1, 2, 3, 4, 5]);
             }
-            (Resource::Fenced, true) => {
+            (true, true) => {
                 // Either the guard reported the loss before the write (no write at all) or
                 // the write was rejected by the fence.
                 if late_write.is_some_and(|e| e.phase == Phase::Ok) {
@@ -119,7 +147,7 @@ impl Lab {
                 }
                 o.expect_clean(&[1, 2, 3, 4, 5]);
             }
-            (Resource::Unfenced, _) => {
+            (false, _) => {
                 if late_write.map(|e| e.phase) != Some(Phase::Ok) {
                     o.failed
                         .push("the unfenced resource did not take p1's late write".into());
@@ -144,23 +172,36 @@ pub const HOLDER_KILLED: Scenario = Scenario {
     name: "holder-killed",
     what: "p1 SIGKILLed while holding a renewed lease; p2, p3 waiting",
     expected: "C6: the next acquire within one TTL + 300 ms of the kill",
-    run: |lab, tag, _| lab.holder_killed(tag, false),
+    run: |lab, tag, _| lab.holder_killed(tag, Resource::Fenced, false),
+};
+
+pub const HOLDER_KILLED_POSTGRES: Scenario = Scenario {
+    name: "holder-killed-postgres",
+    what: "holder-killed with the resource in PostgreSQL, checked by `fencelock_check`",
+    expected: "C6: the next acquire within one TTL + 300 ms of the kill; every checker \
+        holds",
+    run: |lab, tag, _| lab.holder_killed(tag, Resource::FencedPostgres, false),
 };
 
 pub const HOLDER_KILLED_LONG_LEASE: Scenario = Scenario {
     name: "holder-killed-long-lease",
     what: "the same, p1's lease 2 s (four times the TTL C6 judges by)",
     expected: "**positive control**: C6 flags the late next holder",
-    run: |lab, tag, _| lab.holder_killed(tag, true),
+    run: |lab, tag, _| lab.holder_killed(tag, Resource::Fenced, true),
 };
 
 impl Lab {
     /// Worker 1 holds a renewed lease and is SIGKILLed while holding it; workers 2 and 3
     /// wait for the lock. C6: the next acquire comes within one TTL (plus slack) of the
     /// kill, not at the end of some retry schedule.
-    fn holder_killed(&self, tag: &str, control: bool) -> Result<Outcome, String> {
+    fn holder_killed(
+        &self,
+        tag: &str,
+        resource: Resource,
+        control: bool,
+    ) -> Result<Outcome, String> {
         let mut workers = Workers::default();
-        let (mut args_a, hist_a) = self.worker_args(tag, 1, Resource::Fenced, 1);
+        let (mut args_a, hist_a) = self.worker_args(tag, 1, resource, 1);
         args_a.extend(["--renewed".into(), "--hold-first-ms=60000".into()]);
         if control {
             // A lease four times longer than the bound C6 judges by.
@@ -170,7 +211,7 @@ impl Lab {
         self.wait_for_acquire(tag, std::slice::from_ref(&hist_a))?;
         let mut histories = vec![hist_a];
         for p in 2..=3 {
-            let (args, path) = self.worker_args(tag, p, Resource::Fenced, 5);
+            let (args, path) = self.worker_args(tag, p, resource, 5);
             workers.spawn(&self.exe, &args)?;
             histories.push(path);
         }
@@ -182,8 +223,13 @@ impl Lab {
         workers.wait_all(Instant::now() + SCENARIO_TIMEOUT)?;
 
         let faults = format!(
-            "SIGKILL p1 holding a renewed {} ms lease",
-            if control { 4 * TTL } else { TTL }.as_millis()
+            "SIGKILL p1 holding a renewed {} ms lease{}",
+            if control { 4 * TTL } else { TTL }.as_millis(),
+            if resource.store() == crate::store::StoreKind::Postgres {
+                " (resource in PostgreSQL)"
+            } else {
+                ""
+            }
         );
         let (mut o, h) = self.judge(tag, &histories, faults)?;
         // The dead holder stays dead: every acquisition after the kill is under it.
