@@ -128,10 +128,12 @@ pub(crate) enum Command {
     #[command(after_help = WRITE_AFTER_HELP)]
     Write(WriteArgs),
 
-    /// Print the SQL that installs the fencing check in a PostgreSQL database:
-    /// `fencelock sql | psql "$DATABASE_URL"`. Then a transaction calls `SELECT
-    /// fencelock_check('NAME', TOKEN)` before its writes, and rolls back with SQLSTATE
-    /// FL001 when a newer holder's token was accepted. Running the SQL again is safe.
+    /// Print the SQL that installs the fencing check in a PostgreSQL database.
+    ///
+    /// Install it with `fencelock sql | psql "$DATABASE_URL"`. Then a transaction calls
+    /// `SELECT fencelock_check('NAME', TOKEN)` before its writes, and rolls back with
+    /// SQLSTATE FL001 when a newer holder's token was accepted. Running the SQL again
+    /// is safe.
     Sql,
 
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
@@ -307,7 +309,9 @@ Exit status:
        in another Redis Cluster slot than the resource
   69   Redis unavailable or refusing: unreachable, an error reply such as
        NOAUTH or READONLY, a write that the key's type refuses (WRONGTYPE:
-       nothing written), a fence key that holds data fencelock did not write
+       nothing written), a fence key that holds data fencelock did not write;
+       after a timeout the writes may have been applied (all) or not: read the
+       resource to know
   76   refused: the resource accepted a higher token, so this holder lost its
        lock; nothing written
 
