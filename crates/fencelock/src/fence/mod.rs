@@ -32,6 +32,7 @@
 //! | **Guaranteed** | Writes carrying the same token all pass (one holder's retries). |
 //! | **Not guaranteed** | Exclusion without the check: a resource that does not check the token gains nothing, and neither do writes made outside the check (another table, a key not in the fenced write). |
 //! | **Not guaranteed** | That a stale holder's write *before* the newer holder's first write is refused: it is accepted (it comes first in the resource's order), and the newer write follows it. |
+//! | **Not guaranteed** | PostgreSQL: progress while a stale holder keeps its transaction open after the check: the next check of the resource waits for it (a row lock). Check right before the writes, keep the transaction short, and set `idle_in_transaction_session_timeout` or `lock_timeout`. |
 //! | **Not guaranteed** | A check that outlives its store: a PostgreSQL restore to an older backup, or a Redis failover that loses the last writes, can forget the highest token with the data. |
 //!
 //! # The per-row pattern
