@@ -330,7 +330,7 @@ pub async fn run<P>(
 /// The CPU time the thread `pid` (a redis-server's main thread, which runs every
 /// command) has used, ns, from `/proc/PID/schedstat`: the scheduler's own count, to the
 /// nanosecond (`getrusage` and `INFO cpu` may count in ticks of several ms).
-fn thread_cpu_ns(pid: u32) -> Result<u64, String> {
+pub(crate) fn thread_cpu_ns(pid: u32) -> Result<u64, String> {
     let path = format!("/proc/{pid}/schedstat");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
     text.split_whitespace()

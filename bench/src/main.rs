@@ -2,14 +2,16 @@
 //! redlock, redis-py's `Lock`, python-redis-lock and node-redlock), on the same throwaway
 //! Redis in one run: uncontended acquire + release, release-to-waiter handoff, one hot
 //! key, Redlock vs single node; fencelock's semaphore against redis-semaphore's
-//! (throughput and handoff); what keeping many fencelock leases alive costs; how those
-//! costs grow (held leases by the thousand to the million, handoff against 1 to 256
-//! waiters); and fencelock through Sentinel and Cluster (latency, throughput, renewals,
-//! failover).
+//! (throughput and handoff); what fencing costs at the resource (a PostgreSQL
+//! transaction and a Redis write, with and without the token's check); what keeping
+//! many fencelock leases alive costs; how those costs grow (held leases by the thousand
+//! to the million, handoff against 1 to 256 waiters); and fencelock through Sentinel and
+//! Cluster (latency, throughput, renewals, failover).
 //!
-//! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key and
-//! single-node latency runs, five for Redlock, one for the held-locks run, and a Sentinel
-//! group and clusters for the Sentinel and Cluster runs. It measures,
+//! One run starts throwaway `redis-server`s (testkit): one for the handoff, hot-key,
+//! single-node latency and fencing runs, five for Redlock, one for the held-locks run,
+//! and a Sentinel group and clusters for the Sentinel and Cluster runs; and a throwaway
+//! PostgreSQL server (testkit) for the fencing run. It measures,
 //! prints a markdown report on stdout (progress goes to stderr) and draws PNG charts.
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
 //! subcommand, `bench/py/driver.py` for the Python peers, or `bench/js/driver.js` for
@@ -19,6 +21,7 @@
 mod affinity;
 mod chart;
 mod clock;
+mod fencing;
 mod growth;
 mod held;
 mod latency;
@@ -59,17 +62,20 @@ struct Cli {
     /// held locks watched for 5 s; how cost grows: 1,000 to 100,000 held locks, 5 s
     /// each, and fencelock's handoff at 1 to 256 waiters (five counts); Sentinel and
     /// Cluster: 2 s per throughput row, 10,000 leases on the cluster, one failover each;
-    /// semaphores: 1.5 s per throughput row, 1 s per handoff row. Charts go to
+    /// semaphores: 1.5 s per throughput row, 1 s per handoff row; fencing at the
+    /// resource (PostgreSQL and Redis, fenced and not): 1,000 writes per variant one at a
+    /// time, then 8 clients for 0.8 s per variant (about 10 s). Charts go to
     /// target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 27 minutes): 10 s per handoff row (20 s for slow
+    /// Full run (the default; about 28 minutes): 10 s per handoff row (20 s for slow
     /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
     /// locks watched for 20 s; how cost grows: 1,000 to 1,000,000 held locks, 10 s
     /// each, and fencelock's handoff at 1 to 256 waiters (nine counts); Sentinel and
     /// Cluster: 10 s per throughput row, 100,000 leases on the cluster, three failovers
-    /// each; semaphores: 10 s per throughput row, 10 s per handoff row. Charts go to
-    /// docs/img.
+    /// each; semaphores: 10 s per throughput row, 10 s per handoff row; fencing at the
+    /// resource: 10,000 writes per variant one at a time, then 8 clients for 10 s per
+    /// variant (about 90 s). Charts go to docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
@@ -91,8 +97,9 @@ struct Cli {
     /// TrueType font for the charts' text (default: DejaVu Sans from the usual places).
     #[arg(long, value_name = "FILE")]
     font: Option<PathBuf>,
-    /// Run one section alone (a PING baseline first, for its ratios) and print only it;
-    /// no charts. For working on that section.
+    /// Run one section alone and print only it; no charts. For working on that section:
+    /// `semaphores` (a PING baseline first, for its ratios), or `fencing` (what fencing
+    /// costs at the resource: PostgreSQL and Redis, fenced and not).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -102,6 +109,8 @@ struct Cli {
 enum Only {
     /// fencelock's semaphore against redis-semaphore's.
     Semaphores,
+    /// What fencing costs at the resource: PostgreSQL and Redis, fenced and not.
+    Fencing,
 }
 
 #[derive(Subcommand, Debug)]
@@ -135,8 +144,8 @@ fn main() {
         Some(p) => Err(format!("{} is not a file", p.display())),
         None => Err("no --node given (scripts/bench passes it when node is installed)".to_owned()),
     };
-    if let Some(Only::Semaphores) = cli.only {
-        only_semaphores(plan, node, cli.out.as_deref());
+    if let Some(section) = cli.only {
+        only(section, plan, node, cli.out.as_deref());
         return;
     }
     let img_dir = cli
@@ -168,9 +177,9 @@ fn main() {
     }
 }
 
-/// `--only semaphores`: a PING baseline, then the semaphores' section alone on a
-/// throwaway server; prints it (and writes it to `out`), and exits 1 if anything failed.
-fn only_semaphores(plan: &'static Plan, node: Result<PathBuf, String>, out: Option<&Path>) {
+/// `--only SECTION`: that section alone on a throwaway server; prints it (and writes it
+/// to `out`), and exits 1 if anything failed.
+fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: Option<&Path>) {
     // From the main thread, as in `main`.
     let server = testkit::RedisServer::start();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -178,33 +187,22 @@ fn only_semaphores(plan: &'static Plan, node: Result<PathBuf, String>, out: Opti
         .build()
         .expect("tokio runtime");
     let (md, failed) = runtime.block_on(async {
-        let launch = Launcher::new(Err("not needed".to_owned()), node);
-        let node_version = match &launch.node {
-            Ok(n) => launcher::node_version(n, &launch.node_driver).await,
-            Err(e) => Err(e.clone()),
-        };
-        if let Err(e) = &node_version {
-            eprintln!("redis-semaphore left out: {e}");
+        match section {
+            Only::Semaphores => only_semaphores(plan, node, &server).await,
+            Only::Fencing => {
+                let f = fencing::run(plan, &server).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, fencing at the resource only)\n\n",
+                    plan.name
+                );
+                s.push_str(&format!(
+                    "- redis-server {}\n\n",
+                    servers::redis_version(&server)
+                ));
+                fencing::render(&mut s, &f, plan);
+                (s, f.failed())
+            }
         }
-        eprintln!("baseline: {} PINGs", plan.pings);
-        let ping = latency::ping_baseline(&server.url(), plan.pings).await;
-        let unit = ping.as_ref().map_or(1, |p| p.p50);
-        let sem = semaphores::run(plan, &launch, &server, node_version.is_ok()).await;
-        let mut s = format!(
-            "# fencelock-bench ({} run, semaphores only)
-
-",
-            plan.name
-        );
-        s.push_str(&format!(
-            "- redis-server {}; {}
-
-",
-            servers::redis_version(&server),
-            node_version.as_deref().unwrap_or_else(|e| e)
-        ));
-        semaphores::render(&mut s, &sem, plan, unit, "the baseline PINGs, unpinned");
-        (s, sem.failed() || ping.is_err())
     });
     drop(runtime);
     drop(server);
@@ -219,6 +217,42 @@ fn only_semaphores(plan: &'static Plan, node: Result<PathBuf, String>, out: Opti
         eprintln!("some measurements failed; see the report");
         std::process::exit(1);
     }
+}
+
+/// `--only semaphores`: a PING baseline, then the semaphores' section alone on `server`;
+/// the markdown, and whether anything failed.
+async fn only_semaphores(
+    plan: &'static Plan,
+    node: Result<PathBuf, String>,
+    server: &testkit::RedisServer,
+) -> (String, bool) {
+    let launch = Launcher::new(Err("not needed".to_owned()), node);
+    let node_version = match &launch.node {
+        Ok(n) => launcher::node_version(n, &launch.node_driver).await,
+        Err(e) => Err(e.clone()),
+    };
+    if let Err(e) = &node_version {
+        eprintln!("redis-semaphore left out: {e}");
+    }
+    eprintln!("baseline: {} PINGs", plan.pings);
+    let ping = latency::ping_baseline(&server.url(), plan.pings).await;
+    let unit = ping.as_ref().map_or(1, |p| p.p50);
+    let sem = semaphores::run(plan, &launch, server, node_version.is_ok()).await;
+    let mut s = format!(
+        "# fencelock-bench ({} run, semaphores only)
+
+",
+        plan.name
+    );
+    s.push_str(&format!(
+        "- redis-server {}; {}
+
+",
+        servers::redis_version(server),
+        node_version.as_deref().unwrap_or_else(|e| e)
+    ));
+    semaphores::render(&mut s, &sem, plan, unit, "the baseline PINGs, unpinned");
+    (s, sem.failed() || ping.is_err())
 }
 
 /// Runs everything; the results and whether anything failed.
@@ -440,6 +474,11 @@ async fn bench(
     let semaphores: Semaphores = semaphores::run(plan, &launch, server, with_node).await;
     failed |= semaphores.failed();
 
+    // 4c. What fencing costs at the resource: Redis on the main server, PostgreSQL on a
+    // throwaway server of its own (started and stopped on this thread).
+    let fencing = fencing::run(plan, server).await;
+    failed |= fencing.failed();
+
     // 5. Many locks held at once, watchdog on (fencelock only).
     eprintln!(
         "held: {} locks with a {:?} lease, watched for {:?}",
@@ -490,6 +529,7 @@ async fn bench(
         handoff,
         hot_key,
         semaphores,
+        fencing,
         held,
         growth,
         topologies,

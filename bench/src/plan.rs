@@ -64,6 +64,12 @@ pub(crate) struct Plan {
     /// How cost grows: fencelock's handoff (plain and `fair()`) at each of these waiter
     /// counts, `handoff_run` each (those in [`WAITERS`] are the handoff rows').
     pub(crate) growth_waiters: &'static [usize],
+    /// What fencing costs at the resource: writes per variant of the latency turns (one
+    /// client), and throughput ([`crate::fencing::CLIENTS`] clients) for `fencing_run`
+    /// per variant, in windows of `fencing_window` taking turns.
+    pub(crate) fencing_ops: usize,
+    pub(crate) fencing_run: Duration,
+    pub(crate) fencing_window: Duration,
     pub(crate) img_dir: &'static str,
 }
 
@@ -82,6 +88,9 @@ pub(crate) const QUICK: Plan = Plan {
     growth_held: &[1_000, 10_000, 100_000],
     growth_window: Duration::from_secs(5),
     growth_waiters: &[1, 4, 16, 64, 256],
+    fencing_ops: 1_000,
+    fencing_run: Duration::from_millis(800),
+    fencing_window: Duration::from_millis(200),
     img_dir: "target/bench-img",
 };
 
@@ -100,5 +109,8 @@ pub(crate) const FULL: Plan = Plan {
     growth_held: &[1_000, 10_000, 100_000, 200_000, 1_000_000],
     growth_window: Duration::from_secs(10),
     growth_waiters: &[1, 2, 4, 8, 16, 32, 64, 128, 256],
+    fencing_ops: 10_000,
+    fencing_run: Duration::from_secs(10),
+    fencing_window: Duration::from_millis(500),
     img_dir: "docs/img",
 };

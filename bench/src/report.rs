@@ -15,7 +15,7 @@ use crate::plan::{
     TARGET_RAW_RATIO, WAITERS,
 };
 use crate::results::{HandoffRow, HotKeyRow, Results};
-use crate::{semaphores, topologies};
+use crate::{fencing, semaphores, topologies};
 
 /// `12.3 µs`, `123 µs`, `4.56 ms`, `1.23 s`.
 pub(crate) fn fmt_ns(ns: u64) -> String {
@@ -157,6 +157,7 @@ pub fn render(r: &Results, charts: &Charts) -> String {
         "the baseline PINGs"
     };
     semaphores::render(&mut s, &r.semaphores, r.plan, ping_unit(r), unit_what);
+    fencing::render(&mut s, &r.fencing, r.plan);
     held::render(&mut s, &r.held, r.plan.held_locks, r.plan.held_window);
     let _ = writeln!(
         s,

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::fencing::Fencing;
 use crate::growth::Growth;
 use crate::held::HeldRun;
 use crate::latency::{DriverRun, LatencyRun, NodeLatency, Summary};
@@ -84,6 +85,8 @@ pub(crate) struct Results {
     pub(crate) hot_key: Vec<HotKeyRow>,
     /// fencelock's semaphore and redis-semaphore's: throughput and handoff.
     pub(crate) semaphores: Semaphores,
+    /// What fencing costs at the resource: PostgreSQL and Redis, fenced and not.
+    pub(crate) fencing: Fencing,
     pub(crate) held: Result<HeldRun, String>,
     /// How cost grows: held leases by size, handoff by waiters.
     pub(crate) growth: Growth,

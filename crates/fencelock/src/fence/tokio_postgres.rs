@@ -1,6 +1,7 @@
-//! The PostgreSQL check with tokio-postgres 0.7: install it, and
+//! The PostgreSQL check with tokio-postgres 0.7 (0.7.17 or later): install it, and
 //! run it inside a transaction.
 
+use ::tokio_postgres::types::{ToSql, Type};
 use ::tokio_postgres::{Client, Transaction};
 
 use super::postgres::{CHECK_SQL, POSTGRES_SETUP, check_resource, sort_check_error};
@@ -34,7 +35,9 @@ use crate::token::FencingToken;
 pub async fn check(tx: &Transaction<'_>, resource: &str, token: FencingToken) -> Result<(), Error> {
     check_resource(resource)?;
     let text = token.get().to_string();
-    match tx.execute(CHECK_SQL, &[&resource, &text]).await {
+    // Typed: one round trip, where an untyped statement is prepared first on every call.
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&text, Type::TEXT)];
+    match tx.execute_typed(CHECK_SQL, &params).await {
         Ok(_) => Ok(()),
         Err(e) => Err(sort(resource, token, e)),
     }

@@ -50,7 +50,8 @@ if highest then
   end
 end
 
--- Every write checked, in order, against the types the writes before it leave.
+-- Every write checked, in order, against the types the writes before it leave (a key's
+-- type is read only for a write that needs one).
 local needs = {HSET = 'hash', RPUSH = 'list', LPUSH = 'list', XADD = 'stream'}
 local kinds, values = {}, {}
 local function kind_of(key)
@@ -82,18 +83,28 @@ while i <= #ARGV do
     args[a] = ARGV[i + 2 + a]
   end
   i = i + 3 + argc
-  local found = kind_of(key)
   local wanted = needs[command]
-  if wanted and found ~= 'none' and found ~= wanted then
-    return redis.error_reply('WRONGTYPE fenced write refused, nothing written: ' .. command
-      .. ' needs a ' .. wanted .. ' at key ' .. key .. ', which holds a ' .. found)
+  if wanted then
+    local found = kind_of(key)
+    if found ~= 'none' and found ~= wanted then
+      return redis.error_reply('WRONGTYPE fenced write refused, nothing written: ' .. command
+        .. ' needs a ' .. wanted .. ' at key ' .. key .. ', which holds a ' .. found)
+    end
   end
   if command == 'INCRBY' then
     local current = 0
-    if found == 'string' then
-      if values[key] == nil then
-        values[key] = redis.call('GET', key)
+    if kinds[key] == nil then
+      -- Not known yet: one GET tells a string (its value) from an absent key, and a
+      -- key of another type by its error.
+      local raw = redis.pcall('GET', key)
+      if type(raw) == 'table' then
+        kinds[key] = redis.call('TYPE', key).ok
+      else
+        kinds[key], values[key] = raw and 'string' or 'none', raw or nil
       end
+    end
+    local found = kinds[key]
+    if found == 'string' then
       current = integer(values[key])
     elseif found ~= 'none' then
       return redis.error_reply('WRONGTYPE fenced write refused, nothing written: INCRBY '
