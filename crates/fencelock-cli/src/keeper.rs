@@ -18,16 +18,19 @@
 
 use std::ffi::OsString;
 use std::io::{BufRead, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use fencelock::{Client, DetachedLock, Error, LockGuard};
+use tokio::sync::oneshot;
 
-use crate::Held;
-use crate::args::{Cli, Command};
-use crate::exit::EX_LEASE_LOST;
+use crate::args::{Cli, Command, RunArgs};
+use crate::exit::{EX_LEASE_LOST, EX_USAGE};
+use crate::helper::{ignore, name_self, own_binary};
+use crate::watcher::{deadline_line, tell_every};
 
 /// How long fencelock waits for its keeper to exit after it took the lock back.
 const KEEPER_EXIT: Duration = Duration::from_secs(2);
@@ -39,13 +42,13 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
-    /// Detaches `held`'s guard and hands it to a new keeper. `None` (the guard left as it
-    /// was: the lease then runs out while suspended) if the keeper cannot be started.
+    /// Detaches the lock's `guard` and hands it to a new keeper. `None` (the guard left as
+    /// it was: the lease then runs out while suspended) if the keeper cannot be started.
     /// `watcher`: a write end of the pipe to COMMAND's watcher.
-    pub(crate) fn start(held: &mut Held, watcher: Option<std::os::fd::OwnedFd>) -> Option<Self> {
-        // From this very binary (supervise::own_binary), with fencelock's own argv[0], so
+    pub(crate) fn start(guard: &mut Option<LockGuard>, watcher: Option<OwnedFd>) -> Option<Self> {
+        // From this very binary (helper::own_binary), with fencelock's own argv[0], so
         // that it shows in `ps` as fencelock's command line did.
-        let exe = crate::supervise::own_binary().ok()?;
+        let exe = own_binary().ok()?;
         let arg0 = std::env::args_os()
             .next()
             .unwrap_or_else(|| OsString::from("fencelock"));
@@ -59,7 +62,7 @@ impl Keeper {
             .stderr(Stdio::null())
             .spawn()
             .ok()?;
-        let lock = held.guard.take()?.detach();
+        let lock = guard.take()?.detach();
         // The text and an empty line: far below a pipe's buffer, so this never blocks.
         let written = child
             .stdin
@@ -97,6 +100,28 @@ impl Keeper {
 /// (`D <CLOCK_MONOTONIC ns>`), and holds it until stdin closes (exit 0, the lock
 /// detached again, not released) or the lease is lost (exit 76).
 pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
+    become_keeper();
+    let Some(args) = run_args(run) else {
+        return ExitCode::from(EX_USAGE);
+    };
+    let lock = match read_lock() {
+        Ok(lock) => lock,
+        Err(code) => return code,
+    };
+    // Then stdin's end: fencelock resumed, or died.
+    let closed = stdin_closed();
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return ExitCode::FAILURE;
+    };
+    runtime.block_on(hold(&args, lock, closed))
+}
+
+/// Names the keeper and ignores job control, which is fencelock's business: the keeper
+/// is never stopped by it.
+fn become_keeper() {
     // Started through /proc/self/exe, its command name is `exe`: it takes the name of
     // the binary fencelock was started as (its argv[0]'s file name), as when it was
     // started from that path, for `ps` and `pkill`.
@@ -104,19 +129,24 @@ pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
     let name = std::path::Path::new(&arg0)
         .file_name()
         .map_or("fencelock".into(), |n| n.to_string_lossy());
-    crate::watcher::name_self(&name);
-    // Job control is fencelock's business: the keeper is never stopped by it.
+    name_self(&name);
     for signal in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU, libc::SIGINT] {
-        crate::supervise::ignore(signal);
+        ignore(signal);
     }
-    let Ok(cli) = Cli::try_parse_from(std::iter::once(OsString::from("fencelock")).chain(run))
-    else {
-        return ExitCode::from(crate::exit::EX_USAGE);
-    };
-    let Command::Run(args) = cli.command else {
-        return ExitCode::from(crate::exit::EX_USAGE);
-    };
-    // The lock, up to an empty line.
+}
+
+/// fencelock's own `run` arguments, for its connection options and lease.
+fn run_args(run: Vec<OsString>) -> Option<RunArgs> {
+    let cli = Cli::try_parse_from(std::iter::once(OsString::from("fencelock")).chain(run)).ok()?;
+    match cli.command {
+        Command::Run(args) => Some(args),
+        _ => None,
+    }
+}
+
+/// The detached lock, read from stdin up to an empty line; the exit code if there is
+/// none.
+fn read_lock() -> Result<DetachedLock, ExitCode> {
     let mut stdin = std::io::stdin().lock();
     let mut text = String::new();
     // Read line by line from a lock this thread drops before the reader thread starts:
@@ -124,66 +154,65 @@ pub(crate) fn keep(run: Vec<OsString>) -> ExitCode {
     loop {
         let mut line = String::new();
         match stdin.read_line(&mut line) {
-            Ok(0) | Err(_) => return ExitCode::FAILURE,
+            Ok(0) | Err(_) => return Err(ExitCode::FAILURE),
             Ok(_) if line.trim().is_empty() => break,
             Ok(_) => text.push_str(&line),
         }
     }
-    let Ok(lock) = DetachedLock::from_text(&text) else {
-        return ExitCode::from(crate::exit::EX_USAGE);
-    };
-    // Then stdin's end: fencelock resumed, or died.
-    drop(stdin);
-    let (closed_tx, closed) = tokio::sync::oneshot::channel::<()>();
+    DetachedLock::from_text(&text).map_err(|_| ExitCode::from(EX_USAGE))
+}
+
+/// Completes when stdin reaches its end (fencelock resumed or died), read to it by a
+/// thread of its own.
+fn stdin_closed() -> oneshot::Receiver<()> {
+    let (closed_tx, closed) = oneshot::channel::<()>();
     std::thread::spawn(move || {
         let mut rest = Vec::new();
         let _ = std::io::stdin().lock().read_to_end(&mut rest);
         let _ = closed_tx.send(());
     });
-    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
+    closed
+}
+
+/// Attaches `lock` and holds it, telling the watcher each confirmed end of the lease,
+/// until `closed` (exit 0) or the lease is lost (exit 76); never released.
+async fn hold(args: &RunArgs, lock: DetachedLock, closed: oneshot::Receiver<()>) -> ExitCode {
+    let Ok(builder) = crate::ops::builder(&args.connection) else {
+        return ExitCode::from(EX_USAGE);
+    };
+    let Ok(client) = builder.restart_protection(None).connect_lazy().await else {
         return ExitCode::FAILURE;
     };
-    runtime.block_on(async move {
-        let Ok(builder) = crate::ops::builder(&args.connection) else {
-            return ExitCode::from(crate::exit::EX_USAGE);
-        };
-        let Ok(client) = builder.restart_protection(None).connect_lazy().await else {
-            return ExitCode::FAILURE;
-        };
-        let Ok(guard) = client.attach(lock).await else {
-            return ExitCode::from(EX_LEASE_LOST);
-        };
-        let lost = guard.lost();
-        tokio::pin!(lost, closed);
-        let mut watcher = std::io::stdout();
-        let mut told = None;
-        // As often as fencelock tells it.
-        let mut tick = tokio::time::interval(crate::supervise::tick_for(&args));
-        loop {
-            tokio::select! {
-                // fencelock resumed (or died): let go, without a release.
-                _ = &mut closed => {
-                    drop(guard.detach());
-                    return ExitCode::SUCCESS;
-                }
-                // No release either: fencelock finds out at resume whether the lock
-                // is still its own.
-                _ = &mut lost => {
-                    drop(guard.detach());
-                    return ExitCode::from(EX_LEASE_LOST);
-                }
-                _ = tick.tick() => {
-                    let valid_until = guard.valid_until();
-                    if told != Some(valid_until) {
-                        told = Some(valid_until);
-                        let line = format!("D {}\n", crate::supervise::deadline_ns(valid_until));
-                        let _ = watcher.write_all(line.as_bytes()).and_then(|()| watcher.flush());
-                    }
+    let Ok(guard) = client.attach(lock).await else {
+        return ExitCode::from(EX_LEASE_LOST);
+    };
+    let lost = guard.lost();
+    tokio::pin!(lost, closed);
+    let mut watcher = std::io::stdout();
+    let mut told = None;
+    // As often as fencelock tells it.
+    let mut tick = tokio::time::interval(tell_every(args.ttl));
+    loop {
+        tokio::select! {
+            // fencelock resumed (or died): let go, without a release.
+            _ = &mut closed => {
+                drop(guard.detach());
+                return ExitCode::SUCCESS;
+            }
+            // No release either: fencelock finds out at resume whether the lock
+            // is still its own.
+            _ = &mut lost => {
+                drop(guard.detach());
+                return ExitCode::from(EX_LEASE_LOST);
+            }
+            _ = tick.tick() => {
+                let valid_until = guard.valid_until();
+                if told != Some(valid_until) {
+                    told = Some(valid_until);
+                    let line = deadline_line(valid_until);
+                    let _ = watcher.write_all(line.as_bytes()).and_then(|()| watcher.flush());
                 }
             }
         }
-    })
+    }
 }

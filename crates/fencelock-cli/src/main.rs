@@ -12,13 +12,14 @@
 //!
 //! COMMAND never runs without the lock: see `supervise.rs` for how (a watcher in
 //! COMMAND's process group, the terminal handed over, Ctrl-Z suspending both),
-//! `watcher.rs` for the watcher and `keeper.rs` for the keeper of a suspended job's lock. The lease (`--ttl`) is renewed by the library's watchdog
-//! every third of it for as long as the command runs, up to `--max-hold` if given. If
-//! the lease is lost ([`LockGuard::lost`]), fencelock stops the command's whole process
-//! group: SIGTERM (and SIGCONT, so a stopped member can act on it), up to `--kill-grace`
-//! (never past the end of the lease) for the command to exit, SIGKILL. Then it releases
-//! the lock if the key still holds its token (at the maximum hold, or with a renewal
-//! unconfirmed, it may, for a moment) and exits 76.
+//! `watcher.rs` for the watcher and `keeper.rs` for the keeper of a suspended job's
+//! lock. The lease (`--ttl`) is renewed by the library's watchdog every third of it for
+//! as long as the command runs, up to `--max-hold` if given. If the lease is lost
+//! ([`LockGuard::lost`]), fencelock stops the command's whole process group: SIGTERM
+//! (and SIGCONT, so a stopped member can act on it), up to `--kill-grace` (never past
+//! the end of the lease) for the command to exit, SIGKILL. Then it releases the lock if
+//! the key still holds its token (at the maximum hold, or with a renewal unconfirmed, it
+//! may, for a moment) and exits 76.
 //!
 //! # Exit status
 //!
@@ -39,6 +40,8 @@
 mod args;
 mod duration;
 mod exit;
+mod held;
+mod helper;
 mod keeper;
 mod man;
 mod ops;
@@ -51,10 +54,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use fencelock::{Error, LockGuard, LossCause};
+use fencelock::{Error, LockGuard};
 
 use args::{Cli, Command, RunArgs, one_line};
 use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
+use held::Held;
 use status_line::StatusLine;
 use supervise::{Ended, Signals, run_command};
 
@@ -174,33 +178,6 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
                 release(guard).await;
             }
             Err(failure)
-        }
-    }
-}
-
-/// The lock as fencelock holds it.
-struct Held {
-    /// `None` only while fencelock is suspended and its keeper holds the lock (see
-    /// [`keeper`]); `run_command` takes it back before anything else uses it.
-    guard: Option<LockGuard>,
-    /// The client that took it, which takes it back from the keeper.
-    client: fencelock::Client,
-}
-
-impl Held {
-    /// The guard, which is there whenever fencelock runs (it is away only while
-    /// fencelock is stopped).
-    fn guard(&self) -> &LockGuard {
-        self.guard
-            .as_ref()
-            .expect("the guard is back from the keeper before fencelock goes on")
-    }
-
-    /// Why the lease was lost, for messages.
-    fn loss_reason(&self, cause: LossCause) -> String {
-        match cause {
-            LossCause::MaxHold => "--max-hold was reached".to_owned(),
-            other => other.to_string(),
         }
     }
 }

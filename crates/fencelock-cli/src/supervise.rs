@@ -20,20 +20,22 @@
 //!   kill grace or at the end of the lease, whichever comes first.
 
 use std::ffi::OsStr;
+use std::future::Future;
 use std::io::{self, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use fencelock::{HumanDuration, LossCause};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::Held;
 use crate::args::RunArgs;
 use crate::exit::{Failure, Level, say, status_code, tell};
+use crate::held::Held;
+use crate::helper::{ignore, own_binary};
 use crate::keeper::Keeper;
-use crate::watcher::{self, monotonic_ns};
-use fencelock::HumanDuration;
+use crate::watcher::{self, deadline_line, deadline_ns, tell_every};
 
 /// How COMMAND ended.
 pub(crate) enum Ended {
@@ -55,134 +57,24 @@ pub(crate) async fn run_command(
     held: &mut Held,
     signals: &mut Signals,
 ) -> Result<Ended, Failure> {
-    let Some((program, program_args)) = args.command.split_first() else {
-        return Err(Failure::Usage("no COMMAND given after '--'".to_owned()));
-    };
-    ignore(libc::SIGTTOU); // so that fencelock can take the terminal back from the background
-    let mut watcher = Watcher::start(held.guard().valid_until(), args.kill_grace, None)?;
-    let group = Group(watcher.pid);
-    // When fencelock has the terminal, COMMAND's group gets it from COMMAND itself, just
-    // before its exec: a COMMAND that reads the terminal at once must not find itself in
-    // the background (SIGTTIN would stop it, and that stop would look like Ctrl-Z), and
-    // a Ctrl-Z must always reach a group COMMAND is in (before the handover it reaches
-    // fencelock, which passes it on).
-    let terminal = Terminal::handed_over_if(Terminal::is_foreground());
-    let mut command = match spawn_command(program, program_args, held, group, terminal.given()) {
-        Ok(child) => child,
-        Err(error) => {
-            watcher.kill_and_reap();
-            return Err(Failure::Spawn {
-                program: program.clone(),
-                error,
-            });
-        }
-    };
-    let pid = command.id() as libc::pid_t;
-    let mut lost = Box::pin(held.guard().lost());
-    let mut told = held.guard().valid_until();
-    let mut renewed_at = Instant::now();
-    let mut silent = false;
-    let mut tick = tokio::time::interval(tick_for(args));
+    let mut job = Job::start(args, held)?;
+    let mut tick = tokio::time::interval(tell_every(args.ttl));
     let cause = loop {
         tokio::select! {
             // COMMAND's exit or stop first: if the lease was lost too, the release
             // decides (76 if the lease is gone by then).
             biased;
             event = signals.next() => match event {
-                Event::Child => match peek(pid) {
-                    // COMMAND runs on, and its watcher was killed (by hand, `kill -9`):
-                    // a new one joins the group, or a later death of fencelock would
-                    // leave COMMAND running without the lock.
-                    State::Running => watcher.replace_if_gone(group, held, told, args.kill_grace),
-                    State::Exited => {
-                        let at = Instant::now();
-                        let valid_until = held.guard().valid_until();
-                        watcher.done();
-                        let status = reap(&mut command);
-                        terminal.take_back();
-                        if at >= valid_until {
-                            // Seen only after the lease ended: fencelock was stopped, and
-                            // the watcher killed the group then (and said so).
-                            return Ok(Ended::Stopped);
-                        }
-                        return Ok(Ended::Exited { status, at, valid_until });
+                Event::Child => {
+                    if let Some(ended) = job.child_changed(held, signals).await {
+                        return Ok(ended);
                     }
-                    State::Stopped => {
-                        consume_stop(pid);
-                        terminal.take_back();
-                        // A watcher killed just before: its replacement watches the
-                        // suspended job (one killed during the suspension is replaced
-                        // only when fencelock is resumed).
-                        watcher.replace_if_gone(group, held, told, args.kill_grace);
-                        // The keeper renews the lease while fencelock is stopped: the
-                        // guard is detached (nothing in this process renews it now).
-                        let keeper = Keeper::start(held, watcher.pipe_for_keeper());
-                        suspend_self();
-                        // Resumed (fg or bg): take the lock back from the keeper, and go
-                        // on only if it is still ours.
-                        if let Some(keeper) = keeper {
-                            match keeper.take_back(&held.client).await {
-                                Ok(guard) => {
-                                    lost = Box::pin(guard.lost());
-                                    held.guard = Some(guard);
-                                }
-                                Err(lock) => {
-                                    say(format_args!(
-                                        "the lock {:?} could not be kept while COMMAND was \
-                                         suspended ({lock}); stopping COMMAND",
-                                        args.name
-                                    ));
-                                    stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
-                                    return Ok(Ended::Stopped);
-                                }
-                            }
-                        } else if held.guard().loss_cause().is_some() || held.guard().remaining().is_zero() {
-                            say(format_args!(
-                                "COMMAND was suspended longer than the lease on lock {:?}: \
-                                 the lock may be someone else's now; stopping COMMAND",
-                                args.name
-                            ));
-                            stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
-                            return Ok(Ended::Stopped);
-                        }
-                        told = held.guard().valid_until();
-                        renewed_at = Instant::now();
-                        watcher.tell(told);
-                        if Terminal::is_foreground() {
-                            terminal.give(group);
-                        }
-                        group.signal(libc::SIGCONT);
-                    }
-                },
-                Event::Stop => group.signal(libc::SIGTSTP),
-                Event::Forward(sig) => {
-                    group.signal(sig);
-                    group.signal(libc::SIGCONT);
                 }
+                Event::Stop => job.group.signal(libc::SIGTSTP),
+                Event::Forward(sig) => job.group.forward(sig),
             },
-            cause = &mut lost => break cause,
-            _ = tick.tick() => {
-                let valid_until = held.guard().valid_until();
-                if valid_until != told {
-                    told = valid_until;
-                    renewed_at = Instant::now();
-                    watcher.tell(valid_until);
-                    if std::mem::take(&mut silent) {
-                        tell(Level::Notice, format_args!("Redis answers again; the lease is renewed"));
-                    }
-                } else if !silent && renewed_at.elapsed() > args.ttl / 2 {
-                    // A renewal is due every third of the lease: a half without one
-                    // means Redis is not answering.
-                    silent = true;
-                    tell(
-                        Level::Notice,
-                        format_args!(
-                            "Redis not answering; the lease ends in {} unless a renewal gets through",
-                            HumanDuration(held.guard().remaining())
-                        ),
-                    );
-                }
-            }
+            cause = &mut job.lost => break cause,
+            _ = tick.tick() => job.pass_on_renewal(held),
         }
     };
     say(format_args!(
@@ -190,15 +82,236 @@ pub(crate) async fn run_command(
         args.name,
         held.loss_reason(cause)
     ));
-    stop(&mut command, &mut watcher, group, args.kill_grace, signals).await;
-    terminal.take_back();
+    job.stop(signals).await;
+    job.terminal.take_back();
     Ok(Ended::Stopped)
 }
 
-/// How often fencelock passes the lease's confirmed end on to the watcher: a tenth of
-/// the lease, at most 250 ms (a renewal is confirmed every third of the lease).
-pub(crate) fn tick_for(args: &RunArgs) -> Duration {
-    (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(250))
+/// The end of the lease, as a future that completes when the guard loses it.
+type Loss = Pin<Box<dyn Future<Output = LossCause> + Send>>;
+
+/// COMMAND as fencelock supervises it: the child, its process group and watcher, the
+/// terminal, and what the watcher was last told.
+struct Job<'a> {
+    args: &'a RunArgs,
+    command: Child,
+    pid: libc::pid_t,
+    /// Taken back for fencelock's group on drop too, so that no way out of the
+    /// supervision leaves the terminal to COMMAND's group.
+    terminal: Terminal,
+    watcher: Watcher,
+    group: Group,
+    /// Completes when the current guard loses the lease.
+    lost: Loss,
+    /// The lease's last confirmed end, as the watcher was told it.
+    told: Instant,
+    /// When `told` last moved forward.
+    renewed_at: Instant,
+    /// fencelock said Redis is not answering, and not yet that it answers again.
+    silent: bool,
+}
+
+impl<'a> Job<'a> {
+    /// Starts the watcher, then COMMAND in the watcher's process group.
+    fn start(args: &'a RunArgs, held: &Held) -> Result<Self, Failure> {
+        let Some((program, program_args)) = args.command.split_first() else {
+            return Err(Failure::Usage("no COMMAND given after '--'".to_owned()));
+        };
+        // So that fencelock can take the terminal back from the background.
+        ignore(libc::SIGTTOU);
+        let mut watcher = Watcher::start(held.guard().valid_until(), args.kill_grace, None)?;
+        let group = Group(watcher.pid);
+        // When fencelock has the terminal, COMMAND's group gets it from COMMAND itself,
+        // just before its exec: a COMMAND that reads the terminal at once must not find
+        // itself in the background (SIGTTIN would stop it, and that stop would look like
+        // Ctrl-Z), and a Ctrl-Z must always reach a group COMMAND is in (before the
+        // handover it reaches fencelock, which passes it on).
+        let terminal = Terminal::handed_over_if(Terminal::is_foreground());
+        let command = match spawn_command(program, program_args, held, group, terminal.given()) {
+            Ok(child) => child,
+            Err(error) => {
+                watcher.kill_and_reap();
+                return Err(Failure::Spawn {
+                    program: program.clone(),
+                    error,
+                });
+            }
+        };
+        Ok(Self {
+            args,
+            pid: command.id() as libc::pid_t,
+            command,
+            terminal,
+            watcher,
+            group,
+            lost: Box::pin(held.guard().lost()),
+            told: held.guard().valid_until(),
+            renewed_at: Instant::now(),
+            silent: false,
+        })
+    }
+
+    /// SIGCHLD: acts on what changed (a watcher killed, COMMAND exited or stopped).
+    /// `Some` when the job is over.
+    async fn child_changed(&mut self, held: &mut Held, signals: &mut Signals) -> Option<Ended> {
+        match peek(self.pid) {
+            // COMMAND runs on, and its watcher was killed (by hand, `kill -9`): a new one
+            // joins the group, or a later death of fencelock would leave COMMAND running
+            // without the lock.
+            State::Running => {
+                self.replace_watcher_if_gone(held);
+                None
+            }
+            State::Exited => Some(self.exited(held)),
+            State::Stopped => self.suspend(held, signals).await,
+        }
+    }
+
+    /// COMMAND exited: dismisses the watcher, reaps COMMAND, takes the terminal back.
+    fn exited(&mut self, held: &Held) -> Ended {
+        let at = Instant::now();
+        let valid_until = held.guard().valid_until();
+        self.watcher.done();
+        let status = reap(&mut self.command);
+        self.terminal.take_back();
+        if at >= valid_until {
+            // Seen only after the lease ended: fencelock was stopped, and the watcher
+            // killed the group then (and said so).
+            return Ended::Stopped;
+        }
+        Ended::Exited {
+            status,
+            at,
+            valid_until,
+        }
+    }
+
+    /// COMMAND stopped (Ctrl-Z): suspends fencelock too, with a keeper holding the lock,
+    /// and on resume goes on only if the lock is still ours. `Some` when the job is over.
+    async fn suspend(&mut self, held: &mut Held, signals: &mut Signals) -> Option<Ended> {
+        consume_stop(self.pid);
+        self.terminal.take_back();
+        // A watcher killed just before: its replacement watches the suspended job (one
+        // killed during the suspension is replaced only when fencelock is resumed).
+        self.replace_watcher_if_gone(held);
+        // The keeper renews the lease while fencelock is stopped: the guard is detached
+        // (nothing in this process renews it now).
+        let keeper = Keeper::start(&mut held.guard, self.watcher.pipe_for_keeper());
+        suspend_self();
+        // Resumed (fg or bg): take the lock back from the keeper, and go on only if it is
+        // still ours.
+        if !self.take_lock_back(keeper, held).await {
+            self.stop(signals).await;
+            return Some(Ended::Stopped);
+        }
+        self.resume(held);
+        None
+    }
+
+    /// After a suspension: puts the lock back in `held` from `keeper` (when one kept
+    /// it). False, once fencelock said why, when the lock may be someone else's now.
+    async fn take_lock_back(&mut self, keeper: Option<Keeper>, held: &mut Held) -> bool {
+        if let Some(keeper) = keeper {
+            match keeper.take_back(&held.client).await {
+                Ok(guard) => {
+                    self.lost = Box::pin(guard.lost());
+                    held.guard = Some(guard);
+                }
+                Err(lock) => {
+                    say(format_args!(
+                        "the lock {:?} could not be kept while COMMAND was suspended \
+                         ({lock}); stopping COMMAND",
+                        self.args.name
+                    ));
+                    return false;
+                }
+            }
+        } else if held.guard().loss_cause().is_some() || held.guard().remaining().is_zero() {
+            say(format_args!(
+                "COMMAND was suspended longer than the lease on lock {:?}: the lock may be \
+                 someone else's now; stopping COMMAND",
+                self.args.name
+            ));
+            return false;
+        }
+        true
+    }
+
+    /// Continues COMMAND under the lock taken back: the watcher told the lease's end,
+    /// the terminal handed over again if fencelock has it, SIGCONT.
+    fn resume(&mut self, held: &Held) {
+        self.told = held.guard().valid_until();
+        self.renewed_at = Instant::now();
+        self.watcher.tell(self.told);
+        if Terminal::is_foreground() {
+            self.terminal.give(self.group);
+        }
+        self.group.signal(libc::SIGCONT);
+    }
+
+    /// Passes a renewed end of the lease on to the watcher, and says when Redis stops
+    /// answering (no renewal for half a lease) and when it answers again.
+    fn pass_on_renewal(&mut self, held: &Held) {
+        let valid_until = held.guard().valid_until();
+        if valid_until != self.told {
+            self.told = valid_until;
+            self.renewed_at = Instant::now();
+            self.watcher.tell(valid_until);
+            if std::mem::take(&mut self.silent) {
+                tell(
+                    Level::Notice,
+                    format_args!("Redis answers again; the lease is renewed"),
+                );
+            }
+        } else if !self.silent && self.renewed_at.elapsed() > self.args.ttl / 2 {
+            // A renewal is due every third of the lease: a half without one means Redis
+            // is not answering.
+            self.silent = true;
+            tell(
+                Level::Notice,
+                format_args!(
+                    "Redis not answering; the lease ends in {} unless a renewal gets through",
+                    HumanDuration(held.guard().remaining())
+                ),
+            );
+        }
+    }
+
+    /// Replaces a killed watcher (see [`Watcher::replace_if_gone`]).
+    fn replace_watcher_if_gone(&mut self, held: &Held) {
+        self.watcher
+            .replace_if_gone(self.group, held, self.told, self.args.kill_grace);
+    }
+
+    /// Stops COMMAND's process group: SIGTERM (and SIGCONT, so that a stopped member can
+    /// act on it), up to the kill grace for COMMAND to exit (the watcher kills the group
+    /// at the end of the lease if that comes first), then SIGKILL. Once COMMAND has
+    /// exited, and before it is reaped, SIGKILL once more for whatever of its group
+    /// outlived it. Signals fencelock gets meanwhile are forwarded to the group.
+    async fn stop(&mut self, signals: &mut Signals) {
+        let (pid, group) = (self.pid, self.group);
+        self.watcher.lost();
+        group.forward(libc::SIGTERM);
+        let exited = async {
+            while peek(pid) != State::Exited {
+                if let Event::Forward(sig) = signals.next().await {
+                    group.forward(sig);
+                }
+            }
+        };
+        if tokio::time::timeout(self.args.kill_grace, exited)
+            .await
+            .is_err()
+        {
+            group.signal(libc::SIGKILL);
+            while peek(pid) != State::Exited {
+                signals.next().await;
+            }
+        }
+        group.signal(libc::SIGKILL);
+        reap(&mut self.command);
+        self.watcher.kill_and_reap();
+    }
 }
 
 /// Starts COMMAND in `group`, with the lock's name and fencing token in its environment.
@@ -233,41 +346,6 @@ fn spawn_command(
         });
     }
     command.spawn()
-}
-
-/// Stops COMMAND's process group: SIGTERM (and SIGCONT, so that a stopped member can
-/// act on it), up to `grace` for COMMAND to exit (the watcher kills the group at the end
-/// of the lease if that comes first), then SIGKILL. Once COMMAND has exited, and before
-/// it is reaped, SIGKILL once more for whatever of its group outlived it. Signals
-/// fencelock gets meanwhile are forwarded to the group.
-pub(crate) async fn stop(
-    command: &mut Child,
-    watcher: &mut Watcher,
-    group: Group,
-    grace: Duration,
-    signals: &mut Signals,
-) {
-    let pid = command.id() as libc::pid_t;
-    watcher.lost();
-    group.signal(libc::SIGTERM);
-    group.signal(libc::SIGCONT);
-    let exited = async {
-        while peek(pid) != State::Exited {
-            if let Event::Forward(sig) = signals.next().await {
-                group.signal(sig);
-                group.signal(libc::SIGCONT);
-            }
-        }
-    };
-    if tokio::time::timeout(grace, exited).await.is_err() {
-        group.signal(libc::SIGKILL);
-        while peek(pid) != State::Exited {
-            signals.next().await;
-        }
-    }
-    group.signal(libc::SIGKILL);
-    reap(command);
-    watcher.kill_and_reap();
 }
 
 /// What a child's wait status shows, without reaping it.
@@ -345,20 +423,11 @@ fn suspend_self() {
     }
 }
 
-/// Ignores `signal` in this process (fencelock, or its keeper).
-#[allow(unsafe_code)]
-pub(crate) fn ignore(signal: libc::c_int) {
-    // SAFETY: setting a disposition to SIG_IGN has no memory effects.
-    unsafe {
-        libc::signal(signal, libc::SIG_IGN);
-    }
-}
-
 /// COMMAND's process group. Its ID is the first watcher's pid, and fencelock reaps that
 /// watcher (and any that replaced it) only after it is done with the group, so while
 /// the group is used the ID names it and nothing else.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Group(libc::pid_t);
+struct Group(libc::pid_t);
 
 impl Group {
     /// Sends `signal` to every process of the group. Fails only if no process of it is
@@ -371,24 +440,16 @@ impl Group {
             libc::kill(-self.0, signal);
         }
     }
-}
 
-/// This process's own binary, as the kernel sees it.
-const PROC_SELF_EXE: &str = "/proc/self/exe";
-
-/// The binary to start fencelock's helpers (the watcher, the keeper) from: this very
-/// binary through /proc/self/exe, even if its file has been replaced or removed since
-/// fencelock started (a package upgrade), so a helper is never another version of
-/// fencelock, and never missing; its path where there is no /proc.
-pub(crate) fn own_binary() -> std::io::Result<PathBuf> {
-    match Path::new(PROC_SELF_EXE) {
-        own if own.exists() => Ok(own.to_path_buf()),
-        _ => std::env::current_exe(),
+    /// Sends `signal`, then SIGCONT so that a stopped member can act on it.
+    fn forward(self, signal: i32) {
+        self.signal(signal);
+        self.signal(libc::SIGCONT);
     }
 }
 
 /// The watcher process and the pipe to it.
-pub(crate) struct Watcher {
+struct Watcher {
     child: Child,
     pid: libc::pid_t,
     pipe: Option<ChildStdin>,
@@ -489,7 +550,7 @@ impl Watcher {
 
     /// Tells the watcher the lease's confirmed end.
     fn tell(&mut self, valid_until: Instant) {
-        self.send(&format!("D {}\n", deadline_ns(valid_until)));
+        self.send(&deadline_line(valid_until));
     }
 
     /// The lease is lost: fencelock stops COMMAND; the watcher kills the group at the
@@ -514,7 +575,7 @@ impl Watcher {
 
     /// A second write end of the watcher's pipe, for the keeper to tell it the lease's
     /// confirmed ends while fencelock is stopped.
-    pub(crate) fn pipe_for_keeper(&self) -> Option<std::os::fd::OwnedFd> {
+    fn pipe_for_keeper(&self) -> Option<std::os::fd::OwnedFd> {
         use std::os::fd::AsFd;
         self.pipe.as_ref()?.as_fd().try_clone_to_owned().ok()
     }
@@ -533,13 +594,6 @@ impl Watcher {
         let _ = self.child.wait();
         self.reap_replaced();
     }
-}
-
-/// `valid_until` as a `CLOCK_MONOTONIC` time in ns, for the watcher.
-pub(crate) fn deadline_ns(valid_until: Instant) -> u64 {
-    let now = Instant::now();
-    let left = valid_until.saturating_duration_since(now);
-    monotonic_ns().saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// fencelock's terminal, when it runs in the terminal's foreground.
@@ -598,7 +652,7 @@ impl Drop for Terminal {
 
 /// What [`Signals::next`] saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Event {
+enum Event {
     /// SIGINT, SIGTERM or SIGHUP: forwarded to COMMAND's group.
     Forward(i32),
     /// SIGTSTP: COMMAND's group is stopped, then fencelock.

@@ -5,8 +5,8 @@
 //! in the process group COMMAND then joins, and writes to its stdin, a pipe, each
 //! confirmed end of the lease as a `CLOCK_MONOTONIC` time (`D <ns>`), `L` once the lease
 //! is lost (fencelock is stopping COMMAND; no later end will come, and the watcher kills
-//! the group at the last one without a word), and `X` once COMMAND has exited. The watcher needs nothing from
-//! fencelock to act:
+//! the group at the last one without a word), and `X` once COMMAND has exited. The
+//! watcher needs nothing from fencelock to act:
 //!
 //! - the pipe closes without `X` (fencelock was SIGKILLed, the OOM killer, a crash):
 //!   SIGTERM and SIGCONT to the group, then SIGKILL at the end of the lease, or after the
@@ -21,9 +21,10 @@
 
 use std::io::{self, Read};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::exit::say;
+use crate::helper::{ignore, name_self};
 
 /// The watcher's name in `ps` (its `argv[0]` and its command name): without
 /// "fencelock" in it, so that killing fencelock by name (`pkill fencelock`, `pkill -f
@@ -58,6 +59,25 @@ pub(crate) fn monotonic_ns() -> u64 {
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// How often fencelock (or its keeper) passes the lease's confirmed end on to the
+/// watcher: a tenth of the lease `ttl`, at most 250 ms (a renewal is confirmed every third
+/// of the lease).
+pub(crate) fn tell_every(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(250))
+}
+
+/// The line that tells the watcher the lease's confirmed end `valid_until`.
+pub(crate) fn deadline_line(valid_until: Instant) -> String {
+    format!("D {}\n", deadline_ns(valid_until))
+}
+
+/// `valid_until` as a `CLOCK_MONOTONIC` time in ns, for the watcher.
+pub(crate) fn deadline_ns(valid_until: Instant) -> u64 {
+    let now = Instant::now();
+    let left = valid_until.saturating_duration_since(now);
+    monotonic_ns().saturating_add(u64::try_from(left.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// Sends `signal` to the watcher's own process group (COMMAND's).
 #[allow(unsafe_code)]
 fn signal_group(signal: libc::c_int) {
@@ -81,30 +101,14 @@ fn readable_within(timeout: Duration) -> bool {
     n > 0
 }
 
-/// Sets this process's command name (`/proc/self/comm`, what `ps -C`, `pkill` and
-/// `killall` match; at most 15 bytes are kept) to `name`.
-#[allow(unsafe_code)]
-pub(crate) fn name_self(name: &str) {
-    let comm = std::ffi::CString::new(name).unwrap_or_default();
-    // SAFETY: PR_SET_NAME copies at most 16 bytes from a NUL-terminated string that
-    // outlives the call.
-    unsafe {
-        libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
-    }
-}
-
 /// Runs the watcher: `deadline_ns` is the end of the lease when COMMAND starts, `grace`
 /// how long COMMAND gets after SIGTERM when fencelock is gone.
-#[allow(unsafe_code)]
 pub(crate) fn watch(mut deadline_ns: u64, grace: Duration) -> ExitCode {
     // Its command name comes from the binary's file name (`exe`): set it to NAME, as
     // argv[0] already is.
     name_self(NAME);
     for signal in IGNORED {
-        // SAFETY: setting a signal's disposition to SIG_IGN has no memory effects.
-        unsafe {
-            libc::signal(signal, libc::SIG_IGN);
-        }
+        ignore(signal);
     }
     let mut stdin = io::stdin().lock();
     let mut pending = Vec::new();
