@@ -5,12 +5,12 @@
 //! lock keys ([`Client::eviction_risks`](crate::Client::eviction_risks)). The CLI's
 //! `status`, `list` and `break` are built on these.
 
-use std::fmt;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 
 use crate::backend::Backend;
+use crate::backend::eviction::EvictionRisk;
 use crate::error::Error;
 use crate::keys::{self, LockKeys};
 use crate::scripts::replies::{Broke, Inspected};
@@ -399,68 +399,6 @@ pub struct Eviction {
     pub unanswered: Vec<Unanswered>,
 }
 
-/// A server that can evict lock keys: it has a `maxmemory` limit and a
-/// `maxmemory-policy` other than `noeviction`. When its memory fills, Redis deletes keys
-/// to make room: with a `volatile-*` policy the keys with an expiry first, which every
-/// held lock key is, so a lock can vanish while its holder works and another client
-/// take it (two holders at once); with an `allkeys-*` policy any key, the fencing
-/// counters too (the next token then comes from the server clock, so tokens still
-/// increase as long as that clock does not step back). The remedy is
-/// `maxmemory-policy noeviction` on the servers that hold locks (writes then fail with
-/// an error instead, which fencelock reports).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EvictionRisk {
-    /// The server, as `host:port`.
-    pub node: String,
-    /// Its `maxmemory-policy`, such as `volatile-lru` or `allkeys-lru`.
-    pub policy: String,
-    /// Its `maxmemory`, in bytes.
-    pub maxmemory: u64,
-    /// Whether the policy can evict keys without an expiry: the fencing counters.
-    pub counters_too: bool,
-}
-
-impl fmt::Display for EvictionRisk {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} may evict lock keys before their lease ends (maxmemory-policy {}, maxmemory \
-             {} bytes): two clients could then hold a lock at once{}; set maxmemory-policy \
-             noeviction on the servers that hold locks",
-            self.node,
-            self.policy,
-            self.maxmemory,
-            if self.counters_too {
-                ", and fencing counters can go too"
-            } else {
-                ""
-            }
-        )
-    }
-}
-
-/// The eviction risk of the server at `node`, from its `INFO memory` text; `None` when
-/// it cannot evict (no `maxmemory`, or `noeviction`) or the text says neither field.
-pub(crate) fn eviction_risk(node: &str, info: &str) -> Option<EvictionRisk> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
-    let maxmemory: u64 = field("maxmemory:")?.parse().ok()?;
-    let policy = field("maxmemory_policy:")?;
-    if maxmemory == 0 || policy == "noeviction" {
-        return None;
-    }
-    Some(EvictionRisk {
-        node: node.to_owned(),
-        policy: policy.to_owned(),
-        maxmemory,
-        counters_too: policy.starts_with("allkeys-"),
-    })
-}
-
 pub(crate) async fn eviction_risks(backend: &Backend) -> Result<Eviction, Error> {
     let answers = join_all(backend.nodes().iter().map(|n| n.eviction_risks())).await;
     if all_failed(&answers) {
@@ -480,35 +418,4 @@ pub(crate) async fn eviction_risks(backend: &Backend) -> Result<Eviction, Error>
         }
     }
     Ok(eviction)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_policy_that_can_evict_is_a_risk_only_with_a_memory_limit() {
-        let info = |max: u64, policy: &str| {
-            format!(
-                "# Memory\r\nused_memory:1000\r\nmaxmemory:{max}\r\nmaxmemory_human:x\r\nmaxmemory_policy:{policy}\r\n"
-            )
-        };
-        assert_eq!(eviction_risk("a:1", &info(0, "volatile-lru")), None);
-        assert_eq!(eviction_risk("a:1", &info(1 << 20, "noeviction")), None);
-        let volatile = eviction_risk("a:1", &info(1 << 20, "volatile-ttl")).unwrap();
-        assert_eq!(
-            (
-                volatile.policy.as_str(),
-                volatile.maxmemory,
-                volatile.counters_too
-            ),
-            ("volatile-ttl", 1 << 20, false)
-        );
-        assert!(
-            eviction_risk("a:1", &info(5, "allkeys-lfu"))
-                .unwrap()
-                .counters_too
-        );
-        assert_eq!(eviction_risk("a:1", "# Memory\r\n"), None);
-    }
 }

@@ -135,10 +135,11 @@ mod shared;
 mod token;
 
 pub use admin::{
-    BreakOutcome, Broken, Eviction, EvictionRisk, Holder, Listing, LockState, LockStatus,
-    NodeBroken, NodeStatus, QueuedWaiter, Resize, Unanswered,
+    BreakOutcome, Broken, Eviction, Holder, Listing, LockState, LockStatus, NodeBroken, NodeStatus,
+    QueuedWaiter, Resize, Unanswered,
 };
 pub use algorithms::retry::Retry;
+pub use backend::eviction::EvictionRisk;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use detach::DetachedLock;

@@ -1,19 +1,29 @@
-//! How to reach and log into a node: credentials given apart from the URL, and TLS for
-//! `rediss://` URLs. One TLS stack, rustls with ring as its crypto provider, which
-//! fencelock installs itself (so no build of the workspace can end up without one and
-//! panic); server verification against the system roots or a CA file, client
-//! certificates, host name checks on unless skipped by name; and certificate problems
-//! said in one line.
+//! How to reach and log into a node: its connection's timeouts, credentials given apart
+//! from the URL, and TLS for `rediss://` URLs. One TLS stack, rustls with ring as its
+//! crypto provider, which fencelock installs itself (so no build of the workspace can end
+//! up without one and panic); server verification against the system roots or a CA
+//! file, client certificates, host name checks on unless skipped by name. (A certificate
+//! problem is said in one line by
+//! [`certificate_problem`](super::errors::certificate_problem).)
 
 use std::path::PathBuf;
 use std::sync::Once;
+use std::time::Duration;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+use super::errors::redact;
 use crate::error::Error;
+
+/// Timeouts for one node's connection.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timeouts {
+    pub connect: Duration,
+    pub response: Duration,
+}
 
 /// A client's TLS settings (see the `tls_*` methods of
 /// [`ClientBuilder`](crate::ClientBuilder)).
@@ -211,136 +221,11 @@ pub(crate) fn client_for_url(url: &str, access: &Access) -> Result<redis::Client
                 "{} does not parse ({}); expected redis[s]://[user:password@]host[:port][/db], \
                  redis+unix:///path, redis[s]+sentinel://host:port[,...]/SERVICE or \
                  redis[s]+cluster://host:port[,...]",
-                super::node::redact(url),
+                redact(url),
                 e.detail().unwrap_or(e.category())
             ),
         )
     })?;
     let redis = access.login(info.redis_settings().clone());
     client(info.set_redis_settings(redis), &access.tls)
-}
-
-/// The TLS alerts (as rustls names them) with which a server refuses the certificate a
-/// client presented: for a CA it does not trust, a certificate not for client use, one
-/// out of date, or one it cannot check. (A server that got no certificate but requires
-/// one says `CertificateRequired`, or over TLS 1.2 `HandshakeFailure`.)
-const CLIENT_CERTIFICATE_ALERTS: &[&str] = &[
-    "UnknownCA",
-    "BadCertificate",
-    "UnsupportedCertificate",
-    "CertificateExpired",
-    "CertificateRevoked",
-    "CertificateUnknown",
-];
-
-/// A certificate problem in a driver error, as one line naming it and what to do.
-pub(crate) fn certificate_problem(e: &redis::RedisError) -> Option<String> {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    let says = |needle: &str| text.contains(needle);
-    let problem = if says("InvalidClientConfig") || says("Unable to build client with TLS") {
-        let why = text.rsplit(": ").next().unwrap_or_default();
-        return Some(format!(
-            "the TLS settings cannot be used ({why}): check the certificate files (PEM, X.509 \
-             version 3)"
-        ));
-    } else if says("failed to read PEM from file") {
-        // The driver loads the system's roots on every TLS connection (a CA file given
-        // or not), from where SSL_CERT_FILE / SSL_CERT_DIR point.
-        let why = text
-            .split_once("failed to read PEM from file: ")
-            .and_then(|(_, why)| why.split(": ").next())
-            .unwrap_or_default();
-        return Some(format!(
-            "the system's CA certificates could not be read ({why}): check SSL_CERT_FILE and \
-             SSL_CERT_DIR, which the TLS connection reads even with a CA file given"
-        ));
-    } else if says("CertificateRequired") || says("certificate required") {
-        "the server requires a client certificate: give one (--cert FILE --key FILE, or \
-         ClientBuilder::tls_client_cert)"
-    } else if let Some(alert) = CLIENT_CERTIFICATE_ALERTS
-        .iter()
-        .find(|alert| says(&format!("received fatal alert: {alert}")))
-    {
-        // The server's verdict on this client's certificate (the client checks the
-        // server's itself, and says "invalid peer certificate").
-        return Some(format!(
-            "the server refused the client certificate ({alert}): give one signed by a CA \
-             the server trusts, for client use and in date (--cert FILE --key FILE, or \
-             ClientBuilder::tls_client_cert)"
-        ));
-    } else if says("received fatal alert: HandshakeFailure") {
-        "the server refused the TLS handshake: if it requires a client certificate (over TLS \
-         1.2 it says so this way), give one (--cert FILE --key FILE, or \
-         ClientBuilder::tls_client_cert); else check the TLS versions and ciphers it allows"
-    } else if says("UnknownIssuer") || says("unknown issuer") {
-        "the server's certificate is signed by a CA this client does not trust: give the CA \
-         (--cacert FILE, or ClientBuilder::tls_ca_file)"
-    } else if says("NotValidForName") || says("not valid for name") {
-        "the server's certificate is not valid for the host name in the URL: connect by a \
-         name the certificate lists"
-    } else if says("Expired") || says("expired") {
-        "the server's certificate has expired (or is not valid yet): renew it, or check the \
-         clocks"
-    } else if says("InvalidCertificate") || says("invalid peer certificate") {
-        let why = text.rsplit(": ").next().unwrap_or_default();
-        return Some(format!("the server's certificate was refused ({why})"));
-    } else if says("CorruptMessage") || says("InvalidContentType") || says("received corrupt") {
-        "the server did not answer with TLS: is it a TLS port? (rediss:// needs one)"
-    } else {
-        return None;
-    };
-    Some(problem.to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::certificate_problem;
-
-    /// A driver error as a broken TLS connection reports one.
-    fn io_error(text: &str) -> redis::RedisError {
-        std::io::Error::other(text.to_owned()).into()
-    }
-
-    #[test]
-    fn a_server_refusing_the_client_certificate_is_told_from_the_servers_own_problems() {
-        for alert in ["UnknownCA", "UnsupportedCertificate", "CertificateExpired"] {
-            let problem = certificate_problem(&io_error(&format!("received fatal alert: {alert}")))
-                .unwrap_or_else(|| panic!("{alert}: not named"));
-            assert!(
-                problem.starts_with(&format!(
-                    "the server refused the client certificate ({alert})"
-                )),
-                "{problem}"
-            );
-        }
-        let missing = certificate_problem(&io_error("received fatal alert: CertificateRequired"));
-        assert!(missing.unwrap().contains("requires a client certificate"));
-        // TLS 1.2 has no alert of its own for a missing client certificate.
-        let missing = certificate_problem(&io_error("received fatal alert: HandshakeFailure"));
-        assert!(missing.unwrap().contains("requires a client certificate"));
-        let expired = certificate_problem(&io_error("invalid peer certificate: Expired"));
-        assert!(
-            expired
-                .unwrap()
-                .starts_with("the server's certificate has expired")
-        );
-        let store = certificate_problem(&io_error(
-            "failed to read PEM from file: No such file or directory (os error 2) at '/x'",
-        ));
-        assert!(
-            store
-                .unwrap()
-                .starts_with("the system's CA certificates could not be read (No such file"),
-        );
-        assert_eq!(
-            certificate_problem(&io_error("Connection reset by peer")),
-            None
-        );
-    }
 }

@@ -40,8 +40,8 @@ use redis::cluster_read_routing::{
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
 
-use super::access::{self, Access, TlsSettings};
-use super::node::{Timeouts, redact, refused, sort_error, timed_out};
+use super::access::{self, Access, Timeouts, TlsSettings};
+use super::errors::{certificate_problem, redact, refused, sort_error, timed_out};
 use crate::error::{Error, UnavailableReason};
 use crate::scripts::replies::{Owned, Renewed};
 use crate::scripts::{self, Call, Flavor};
@@ -671,7 +671,7 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
              redis://host:port for a standalone node",
         );
     }
-    if access::certificate_problem(e).is_none() {
+    if certificate_problem(e).is_none() {
         if text.contains("AuthenticationFailed") || text.contains("WRONGPASS") {
             return rejected(
                 "WRONGPASS",

@@ -14,6 +14,8 @@
 
 pub(crate) mod access;
 pub(crate) mod cluster;
+pub(crate) mod errors;
+pub(crate) mod eviction;
 pub(crate) mod node;
 pub(crate) mod quorum;
 pub(crate) mod sentinel;
@@ -39,8 +41,9 @@ use crate::scripts::{
     replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed, Resized},
 };
 use crate::token::{FencingToken, HolderToken};
-pub(crate) use access::Access;
-pub(crate) use node::{Node, Timeouts, is_cluster_url, redact};
+pub(crate) use access::{Access, Timeouts};
+pub(crate) use errors::redact;
+pub(crate) use node::{Node, is_cluster_url};
 use quorum::{Confirmation, Quorum, Verdict, lease_end};
 use subscriber::{Subscription, Wake};
 

@@ -1,5 +1,5 @@
-//! One node of a backend: a connection with explicit timeouts, script calls on it, its
-//! release notifications, and the mapping of driver errors to fencelock's [`Error`].
+//! One node of a backend: a connection with explicit timeouts, script calls on it, and
+//! its release notifications; what its calls fail with is said by [`super::errors`].
 //!
 //! A node is a standalone server (at a fixed address, or a Sentinel-managed master whose
 //! address follows failovers) or a whole Redis Cluster, which is one logical node: its
@@ -15,22 +15,17 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 use tokio_util::sync::CancellationToken;
 
-use super::access::{self, Access};
+use super::access::{self, Access, Timeouts};
 use super::cluster::{ClusterLink, ClusterUrl};
+use super::errors::{is_timeout, link_broke, link_failed, map_error, refused, timed_out};
+use super::eviction::{self, EvictionRisk};
 use super::sentinel::{self, SentinelUrl};
 use super::stall::{self, Stall};
 use super::subscriber::{HandOn, Source, Subscriber};
-use crate::error::{DriverError, Error, HumanDuration, UnavailableReason};
+use crate::error::{Error, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::scripts::replies::{Owned, Renewed};
-use crate::scripts::{self, Call, Flavor, replies};
-
-/// Timeouts for one node's connection.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Timeouts {
-    pub connect: Duration,
-    pub response: Duration,
-}
+use crate::scripts::{self, Call, Flavor};
 
 /// One node: a connection that reconnects by itself, shared by every lock of a client.
 /// Cheap to clone.
@@ -64,6 +59,25 @@ struct Inner {
     channel_refusal_warned: AtomicBool,
     /// Cancelled when the node is dropped: its Sentinel watcher stops.
     closed: CancellationToken,
+}
+
+impl Inner {
+    /// A node's shared state around its `link`, before any call.
+    fn new(link: Link, timeouts: Timeouts, call_timeout: Duration, subscriber: Subscriber) -> Self {
+        Inner {
+            link,
+            timeouts,
+            call_timeout,
+            subscriber,
+            health: Mutex::new(Health::default()),
+            failures: AtomicU64::new(0),
+            loaded: Mutex::new((0, 0)),
+            eviction_checked: AtomicU64::new(0),
+            eviction_warned: Mutex::new(Vec::new()),
+            channel_refusal_warned: AtomicBool::new(false),
+            closed: CancellationToken::new(),
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -183,6 +197,62 @@ pub(crate) fn is_cluster_url(url: &str) -> bool {
     url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://")
 }
 
+/// Where a standalone node's calls go first: the URL's server, or the master the
+/// sentinels name (asked now if `eager`; else a placeholder that the first call
+/// replaces).
+async fn first_server(
+    url: &str,
+    sentinel: Option<&SentinelUrl>,
+    access: &Access,
+    call_timeout: Duration,
+    eager: bool,
+) -> Result<(String, redis::Client), Error> {
+    match sentinel {
+        None => {
+            let client = access::client_for_url(url, access)?;
+            Ok((client.get_connection_info().addr().to_string(), client))
+        }
+        Some(s) if eager => sentinel::resolve(s, call_timeout).await,
+        // Not asked yet: the first call asks the sentinels.
+        Some(s) => Ok((s.label(), s.master("0.0.0.0", 1)?)),
+    }
+}
+
+/// A standalone node's connection to `client`: made now if `eager` (failing fast when
+/// nothing answers within `call_timeout`), else by its first call.
+async fn first_connection(
+    addr: &str,
+    client: &redis::Client,
+    timeouts: Timeouts,
+    call_timeout: Duration,
+    eager: bool,
+) -> Result<ConnectionManager, Error> {
+    if !eager {
+        return ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeouts))
+            .map_err(|e| map_error(addr, client, &e));
+    }
+    let connecting = ConnectionManager::new_with_config(client.clone(), manager_config(timeouts));
+    match tokio::time::timeout(call_timeout, connecting).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) => Err(map_error(addr, client, &e)),
+        Err(_) => Err(timed_out(addr, call_timeout)),
+    }
+}
+
+/// Release notifications from the server a standalone node talks to now: asked at every
+/// (re)connection, so that a Sentinel node's subscriber follows its master.
+fn following(node: &std::sync::Weak<Inner>, timeouts: Timeouts) -> Subscriber {
+    let node = node.clone();
+    let source = Source::Node(Arc::new(move || {
+        let node = node.upgrade()?;
+        match &node.link {
+            Link::Standalone(s) => Some(read(&s.current).client.clone()),
+            Link::Cluster(_) => None,
+        }
+    }));
+    Subscriber::new(source, timeouts)
+}
+
 impl Node {
     /// Sets up the node at `url` (`redis://`, `redis+unix://`, `redis+sentinel://` or
     /// `redis+cluster://`, and their TLS forms). `eager`: connect now (for Sentinel:
@@ -196,99 +266,64 @@ impl Node {
         eager: bool,
     ) -> Result<Self, Error> {
         let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
-        if let Some(cluster) = ClusterUrl::parse(url, access)? {
-            let subscriber = {
-                let url = cluster.clone();
-                let source =
-                    Source::Cluster(Arc::new(move |pushes| url.pubsub_client(timeouts, pushes)));
-                Subscriber::new(source, timeouts)
-            };
-            let link = ClusterLink::open(cluster, timeouts, call_timeout, eager).await?;
-            return Ok(Self::hands_on(Self {
-                inner: Arc::new(Inner {
-                    link: Link::Cluster(Box::new(link)),
-                    timeouts,
-                    call_timeout,
-                    subscriber,
-                    health: Mutex::new(Health::default()),
-                    failures: AtomicU64::new(0),
-                    loaded: Mutex::new((0, 0)),
-                    eviction_checked: AtomicU64::new(0),
-                    eviction_warned: Mutex::new(Vec::new()),
-                    channel_refusal_warned: AtomicBool::new(false),
-                    closed: CancellationToken::new(),
-                }),
-            }));
-        }
+        let node = match ClusterUrl::parse(url, access)? {
+            Some(cluster) => Self::open_cluster(cluster, timeouts, call_timeout, eager).await?,
+            None => Self::open_standalone(url, timeouts, call_timeout, access, eager).await?,
+        };
+        Ok(node.hands_on())
+    }
+
+    /// A Redis Cluster as one node, with sharded pub/sub for its release notifications.
+    async fn open_cluster(
+        cluster: ClusterUrl,
+        timeouts: Timeouts,
+        call_timeout: Duration,
+        eager: bool,
+    ) -> Result<Self, Error> {
+        let subscriber = {
+            let url = cluster.clone();
+            let source =
+                Source::Cluster(Arc::new(move |pushes| url.pubsub_client(timeouts, pushes)));
+            Subscriber::new(source, timeouts)
+        };
+        let link = ClusterLink::open(cluster, timeouts, call_timeout, eager).await?;
+        let link = Link::Cluster(Box::new(link));
+        Ok(Self {
+            inner: Arc::new(Inner::new(link, timeouts, call_timeout, subscriber)),
+        })
+    }
+
+    /// A server at a fixed address or a Sentinel-managed master: its first address and
+    /// connection, a subscriber that follows the server, and for Sentinel a task that
+    /// follows the master's switches.
+    async fn open_standalone(
+        url: &str,
+        timeouts: Timeouts,
+        call_timeout: Duration,
+        access: &Access,
+        eager: bool,
+    ) -> Result<Self, Error> {
         let sentinel = SentinelUrl::parse(url, access)?;
-        let (addr, client) = match &sentinel {
-            None => {
-                let client = access::client_for_url(url, access)?;
-                (client.get_connection_info().addr().to_string(), client)
-            }
-            Some(s) if eager => sentinel::resolve(s, call_timeout).await?,
-            // Not asked yet: the first call asks the sentinels.
-            Some(s) => (s.label(), s.master("0.0.0.0", 1)?),
-        };
-        let conn = if eager {
-            let connecting =
-                ConnectionManager::new_with_config(client.clone(), manager_config(timeouts));
-            match tokio::time::timeout(call_timeout, connecting).await {
-                Ok(Ok(conn)) => conn,
-                Ok(Err(e)) => return Err(map_error(&addr, &client, &e)),
-                Err(_) => return Err(timed_out(&addr, call_timeout)),
-            }
-        } else {
-            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(timeouts))
-                .map_err(|e| map_error(&addr, &client, &e))?
-        };
+        let (addr, client) =
+            first_server(url, sentinel.as_ref(), access, call_timeout, eager).await?;
+        let conn = first_connection(&addr, &client, timeouts, call_timeout, eager).await?;
         // A lazy Sentinel node has asked nobody yet: epoch 0 makes the first call ask.
         let epoch = u64::from(eager || sentinel.is_none());
+        let current = Current {
+            addr,
+            client,
+            conn,
+            epoch,
+        };
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
-            let source = weak.clone();
-            let subscriber = Subscriber::new(
-                Source::Node(Arc::new(move || {
-                    let node = source.upgrade()?;
-                    match &node.link {
-                        Link::Standalone(s) => Some(read(&s.current).client.clone()),
-                        Link::Cluster(_) => None,
-                    }
-                })),
-                timeouts,
-            );
-            Inner {
-                link: Link::Standalone(Box::new(Standalone {
-                    sentinel,
-                    current: RwLock::new(Arc::new(Current {
-                        addr,
-                        client,
-                        conn,
-                        epoch,
-                    })),
-                    resolving: tokio::sync::Mutex::new(()),
-                    timeouts,
-                    call_timeout,
-                    stall: Stall::default(),
-                    owed: Mutex::new(VecDeque::new()),
-                    owing: AtomicBool::new(false),
-                    repaying: AtomicBool::new(false),
-                })),
-                timeouts,
-                call_timeout,
-                subscriber,
-                health: Mutex::new(Health::default()),
-                failures: AtomicU64::new(0),
-                loaded: Mutex::new((0, 0)),
-                eviction_checked: AtomicU64::new(0),
-                eviction_warned: Mutex::new(Vec::new()),
-                channel_refusal_warned: AtomicBool::new(false),
-                closed: CancellationToken::new(),
-            }
+            let standalone = Standalone::new(sentinel, current, timeouts, call_timeout);
+            let link = Link::Standalone(Box::new(standalone));
+            Inner::new(link, timeouts, call_timeout, following(weak, timeouts))
         });
         if matches!(&inner.link, Link::Standalone(s) if s.sentinel.is_some()) {
             watch_switches(&inner);
         }
-        Ok(Self::hands_on(Self { inner }))
+        Ok(Self { inner })
     }
 
     /// Gives the node's subscriber what hands on a wake that this client was woken by
@@ -580,12 +615,12 @@ impl Node {
 
     /// Reads the memory policy of the node's servers (`INFO memory`; a cluster: every
     /// master) and returns those that can evict lock keys (see
-    /// [`eviction_risk`](crate::admin::eviction_risk)); warns of each (a `WARN` event) the
+    /// [`eviction_risk`](eviction::eviction_risk)); warns of each (a `WARN` event) the
     /// first time this node sees that server with that policy. Marks the connection as
     /// checked, so the client's own check per connection does not ask again.
     ///
     /// Cancel safe: it only reads.
-    pub async fn eviction_risks(&self) -> Result<Vec<crate::EvictionRisk>, Error> {
+    pub async fn eviction_risks(&self) -> Result<Vec<EvictionRisk>, Error> {
         // Claimed before asking: a call that succeeds meanwhile does not ask again.
         self.inner
             .eviction_checked
@@ -593,7 +628,7 @@ impl Node {
         let servers = self.info("memory").await?;
         let mut risks = Vec::new();
         for (addr, text) in servers {
-            let risk = crate::admin::eviction_risk(&addr, &text);
+            let risk = eviction::eviction_risk(&addr, &text);
             tracing::debug!(node = %addr, can_evict = risk.is_some(), "memory policy read");
             let Some(risk) = risk else {
                 continue;
@@ -794,6 +829,26 @@ impl Node {
 }
 
 impl Standalone {
+    /// A standalone node's link, going to `current` first, not stalled, owing nothing.
+    fn new(
+        sentinel: Option<SentinelUrl>,
+        current: Current,
+        timeouts: Timeouts,
+        call_timeout: Duration,
+    ) -> Self {
+        Standalone {
+            sentinel,
+            current: RwLock::new(Arc::new(current)),
+            resolving: tokio::sync::Mutex::new(()),
+            timeouts,
+            call_timeout,
+            stall: Stall::default(),
+            owed: Mutex::new(VecDeque::new()),
+            owing: AtomicBool::new(false),
+            repaying: AtomicBool::new(false),
+        }
+    }
+
     /// Whether `call` stays unsent while the node is stalled: an acquire, or the release
     /// of a token drawn since the stall began (see [`stall`]).
     fn holds_back(&self, call: &Call) -> bool {
@@ -1076,47 +1131,6 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub(super) fn timed_out(addr: &str, after: Duration) -> Error {
-    Error::Unavailable {
-        node: addr.to_owned(),
-        reason: UnavailableReason::TimedOut,
-        detail: format!("no answer within {}", HumanDuration(after)),
-        source: None,
-    }
-}
-
-/// Whether `e` says that a call got no answer in time.
-fn is_timeout(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Unavailable {
-            reason: UnavailableReason::TimedOut,
-            ..
-        }
-    )
-}
-
-/// Whether `e` says that a call may not have reached the server, or run there, because
-/// of the link: no answer in time, a connection that broke (before or after the call
-/// went out), or none to be had. A release that failed so is kept to send again.
-fn link_failed(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Unavailable {
-            reason: UnavailableReason::TimedOut
-                | UnavailableReason::Io
-                | UnavailableReason::Refused,
-            ..
-        }
-    )
-}
-
-/// Whether `e` says that the link failed without the server's having stopped answering
-/// on it (see [`link_failed`]): no answer from the server came with it.
-fn link_broke(e: &Error) -> bool {
-    link_failed(e) && !is_timeout(e)
-}
-
 /// A call held back, unsent, since the node's server stopped answering.
 fn not_sent(addr: &str) -> Error {
     Error::Unavailable {
@@ -1131,236 +1145,9 @@ fn not_sent(addr: &str) -> Error {
     }
 }
 
-/// An ACL refusal of `call` (sent in `flavor`), said so that the user knows what to
-/// allow; other errors as they are.
-pub(super) fn refused(call: &Call, error: Error, flavor: Flavor) -> Error {
-    match error {
-        Error::Rejected {
-            node,
-            code,
-            message,
-        } => match call.refusal(&message, flavor) {
-            Some(message) => Error::Rejected {
-                node,
-                code: "NOPERM".to_owned(),
-                message,
-            },
-            None => Error::Rejected {
-                node,
-                code,
-                message,
-            },
-        },
-        other => other,
-    }
-}
-
 impl Current {
     /// A driver error of this connection, sorted (see [`map_error`]).
     fn error(&self, e: &RedisError) -> Error {
         map_error(&self.addr, &self.client, e)
-    }
-}
-
-/// Sorts a driver error of `client`'s connection into the variant the caller acts on;
-/// a connection that breaks or times out as a TLS/plain mix-up does gets a hint.
-fn map_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
-    let tls = matches!(
-        client.get_connection_info().addr(),
-        redis::ConnectionAddr::TcpTls { .. }
-    );
-    if matches!(e.code(), Some("MOVED" | "ASK" | "CLUSTERDOWN")) {
-        // Only a cluster node redirects (or says the cluster is down): the URL should
-        // have named the cluster.
-        return Error::Rejected {
-            node: addr.to_owned(),
-            code: e.code().unwrap_or_default().to_owned(),
-            message: format!(
-                "this is a Redis Cluster node: use {}://{addr} (it answered {} {})",
-                if tls {
-                    "rediss+cluster"
-                } else {
-                    "redis+cluster"
-                },
-                e.code().unwrap_or_default(),
-                e.detail().unwrap_or_default()
-            ),
-        };
-    }
-    match sort_error(addr, e) {
-        Error::Unavailable {
-            node,
-            reason: reason @ (UnavailableReason::TimedOut | UnavailableReason::Io),
-            detail,
-            source,
-        } if detail.is_empty() => {
-            let detail = match (tls, reason) {
-                (true, UnavailableReason::TimedOut) => {
-                    "no TLS handshake: if the port is not a TLS port, use redis://"
-                }
-                (false, UnavailableReason::Io) if e.to_string().contains("reset by peer") => {
-                    "if the port is a TLS port (which drops plain connections), use rediss://"
-                }
-                _ => "",
-            };
-            Error::Unavailable {
-                node,
-                reason,
-                detail: detail.to_owned(),
-                source,
-            }
-        }
-        other => other,
-    }
-}
-
-/// Sorts a driver error into the variant the caller acts on.
-pub(super) fn sort_error(addr: &str, e: &RedisError) -> Error {
-    if let Some(problem) = access::certificate_problem(e) {
-        return Error::Unavailable {
-            node: addr.to_owned(),
-            reason: UnavailableReason::Tls,
-            detail: problem,
-            source: None,
-        };
-    }
-    if let Some((key, found)) = replies::wrong_type(e) {
-        return Error::WrongType {
-            node: addr.to_owned(),
-            key,
-            found,
-        };
-    }
-    if let Some((key, count, asked)) = replies::permits_mismatch(e) {
-        return Error::PermitsMismatch {
-            node: addr.to_owned(),
-            name: crate::keys::name_in(&key).to_owned(),
-            count,
-            asked,
-        };
-    }
-    if e.detail().is_some_and(|d| d.contains("unauthenticated")) {
-        // Redis caps what an unauthenticated connection may send, and answers a longer
-        // request with a protocol error instead of NOAUTH.
-        return Error::Rejected {
-            node: addr.to_owned(),
-            code: "NOAUTH".to_owned(),
-            message: "NOAUTH authentication required".to_owned(),
-        };
-    }
-    let message = || {
-        let mut m = e.code().unwrap_or_default().to_owned();
-        if let Some(d) = e.detail() {
-            if !m.is_empty() {
-                m.push(' ');
-            }
-            m.push_str(d);
-        }
-        if m.is_empty() { e.to_string() } else { m }
-    };
-    let unavailable = |reason| Error::Unavailable {
-        node: addr.to_owned(),
-        reason,
-        detail: String::new(),
-        source: Some(DriverError::new(e.clone())),
-    };
-    if e.is_timeout() {
-        return unavailable(UnavailableReason::TimedOut);
-    }
-    if e.is_connection_refusal() {
-        return unavailable(UnavailableReason::Refused);
-    }
-    match e.kind() {
-        // Bytes that are not RESP (a reply fencelock's own decoders refuse says which
-        // script replied what instead).
-        ErrorKind::Parse if e.to_string().contains("Parse error at") => Error::Unavailable {
-            node: addr.to_owned(),
-            reason: UnavailableReason::Io,
-            detail: "it does not answer in Redis's protocol: is it a Redis server, and the \
-                     right port?"
-                .to_owned(),
-            source: Some(DriverError::new(e.clone())),
-        },
-        ErrorKind::Io => unavailable(UnavailableReason::Io),
-        ErrorKind::AuthenticationFailed => Error::Rejected {
-            node: addr.to_owned(),
-            code: "WRONGPASS".to_owned(),
-            message: "authentication failed: wrong user name or password".to_owned(),
-        },
-        ErrorKind::Server(ServerErrorKind::BusyLoading) => unavailable(UnavailableReason::Io),
-        _ if e.code().is_some() => Error::Rejected {
-            node: addr.to_owned(),
-            code: e.code().unwrap_or_default().to_owned(),
-            message: message(),
-        },
-        _ => Error::Rejected {
-            node: addr.to_owned(),
-            code: "ERR".to_owned(),
-            message: e.to_string(),
-        },
-    }
-}
-
-/// Hides the credentials of a Redis URL, for messages: the user and password before the
-/// host (`redis://***@host:port`), and the value of every query parameter whose name
-/// holds `pass` (`sentinel_password`, a `redis+unix://` URL's `pass`). Errs on the side
-/// of hiding: a password with an unencoded `@`, `/`, `?` or `#` is hidden whole, and a
-/// string without `://` is hidden up to its last `@`.
-pub(crate) fn redact(url: &str) -> String {
-    // The query's secrets first, so that an `@` in one of them is gone before the
-    // user part is looked for.
-    let url = match url.split_once('?') {
-        Some((base, query)) => {
-            let mut out = format!("{base}?");
-            for (i, pair) in query.split('&').enumerate() {
-                if i > 0 {
-                    out.push('&');
-                }
-                match pair.split_once('=') {
-                    Some((key, _)) if key.to_ascii_lowercase().contains("pass") => {
-                        out.push_str(key);
-                        out.push_str("=***");
-                    }
-                    _ => out.push_str(pair),
-                }
-            }
-            out
-        }
-        None => url.to_owned(),
-    };
-    let start = url.find("://").map_or(0, |i| i + 3);
-    match url.rfind('@') {
-        Some(at) if at >= start => format!("{}***{}", &url[..start], &url[at..]),
-        _ => url,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn redacts_credentials() {
-        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
-        assert_eq!(redact("nonsense"), "nonsense");
-        // An unencoded `@` or `?` in the password.
-        assert_eq!(redact("redis://:p@w?x@h:1"), "redis://***@h:1");
-        // The sentinels' password in the query, with or without an `@` in it.
-        assert_eq!(
-            redact("redis+sentinel://u:pw@h:1,h:2/svc?sentinel_password=s@p&x=1"),
-            "redis+sentinel://***@h:1,h:2/svc?sentinel_password=***&x=1"
-        );
-        assert_eq!(
-            redact("redis+sentinel://h:1/svc?sentinel_password=sp"),
-            "redis+sentinel://h:1/svc?sentinel_password=***"
-        );
-        // A Unix socket URL's password.
-        assert_eq!(
-            redact("redis+unix:///tmp/r.sock?db=1&pass=pw"),
-            "redis+unix:///tmp/r.sock?db=1&pass=***"
-        );
-        // No scheme.
-        assert_eq!(redact("u:pw@h:1"), "***@h:1");
     }
 }

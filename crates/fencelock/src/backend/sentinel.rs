@@ -14,7 +14,7 @@ use futures_util::future::join_all;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::access::{self, Access, TlsSettings};
-use super::node::redact;
+use super::errors::{certificate_problem, redact};
 use crate::error::{Error, UnavailableReason};
 
 /// A parsed `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/DB]`
@@ -202,71 +202,83 @@ pub(crate) async fn resolve(
     url: &SentinelUrl,
     within: Duration,
 ) -> Result<(String, redis::Client), Error> {
-    let asks = (0..url.sentinels.len()).map(|i| async move {
-        let client = url.sentinel(i)?;
-        let ask = async {
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(&url.service)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
-        };
-        match tokio::time::timeout(within, ask).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) if auth_refused(&e) => Err(Error::Rejected {
-                node: url.sentinel_addr(i),
-                code: e.code().unwrap_or("WRONGPASS").to_owned(),
-                message: "the sentinel refuses the credentials: the sentinels' own go in the \
-                          URL's sentinel_username and sentinel_password"
-                    .to_owned(),
-            }),
-            Ok(Err(e)) => Err(match access::certificate_problem(&e) {
-                Some(problem) => Error::Unavailable {
-                    node: url.sentinel_addr(i),
-                    reason: UnavailableReason::Tls,
-                    detail: format!("sentinel: {problem}"),
-                    source: None,
-                },
-                None => Error::Unavailable {
-                    node: url.sentinel_addr(i),
-                    reason: UnavailableReason::Io,
-                    detail: format!("sentinel: {e}"),
-                    source: None,
-                },
-            }),
-            Err(_) => Err(Error::Unavailable {
-                node: url.sentinel_addr(i),
-                reason: UnavailableReason::TimedOut,
-                detail: "the sentinel did not answer".to_owned(),
-                source: None,
-            }),
-        }
-    });
-    let mut answers = join_all(asks).await;
-    let answered = answers.iter().filter(|a| a.is_ok()).count();
-    if answered == 0 {
-        // What to fix comes first: refused credentials, a certificate problem; only
-        // sentinels that did not answer at all are down.
-        let fixable = answers.iter().position(|a| {
-            matches!(
-                a,
-                Err(Error::Rejected { .. }
-                    | Error::Unavailable {
-                        reason: UnavailableReason::Tls,
-                        ..
-                    })
-            )
-        });
-        if let Some(Err(problem)) = fixable.map(|i| answers.swap_remove(i)) {
-            return Err(problem);
-        }
+    let asks = (0..url.sentinels.len()).map(|i| ask_sentinel(url, i, within));
+    let (host, port) = elect(url, join_all(asks).await)?;
+    let addr = format!("{host}:{port}");
+    let master = url.master(&host, port)?;
+    let role = role(&addr, &master, within).await?;
+    if role != "master" {
         return Err(Error::Unavailable {
-            node: url.label(),
-            reason: UnavailableReason::Refused,
-            detail: "every sentinel is down or unreachable".to_owned(),
+            node: addr,
+            reason: UnavailableReason::Io,
+            detail: format!(
+                "the sentinels name it master of {:?}, but it says {role:?}: a failover in progress?",
+                url.service
+            ),
             source: None,
         });
+    }
+    Ok((addr, master))
+}
+
+/// What sentinel `i` names as the service's master (`None`: it knows no such service),
+/// or why it named none.
+async fn ask_sentinel(
+    url: &SentinelUrl,
+    i: usize,
+    within: Duration,
+) -> Result<Option<(String, u16)>, Error> {
+    let client = url.sentinel(i)?;
+    let ask = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&url.service)
+            .query_async::<Option<(String, u16)>>(&mut conn)
+            .await
+    };
+    match tokio::time::timeout(within, ask).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) if auth_refused(&e) => Err(Error::Rejected {
+            node: url.sentinel_addr(i),
+            code: e.code().unwrap_or("WRONGPASS").to_owned(),
+            message: "the sentinel refuses the credentials: the sentinels' own go in the \
+                      URL's sentinel_username and sentinel_password"
+                .to_owned(),
+        }),
+        Ok(Err(e)) => Err(match certificate_problem(&e) {
+            Some(problem) => Error::Unavailable {
+                node: url.sentinel_addr(i),
+                reason: UnavailableReason::Tls,
+                detail: format!("sentinel: {problem}"),
+                source: None,
+            },
+            None => Error::Unavailable {
+                node: url.sentinel_addr(i),
+                reason: UnavailableReason::Io,
+                detail: format!("sentinel: {e}"),
+                source: None,
+            },
+        }),
+        Err(_) => Err(Error::Unavailable {
+            node: url.sentinel_addr(i),
+            reason: UnavailableReason::TimedOut,
+            detail: "the sentinel did not answer".to_owned(),
+            source: None,
+        }),
+    }
+}
+
+/// The master that most of the sentinels that answered name, from every sentinel's
+/// `answer`; an error when none answered, none knows the service, or no master has a
+/// majority (a failover under way, or sentinels of different setups).
+fn elect(
+    url: &SentinelUrl,
+    answers: Vec<Result<Option<(String, u16)>, Error>>,
+) -> Result<(String, u16), Error> {
+    let answered = answers.iter().filter(|a| a.is_ok()).count();
+    if answered == 0 {
+        return Err(none_answered(url, answers));
     }
     let mut votes: HashMap<(String, u16), usize> = HashMap::new();
     for (host, port) in answers.into_iter().flatten().flatten() {
@@ -298,64 +310,80 @@ pub(crate) async fn resolve(
             ),
         });
     }
-    let ((host, port), _) = candidates.swap_remove(0);
-    let addr = format!("{host}:{port}");
-    let master = url.master(&host, port)?;
+    Ok(candidates.swap_remove(0).0)
+}
+
+/// Why no sentinel answered, from their `answers` (every one an error): a problem to
+/// fix, if one said so, before "every sentinel is down".
+fn none_answered(
+    url: &SentinelUrl,
+    mut answers: Vec<Result<Option<(String, u16)>, Error>>,
+) -> Error {
+    // What to fix comes first: refused credentials, a certificate problem; only
+    // sentinels that did not answer at all are down.
+    let fixable = answers.iter().position(|a| {
+        matches!(
+            a,
+            Err(Error::Rejected { .. }
+                | Error::Unavailable {
+                    reason: UnavailableReason::Tls,
+                    ..
+                })
+        )
+    });
+    if let Some(Err(problem)) = fixable.map(|i| answers.swap_remove(i)) {
+        return problem;
+    }
+    Error::Unavailable {
+        node: url.label(),
+        reason: UnavailableReason::Refused,
+        detail: "every sentinel is down or unreachable".to_owned(),
+        source: None,
+    }
+}
+
+/// The role that the server at `addr` (the master the sentinels name) gives for itself
+/// (`ROLE`): the sentinels may name a master that is not one yet, or not any more.
+async fn role(addr: &str, master: &redis::Client, within: Duration) -> Result<String, Error> {
     let role = async {
         let mut conn = master.get_multiplexed_async_connection().await?;
         redis::cmd("ROLE")
             .query_async::<redis::Value>(&mut conn)
             .await
     };
-    let role = match tokio::time::timeout(within, role).await {
-        Ok(Ok(redis::Value::Array(items))) => match items.first() {
+    match tokio::time::timeout(within, role).await {
+        Ok(Ok(redis::Value::Array(items))) => Ok(match items.first() {
             Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
             Some(redis::Value::SimpleString(s)) => s.clone(),
             _ => String::new(),
-        },
-        Ok(Ok(_)) => String::new(),
-        Ok(Err(e)) if auth_refused(&e) => {
-            return Err(Error::Rejected {
-                node: addr,
-                code: e.code().unwrap_or("WRONGPASS").to_owned(),
-                message: "the master refuses the credentials: the master's go in the URL \
-                          (user:password@), the sentinels' in sentinel_password"
-                    .to_owned(),
-            });
-        }
+        }),
+        Ok(Ok(_)) => Ok(String::new()),
+        Ok(Err(e)) if auth_refused(&e) => Err(Error::Rejected {
+            node: addr.to_owned(),
+            code: e.code().unwrap_or("WRONGPASS").to_owned(),
+            message: "the master refuses the credentials: the master's go in the URL \
+                      (user:password@), the sentinels' in sentinel_password"
+                .to_owned(),
+        }),
         Ok(Err(e)) => {
-            let (reason, why) = match access::certificate_problem(&e) {
+            let (reason, why) = match certificate_problem(&e) {
                 Some(problem) => (UnavailableReason::Tls, problem),
                 None => (UnavailableReason::Io, e.to_string()),
             };
-            return Err(Error::Unavailable {
-                node: addr,
+            Err(Error::Unavailable {
+                node: addr.to_owned(),
                 reason,
                 detail: format!("the master the sentinels name: {why}"),
                 source: None,
-            });
+            })
         }
-        Err(_) => {
-            return Err(Error::Unavailable {
-                node: addr,
-                reason: UnavailableReason::TimedOut,
-                detail: "the master the sentinels name did not answer ROLE".to_owned(),
-                source: None,
-            });
-        }
-    };
-    if role != "master" {
-        return Err(Error::Unavailable {
-            node: addr,
-            reason: UnavailableReason::Io,
-            detail: format!(
-                "the sentinels name it master of {:?}, but it says {role:?}: a failover in progress?",
-                url.service
-            ),
+        Err(_) => Err(Error::Unavailable {
+            node: addr.to_owned(),
+            reason: UnavailableReason::TimedOut,
+            detail: "the master the sentinels name did not answer ROLE".to_owned(),
             source: None,
-        });
+        }),
     }
-    Ok((addr, master))
 }
 
 /// Whether the server refused the credentials (or wanted some).

@@ -60,7 +60,7 @@ use tokio::sync::Notify;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
-use super::Timeouts;
+use super::access::Timeouts;
 use crate::keys::LockKeys;
 
 /// The shared pub/sub connection of one client to one node.
@@ -364,6 +364,17 @@ impl Subscriber {
         id: u64,
         wake: Wake<'_>,
     ) -> Result<Subscription, redis::RedisError> {
+        let subscription = self.register(channel, id, wake);
+        let inner = &self.inner;
+        let (sink, epoch) = inner.connection().await?;
+        inner
+            .ensure_subscribed(&subscription.channel, sink, epoch)
+            .await?;
+        Ok(subscription)
+    }
+
+    /// Registers a waiter on `channel`, not yet subscribed.
+    pub(crate) fn register(&self, channel: &str, id: u64, wake: Wake<'_>) -> Subscription {
         let inner = &self.inner;
         let kind = match wake {
             Wake::Plain => Kind::Plain,
@@ -395,17 +406,12 @@ impl Subscriber {
             );
             ch
         };
-        let subscription = Subscription {
+        Subscription {
             inner: inner.clone(),
             channel: ch,
             id,
             notify,
-        };
-        let (sink, epoch) = inner.connection().await?;
-        inner
-            .ensure_subscribed(&subscription.channel, sink, epoch)
-            .await?;
-        Ok(subscription)
+        }
     }
 
     /// How many plain waiters of this client wait on `channel`.
@@ -692,6 +698,39 @@ impl Inner {
             }
         }
     }
+
+    /// A cluster node's pub/sub was lost or a slot moved: subscribes every channel with
+    /// waiters again on a new epoch of the live connection and wakes them all (messages
+    /// may have been missed). Returns that epoch and when to try again if a subscription
+    /// did not get through (after `retry`'s delay, doubled); `None` while disconnected.
+    async fn resync(&self, retry: Backoff) -> Option<(u64, Backoff)> {
+        tracing::debug!("a cluster node's pub/sub was lost or moved; subscribing again");
+        let (link, epoch) = self.renew_epoch()?;
+        let done = self.resubscribe(&link, epoch).await;
+        self.wake_all();
+        let retry = if done {
+            None
+        } else {
+            let delay = retry.map_or(Duration::from_millis(20), |(_, d)| {
+                (d * 2).min(Duration::from_secs(1))
+            });
+            Some((tokio::time::Instant::now() + delay, delay))
+        };
+        Some((epoch, retry))
+    }
+
+    /// The connection of `epoch` was lost: forgets it (unless a newer one replaced it)
+    /// and wakes every waiter.
+    fn disconnected(&self, epoch: u64) {
+        let mut conn = lock(&self.conn);
+        if conn.as_ref().is_some_and(|(_, e)| *e == epoch) {
+            *conn = None;
+        }
+        drop(conn);
+        tracing::debug!("pub/sub connection lost; reconnecting");
+        // Until the resubscribe succeeds, waiters rely on their lease-bounded timers.
+        self.wake_all();
+    }
 }
 
 /// Reads messages; when the connection drops, reconnects, resubscribes every channel
@@ -707,96 +746,96 @@ async fn dispatch(
     mut stream: Messages,
     mut epoch: u64,
 ) {
-    // A cluster resubscription that did not get through: when to try again.
-    let mut retry: Option<(tokio::time::Instant, Duration)> = None;
     loop {
-        loop {
-            let again = async {
-                match retry {
-                    Some((at, _)) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let event = tokio::select! {
-                event = stream.next() => event,
-                () = again => Some(Event::NodeLost),
-                () = closed.cancelled() => return,
-            };
-            let Some(event) = event else { break };
-            let Some(strong) = inner.upgrade() else {
-                return;
-            };
-            let resync = match event {
-                Event::Message(channel, payload) => {
-                    strong.deliver(&channel, &payload);
-                    false
-                }
-                Event::NodeLost => true,
-                Event::Unsubscribed(channel) => strong.has_waiters(&channel),
-            };
-            if !resync {
-                continue;
-            }
-            tracing::debug!("a cluster node's pub/sub was lost or moved; subscribing again");
-            let Some((link, new_epoch)) = strong.renew_epoch() else {
-                continue;
-            };
-            epoch = new_epoch;
-            let done = strong.resubscribe(&link, new_epoch).await;
-            strong.wake_all();
-            retry = if done {
-                None
-            } else {
-                let delay = retry.map_or(Duration::from_millis(20), |(_, d)| {
-                    (d * 2).min(Duration::from_secs(1))
-                });
-                Some((tokio::time::Instant::now() + delay, delay))
-            };
-        }
-        retry = None;
+        let Some(lost) = read(&inner, &closed, &mut stream, epoch).await else {
+            return;
+        };
         {
             let Some(strong) = inner.upgrade() else {
                 return;
             };
-            let mut conn = lock(&strong.conn);
-            if conn.as_ref().is_some_and(|(_, e)| *e == epoch) {
-                *conn = None;
-            }
-            drop(conn);
-            tracing::debug!("pub/sub connection lost; reconnecting");
-            // Until the resubscribe succeeds, waiters rely on their lease-bounded timers.
-            strong.wake_all();
+            strong.disconnected(lost);
         }
-        let mut delay = Duration::from_millis(20);
-        loop {
-            let Some(strong) = inner.upgrade() else {
-                return;
-            };
-            if strong.channels_snapshot().is_empty() {
-                return; // nobody waits: the next subscribe connects again
+        let Some((new_stream, new_epoch)) = reconnect(&inner, &closed).await else {
+            return;
+        };
+        stream = new_stream;
+        epoch = new_epoch;
+    }
+}
+
+/// A cluster resubscription that did not get through: when to try again, and the delay
+/// that led there (doubled at each try, up to a second).
+type Backoff = Option<(tokio::time::Instant, Duration)>;
+
+/// Reads the connection of `epoch` until it is lost, delivering each message; on a
+/// cluster, subscribes again whatever a lost node or a moved slot took (see
+/// [`Inner::resync`]). Returns the epoch of the connection lost, or `None` when the
+/// client is gone.
+async fn read(
+    inner: &Weak<Inner>,
+    closed: &CancellationToken,
+    stream: &mut Messages,
+    mut epoch: u64,
+) -> Option<u64> {
+    let mut retry: Backoff = None;
+    loop {
+        let again = async {
+            match retry {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
-            match strong.connect().await {
-                Ok(((link, new_epoch), new_stream)) => {
-                    strong.resubscribe(&link, new_epoch).await;
-                    strong.wake_all();
-                    match new_stream {
-                        Some(s) => {
-                            stream = s;
-                            epoch = new_epoch;
-                            break;
-                        }
-                        None => return, // another caller connected; its dispatcher reads
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "pub/sub reconnect failed"),
+        };
+        let event = tokio::select! {
+            event = stream.next() => event,
+            () = again => Some(Event::NodeLost),
+            () = closed.cancelled() => return None,
+        };
+        let Some(event) = event else {
+            return Some(epoch);
+        };
+        let strong = inner.upgrade()?;
+        let resync = match event {
+            Event::Message(channel, payload) => {
+                strong.deliver(&channel, &payload);
+                false
             }
-            drop(strong);
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = closed.cancelled() => return,
-            }
-            delay = (delay * 2).min(Duration::from_secs(1));
+            Event::NodeLost => true,
+            Event::Unsubscribed(channel) => strong.has_waiters(&channel),
+        };
+        if resync && let Some((new_epoch, next)) = strong.resync(retry).await {
+            epoch = new_epoch;
+            retry = next;
         }
+    }
+}
+
+/// Connects again after the connection was lost, with backoff, then resubscribes every
+/// channel with waiters and wakes them all. Returns the new connection's reports and
+/// epoch; `None` when nobody waits any more (the next subscribe connects), the client
+/// is gone, or another caller connected meanwhile (its dispatcher reads).
+async fn reconnect(inner: &Weak<Inner>, closed: &CancellationToken) -> Option<(Messages, u64)> {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let strong = inner.upgrade()?;
+        if strong.channels_snapshot().is_empty() {
+            return None; // nobody waits: the next subscribe connects again
+        }
+        match strong.connect().await {
+            Ok(((link, new_epoch), new_stream)) => {
+                strong.resubscribe(&link, new_epoch).await;
+                strong.wake_all();
+                // None: another caller connected; its dispatcher reads.
+                return new_stream.map(|stream| (stream, new_epoch));
+            }
+            Err(e) => tracing::debug!(error = %e, "pub/sub reconnect failed"),
+        }
+        drop(strong);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = closed.cancelled() => return None,
+        }
+        delay = (delay * 2).min(Duration::from_secs(1));
     }
 }
 
