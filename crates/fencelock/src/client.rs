@@ -1,11 +1,11 @@
 //! The entry point: a [`Client`] holds the connection to Redis and hands out locks.
 
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::admin::{self, Broken, Eviction, Listing, LockStatus, Resize};
-use crate::algorithms::watchdog::Watchdog;
-use std::path::PathBuf;
+use crate::engine::watchdog::{Grant, Watchdog};
 
 use crate::backend::{Access, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
@@ -13,11 +13,13 @@ use crate::detach::DetachedLock;
 use crate::error::Error;
 use crate::fence::FencedWrite;
 use crate::keys;
+use crate::keys::LockKeys;
+use crate::limits::MIN_LEASE;
 use crate::limits::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_PROTECTION,
     MAX_TIMEOUT,
 };
-use crate::lock::{LockBuilder, LockGuard};
+use crate::lock::{Held, LockBuilder, LockGuard};
 use crate::shared::Shared;
 
 /// A connection to one Redis node, shared by every lock taken through it.
@@ -147,7 +149,7 @@ impl Client {
     /// Cancel safe: if dropped, the extend may or may not have happened, and no guard
     /// holds the lock: attach a clone of the detached lock again.
     pub async fn attach(&self, lock: DetachedLock) -> Result<LockGuard, Error> {
-        crate::detach::attach(&self.inner, lock).await
+        attach(&self.inner, lock).await
     }
 
     /// Starts configuring the semaphore called `name`, with `permits` permits: a lock that
@@ -240,17 +242,7 @@ impl Client {
         resource: impl Into<String>,
         token: crate::FencingToken,
     ) -> FencedWrite<'_> {
-        FencedWrite::new(self, resource.into(), token)
-    }
-
-    /// The key prefix this client's keys go under.
-    pub(crate) fn key_prefix(&self) -> &str {
-        &self.inner.prefix
-    }
-
-    /// The one node of a single-node client; `None` for Redlock.
-    pub(crate) fn single_node(&self) -> Option<&crate::backend::Node> {
-        self.inner.backend.only_node()
+        FencedWrite::new(&self.inner, resource.into(), token)
     }
 
     /// What Redis holds for the lock `name`, on each node, read in one consistent
@@ -363,7 +355,7 @@ impl Client {
         ClientStats {
             subscribed_channels: channels,
             waiters,
-            background_tasks: self.inner.background.len(),
+            background_tasks: self.inner.backend.background().len(),
             watched_leases: self.inner.watchdog.len(),
         }
     }
@@ -380,7 +372,7 @@ impl Client {
     /// # Cancel safety
     /// Cancel safe: it only waits; the releases go on in the background.
     pub async fn flush(&self) {
-        let tracker = &self.inner.background;
+        let tracker = self.inner.backend.background();
         tracker.close();
         tracker.wait().await;
         tracker.reopen();
@@ -647,13 +639,56 @@ impl ClientBuilder {
         Ok(Client {
             inner: Arc::new(Shared {
                 watchdog: Watchdog::new(backend.clone(), self.renewal_batch),
-                background: backend.background().clone(),
-                background_turns: Arc::new(tokio::sync::Semaphore::new(
-                    crate::limits::BACKGROUND_RELEASES_IN_FLIGHT,
-                )),
                 backend,
                 prefix: self.prefix,
             }),
         })
     }
+}
+
+/// [`Client::attach`]: confirms with one owner-checked extend that `lock` is still held,
+/// and watches its lease from then on.
+async fn attach(shared: &Arc<Shared>, lock: DetachedLock) -> Result<LockGuard, Error> {
+    let keys = LockKeys::new(&shared.prefix, &lock.name)?;
+    let max_hold_left = lock.max_hold_end.map(|end| {
+        end.duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO)
+    });
+    let hold_until = max_hold_left.map(|left| Instant::now() + left);
+    // Not past the maximum hold: the confirming extend ends there at the latest.
+    let (ttl, capped) = match max_hold_left {
+        Some(left) if left < MIN_LEASE => {
+            return Err(Error::LeaseLost {
+                name: lock.name,
+                cause: crate::LossCause::MaxHold,
+            });
+        }
+        Some(left) if left <= lock.ttl => (left, true),
+        _ => (lock.ttl, false),
+    };
+    let holder = lock.protocol.holder_id(&lock.token).into_owned();
+    let (sent_at, valid_until) = shared
+        .backend
+        .extend(&lock.name, &keys, &holder, ttl)
+        .await?;
+    Ok(LockGuard::watched(
+        shared.clone(),
+        lock.name,
+        Held {
+            keys,
+            token: lock.token,
+            protocol: lock.protocol,
+            fence: lock.fence,
+            asked_ttl: ttl,
+            ttl: lock.ttl,
+            renew: lock.renew,
+            hold_until,
+        },
+        Grant {
+            sent_at,
+            ttl,
+            capped,
+            valid_until,
+        },
+    ))
 }

@@ -5,22 +5,19 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::algorithms::watchdog::Grant;
-use crate::backend::Mode;
 use crate::error::Error;
-use crate::keys::{self, LockKeys};
+use crate::keys;
 use crate::limits::{MAX_LEASE, MIN_LEASE};
-use crate::lock::{Held, LockGuard};
-use crate::shared::Shared;
+use crate::protocols::{self, Protocol};
 use crate::token::{FencingToken, HolderToken};
 
 /// The first line of [`DetachedLock::to_text`]: the format and its version.
 const HEADER: &str = "fencelock detached lock 1";
 
 /// A held lock that its guard let go of without releasing it
-/// ([`LockGuard::detach`]): the key keeps its lease in Redis, renewed by no one, until
+/// ([`LockGuard::detach`](crate::LockGuard::detach)): the key keeps its lease in Redis, renewed by no one, until
 /// [`Client::attach`](crate::Client::attach) takes it over or the lease runs out.
 ///
 /// It carries what the holder needs: the name, the holder token (which lets its bearer
@@ -30,11 +27,11 @@ const HEADER: &str = "fencelock detached lock 1";
 /// that it means the same in another process or on another host). Its `Debug`
 /// hides the holder token and the owner id; [`to_text`](Self::to_text) does not: pass
 /// that text only to processes you trust (a pipe, not a command line or a log).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct DetachedLock {
     pub(crate) name: String,
     pub(crate) token: HolderToken,
-    pub(crate) mode: Mode,
+    pub(crate) protocol: Arc<dyn Protocol>,
     pub(crate) fence: FencingToken,
     /// The lease each renewal asks for.
     pub(crate) ttl: Duration,
@@ -44,12 +41,27 @@ pub struct DetachedLock {
     pub(crate) max_hold_end: Option<SystemTime>,
 }
 
+/// Equal when every field is (the mode as it is written).
+impl PartialEq for DetachedLock {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.token == other.token
+            && self.protocol.to_text() == other.protocol.to_text()
+            && self.fence == other.fence
+            && self.ttl == other.ttl
+            && self.renew == other.renew
+            && self.max_hold_end == other.max_hold_end
+    }
+}
+
+impl Eq for DetachedLock {}
+
 impl fmt::Debug for DetachedLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DetachedLock")
             .field("name", &self.name)
             .field("fencing_token", &self.fence)
-            .field("mode", &self.mode)
+            .field("mode", &self.protocol)
             .field("ttl", &self.ttl)
             .field("renew", &self.renew)
             .field("max_hold_end", &self.max_hold_end)
@@ -73,16 +85,7 @@ impl DetachedLock {
     /// (and a reentrant owner id), which let whoever reads it extend and release the
     /// lock: never log it, and pass it through a pipe or a file only you can read.
     pub fn to_text(&self) -> String {
-        let mode = match &self.mode {
-            Mode::Plain => "plain".to_owned(),
-            Mode::Fair { waiter_timeout } => format!("fair {}", waiter_timeout.as_millis()),
-            Mode::Reentrant { owner } => format!("reentrant {owner}"),
-            Mode::Semaphore { permits, fair } => match fair {
-                Some(timeout) => format!("semaphore {permits} {}", timeout.as_millis()),
-                None => format!("semaphore {permits}"),
-            },
-            Mode::Read { owner } => format!("read {owner}"),
-        };
+        let mode = self.protocol.to_text();
         let max_hold = self.max_hold_end.map_or_else(
             || "none".to_owned(),
             |end| {
@@ -154,96 +157,15 @@ impl DetachedLock {
                     ),
             ),
         };
-        let mode = field("mode")?;
-        let (kind, rest) = mode.split_once(' ').unwrap_or((mode, ""));
-        let ms = |text: &str| -> Result<Duration, Error> {
-            text.parse()
-                .map(Duration::from_millis)
-                .map_err(|_| bad("the mode's duration is not a number"))
-        };
-        let mode = match kind {
-            "plain" => Mode::Plain,
-            "fair" => Mode::Fair {
-                waiter_timeout: ms(rest)?,
-            },
-            "reentrant" => Mode::Reentrant {
-                owner: crate::lock::checked_owner(rest)?,
-            },
-            "semaphore" => {
-                let (permits, fair) = match rest.split_once(' ') {
-                    Some((permits, timeout)) => (permits, Some(ms(timeout)?)),
-                    None => (rest, None),
-                };
-                Mode::Semaphore {
-                    permits: permits
-                        .parse()
-                        .map_err(|_| bad("the permit count is not a number"))?,
-                    fair,
-                }
-            }
-            "read" => Mode::Read {
-                owner: if rest.is_empty() {
-                    String::new()
-                } else {
-                    crate::lock::checked_owner(rest)?
-                },
-            },
-            _ => return Err(bad("mode is not one fencelock writes")),
-        };
+        let protocol = protocols::from_text(field("mode")?)?;
         Ok(Self {
             name,
             token: HolderToken::from_stored(token.to_ascii_lowercase()),
-            mode,
+            protocol,
             fence: FencingToken::new(number("fence")?),
             ttl,
             renew,
             max_hold_end,
         })
     }
-}
-
-/// [`Client::attach`](crate::Client::attach).
-pub(crate) async fn attach(shared: &Arc<Shared>, lock: DetachedLock) -> Result<LockGuard, Error> {
-    let keys = LockKeys::new(&shared.prefix, &lock.name)?;
-    let max_hold_left = lock.max_hold_end.map(|end| {
-        end.duration_since(SystemTime::now())
-            .unwrap_or(Duration::ZERO)
-    });
-    let hold_until = max_hold_left.map(|left| Instant::now() + left);
-    // Not past the maximum hold: the confirming extend ends there at the latest.
-    let (ttl, capped) = match max_hold_left {
-        Some(left) if left < MIN_LEASE => {
-            return Err(Error::LeaseLost {
-                name: lock.name,
-                cause: crate::LossCause::MaxHold,
-            });
-        }
-        Some(left) if left <= lock.ttl => (left, true),
-        _ => (lock.ttl, false),
-    };
-    let holder = lock.mode.holder_id(&lock.token).into_owned();
-    let (sent_at, valid_until) = shared
-        .backend
-        .extend(&lock.name, &keys, &holder, ttl)
-        .await?;
-    Ok(LockGuard::watched(
-        shared.clone(),
-        lock.name,
-        Held {
-            keys,
-            token: lock.token,
-            mode: lock.mode,
-            fence: lock.fence,
-            asked_ttl: ttl,
-            ttl: lock.ttl,
-            renew: lock.renew,
-            hold_until,
-        },
-        Grant {
-            sent_at,
-            ttl,
-            capped,
-            valid_until,
-        },
-    ))
 }

@@ -200,9 +200,16 @@ pub enum Error {
     },
 }
 
+/// Whether a database error says the setup is missing: the function or the table does
+/// not exist (SQLSTATE `42883`, `42P01`), and the message names it.
+pub(crate) fn setup_missing(code: Option<&str>, message: &str) -> bool {
+    matches!(code, Some("42883" | "42P01"))
+        && (message.contains("fencelock_check") || message.contains("fencelock_fence"))
+}
+
 /// [`Error::Database`]'s message: a missing setup says how to install it.
 fn database_message(resource: &str, code: Option<&str>, message: &str) -> String {
-    let missing = crate::fence::setup_missing(code, message);
+    let missing = setup_missing(code, message);
     let code = code.map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default();
     if missing {
         return format!(

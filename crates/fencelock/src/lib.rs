@@ -81,28 +81,33 @@
 //! several independent masters for Redlock, above.
 //!
 //! # Layers
-//! Each layer uses only the ones before it:
+//! Each layer uses only the ones before it (`docs/design.md` traces one acquire
+//! through them):
 //!
+//! 0. **Vocabulary**: [`FencingToken`], [`limits`], [`Error`], [`keys`], [`observe`].
 //! 1. **Lua scripts** (`src/scripts/`): `lock/*.lua`, `semaphore/*.lua`,
-//!    `rwlock/*.lua` (a read-write lock's readers; its writer is `lock/`) and
-//!    `queue/*.lua`, each with a header stating KEYS, ARGV and every reply;
-//!    `fragments/*.lua`, the functions they share (the server clock, key-type checks,
-//!    the holder check, the fencing counter, the fair queue, readers and waiting
-//!    writers), put in front of them by one table (some, in a script with a fast
-//!    path, at its marker line instead); one decoder per reply
-//!    (`replies.rs`). [`lua_scripts`] shows them as sent.
-//! 2. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
-//!    Redlock nodes, and answers acquire, extend, release, abandon, renewal batches and
-//!    subscriptions; `fan_out` asks all nodes at once, each within its timeout;
-//!    `quorum.rs` is the tally (majority, validity, loss, restart protection); `node.rs`
-//!    one node and its errors (a server, a Sentinel-managed master, or a Redis Cluster:
-//!    `sentinel.rs`, `cluster.rs`); `subscriber.rs` the shared pub/sub connection.
-//! 3. **Algorithms** (`src/algorithms/`): the acquire engine (`acquire.rs`: attempts,
-//!    waiting for a release, clean-up), the retry schedule, the watchdog.
-//! 4. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), [`LockBuilder`] and
-//!    [`LockGuard`] (`lock.rs`), [`DelayQueue`] (`delay_queue.rs`), [`Error`]
-//!    (`error.rs`), [`keys`] and [`limits`]; `shared.rs` holds what a client's locks
-//!    and queues share.
+//!    `rwlock/*.lua` (a read-write lock's readers; its writer is `lock/`),
+//!    `queue/*.lua` and `fence/write.lua`, each with a header stating KEYS, ARGV and
+//!    every reply; `fragments/*.lua`, the functions they share, put in front of them by
+//!    one table; one decoder per reply (`replies.rs`). [`lua_scripts`] shows them as
+//!    sent.
+//! 2. **Protocols** (`src/protocols/`): one module per primitive (plain, fair,
+//!    reentrant, semaphore, read side) that says which script takes, releases and
+//!    withdraws it, what its holder's key holds, who a release wakes, and how it is
+//!    written into a [`DetachedLock`].
+//! 3. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
+//!    Redlock nodes: it sends a protocol's calls to all of them at once, each within
+//!    its timeout, and tallies the answers by one set of rules (`quorum.rs`: majority,
+//!    validity, loss, restart protection); `node.rs` is one server, a Sentinel-managed
+//!    master (`sentinel.rs`) or a Redis Cluster (`cluster.rs`); `subscriber.rs` the
+//!    shared pub/sub connection; `errors.rs` the driver's errors as fencelock's.
+//! 4. **Engine** (`src/engine/`): the acquire state machine (`acquire.rs`; it sees the
+//!    backend through the `Nodes` trait, so its tests run on a scripted fake under
+//!    paused time), the retry schedule, and the watchdog that renews leases.
+//! 5. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), [`LockBuilder`] and
+//!    [`LockGuard`] (`lock.rs`), [`DelayQueue`] (`delay_queue.rs`), [`fence`], the
+//!    administration calls (`admin.rs`); `shared.rs` holds what a client's locks and
+//!    queues share.
 //!
 //! Beside them, [`observe`] (`observe.rs`): the names, units and labels of the metrics
 //! and the fields of the tracing spans and events that the acquire engine, the
@@ -119,17 +124,18 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
-mod algorithms;
 mod backend;
 mod client;
 mod delay_queue;
 mod detach;
+mod engine;
 mod error;
 pub mod fence;
 pub mod keys;
 pub mod limits;
 mod lock;
 pub mod observe;
+mod protocols;
 mod scripts;
 mod shared;
 mod token;
@@ -138,11 +144,11 @@ pub use admin::{
     BreakOutcome, Broken, Eviction, Holder, Listing, LockState, LockStatus, NodeBroken, NodeStatus,
     QueuedWaiter, Resize, Unanswered,
 };
-pub use algorithms::retry::Retry;
 pub use backend::eviction::EvictionRisk;
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use detach::DetachedLock;
+pub use engine::retry::Retry;
 pub use error::{
     Blocker, DriverError, Error, HumanDuration, LossCause, NodeOutcome, NodeReport,
     UnavailableReason,

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::algorithms::acquire::{self, Request};
-use crate::algorithms::retry::Retry;
-use crate::algorithms::watchdog::{Grant, Registration};
-use crate::backend::Mode;
+use crate::backend::Withdrawn;
 use crate::delay_queue::{DelayQueue, ItemId};
+use crate::engine::acquire::{self, Request};
+use crate::engine::retry::Retry;
+use crate::engine::watchdog::{Grant, Registration};
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::limits::{
@@ -15,7 +15,8 @@ use crate::limits::{
     MIN_LEASE, MIN_WAITER_TIMEOUT,
 };
 use crate::observe::{self, ReleaseKind, ReleaseOutcome};
-use crate::shared::{Shared, Withdrawn};
+use crate::protocols::{self, Protocol, checked_owner};
+use crate::shared::Shared;
 use crate::token::{FencingToken, HolderToken};
 
 /// How to take one named lock: its TTL, how long to wait, in which order waiters are
@@ -322,7 +323,7 @@ impl LockBuilder {
         self
     }
 
-    fn mode(&self) -> Result<Mode, Error> {
+    fn protocol(&self) -> Result<Arc<dyn Protocol>, Error> {
         if let Some(permits) = self.permits {
             return self.semaphore_mode(permits);
         }
@@ -349,18 +350,14 @@ impl LockBuilder {
                     MIN_WAITER_TIMEOUT,
                     MAX_WAITER_TIMEOUT,
                 )?;
-                Ok(Mode::Fair {
-                    waiter_timeout: *waiter_timeout,
-                })
+                Ok(Arc::new(protocols::Fair::new(*waiter_timeout)))
             }
-            (None, Some(owner)) => Ok(Mode::Reentrant {
-                owner: checked_owner(owner)?,
-            }),
-            (None, None) => Ok(Mode::Plain),
+            (None, Some(owner)) => Ok(Arc::new(protocols::Reentrant::new(checked_owner(owner)?))),
+            (None, None) => Ok(Arc::new(protocols::Plain)),
         }
     }
 
-    fn read_mode(&self) -> Result<Mode, Error> {
+    fn read_mode(&self) -> Result<Arc<dyn Protocol>, Error> {
         if self.shared.backend.is_redlock() {
             return Err(Error::invalid(
                 "lock mode",
@@ -382,15 +379,13 @@ impl LockBuilder {
                 "readers do not store holder info (yet): one key, many readers",
             ));
         }
-        Ok(Mode::Read {
-            owner: match &self.owner {
-                Some(owner) => checked_owner(owner)?,
-                None => String::new(),
-            },
-        })
+        Ok(Arc::new(protocols::Read::new(match &self.owner {
+            Some(owner) => checked_owner(owner)?,
+            None => String::new(),
+        })))
     }
 
-    fn semaphore_mode(&self, permits: u32) -> Result<Mode, Error> {
+    fn semaphore_mode(&self, permits: u32) -> Result<Arc<dyn Protocol>, Error> {
         check_semaphore(&self.shared.backend, permits)?;
         if self.owner.is_some() || self.reader {
             return Err(Error::invalid(
@@ -413,10 +408,7 @@ impl LockBuilder {
                 "a semaphore does not store holder info (yet): one permit set, many holders",
             ));
         }
-        Ok(Mode::Semaphore {
-            permits,
-            fair: self.fair,
-        })
+        Ok(Arc::new(protocols::Semaphore::new(permits, self.fair)))
     }
 
     /// What the holder says about itself, for operators: stored in a key next to the
@@ -600,7 +592,7 @@ impl LockBuilder {
         let request = Request {
             name: &self.name,
             keys: LockKeys::new(&self.shared.prefix, &self.name)?,
-            mode: self.mode()?,
+            protocol: self.protocol()?,
             ttl: acquire_ttl,
             wait,
             retry: self.retry,
@@ -608,7 +600,7 @@ impl LockBuilder {
             replicas: self.replicas,
             renew: self.renew,
         };
-        let granted = acquire::acquire(&self.shared, request).await?;
+        let granted = acquire::acquire(&self.shared.backend, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped
         // future cannot lose it in between.
         Ok(LockGuard::watched(
@@ -617,7 +609,7 @@ impl LockBuilder {
             Held {
                 keys: granted.keys,
                 token: granted.token,
-                mode: granted.mode,
+                protocol: granted.protocol,
                 fence: granted.fence,
                 asked_ttl: acquire_ttl,
                 ttl,
@@ -640,7 +632,7 @@ impl LockBuilder {
 pub(crate) struct Held {
     pub keys: LockKeys,
     pub token: HolderToken,
-    pub mode: Mode,
+    pub protocol: Arc<dyn Protocol>,
     pub fence: FencingToken,
     /// The TTL the grant asked for (a Redlock release gives each node a share of it).
     pub asked_ttl: Duration,
@@ -649,17 +641,6 @@ pub(crate) struct Held {
     pub renew: bool,
     /// The maximum hold's end.
     pub hold_until: Option<Instant>,
-}
-
-/// A reentrant owner id, if it is 1 to 256 bytes without control characters.
-pub(crate) fn checked_owner(owner: &str) -> Result<String, Error> {
-    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
-        return Err(Error::invalid(
-            "owner id",
-            format!("{owner:?} must be 1 to 256 bytes without control characters"),
-        ));
-    }
-    Ok(owner.to_owned())
 }
 
 fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
@@ -744,7 +725,7 @@ pub struct LockGuard {
     name: String,
     keys: LockKeys,
     token: HolderToken,
-    mode: Mode,
+    protocol: Arc<dyn Protocol>,
     /// The TTL of the grant (Redlock nodes get a share of it to answer a release).
     ttl: Duration,
     fence: FencingToken,
@@ -761,7 +742,7 @@ impl std::fmt::Debug for LockGuard {
             .field("client", &self.shared)
             .field("name", &self.name)
             .field("fencing_token", &self.fence)
-            .field("mode", &self.mode)
+            .field("mode", &self.protocol)
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)
             .field("held", &self.held)
@@ -774,7 +755,7 @@ impl LockGuard {
     pub(crate) fn watched(shared: Arc<Shared>, name: String, held: Held, grant: Grant) -> Self {
         let registration = shared.watchdog.watch(
             held.keys.lock.clone(),
-            held.mode.holder_id(&held.token).into_owned(),
+            held.protocol.holder_id(&held.token).into_owned(),
             held.ttl,
             held.renew,
             held.hold_until,
@@ -785,7 +766,7 @@ impl LockGuard {
             name,
             keys: held.keys,
             token: held.token,
-            mode: held.mode,
+            protocol: held.protocol,
             ttl: held.asked_ttl,
             fence: held.fence,
             lease: Some(registration),
@@ -809,7 +790,7 @@ impl LockGuard {
         crate::DetachedLock {
             name: std::mem::take(&mut self.name),
             token: self.token.clone(),
-            mode: self.mode.clone(),
+            protocol: self.protocol.clone(),
             fence: self.fence,
             ttl: registration.as_ref().map_or(self.ttl, Registration::ttl),
             renew: registration.as_ref().is_some_and(Registration::renews),
@@ -930,7 +911,7 @@ impl LockGuard {
             },
             None => (ttl, false),
         };
-        let holder = self.mode.holder_id(&self.token);
+        let holder = self.protocol.holder_id(&self.token);
         let extended = self
             .shared
             .backend
@@ -986,7 +967,7 @@ impl LockGuard {
                 &self.name,
                 &self.keys,
                 &self.token,
-                &self.mode,
+                &*self.protocol,
                 self.ttl,
                 self.fence.get(),
             )
@@ -1015,11 +996,11 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.lease = None; // stop renewing before anything else
         if self.held {
-            self.shared.abandon_in_background(
+            self.shared.backend.abandon_in_background(
                 Withdrawn::Guard,
                 &self.keys,
                 &self.token,
-                &self.mode,
+                &self.protocol,
                 self.ttl,
                 self.fence.get(),
             );

@@ -22,7 +22,6 @@ pub(crate) mod sentinel;
 pub(crate) mod stall;
 pub(crate) mod subscriber;
 
-use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -30,123 +29,27 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use redis::FromRedisValue;
+use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use crate::error::{Blocker, Error, LossCause, NodeReport};
+use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
-use crate::observe::ModeLabel;
+use crate::observe::{self, ReleaseKind, ReleaseOutcome};
+pub(crate) use crate::protocols::Undo;
+use crate::protocols::Wake;
+use crate::protocols::{self, Protocol};
 pub(crate) use crate::scripts::Listing;
 use crate::scripts::{
     self, Call,
-    replies::{AcquireReply, Broke, Inspected, Left, Owned, Renewed, Resized},
+    replies::{AcquireReply, Broke, Inspected, Owned, Renewed, Resized},
 };
-use crate::token::{FencingToken, HolderToken};
+use crate::token::HolderToken;
 pub(crate) use access::{Access, Timeouts};
 pub(crate) use errors::redact;
 pub(crate) use node::{Node, is_cluster_url};
-use quorum::{Confirmation, Quorum, Verdict, lease_end};
-use subscriber::{Subscription, Wake};
-
-/// How the holders of one lock name take turns: the script family an operation runs.
-/// Its `Debug` hides the owner id, which lets whoever knows it reenter and release.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Any caller may take a free lock.
-    Plain,
-    /// Waiters are served in arrival order; `waiter_timeout`: how long a queued waiter
-    /// may stay silent before it is purged.
-    Fair { waiter_timeout: Duration },
-    /// Holds are counted per owner id; the key is a hash (`reentrant_acquire.lua`).
-    Reentrant { owner: String },
-    /// A semaphore: up to `permits` holders at once, each with a lease of its own; the
-    /// key is a zset (`semaphore/acquire.lua`). `fair`: its waiters are served in
-    /// arrival order, each purged after this long silent.
-    Semaphore {
-        permits: u32,
-        fair: Option<Duration>,
-    },
-    /// A read-write lock's read side: many readers at once, each with a lease of its
-    /// own, while no writer holds it or waits; the key is then a zset
-    /// (`rwlock/read_acquire.lua`). The writer is the plain (or reentrant) lock.
-    /// `owner`: a reader's owner id ("" for none), whose other reads let it in past
-    /// waiting writers, and whose reentrant write lock it may read under.
-    Read { owner: String },
-}
-
-impl std::fmt::Debug for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Mode::Plain => f.write_str("Plain"),
-            Mode::Fair { waiter_timeout } => f
-                .debug_struct("Fair")
-                .field("waiter_timeout", waiter_timeout)
-                .finish(),
-            Mode::Reentrant { .. } => f
-                .debug_struct("Reentrant")
-                .field("owner", &"<redacted>")
-                .finish(),
-            Mode::Semaphore { permits, fair } => f
-                .debug_struct("Semaphore")
-                .field("permits", permits)
-                .field("fair", fair)
-                .finish(),
-            Mode::Read { owner } => f
-                .debug_struct("Read")
-                .field("owner", &if owner.is_empty() { "" } else { "<redacted>" })
-                .finish(),
-        }
-    }
-}
-
-impl Mode {
-    /// The `mode` label of metrics and spans.
-    pub fn label(&self) -> ModeLabel {
-        match self {
-            Mode::Plain => ModeLabel::Plain,
-            Mode::Fair { .. } => ModeLabel::Fair,
-            Mode::Reentrant { .. } => ModeLabel::Reentrant,
-            Mode::Semaphore { .. } => ModeLabel::Semaphore,
-            Mode::Read { .. } => ModeLabel::Read,
-        }
-    }
-
-    /// What the key holds while this mode holds the lock: renewals compare against it.
-    pub fn holder_id<'a>(&'a self, token: &'a HolderToken) -> Cow<'a, str> {
-        match self {
-            Mode::Reentrant { owner } => Cow::Borrowed(owner),
-            Mode::Read { owner } if !owner.is_empty() => {
-                Cow::Owned(format!("{}:{owner}", token.as_str()))
-            }
-            _ => Cow::Borrowed(token.as_str()),
-        }
-    }
-
-    /// Which release messages wake a waiter of this mode.
-    pub fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
-        match self {
-            Mode::Plain | Mode::Semaphore { fair: None, .. } => Wake::Plain,
-            // A fair semaphore's release names the waiters whose turn it is.
-            Mode::Semaphore { fair: Some(_), .. } => Wake::Turn(token.as_str()),
-            // Readers share: a release lets every one of them in.
-            Mode::Reentrant { .. } | Mode::Read { .. } => Wake::Owner,
-            Mode::Fair { .. } => Wake::Turn(token.as_str()),
-        }
-    }
-}
-
-/// What a release call undoes, and whether the token goes on being used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Undo {
-    /// A held lock's release: the token's last call.
-    Release,
-    /// An acquire that ended without the lock withdraws what it may have written: the
-    /// token's last call.
-    Withdraw,
-    /// One failed attempt's writes taken back; the acquire may try again with the same
-    /// token, so this call must never run after that attempt (see
-    /// [`Call::undoing`](crate::scripts::Call::undoing)).
-    TakeBack,
-}
+pub(crate) use quorum::Attempt;
+use quorum::{Confirmation, Quorum, lease_end};
+use subscriber::Subscription;
 
 /// One acquire attempt, as the backend is asked for it.
 pub(crate) struct AcquireRequest<'a> {
@@ -154,8 +57,8 @@ pub(crate) struct AcquireRequest<'a> {
     pub keys: &'a LockKeys,
     pub token: &'a HolderToken,
     pub ttl: Duration,
-    pub mode: &'a Mode,
-    /// Fair mode: join the queue when it is not our turn.
+    pub protocol: &'a dyn Protocol,
+    /// A waiting acquire: it takes a place in line where one is kept.
     pub join: bool,
     /// What the holder says about itself, stored with the grant ("" for nothing).
     pub info: &'a str,
@@ -195,28 +98,6 @@ pub(crate) struct AcquireCalls {
     identified: [OnceLock<Arc<Call>>; 10],
 }
 
-/// The outcome of one acquire attempt that the nodes answered.
-#[derive(Debug)]
-pub(crate) enum Attempt {
-    Acquired {
-        fence: FencingToken,
-        /// When the request that got the grant was sent.
-        sent_at: Instant,
-        valid_until: Instant,
-        /// A reader's grant that is one more hold of its owner's reentrant write lock:
-        /// it is released and renewed as [`Mode::Reentrant`] from now on.
-        owner_hold: bool,
-    },
-    Held {
-        blocked_by: Blocker,
-        /// Redlock: what each node answered; empty for one node.
-        nodes: Vec<NodeReport>,
-        /// Fair mode: the fencing counter when the node refused (a handover with a
-        /// higher token came after the refusal).
-        fence_seen: Option<FencingToken>,
-    },
-}
-
 /// What a renewal batch did for one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
@@ -237,12 +118,30 @@ pub(crate) struct Backend {
     /// client's background releases: [`Client::flush`](crate::Client::flush) waits
     /// for them.
     background: TaskTracker,
+    /// Turns of the background releases: at most
+    /// [`BACKGROUND_RELEASES_IN_FLIGHT`](crate::limits::BACKGROUND_RELEASES_IN_FLIGHT)
+    /// in flight.
+    background_turns: Arc<Semaphore>,
     /// This client's name in its own release channels (random, 16 hex digits): a fair
     /// release hands the lock over on the channel of the waiter's client only.
     client_tag: String,
     /// How long a lock's fencing counter lives without a grant (zero: for ever); see
     /// [`ClientBuilder::fence_counter_idle`](crate::ClientBuilder::fence_counter_idle).
     counter_idle: Duration,
+}
+
+/// The turns of a client's background releases.
+fn background_turns() -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(crate::limits::BACKGROUND_RELEASES_IN_FLIGHT))
+}
+
+/// What a background release withdraws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Withdrawn {
+    /// The lock of a guard dropped unreleased: counted as a release (kind `drop`).
+    Guard,
+    /// What an acquire that ended without the lock may have left behind.
+    Acquire,
 }
 
 /// A fresh [`Backend::client_tag`].
@@ -315,6 +214,7 @@ impl Backend {
             nodes: vec![Node::open(url, timeouts, access, eager).await?],
             quorum: Quorum::single(timeouts.response),
             background: TaskTracker::new(),
+            background_turns: background_turns(),
             client_tag: client_tag(),
             counter_idle: crate::limits::FENCE_COUNTER_IDLE,
         })
@@ -359,6 +259,7 @@ impl Backend {
             nodes,
             quorum,
             background: TaskTracker::new(),
+            background_turns: background_turns(),
             client_tag: client_tag(),
             counter_idle: crate::limits::FENCE_COUNTER_IDLE,
         })
@@ -447,61 +348,26 @@ impl Backend {
     /// taken back. Cancel safety: as [`Node::run`].
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
         let q = &self.quorum;
-        let invocation = |identify| match req.mode {
-            Mode::Plain => scripts::acquire(
-                req.keys,
-                req.token,
-                req.ttl,
+        let invocation = |identify| {
+            let own_channel = self.own_channel(req.keys);
+            req.protocol.acquire(&protocols::Acquire {
+                keys: req.keys,
+                token: req.token,
+                ttl: req.ttl,
                 identify,
-                req.info,
-                self.counter_idle,
-                req.join,
-                req.queued,
-                req.listing,
-            ),
-            Mode::Fair { waiter_timeout } => scripts::fair_acquire(
-                req.keys,
-                req.token,
-                req.ttl,
-                *waiter_timeout,
-                req.join,
-                req.info,
-                &self.own_channel(req.keys),
-                self.counter_idle,
-            ),
-            Mode::Reentrant { owner } => scripts::reentrant_acquire(
-                req.keys,
-                owner,
-                req.token,
-                req.ttl,
-                self.counter_idle,
-                req.join,
-                req.listing.map(|l| l.margin),
-            ),
-            Mode::Read { owner } => scripts::read_acquire(
-                req.keys,
-                req.token,
-                req.ttl,
-                owner,
-                self.counter_idle,
-                req.listing.map(|l| l.margin),
-            ),
-            Mode::Semaphore { permits, fair } => scripts::semaphore_acquire(
-                req.keys,
-                req.token,
-                req.ttl,
-                *permits,
-                self.counter_idle,
-                fair.map(|timeout| (timeout, req.join)),
-            ),
+                info: req.info,
+                counter_idle: self.counter_idle,
+                join: req.join,
+                queued: req.queued,
+                listing: req.listing,
+                own_channel: &own_channel,
+            })
         };
         let anonymous =
             req.calls.anonymous[req.variant()].get_or_init(|| Arc::new(invocation(false)));
         let sent_at = Instant::now();
-        let mut owner_hold = false;
-        let (verdict, take_back) = if let Some(node) = self.only_node() {
+        let (outcome, take_back) = if let Some(node) = self.only_node() {
             let answer: Result<AcquireReply, Error> = node.run(anonymous, q.within(req.ttl)).await;
-            owner_hold = matches!(&answer, Ok(reply) if reply.owner_hold);
             q.acquire_one(node, answer, sent_at, req.ttl)
         } else {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
@@ -540,30 +406,19 @@ impl Backend {
             .await
         };
         if take_back
-            && let Err(e) =
-                Box::pin(self.abandon(req.keys, req.token, req.mode, req.ttl, 0, Undo::TakeBack))
-                    .await
+            && let Err(e) = Box::pin(self.abandon(
+                req.keys,
+                req.token,
+                req.protocol,
+                req.ttl,
+                0,
+                Undo::TakeBack,
+            ))
+            .await
         {
             tracing::debug!(error = %e, "taking back a failed attempt failed; the keys expire after their lease");
         }
-        match verdict {
-            Verdict::Granted { fence, valid_until } => Ok(Attempt::Acquired {
-                fence,
-                sent_at,
-                valid_until,
-                owner_hold,
-            }),
-            Verdict::Held {
-                blocked_by,
-                nodes,
-                fence_seen,
-            } => Ok(Attempt::Held {
-                blocked_by,
-                nodes,
-                fence_seen,
-            }),
-            Verdict::Failed(e) => Err(e),
-        }
+        outcome
     }
 
     /// Extends the lease to `ttl` from now (a renewal batch of one): a majority must
@@ -672,7 +527,7 @@ impl Backend {
         name: &str,
         keys: &LockKeys,
         token: &HolderToken,
-        mode: &Mode,
+        protocol: &dyn Protocol,
         ttl: Duration,
         fence: u64,
     ) -> Result<(), Error> {
@@ -680,7 +535,7 @@ impl Backend {
         // that another client can take it at once) or said it is gone; the others go on
         // in the background (a node that does not answer keeps the key at most until it
         // expires).
-        let call = self.release_call(keys, token, mode, fence, Undo::Release);
+        let call = protocol.release(&self.release_args(keys, token, fence, Undo::Release));
         let (confirmation, errors) = self
             .confirm_everywhere::<Owned>(call, ttl, self.quorum.needed(), 1, |o| Some(*o))
             .await;
@@ -698,46 +553,22 @@ impl Backend {
         }
     }
 
-    /// The release script for `mode`. `fence`: Redlock raises every node's counter to
-    /// the grant's token. `undo`: what it undoes (a withdrawal: the token may still wait
-    /// among a read-write lock's writers; a grant left them already).
-    fn release_call(
+    /// What a release or withdrawal of `token` sends. `fence`: Redlock raises every
+    /// node's counter to the grant's token (one node leaves its counter alone).
+    fn release_args<'a>(
         &self,
-        keys: &LockKeys,
-        token: &HolderToken,
-        mode: &Mode,
+        keys: &'a LockKeys,
+        token: &'a HolderToken,
         fence: u64,
         undo: Undo,
-    ) -> Call {
-        let withdraw = undo != Undo::Release;
-        let call = match mode {
-            Mode::Plain => scripts::release(
-                keys,
-                token,
-                if self.is_redlock() { fence } else { 0 },
-                self.counter_idle,
-                withdraw,
-            ),
-            Mode::Fair { .. } => scripts::fair_release(keys, token, self.counter_idle),
-            Mode::Reentrant { owner } => scripts::reentrant_release(keys, owner, token),
-            Mode::Semaphore { .. } => scripts::semaphore_release(keys, token),
-            Mode::Read { .. } => scripts::read_release(keys, &mode.holder_id(token)),
-        };
-        call.undoing(token, undo != Undo::TakeBack)
-    }
-
-    /// Withdraws on every node, each within its share, waiting for all of them.
-    async fn release_everywhere(
-        &self,
-        keys: &LockKeys,
-        token: &HolderToken,
-        mode: &Mode,
-        ttl: Duration,
-        fence: u64,
-        undo: Undo,
-    ) -> Vec<Result<Owned, Error>> {
-        let invocation = self.release_call(keys, token, mode, fence, undo);
-        fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await
+    ) -> protocols::Release<'a> {
+        protocols::Release {
+            keys,
+            token,
+            fence: if self.is_redlock() { fence } else { 0 },
+            counter_idle: self.counter_idle,
+            undo,
+        }
     }
 
     /// Withdraws everything `token` may hold: its grant (on every node; Redlock raises
@@ -752,32 +583,93 @@ impl Backend {
         &self,
         keys: &LockKeys,
         token: &HolderToken,
-        mode: &Mode,
+        protocol: &dyn Protocol,
         ttl: Duration,
         fence: u64,
         undo: Undo,
     ) -> Result<(), Error> {
-        let answers: Vec<Result<(), Error>> = match mode {
-            Mode::Fair { .. } => {
-                let invocation =
-                    scripts::fair_leave(keys, token).undoing(token, undo != Undo::TakeBack);
-                let left: Vec<Result<Left, Error>> =
-                    fan_out(&self.nodes, self.quorum.within(ttl), |_| &invocation).await;
-                left.into_iter().map(|r| r.map(drop)).collect()
-            }
-            _ => self
-                .release_everywhere(keys, token, mode, ttl, fence, undo)
-                .await
-                .into_iter()
-                .map(|r| r.map(drop))
-                .collect(),
-        };
+        let call = protocol.withdraw(&self.release_args(keys, token, fence, undo));
+        let answers: Vec<Result<redis::Value, Error>> =
+            fan_out(&self.nodes, self.quorum.within(ttl), |_| &call).await;
         if answers.iter().any(Result::is_ok) {
             return Ok(());
         }
         Err(first_error(answers, || {
             Error::invalid("nodes", "none to withdraw from")
         }))
+    }
+
+    /// Takes this client off the wake list of the lock of `keys` without waiting, once
+    /// none of its plain waiters waits for that lock any more (checked when the call
+    /// goes out: a waiter that came meanwhile keeps the listing). Without a Tokio
+    /// runtime it does nothing, and the listing expires by itself.
+    pub fn unlist_in_background(&self, keys: &LockKeys) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.clone();
+        let keys = keys.clone();
+        self.background.spawn_on(
+            async move {
+                if backend.plain_waiters(&backend.own_channel(&keys)) > 0 {
+                    return;
+                }
+                if let Err(e) = backend.unlist(&keys).await {
+                    tracing::debug!(lock = keys.name(), error = %e, "leaving the wake list failed; the listing expires by itself");
+                }
+            },
+            &runtime,
+        );
+    }
+
+    /// Withdraws a token (its grant, its queue place) without waiting, on the client's
+    /// turns. Never blocks or panics; without a Tokio runtime it does nothing, and the
+    /// key expires after its lease (a queue place after the waiter timeout).
+    pub fn abandon_in_background(
+        &self,
+        what: Withdrawn,
+        keys: &LockKeys,
+        token: &HolderToken,
+        protocol: &Arc<dyn Protocol>,
+        ttl: Duration,
+        fence: u64,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            if what == Withdrawn::Guard {
+                observe::released(ReleaseKind::Drop, ReleaseOutcome::Error, None);
+            }
+            tracing::warn!(
+                lock = keys.name(),
+                "no Tokio runtime to release the lock in; it expires after its lease"
+            );
+            return;
+        };
+        let backend = self.clone();
+        let (keys, token, protocol) = (keys.clone(), token.clone(), protocol.clone());
+        let turns = self.background_turns.clone();
+        self.background.spawn_on(
+            async move {
+                // Never closed, so a permit always comes.
+                let _turn = turns.acquire_owned().await;
+                // A guard dropped, or an acquire cancelled: the token's last call.
+                let result = backend
+                    .abandon(&keys, &token, &*protocol, ttl, fence, Undo::Withdraw)
+                    .await;
+                if what == Withdrawn::Guard {
+                    observe::released(ReleaseKind::Drop, ReleaseOutcome::of(&result), None);
+                }
+                match result {
+                    Ok(()) if what == Withdrawn::Guard => {
+                        tracing::debug!(lock = keys.name(), fencing_token = fence, "lock released in the background");
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        tracing::warn!(lock = keys.name(), error = %e, "background release failed; the key expires after its lease");
+                    }
+                }
+            },
+            &runtime,
+        );
     }
 
     /// Which renewal batch a lease's `key` belongs in: on a cluster, the master that

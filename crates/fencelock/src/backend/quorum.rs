@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use super::node::Node;
 use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
-use crate::scripts::replies::{AcquireOutcome, AcquireReply, Owned};
+use crate::scripts::replies::{AcquireReply, Answer, Owned};
 use crate::token::FencingToken;
 
 /// How much of a lease the client gives up to clock-rate drift between itself and
@@ -64,25 +64,27 @@ pub(crate) struct Quorum {
     response_timeout: Duration,
 }
 
-/// What one acquire attempt came to.
+/// The outcome of one acquire attempt that the nodes answered.
 #[derive(Debug)]
-pub(crate) enum Verdict {
-    /// Granted with time to spare.
-    Granted {
+pub(crate) enum Attempt {
+    Acquired {
         fence: FencingToken,
+        /// When the request that got the grant was sent.
+        sent_at: Instant,
         valid_until: Instant,
+        /// A reader's grant that is one more hold of its owner's reentrant write lock:
+        /// it is released and renewed as that from now on
+        /// ([`Protocol::owner_hold`]).
+        owner_hold: bool,
     },
-    /// Not granted: another holder stands in the way. `nodes`: the per-node report
-    /// (Redlock only).
     Held {
         blocked_by: Blocker,
+        /// Redlock: what each node answered; empty for one node.
         nodes: Vec<NodeReport>,
-        /// The fencing counter the node said it had (fair mode, one node).
+        /// Fair mode: the fencing counter when the node refused (a handover with a
+        /// higher token came after the refusal).
         fence_seen: Option<FencingToken>,
     },
-    /// Not granted, for another reason: an outage (for one node, whose outcome may be
-    /// unknown), a refusal, a quorum that failed.
-    Failed(Error),
 }
 
 /// What the nodes said about one lease (an extend, a renewal) or a release.
@@ -155,7 +157,7 @@ impl Quorum {
     }
 
     /// Tallies one node's answer to an acquire attempt sent at `sent_at`: its answer is
-    /// the verdict. Returns the verdict, and whether what the attempt may have written
+    /// the attempt's outcome. Returns it, and whether what the attempt may have written
     /// must be taken back now.
     pub fn acquire_one(
         &self,
@@ -163,44 +165,46 @@ impl Quorum {
         answer: Result<AcquireReply, Error>,
         sent_at: Instant,
         ttl: Duration,
-    ) -> (Verdict, bool) {
+    ) -> (Result<Attempt, Error>, bool) {
         let now = Instant::now();
         let valid_until = lease_end(sent_at, ttl);
-        match answer {
-            Ok(AcquireReply {
-                outcome: AcquireOutcome::Acquired { fence, fresh },
-                ..
-            }) => {
+        let reply = match answer {
+            Ok(reply) => reply,
+            Err(e) => return (Err(e), false),
+        };
+        match reply.answer {
+            Answer::Granted { fence, fresh } => {
                 if !fresh {
                     tracing::debug!("acquire retry found our own token");
                 }
                 if valid_until > now {
-                    (Verdict::Granted { fence, valid_until }, false)
+                    let granted = Attempt::Acquired {
+                        fence,
+                        sent_at,
+                        valid_until,
+                        owner_hold: reply.owner_hold,
+                    };
+                    (Ok(granted), false)
                 } else {
                     // The grant came back after its lease ran out (a slow network, a
                     // paused client): the lock may belong to someone else already, so
                     // holding it is not on offer. Take it back (owner-checked: a
                     // successor's key stays) and report the attempt as timed out; the
                     // caller treats its outcome as unknown.
-                    (Verdict::Failed(late_grant(node, sent_at, now, ttl)), true)
+                    (Err(late_grant(node, sent_at, now, ttl)), true)
                 }
             }
-            Ok(AcquireReply {
-                outcome:
-                    AcquireOutcome::Held {
-                        blocked_by,
-                        fence_seen,
-                    },
-                ..
-            }) => (
-                Verdict::Held {
+            Answer::Held {
+                blocked_by,
+                fence_seen,
+            } => {
+                let held = Attempt::Held {
                     blocked_by,
                     nodes: Vec::new(),
                     fence_seen,
-                },
-                false,
-            ),
-            Err(e) => (Verdict::Failed(e), false),
+                };
+                (Ok(held), false)
+            }
         }
     }
 
@@ -216,6 +220,7 @@ impl Quorum {
             quorum: self,
             nodes,
             ttl,
+            sent_at,
             valid_until: lease_end(sent_at, ttl),
             granted: 0,
             fence: 0,
@@ -243,7 +248,7 @@ impl Quorum {
             node.health()
                 .observe(&id.run_id, id.uptime, generation, now);
         }
-        if let AcquireOutcome::Held { blocked_by, .. } = reply.outcome {
+        if let Answer::Held { blocked_by, .. } = reply.answer {
             return NodeOutcome::Held { blocked_by };
         }
         // Two names of one server: the tally counts its vote once (AcquireTally::add).
@@ -331,6 +336,7 @@ pub(crate) struct AcquireTally<'a> {
     quorum: &'a Quorum,
     nodes: &'a [Node],
     ttl: Duration,
+    sent_at: Instant,
     valid_until: Instant,
     granted: usize,
     fence: u64,
@@ -360,8 +366,8 @@ impl AcquireTally<'_> {
                 {
                     vote = refused;
                 }
-                match (&vote, reply.outcome) {
-                    (NodeOutcome::Granted, AcquireOutcome::Acquired { fence, .. }) => {
+                match (&vote, reply.answer) {
+                    (NodeOutcome::Granted, Answer::Granted { fence, .. }) => {
                         self.granted += 1;
                         self.fence = self.fence.max(fence.get());
                     }
@@ -415,22 +421,22 @@ impl AcquireTally<'_> {
         None
     }
 
-    /// The verdict on the answers added, and whether what the attempt may have written
-    /// must be taken back now. A node that has not answered yet counts as not granting.
-    pub fn verdict(self, name: &str) -> (Verdict, bool) {
+    /// The attempt's outcome from the answers added, and whether what it may have
+    /// written must be taken back now. A node that has not answered yet counts as not
+    /// granting.
+    pub fn verdict(self, name: &str) -> (Result<Attempt, Error>, bool) {
         if let Some(e) = self.fatal {
-            return (Verdict::Failed(e), true);
+            return (Err(e), true);
         }
         let needed = self.quorum.needed();
         if self.granted >= needed && self.valid_until > Instant::now() {
-            let fence = FencingToken::new(self.fence);
-            return (
-                Verdict::Granted {
-                    fence,
-                    valid_until: self.valid_until,
-                },
-                false,
-            );
+            let granted = Attempt::Acquired {
+                fence: FencingToken::new(self.fence),
+                sent_at: self.sent_at,
+                valid_until: self.valid_until,
+                owner_hold: false,
+            };
+            return (Ok(granted), false);
         }
         // No quorum, or no time left: contention if other holders block a majority,
         // otherwise an outage that names every node.
@@ -443,20 +449,20 @@ impl AcquireTally<'_> {
                 outcome: outcome.unwrap_or(NodeOutcome::Unavailable(UnavailableReason::TimedOut)),
             })
             .collect();
-        let verdict = match self.held {
-            Some(blocked_by) if self.held_nodes >= needed => Verdict::Held {
+        let outcome = match self.held {
+            Some(blocked_by) if self.held_nodes >= needed => Ok(Attempt::Held {
                 blocked_by,
                 nodes: report,
                 fence_seen: None,
-            },
-            _ => Verdict::Failed(Error::NoQuorum {
+            }),
+            _ => Err(Error::NoQuorum {
                 name: name.to_owned(),
                 needed,
                 granted: self.granted,
                 nodes: report,
             }),
         };
-        (verdict, true)
+        (outcome, true)
     }
 }
 

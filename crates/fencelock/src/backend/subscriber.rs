@@ -62,6 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::access::Timeouts;
 use crate::keys::LockKeys;
+use crate::protocols::Wake;
 
 /// The shared pub/sub connection of one client to one node.
 #[derive(Clone)]
@@ -195,19 +196,6 @@ static NEXT_WAITER: AtomicU64 = AtomicU64::new(0);
 /// A fresh waiter id: take one per waiting acquire, for all its subscriptions.
 pub(crate) fn next_waiter_id() -> u64 {
     NEXT_WAITER.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Which release messages wake a waiter.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Wake<'a> {
-    /// A plain waiter: each message wakes one plain waiter of the client. On the
-    /// client's own channel, a wake that finds none is handed on ([`HandOn`]).
-    Plain,
-    /// A reentrant waiter: every release wakes every one of them.
-    Owner,
-    /// A fair waiter with this owner token: woken when a message names it (its turn),
-    /// or by an empty payload.
-    Turn(&'a str),
 }
 
 struct Channel {
@@ -412,6 +400,26 @@ impl Subscriber {
             id,
             notify,
         }
+    }
+
+    /// A subscriber with no connection, for the engine's tests: waiters register
+    /// ([`register`](Self::register)) and are woken by [`deliver`](Self::deliver) as by
+    /// the server's messages.
+    #[cfg(test)]
+    pub(crate) fn offline() -> Self {
+        Self::new(
+            Source::Node(Arc::new(|| None)),
+            Timeouts {
+                connect: Duration::from_secs(1),
+                response: Duration::from_secs(1),
+            },
+        )
+    }
+
+    /// Delivers a release message on `channel`, as the connection's dispatcher does.
+    #[cfg(test)]
+    pub(crate) fn deliver(&self, channel: &str, payload: &[u8]) {
+        self.inner.deliver(channel, payload);
     }
 
     /// How many plain waiters of this client wait on `channel`.

@@ -51,6 +51,5 @@ pub mod sqlx;
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
 pub mod tokio_postgres;
 
-pub(crate) use self::postgres::setup_missing;
 pub use self::postgres::{POSTGRES_SETUP, STALE_TOKEN_SQLSTATE};
 pub use self::redis::{FencedWrite, Reply};

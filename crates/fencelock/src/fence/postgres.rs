@@ -1,6 +1,6 @@
 //! The PostgreSQL check: its SQL, and what the clients of both features share.
 
-// Without a client feature only the SQL and `setup_missing` are used.
+// Without a client feature only the SQL is used.
 #![cfg_attr(
     not(any(feature = "sqlx", feature = "tokio-postgres")),
     allow(dead_code)
@@ -23,13 +23,6 @@ pub const POSTGRES_SETUP: &str = include_str!("postgres.sql");
 
 /// The SQLSTATE `fencelock_check` raises for a stale token.
 pub const STALE_TOKEN_SQLSTATE: &str = "FL001";
-
-/// Whether a database error says the setup is missing: the function or the table does
-/// not exist (SQLSTATE `42883`, `42P01`), and the message names it.
-pub(crate) fn setup_missing(code: Option<&str>, message: &str) -> bool {
-    matches!(code, Some("42883" | "42P01"))
-        && (message.contains("fencelock_check") || message.contains("fencelock_fence"))
-}
 
 /// The highest token from a stale check's `DETAIL` (`token=T highest=H`).
 pub(crate) fn highest_in_detail(detail: &str) -> Option<FencingToken> {
@@ -94,6 +87,7 @@ mod tests {
 
     #[test]
     fn a_missing_setup_is_told_from_other_errors() {
+        use crate::error::setup_missing;
         assert!(setup_missing(
             Some("42883"),
             "function fencelock_check(text, numeric) does not exist"

@@ -2,26 +2,13 @@
 
 use std::time::Duration;
 
-use crate::client::Client;
 use crate::error::Error;
 use crate::keys;
 use crate::limits::MAX_FENCED_WRITES;
+pub use crate::scripts::replies::Reply;
 use crate::scripts::{self, FencedOp, replies::FencedWriteReply};
+use crate::shared::Shared;
 use crate::token::FencingToken;
-
-/// What one write of a [`FencedWrite`] replied, as Redis would have.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Reply {
-    /// `SET`'s `OK`.
-    Ok,
-    /// An integer: `DEL`'s count of keys deleted, the value after `INCRBY`, the field
-    /// count `HSET` added, the list's length after `RPUSH` or `LPUSH`, `PEXPIRE`'s 1
-    /// (set) or 0 (no such key).
-    Integer(i64),
-    /// Text: the ID `XADD` gave the new entry.
-    Text(String),
-}
 
 /// Writes to a resource kept in Redis, applied only with a fencing token at least as
 /// high as every token the resource accepted before; made by
@@ -62,7 +49,7 @@ pub enum Reply {
 #[derive(Debug)]
 #[must_use = "a fenced write does nothing until it is applied"]
 pub struct FencedWrite<'c> {
-    client: &'c Client,
+    client: &'c Shared,
     resource: String,
     token: FencingToken,
     /// Each key once, in the order first written.
@@ -73,7 +60,7 @@ pub struct FencedWrite<'c> {
 }
 
 impl<'c> FencedWrite<'c> {
-    pub(crate) fn new(client: &'c Client, resource: String, token: FencingToken) -> Self {
+    pub(crate) fn new(client: &'c Shared, resource: String, token: FencingToken) -> Self {
         Self {
             client,
             resource,
@@ -192,7 +179,7 @@ impl<'c> FencedWrite<'c> {
         if let Some(invalid) = self.invalid {
             return Err(invalid);
         }
-        let fence = keys::fence_key(self.client.key_prefix(), &self.resource)?;
+        let fence = keys::fence_key(&self.client.prefix, &self.resource)?;
         if self.writes.len() > MAX_FENCED_WRITES {
             return Err(Error::invalid(
                 "fenced write",
@@ -202,7 +189,7 @@ impl<'c> FencedWrite<'c> {
                 ),
             ));
         }
-        let node = self.client.single_node().ok_or_else(|| {
+        let node = self.client.backend.only_node().ok_or_else(|| {
             Error::invalid(
                 "client",
                 "a fenced write goes to the one Redis that keeps the resource, not to \

@@ -178,124 +178,41 @@ impl Lua {
     /// The table: each script's file, the fragments put in front of it (in this order;
     /// those after a [`LATER`] at its marker lines instead), and its own source. A
     /// script whose first line is a shebang (`#!lua flags=...`) keeps it first.
+    #[rustfmt::skip]
     fn parts(self) -> (&'static str, &'static [Fragment], &'static str) {
+        /// A row: the file, its fragments, its source.
+        macro_rules! lua {
+            ($file:literal, [$($fragment:expr),*]) => {
+                ($file, &[$($fragment),*], include_str!($file))
+            };
+        }
         use Lua::*;
         match self {
-            Acquire => (
-                "lock/acquire.lua",
-                &[CLOCK, FENCE, WAITING, LATER, TYPES, HOLDER, READERS],
-                include_str!("lock/acquire.lua"),
-            ),
-            Release => (
-                "lock/release.lua",
-                &[
-                    PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS,
-                ],
-                include_str!("lock/release.lua"),
-            ),
-            Renew => (
-                "lock/renew.lua",
-                &[HOLDER, CLOCK, LEASE],
-                include_str!("lock/renew.lua"),
-            ),
-            RenewAcrossSlots => (
-                "lock/renew_across_slots.lua",
-                &[HOLDER, CLOCK, LEASE],
-                include_str!("lock/renew_across_slots.lua"),
-            ),
-            ReentrantAcquire => (
-                "lock/reentrant_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING],
-                include_str!("lock/reentrant_acquire.lua"),
-            ),
-            ReentrantRelease => (
-                "lock/reentrant_release.lua",
-                &[TYPES, HOLDER, CLOCK, READERS, PUBLISH],
-                include_str!("lock/reentrant_release.lua"),
-            ),
-            FairAcquire => (
-                "lock/fair_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH],
-                include_str!("lock/fair_acquire.lua"),
-            ),
-            FairRelease => (
-                "lock/fair_release.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH],
-                include_str!("lock/fair_release.lua"),
-            ),
-            FairLeave => (
-                "lock/fair_leave.lua",
-                &[TYPES, HOLDER, PUBLISH],
-                include_str!("lock/fair_leave.lua"),
-            ),
-            SemaphoreAcquire => (
-                "semaphore/acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH],
-                include_str!("semaphore/acquire.lua"),
-            ),
-            SemaphoreRelease => (
-                "semaphore/release.lua",
-                &[TYPES, CLOCK, FAIR_QUEUE, PUBLISH],
-                include_str!("semaphore/release.lua"),
-            ),
-            SemaphoreResize => (
-                "semaphore/resize.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
-                include_str!("semaphore/resize.lua"),
-            ),
-            ReadAcquire => (
-                "rwlock/read_acquire.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING],
-                include_str!("rwlock/read_acquire.lua"),
-            ),
-            ReadRelease => (
-                "rwlock/read_release.lua",
-                &[TYPES, HOLDER, CLOCK, READERS, PUBLISH],
-                include_str!("rwlock/read_release.lua"),
-            ),
-            Inspect => (
-                "lock/inspect.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE],
-                include_str!("lock/inspect.lua"),
-            ),
-            Break => (
-                "lock/break.lua",
-                &[TYPES, HOLDER, CLOCK, FENCE, PUBLISH],
-                include_str!("lock/break.lua"),
-            ),
-            Wake => (
-                "lock/wake.lua",
-                &[CLOCK, PUBLISH, WAKES],
-                include_str!("lock/wake.lua"),
-            ),
-            Unlist => ("lock/unlist.lua", &[], include_str!("lock/unlist.lua")),
-            QueuePush => (
-                "queue/push.lua",
-                &[TYPES, CLOCK],
-                include_str!("queue/push.lua"),
-            ),
-            QueueTake => (
-                "queue/take.lua",
-                &[TYPES, CLOCK],
-                include_str!("queue/take.lua"),
-            ),
-            QueueAck => ("queue/ack.lua", &[TYPES], include_str!("queue/ack.lua")),
-            QueueRetry => (
-                "queue/retry.lua",
-                &[TYPES, CLOCK],
-                include_str!("queue/retry.lua"),
-            ),
-            QueueExtend => (
-                "queue/extend.lua",
-                &[TYPES, CLOCK],
-                include_str!("queue/extend.lua"),
-            ),
-            QueueCounts => (
-                "queue/counts.lua",
-                &[TYPES, CLOCK],
-                include_str!("queue/counts.lua"),
-            ),
-            FencedWrite => ("fence/write.lua", &[TYPES], include_str!("fence/write.lua")),
+            Acquire => lua!("lock/acquire.lua", [CLOCK, FENCE, WAITING, LATER, TYPES, HOLDER, READERS]),
+            Release => lua!("lock/release.lua", [PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS]),
+            Renew => lua!("lock/renew.lua", [HOLDER, CLOCK, LEASE]),
+            RenewAcrossSlots => lua!("lock/renew_across_slots.lua", [HOLDER, CLOCK, LEASE]),
+            ReentrantAcquire => lua!("lock/reentrant_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
+            ReentrantRelease => lua!("lock/reentrant_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
+            FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
+            FairRelease => lua!("lock/fair_release.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
+            FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
+            SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
+            SemaphoreRelease => lua!("semaphore/release.lua", [TYPES, CLOCK, FAIR_QUEUE, PUBLISH]),
+            SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
+            ReadAcquire => lua!("rwlock/read_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
+            ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
+            Inspect => lua!("lock/inspect.lua", [TYPES, HOLDER, CLOCK, FENCE]),
+            Break => lua!("lock/break.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
+            Wake => lua!("lock/wake.lua", [CLOCK, PUBLISH, WAKES]),
+            Unlist => lua!("lock/unlist.lua", []),
+            QueuePush => lua!("queue/push.lua", [TYPES, CLOCK]),
+            QueueTake => lua!("queue/take.lua", [TYPES, CLOCK]),
+            QueueAck => lua!("queue/ack.lua", [TYPES]),
+            QueueRetry => lua!("queue/retry.lua", [TYPES, CLOCK]),
+            QueueExtend => lua!("queue/extend.lua", [TYPES, CLOCK]),
+            QueueCounts => lua!("queue/counts.lua", [TYPES, CLOCK]),
+            FencedWrite => lua!("fence/write.lua", [TYPES]),
         }
     }
 
@@ -465,7 +382,7 @@ impl std::io::Write for LastPart<'_> {
 }
 
 impl Call {
-    fn new(lua: Lua) -> Self {
+    pub(crate) fn new(lua: Lua) -> Self {
         Self {
             lua,
             // Room for a lock's calls without growing (a lock key of about 30 bytes,
@@ -516,12 +433,12 @@ impl Call {
         self.undoes
     }
 
-    fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
+    pub(crate) fn key(&mut self, key: impl AsRef<str>) -> &mut Self {
         self.keys.push(key.as_ref().as_bytes());
         self
     }
 
-    fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
+    pub(crate) fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
         arg.write_redis_args(&mut self.args);
         self
     }
@@ -690,11 +607,11 @@ fn cluster_name(file: &'static str) -> &'static str {
 
 /// Durations in whole milliseconds (validated before they get here; queue delays may be
 /// 0).
-fn ms(d: Duration) -> u64 {
+pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn flag(on: bool) -> &'static str {
+pub(crate) fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 
@@ -712,73 +629,6 @@ pub(crate) struct Listing<'a> {
     /// A release woke the client by name since its last attempt (and took it off the
     /// list): refused, it goes back to the head of the list.
     pub front: bool,
-}
-
-/// `identify`: report run id and uptime; `info`: the holder info to store with the
-/// grant ("" for none); `counter_idle`: how long the fencing counter lives without a
-/// grant (zero: for ever), as in every script that writes the counter; `join`: a
-/// waiting acquire, which waits among a read-write lock's writers when readers hold it;
-/// `queued`: an earlier attempt may have joined those writers, which a grant leaves;
-/// `listing`: the client's place on the wake list, which a refusal keeps.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn acquire(
-    keys: &LockKeys,
-    token: &HolderToken,
-    ttl: Duration,
-    identify: bool,
-    info: &str,
-    counter_idle: Duration,
-    join: bool,
-    queued: bool,
-    listing: Option<Listing<'_>>,
-) -> Call {
-    let mut inv = Call::new(Lua::Acquire);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .key(keys.holder_info())
-        .key(keys.writers());
-    if listing.is_some() {
-        inv.key(keys.wake_list());
-    }
-    inv.arg(token.as_str())
-        .arg(ms(ttl))
-        .arg(flag(identify))
-        .arg(info)
-        .arg(ms(counter_idle))
-        .arg(flag(join))
-        .arg(flag(queued));
-    if let Some(l) = listing {
-        inv.arg(l.tag)
-            .arg(ms(l.margin))
-            .arg(flag(l.stays))
-            .arg(flag(l.front));
-    }
-    inv
-}
-
-/// `fence`: the grant's token, raised into the counter (0: none). `withdraw`: the token
-/// may wait among a read-write lock's writers, which it leaves. The release wakes one
-/// client of the lock's wake list (`fragments/wakes.lua`).
-pub(crate) fn release(
-    keys: &LockKeys,
-    token: &HolderToken,
-    fence: u64,
-    counter_idle: Duration,
-    withdraw: bool,
-) -> Call {
-    let mut inv = Call::new(Lua::Release);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .key(keys.holder_info())
-        .key(keys.wake_list());
-    if withdraw {
-        inv.key(keys.writers());
-    }
-    inv.arg(token.as_str())
-        .arg(keys.channel())
-        .arg(fence)
-        .arg(ms(counter_idle));
-    inv
 }
 
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a
@@ -810,46 +660,6 @@ pub(crate) fn renew_across_slots<'a>(
     inv
 }
 
-/// Takes one of `permits` permits for `token` (`semaphore/acquire.lua`); `fair`: the
-/// waiter timeout of a fair semaphore, and whether to join its queue.
-pub(crate) fn semaphore_acquire(
-    keys: &LockKeys,
-    token: &HolderToken,
-    ttl: Duration,
-    permits: u32,
-    counter_idle: Duration,
-    fair: Option<(Duration, bool)>,
-) -> Call {
-    let mut inv = Call::new(Lua::SemaphoreAcquire);
-    inv.key(&keys.lock).key(keys.fence()).key(keys.permits());
-    if fair.is_some() {
-        inv.key(keys.queue()).key(keys.waiters());
-    }
-    inv.arg(token.as_str())
-        .arg(ms(ttl))
-        .arg(permits)
-        .arg(ms(counter_idle));
-    if let Some((waiter_timeout, join)) = fair {
-        inv.arg(ms(waiter_timeout))
-            .arg(flag(join))
-            .arg(keys.channel());
-    }
-    inv
-}
-
-/// Gives `token`'s permit back, or its place in a fair semaphore's queue, and announces
-/// it (`semaphore/release.lua`).
-pub(crate) fn semaphore_release(keys: &LockKeys, token: &HolderToken) -> Call {
-    let mut inv = Call::new(Lua::SemaphoreRelease);
-    inv.key(&keys.lock)
-        .key(keys.permits())
-        .key(keys.queue())
-        .key(keys.waiters())
-        .arg(token.as_str())
-        .arg(keys.channel());
-    inv
-}
-
 /// Sets the semaphore's permit count (`semaphore/resize.lua`).
 pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Duration) -> Call {
     let mut inv = Call::new(Lua::SemaphoreResize);
@@ -859,34 +669,6 @@ pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Dura
         .arg(permits)
         .arg(keys.channel())
         .arg(ms(counter_idle));
-    inv
-}
-
-/// `join`: as [`acquire`]'s.
-/// Takes a read-write lock's read side for `token`, with `owner` ("" for none)
-/// (`rwlock/read_acquire.lua`).
-/// `listing`: a waiting read, which a refusal by a writer lists as waiting readers
-/// (`*`) on the lock's wake list, for the writer's lease and this margin.
-pub(crate) fn read_acquire(
-    keys: &LockKeys,
-    token: &HolderToken,
-    ttl: Duration,
-    owner: &str,
-    counter_idle: Duration,
-    listing: Option<Duration>,
-) -> Call {
-    let mut inv = Call::new(Lua::ReadAcquire);
-    inv.key(&keys.lock).key(keys.fence()).key(keys.writers());
-    if listing.is_some() {
-        inv.key(keys.wake_list());
-    }
-    inv.arg(token.as_str())
-        .arg(ms(ttl))
-        .arg(owner)
-        .arg(ms(counter_idle));
-    if let Some(margin) = listing {
-        inv.arg(ms(margin));
-    }
     inv
 }
 
@@ -904,110 +686,6 @@ pub(crate) fn wake(keys: &LockKeys) -> Call {
     let mut inv = Call::new(Lua::Wake);
     inv.key(&keys.lock)
         .key(keys.wake_list())
-        .arg(keys.channel());
-    inv
-}
-
-/// Ends the lease of the reader `member` (its token, or `<token>:<owner>`) and, for the
-/// last reader, announces it (`rwlock/read_release.lua`).
-pub(crate) fn read_release(keys: &LockKeys, member: &str) -> Call {
-    let mut inv = Call::new(Lua::ReadRelease);
-    inv.key(&keys.lock).arg(member).arg(keys.channel());
-    inv
-}
-
-/// `listing`: a waiting acquire, which a refusal by a plain holder lists as waiting
-/// owners (`*`) on the lock's wake list, for that holder's lease and this margin.
-pub(crate) fn reentrant_acquire(
-    keys: &LockKeys,
-    owner: &str,
-    token: &HolderToken,
-    ttl: Duration,
-    counter_idle: Duration,
-    join: bool,
-    listing: Option<Duration>,
-) -> Call {
-    let mut inv = Call::new(Lua::ReentrantAcquire);
-    inv.key(&keys.lock).key(keys.fence()).key(keys.writers());
-    if listing.is_some() {
-        inv.key(keys.wake_list());
-    }
-    inv.arg(owner)
-        .arg(token.as_str())
-        .arg(ms(ttl))
-        .arg(ms(counter_idle))
-        .arg(flag(join));
-    if let Some(margin) = listing {
-        inv.arg(ms(margin));
-    }
-    inv
-}
-
-pub(crate) fn reentrant_release(keys: &LockKeys, owner: &str, token: &HolderToken) -> Call {
-    let mut inv = Call::new(Lua::ReentrantRelease);
-    inv.key(&keys.lock)
-        .key(keys.writers())
-        .arg(owner)
-        .arg(token.as_str())
-        .arg(keys.channel());
-    inv
-}
-
-/// `join`: enter the queue when it is not our turn (a waiting acquire), or only try;
-/// `info`: the holder info to store with the grant ("" for none); `own_channel`: where a
-/// release that hands this waiter the lock says so.
-// One argument per script argument: a struct would only rename them.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn fair_acquire(
-    keys: &LockKeys,
-    token: &HolderToken,
-    ttl: Duration,
-    waiter_timeout: Duration,
-    join: bool,
-    info: &str,
-    own_channel: &str,
-    counter_idle: Duration,
-) -> Call {
-    let mut inv = Call::new(Lua::FairAcquire);
-    inv.key(&keys.lock)
-        .key(keys.fence())
-        .key(keys.queue())
-        .key(keys.waiters())
-        .key(keys.holder_info())
-        .key(keys.grants())
-        .arg(token.as_str())
-        .arg(ms(ttl))
-        .arg(ms(waiter_timeout))
-        .arg(keys.channel())
-        .arg(flag(join))
-        .arg(info)
-        .arg(own_channel)
-        .arg(ms(counter_idle));
-    inv
-}
-
-pub(crate) fn fair_release(keys: &LockKeys, token: &HolderToken, counter_idle: Duration) -> Call {
-    let mut inv = Call::new(Lua::FairRelease);
-    inv.key(&keys.lock)
-        .key(keys.queue())
-        .key(keys.waiters())
-        .key(keys.holder_info())
-        .key(keys.fence())
-        .key(keys.grants())
-        .arg(token.as_str())
-        .arg(keys.channel())
-        .arg(ms(counter_idle));
-    inv
-}
-
-pub(crate) fn fair_leave(keys: &LockKeys, token: &HolderToken) -> Call {
-    let mut inv = Call::new(Lua::FairLeave);
-    inv.key(&keys.lock)
-        .key(keys.queue())
-        .key(keys.waiters())
-        .key(keys.holder_info())
-        .key(keys.grants())
-        .arg(token.as_str())
         .arg(keys.channel());
     inv
 }
@@ -1249,34 +927,6 @@ mod tests {
     }
 
     #[test]
-    fn only_a_tokens_last_release_by_token_may_be_sent_again() {
-        let keys = LockKeys::new("fl", "orders:7").unwrap();
-        let token = HolderToken::generate();
-        let release = || release(&keys, &token, 0, Duration::ZERO, true);
-        assert!(release().undoing(&token, true).may_resend());
-        assert!(
-            !release().undoing(&token, false).may_resend(),
-            "a take-back: the next attempt uses the token"
-        );
-        assert!(!release().may_resend(), "not marked as a release");
-        assert!(fair_leave(&keys, &token).undoing(&token, true).may_resend());
-        assert!(
-            reentrant_release(&keys, "owner", &token)
-                .undoing(&token, true)
-                .may_resend(),
-            "gives up the hold of its own token"
-        );
-        assert!(
-            !inspect(&keys).may_resend(),
-            "not a release: never kept to send again"
-        );
-        let drawn = token.drawn().expect("drawn here");
-        assert_eq!(release().undoing(&token, true).undoes(), Some(drawn));
-        let stored = HolderToken::from_stored(token.as_str().to_owned());
-        assert_eq!(release().undoing(&stored, true).undoes(), None);
-    }
-
-    #[test]
     fn a_marker_is_a_whole_line_with_either_line_ending() {
         assert!(is_later_mark("-- (later fragments)\n"));
         assert!(is_later_mark("-- (later fragments)\r\n"));
@@ -1353,9 +1003,11 @@ mod tests {
 
     #[test]
     fn a_call_sends_its_keys_then_its_arguments_each_as_given() {
-        let keys = LockKeys::new("fl", "orders:7").unwrap();
-        let token = HolderToken::generate();
-        let call = release(&keys, &token, 42, Duration::from_secs(3), true);
+        let mut call = Call::new(Lua::Release);
+        call.key("fl:{orders:7}")
+            .key("fl:{orders:7}:fence")
+            .arg("tok")
+            .arg(42u64);
         let hash = Lua::Release
             .script(Flavor::Standalone)
             .get_hash()
@@ -1364,16 +1016,11 @@ mod tests {
         let expected = [
             "EVALSHA",
             hash.as_str(),
-            "5",
+            "2",
             "fl:{orders:7}",
-            &keys.fence(),
-            &keys.holder_info(),
-            &keys.wake_list(),
-            &keys.writers(),
-            token.as_str(),
-            &keys.channel(),
+            "fl:{orders:7}:fence",
+            "tok",
             "42",
-            "3000",
         ];
         assert_eq!(sent, expected);
         assert_eq!(call.first_key(), Some("fl:{orders:7}"));

@@ -48,7 +48,7 @@ pub(crate) struct Identity {
 /// `fair_acquire.lua`, `semaphore/acquire.lua`, `rwlock/read_acquire.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AcquireReply {
-    pub outcome: AcquireOutcome,
+    pub answer: Answer,
     /// Present when asked for.
     pub identity: Option<Identity>,
     /// `read_acquire.lua`'s code 4: the read side was granted as one more hold of the
@@ -56,11 +56,12 @@ pub(crate) struct AcquireReply {
     pub owner_hold: bool,
 }
 
+/// What one node answered to an acquire, whatever the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AcquireOutcome {
+pub(crate) enum Answer {
     /// The lock is the caller's; `fresh` is false when the key already held its token (a
     /// retry).
-    Acquired { fence: FencingToken, fresh: bool },
+    Granted { fence: FencingToken, fresh: bool },
     /// Another holder has it, or in fair mode it is free but another waiter is first.
     /// `fence_seen`: the fencing counter when it said so (`fair_acquire.lua` only): a
     /// handover with a higher token came after this answer.
@@ -72,70 +73,12 @@ pub(crate) enum AcquireOutcome {
 
 impl FromRedisValue for AcquireReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let bad = || ParsingError::from(format!("an acquire script replied with {v:?}"));
         let Value::Array(items) = &v else {
-            return Err(bad());
+            return Err(Fields(&[], &v).bad());
         };
-        let int = |i: usize| match items.get(i) {
-            Some(Value::Int(n)) => Ok(*n),
-            _ => Err(bad()),
-        };
-        let count = || u32::try_from(int(2)?).map_err(|_| bad());
-        let ms = || {
-            u64::try_from(int(1)?)
-                .map(Duration::from_millis)
-                .map_err(|_| bad())
-        };
-        let code = int(0)?;
-        let outcome = match code {
-            1 | 2 | 4 => AcquireOutcome::Acquired {
-                fence: FencingToken::new(u64::try_from(int(1)?).map_err(|_| bad())?),
-                fresh: code != 2,
-            },
-            // The holder's PTTL; -1: no expiry; -2 (only fair_acquire.lua says it): free,
-            // with another waiter first in line.
-            0 => AcquireOutcome::Held {
-                blocked_by: match int(1)? {
-                    -2 => Blocker::Queue,
-                    -1 => Blocker::NoExpiry,
-                    pttl => Blocker::Lease(Duration::from_millis(
-                        u64::try_from(pttl).map_err(|_| bad())?,
-                    )),
-                },
-                fence_seen: match items.as_slice() {
-                    [_, _, Value::Int(counter)] => Some(FencingToken::new(
-                        u64::try_from(*counter).map_err(|_| bad())?,
-                    )),
-                    _ => None,
-                },
-            },
-            // A semaphore whose permits are all held: ms until the first lease ends, and
-            // the permit count.
-            3 => AcquireOutcome::Held {
-                blocked_by: Blocker::Permits {
-                    permits: count()?,
-                    frees_in: ms()?,
-                },
-                fence_seen: None,
-            },
-            // A read-write lock: a reader finds writers waiting (5), a writer finds
-            // readers (6); ms until the first deadline or lease ends, and how many.
-            5 => AcquireOutcome::Held {
-                blocked_by: Blocker::WritersWaiting {
-                    writers: count()?,
-                    within: ms()?,
-                },
-                fence_seen: None,
-            },
-            6 => AcquireOutcome::Held {
-                blocked_by: Blocker::Readers {
-                    readers: count()?,
-                    frees_in: ms()?,
-                },
-                fence_seen: None,
-            },
-            _ => return Err(bad()),
-        };
+        let fields = Fields(items, &v);
+        let code = fields.int(0)?;
+        let answer = fields.answer(code)?;
         // With a count (codes 3, 5, 6), the identity comes after it.
         let identity_at = if matches!(code, 3 | 5 | 6) { 3 } else { 2 };
         let identity = match &items[identity_at.min(items.len())..] {
@@ -146,12 +89,84 @@ impl FromRedisValue for AcquireReply {
                 uptime: Duration::from_secs(u64::try_from(*up).unwrap_or(0)),
             })
             .filter(|i| !i.run_id.is_empty()),
-            _ => return Err(bad()),
+            _ => return Err(fields.bad()),
         };
         Ok(Self {
-            outcome,
+            answer,
             identity,
             owner_hold: code == 4,
+        })
+    }
+}
+
+/// An acquire script's reply array (and the whole reply, for the error).
+struct Fields<'a>(&'a [Value], &'a Value);
+
+impl Fields<'_> {
+    fn bad(&self) -> ParsingError {
+        ParsingError::from(format!("an acquire script replied with {:?}", self.1))
+    }
+
+    fn int(&self, i: usize) -> Result<i64, ParsingError> {
+        match self.0.get(i) {
+            Some(Value::Int(n)) => Ok(*n),
+            _ => Err(self.bad()),
+        }
+    }
+
+    fn unsigned(&self, i: usize) -> Result<u64, ParsingError> {
+        u64::try_from(self.int(i)?).map_err(|_| self.bad())
+    }
+
+    fn ms(&self, i: usize) -> Result<Duration, ParsingError> {
+        self.unsigned(i).map(Duration::from_millis)
+    }
+
+    fn count(&self, i: usize) -> Result<u32, ParsingError> {
+        u32::try_from(self.int(i)?).map_err(|_| self.bad())
+    }
+
+    /// The answer for the reply's first field, `code`.
+    fn answer(&self, code: i64) -> Result<Answer, ParsingError> {
+        let held = |blocked_by| Answer::Held {
+            blocked_by,
+            fence_seen: None,
+        };
+        Ok(match code {
+            1 | 2 | 4 => Answer::Granted {
+                fence: FencingToken::new(self.unsigned(1)?),
+                fresh: code != 2,
+            },
+            // The holder's PTTL; -1: no expiry; -2 (only fair_acquire.lua says it): free,
+            // with another waiter first in line.
+            0 => Answer::Held {
+                blocked_by: match self.int(1)? {
+                    -2 => Blocker::Queue,
+                    -1 => Blocker::NoExpiry,
+                    _ => Blocker::Lease(self.ms(1)?),
+                },
+                fence_seen: match self.0 {
+                    [_, _, Value::Int(_)] => Some(FencingToken::new(self.unsigned(2)?)),
+                    _ => None,
+                },
+            },
+            // A semaphore whose permits are all held: ms until the first lease ends, and
+            // the permit count.
+            3 => held(Blocker::Permits {
+                permits: self.count(2)?,
+                frees_in: self.ms(1)?,
+            }),
+            // A read-write lock: a reader finds writers waiting (5), a writer finds
+            // readers (6); ms until the first deadline or lease ends, and how many.
+            5 => held(Blocker::WritersWaiting {
+                writers: self.count(2)?,
+                within: self.ms(1)?,
+            }),
+            6 => held(Blocker::Readers {
+                readers: self.count(2)?,
+                frees_in: self.ms(1)?,
+            }),
+            _ => return Err(self.bad()),
         })
     }
 }
@@ -206,22 +221,6 @@ impl FromRedisValue for Renewed {
             })
             .collect::<Result<_, _>>()
             .map(Self)
-    }
-}
-
-/// `fair_leave.lua`'s answer: whether anything of the token was removed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Left(pub bool);
-
-impl FromRedisValue for Left {
-    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        match v {
-            Value::Int(1) => Ok(Self(true)),
-            Value::Int(0) => Ok(Self(false)),
-            _ => Err(ParsingError::from(format!(
-                "fair_leave.lua replied with {v:?}"
-            ))),
-        }
     }
 }
 
@@ -367,18 +366,32 @@ impl FromRedisValue for Broke {
     }
 }
 
+/// What one write of a [`FencedWrite`](crate::fence::FencedWrite) replied, as Redis
+/// would have.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reply {
+    /// `SET`'s `OK`.
+    Ok,
+    /// An integer: `DEL`'s count of keys deleted, the value after `INCRBY`, the field
+    /// count `HSET` added, the list's length after `RPUSH` or `LPUSH`, `PEXPIRE`'s 1
+    /// (set) or 0 (no such key).
+    Integer(i64),
+    /// Text: the ID `XADD` gave the new entry.
+    Text(String),
+}
+
 /// What `fence/write.lua` answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FencedWriteReply {
     /// Every write applied, the token recorded: each write's reply, in order.
-    Accepted(Vec<crate::fence::Reply>),
+    Accepted(Vec<Reply>),
     /// A higher token was accepted before: nothing written.
     Refused(FencingToken),
 }
 
 impl FromRedisValue for FencedWriteReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        use crate::fence::Reply;
         let bad = || ParsingError::from(format!("fence/write.lua replied with {v:?}"));
         let Value::Array(items) = &v else {
             return Err(bad());
@@ -525,10 +538,10 @@ mod tests {
     #[test]
     fn acquire_replies_decode_as_their_headers_say() {
         let a = |items: Vec<Value>| decode::<AcquireReply>(Value::Array(items));
-        let held = |pttl| a(vec![Value::Int(0), Value::Int(pttl)]).unwrap().outcome;
+        let held = |pttl| a(vec![Value::Int(0), Value::Int(pttl)]).unwrap().answer;
         assert_eq!(
             held(0),
-            AcquireOutcome::Held {
+            Answer::Held {
                 blocked_by: Blocker::Lease(Duration::ZERO),
                 fence_seen: None,
             },
@@ -536,14 +549,14 @@ mod tests {
         );
         assert_eq!(
             held(-2),
-            AcquireOutcome::Held {
+            Answer::Held {
                 blocked_by: Blocker::Queue,
                 fence_seen: None,
             }
         );
         assert_eq!(
             held(-1),
-            AcquireOutcome::Held {
+            Answer::Held {
                 blocked_by: Blocker::NoExpiry,
                 fence_seen: None,
             }
@@ -551,8 +564,8 @@ mod tests {
         assert_eq!(
             a(vec![Value::Int(0), Value::Int(-2), Value::Int(42)])
                 .unwrap()
-                .outcome,
-            AcquireOutcome::Held {
+                .answer,
+            Answer::Held {
                 blocked_by: Blocker::Queue,
                 fence_seen: Some(FencingToken::new(42)),
             },
@@ -566,8 +579,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            with_id.outcome,
-            AcquireOutcome::Acquired {
+            with_id.answer,
+            Answer::Granted {
                 fence: FencingToken::new(7),
                 fresh: false
             }
@@ -593,7 +606,6 @@ mod tests {
             decode::<Renewed>(batch).unwrap(),
             Renewed(vec![Owned::Done, Owned::Absent, Owned::Other])
         );
-        assert!(decode::<Left>(Value::Int(-2)).is_err());
         let pushed = Value::Array(vec![Value::Int(1), Value::Int(9)]);
         assert_eq!(decode::<Queue<Pushed>>(pushed).unwrap().0, Pushed(9));
         let none = Value::Array(vec![Value::Int(0)]);

@@ -345,82 +345,20 @@ async fn run(weak: Weak<Inner>) {
         tokio::pin!(changed);
         changed.as_mut().enable();
         let now = Instant::now();
-        let mut due: Vec<(Arc<Lease>, Duration, bool)> = Vec::new();
-        let mut tick = Duration::from_secs(10);
-        // Idle: wait a little for the next lease (a client that locks and unlocks in
-        // turn would start a task for each), without keeping the client alive
-        // meanwhile; then end.
-        let idle_wait = {
-            let mut leases = lock(&inner.leases);
-            if leases.by_id.is_empty() {
-                let idle = now.duration_since(*idle_since.get_or_insert(now));
-                if idle >= IDLE_LINGER {
-                    leases.task = None;
-                    return;
+        match idle(&inner, &mut idle_since, now) {
+            Idle::End => return,
+            // Idle: wait a little for the next lease without keeping the client alive.
+            Idle::Until(until) => {
+                drop(inner);
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    () = &mut changed => {}
                 }
-                // A new lease wakes the task only if it falls due before the wait ends
-                // (else the task finds it then): a client that locks and unlocks in
-                // turn would wake it for every lease.
-                let until = now + (IDLE_LINGER - idle);
-                leases.next_wake = Some(until);
-                Some(until)
-            } else {
-                idle_since = None;
-                None
+                continue;
             }
-        };
-        if let Some(until) = idle_wait {
-            drop(inner);
-            tokio::select! {
-                () = tokio::time::sleep_until(until.into()) => {}
-                () = &mut changed => {}
-            }
-            continue;
+            Idle::Busy => {}
         }
-        let mut wake;
-        {
-            let mut leases = lock(&inner.leases);
-            for lease in leases.by_id.values() {
-                if lease.renew {
-                    tick = tick.min(lease.ttl / 6);
-                }
-            }
-            tick = tick.max(Duration::from_millis(5));
-            wake = now + tick;
-            for lease in leases.by_id.values() {
-                if lease.lost.is_cancelled() {
-                    continue;
-                }
-                let mut st = lock(&lease.state);
-                let give_up = st.loss_deadline();
-                if now >= give_up {
-                    let cause = if st.capped {
-                        // Granted right up to the maximum hold: it ran out as asked.
-                        LossCause::MaxHold
-                    } else if !lease.renew {
-                        LossCause::Expired
-                    } else {
-                        LossCause::Unconfirmed
-                    };
-                    drop(st);
-                    lease.lose(cause);
-                    continue;
-                }
-                wake = wake.min(give_up);
-                if !lease.renew || st.in_flight {
-                    continue;
-                }
-                if st.next_renewal > now + tick {
-                    wake = wake.min(st.next_renewal);
-                    continue;
-                }
-                if let Some((ttl, capped)) = lease.renewal_ttl(now) {
-                    st.in_flight = true;
-                    due.push((lease.clone(), ttl, capped));
-                }
-            }
-            leases.next_wake = Some(wake);
-        }
+        let (due, wake) = due_now(&inner, now);
         if !due.is_empty() {
             tokio::spawn(renew_in_turn(inner.clone(), due));
         }
@@ -430,6 +368,85 @@ async fn run(weak: Weak<Inner>) {
             () = changed => {}
         }
     }
+}
+
+/// What the watchdog task does when it finds no lease.
+enum Idle {
+    /// Leases are left: renew them.
+    Busy,
+    /// None left for a while: wait until then for the next lease (a client that locks
+    /// and unlocks in turn would start a task for each).
+    Until(Instant),
+    /// None left for [`IDLE_LINGER`]: end (the next lease starts a task again).
+    End,
+}
+
+fn idle(inner: &Inner, idle_since: &mut Option<Instant>, now: Instant) -> Idle {
+    let mut leases = lock(&inner.leases);
+    if !leases.by_id.is_empty() {
+        *idle_since = None;
+        return Idle::Busy;
+    }
+    let idle = now.duration_since(*idle_since.get_or_insert(now));
+    if idle >= IDLE_LINGER {
+        leases.task = None;
+        return Idle::End;
+    }
+    // A new lease wakes the task only if it falls due before the wait ends (else the
+    // task finds it then): a client that locks and unlocks in turn would wake it for
+    // every lease.
+    let until = now + (IDLE_LINGER - idle);
+    leases.next_wake = Some(until);
+    Idle::Until(until)
+}
+
+/// The leases to renew now (those due before the next tick; each marked in flight),
+/// after marking lost those past their deadline; and when the task wakes next.
+fn due_now(inner: &Inner, now: Instant) -> (Vec<Due>, Instant) {
+    let mut due = Vec::new();
+    let mut leases = lock(&inner.leases);
+    let tick = leases
+        .by_id
+        .values()
+        .filter(|lease| lease.renew)
+        .map(|lease| lease.ttl / 6)
+        .fold(Duration::from_secs(10), Duration::min)
+        .max(Duration::from_millis(5));
+    let mut wake = now + tick;
+    for lease in leases.by_id.values() {
+        if lease.lost.is_cancelled() {
+            continue;
+        }
+        let mut st = lock(&lease.state);
+        let give_up = st.loss_deadline();
+        if now >= give_up {
+            let cause = if st.capped {
+                // Granted right up to the maximum hold: it ran out as asked.
+                LossCause::MaxHold
+            } else if !lease.renew {
+                LossCause::Expired
+            } else {
+                LossCause::Unconfirmed
+            };
+            drop(st);
+            lease.lose(cause);
+            continue;
+        }
+        wake = wake.min(give_up);
+        if !lease.renew || st.in_flight {
+            continue;
+        }
+        if st.next_renewal > now + tick {
+            wake = wake.min(st.next_renewal);
+            continue;
+        }
+        if let Some((ttl, capped)) = lease.renewal_ttl(now) {
+            st.in_flight = true;
+            due.push((lease.clone(), ttl, capped));
+        }
+    }
+    leases.next_wake = Some(wake);
+    (due, wake)
 }
 
 /// How long the watchdog task waits for a new lease once none is left, before it ends.

@@ -1,0 +1,107 @@
+//! A fair lock: waiters are served in arrival order from a queue in Redis
+//! (`lock/fair_acquire.lua`, `lock/fair_release.lua`, `lock/fair_leave.lua`). A release
+//! hands the lock to the head of the queue inside its script and tells that waiter on
+//! its client's own channel.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::protocol::Wake;
+use super::protocol::{Acquire, Listed, Protocol, Release, Waiting, bad, ms};
+use crate::error::Error;
+use crate::observe::ModeLabel;
+use crate::scripts::{self, Call, Lua, flag};
+use crate::token::HolderToken;
+
+/// A fair lock; `waiter_timeout`: how long a queued waiter may stay silent before it is
+/// purged.
+#[derive(Debug)]
+pub(crate) struct Fair {
+    waiter_timeout: Duration,
+}
+
+impl Fair {
+    pub fn new(waiter_timeout: Duration) -> Self {
+        Self { waiter_timeout }
+    }
+
+    pub fn from_text(rest: &str) -> Result<Arc<dyn Protocol>, Error> {
+        if rest.is_empty() {
+            return Err(bad("a fair lock's mode has no waiter timeout"));
+        }
+        Ok(Arc::new(Self::new(ms(rest)?)))
+    }
+}
+
+impl Protocol for Fair {
+    fn label(&self) -> ModeLabel {
+        ModeLabel::Fair
+    }
+
+    /// `lock/fair_acquire.lua`: granted if free and first in line; a waiting attempt
+    /// joins (or stays in) the queue.
+    fn acquire(&self, a: &Acquire<'_>) -> Call {
+        let mut call = Call::new(Lua::FairAcquire);
+        call.key(&a.keys.lock)
+            .key(a.keys.fence())
+            .key(a.keys.queue())
+            .key(a.keys.waiters())
+            .key(a.keys.holder_info())
+            .key(a.keys.grants())
+            .arg(a.token.as_str())
+            .arg(scripts::ms(a.ttl))
+            .arg(scripts::ms(self.waiter_timeout))
+            .arg(a.keys.channel())
+            .arg(flag(a.join))
+            .arg(a.info)
+            .arg(a.own_channel)
+            .arg(scripts::ms(a.counter_idle));
+        call
+    }
+
+    /// `lock/fair_release.lua`: the lock handed to the head of the queue, or deleted.
+    fn release(&self, r: &Release<'_>) -> Call {
+        let mut call = Call::new(Lua::FairRelease);
+        call.key(&r.keys.lock)
+            .key(r.keys.queue())
+            .key(r.keys.waiters())
+            .key(r.keys.holder_info())
+            .key(r.keys.fence())
+            .key(r.keys.grants())
+            .arg(r.token.as_str())
+            .arg(r.keys.channel())
+            .arg(scripts::ms(r.counter_idle));
+        r.undoing(call)
+    }
+
+    /// `lock/fair_leave.lua`: out of the queue, and a grant made without its knowing
+    /// dropped.
+    fn withdraw(&self, r: &Release<'_>) -> Call {
+        let mut call = Call::new(Lua::FairLeave);
+        call.key(&r.keys.lock)
+            .key(r.keys.queue())
+            .key(r.keys.waiters())
+            .key(r.keys.holder_info())
+            .key(r.keys.grants())
+            .arg(r.token.as_str())
+            .arg(r.keys.channel());
+        r.undoing(call)
+    }
+
+    /// Its turn: a message that names its token (or a handover to it).
+    fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
+        Wake::Turn(token.as_str())
+    }
+
+    fn waiting(&self) -> Waiting {
+        Waiting {
+            queue: Some(self.waiter_timeout),
+            own_channel: true,
+            listing: Listed::No,
+        }
+    }
+
+    fn to_text(&self) -> String {
+        format!("fair {}", self.waiter_timeout.as_millis())
+    }
+}

@@ -1,0 +1,82 @@
+//! A plain lock: any caller may take a free lock (`lock/acquire.lua`,
+//! `lock/release.lua`). Its waiters are woken one client at a time, by name, through the
+//! lock's wake list. It is also a read-write lock's writer.
+
+use super::protocol::Wake;
+use super::protocol::{Acquire, Listed, Protocol, Release, Undo, Waiting};
+use crate::observe::ModeLabel;
+use crate::scripts::{Call, Lua, flag, ms};
+use crate::token::HolderToken;
+
+/// A plain lock.
+#[derive(Debug)]
+pub(crate) struct Plain;
+
+impl Protocol for Plain {
+    fn label(&self) -> ModeLabel {
+        ModeLabel::Plain
+    }
+
+    /// `lock/acquire.lua`: the key set to the token if free; a waiting attempt lists the
+    /// client on the wake list when refused, and waits among a read-write lock's writers
+    /// when readers hold it.
+    fn acquire(&self, a: &Acquire<'_>) -> Call {
+        let mut call = Call::new(Lua::Acquire);
+        call.key(&a.keys.lock)
+            .key(a.keys.fence())
+            .key(a.keys.holder_info())
+            .key(a.keys.writers());
+        if a.listing.is_some() {
+            call.key(a.keys.wake_list());
+        }
+        call.arg(a.token.as_str())
+            .arg(ms(a.ttl))
+            .arg(flag(a.identify))
+            .arg(a.info)
+            .arg(ms(a.counter_idle))
+            .arg(flag(a.join))
+            .arg(flag(a.queued));
+        if let Some(l) = a.listing {
+            call.arg(l.tag)
+                .arg(ms(l.margin))
+                .arg(flag(l.stays))
+                .arg(flag(l.front));
+        }
+        call
+    }
+
+    /// `lock/release.lua`: the key deleted if it holds the token, one listed client
+    /// woken; a withdrawal also leaves the writers waiting for readers.
+    fn release(&self, r: &Release<'_>) -> Call {
+        let withdraw = r.undo != Undo::Release;
+        let mut call = Call::new(Lua::Release);
+        call.key(&r.keys.lock)
+            .key(r.keys.fence())
+            .key(r.keys.holder_info())
+            .key(r.keys.wake_list());
+        if withdraw {
+            call.key(r.keys.writers());
+        }
+        call.arg(r.token.as_str())
+            .arg(r.keys.channel())
+            .arg(r.fence)
+            .arg(ms(r.counter_idle));
+        r.undoing(call)
+    }
+
+    fn wake<'a>(&'a self, _token: &'a HolderToken) -> Wake<'a> {
+        Wake::Plain
+    }
+
+    fn waiting(&self) -> Waiting {
+        Waiting {
+            queue: None,
+            own_channel: true,
+            listing: Listed::ByName,
+        }
+    }
+
+    fn to_text(&self) -> String {
+        "plain".to_owned()
+    }
+}

@@ -1,0 +1,175 @@
+//! What every protocol answers ([`Protocol`]), and what the engine and the backend hand
+//! it: an attempt's [`Acquire`], a release's [`Release`].
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::keys::LockKeys;
+use crate::observe::ModeLabel;
+use crate::scripts::{Call, Listing};
+use crate::token::HolderToken;
+
+/// How the holders of one lock name take turns.
+pub(crate) trait Protocol: fmt::Debug + Send + Sync {
+    /// The `mode` label of metrics and spans.
+    fn label(&self) -> ModeLabel;
+
+    /// The script call of one acquire attempt.
+    fn acquire(&self, a: &Acquire<'_>) -> Call;
+
+    /// The script call that gives a grant of `r.token` back: a held lock's release
+    /// ([`Undo::Release`]), or a withdrawal's when this protocol withdraws by releasing.
+    fn release(&self, r: &Release<'_>) -> Call;
+
+    /// What withdraws everything `r.token` may hold when its acquire ends without the
+    /// lock, or its guard is dropped: by default its release.
+    fn withdraw(&self, r: &Release<'_>) -> Call {
+        self.release(r)
+    }
+
+    /// What the lock key holds for the holder of `token`: renewals and extends compare
+    /// against it.
+    fn holder_id<'a>(&'a self, token: &'a HolderToken) -> Cow<'a, str> {
+        Cow::Borrowed(token.as_str())
+    }
+
+    /// Which release messages wake a waiter holding `token`.
+    fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a>;
+
+    /// How its waiters wait.
+    fn waiting(&self) -> Waiting {
+        Waiting::default()
+    }
+
+    /// The protocol a grant continues under when the script says it is one more hold of
+    /// the owner's reentrant write lock (a reader's); `None`: it stays this one.
+    fn owner_hold(&self) -> Option<Arc<dyn Protocol>> {
+        None
+    }
+
+    /// Its `mode=` line in a detached lock (read back by [`from_text`]).
+    fn to_text(&self) -> String;
+}
+
+/// What one acquire attempt sends, whatever the protocol.
+pub(crate) struct Acquire<'a> {
+    pub keys: &'a LockKeys,
+    pub token: &'a HolderToken,
+    /// The lease asked for.
+    pub ttl: Duration,
+    /// Ask the node who it is (Redlock's restart protection).
+    pub identify: bool,
+    /// What the holder says about itself ("" for nothing).
+    pub info: &'a str,
+    /// How long the fencing counter lives without a grant (zero: for ever).
+    pub counter_idle: Duration,
+    /// A waiting acquire: it takes a place in line when one is kept (a fair queue, the
+    /// writers waiting for a read-write lock's readers).
+    pub join: bool,
+    /// An earlier attempt may have taken such a place, which a grant leaves.
+    pub queued: bool,
+    /// The client's place on the lock's wake list, which a refusal keeps.
+    pub listing: Option<Listing<'a>>,
+    /// The client's own release channel of this lock (a fair handover comes there).
+    pub own_channel: &'a str,
+}
+
+/// What a release or withdrawal sends.
+pub(crate) struct Release<'a> {
+    pub keys: &'a LockKeys,
+    pub token: &'a HolderToken,
+    /// Redlock: the grant's fencing token, raised into every node's counter; 0 on one
+    /// node.
+    pub fence: u64,
+    /// How long a raised counter lives without a grant.
+    pub counter_idle: Duration,
+    /// What it undoes.
+    pub undo: Undo,
+}
+
+/// What a release call undoes, and whether the token goes on being used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Undo {
+    /// A held lock's release: the token's last call.
+    Release,
+    /// An acquire that ended without the lock withdraws what it may have written: the
+    /// token's last call.
+    Withdraw,
+    /// One failed attempt's writes taken back; the acquire may try again with the same
+    /// token, so this call must never run after that attempt (see
+    /// [`Call::undoing`](crate::scripts::Call::undoing)).
+    TakeBack,
+}
+
+impl Release<'_> {
+    /// Marks `call` as undoing this token's writes (see
+    /// [`Call::undoing`](crate::scripts::Call::undoing)).
+    pub(super) fn undoing(&self, call: Call) -> Call {
+        call.undoing(self.token, self.undo != Undo::TakeBack)
+    }
+}
+
+/// How a protocol's waiters wait for a release.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Waiting {
+    /// Waiters line up in a queue in Redis, and one that stays silent this long is
+    /// purged from it: each calls again within a third of it (fair modes).
+    pub queue: Option<Duration>,
+    /// Listens on its client's own channel too: where a fair release hands it the lock,
+    /// and a plain release wakes its client by name.
+    pub own_channel: bool,
+    /// How a waiting attempt lists its client on the lock's wake list.
+    pub listing: Listed,
+}
+
+/// How a waiting attempt stands on the lock's wake list (`fragments/waiting.lua`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Listed {
+    /// It is not listed.
+    #[default]
+    No,
+    /// By its client's tag: a release wakes that client by name (plain waiters).
+    ByName,
+    /// As `*` when a plain holder refuses it: that holder's release wakes every client
+    /// (waiting readers and reentrant owners).
+    Everyone,
+}
+
+/// A detached lock's field that does not read back.
+pub(super) fn bad(reason: &str) -> Error {
+    Error::invalid("detached lock", reason.to_owned())
+}
+
+/// Milliseconds written by [`Protocol::to_text`].
+pub(super) fn ms(text: &str) -> Result<Duration, Error> {
+    text.parse()
+        .map(Duration::from_millis)
+        .map_err(|_| bad("the mode's duration is not a number"))
+}
+
+/// A reentrant owner id, if it is 1 to 256 bytes without control characters.
+pub(crate) fn checked_owner(owner: &str) -> Result<String, Error> {
+    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "owner id",
+            format!("{owner:?} must be 1 to 256 bytes without control characters"),
+        ));
+    }
+    Ok(owner.to_owned())
+}
+
+/// Which release messages wake a waiter.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wake<'a> {
+    /// A plain waiter: each message wakes one plain waiter of the client. On the
+    /// client's own channel, a wake that finds none is handed on (see the subscriber's `HandOn`).
+    Plain,
+    /// A reentrant waiter: every release wakes every one of them.
+    Owner,
+    /// A fair waiter with this owner token: woken when a message names it (its turn),
+    /// or by an empty payload.
+    Turn(&'a str),
+}

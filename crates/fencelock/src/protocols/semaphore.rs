@@ -1,0 +1,102 @@
+//! A semaphore's permit: up to `permits` holders at once, each with a lease of its own,
+//! in a zset at the lock key (`semaphore/acquire.lua`, `semaphore/release.lua`);
+//! optionally fair, with a queue as a fair lock's.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::protocol::Wake;
+use super::protocol::{Acquire, Listed, Protocol, Release, Waiting, bad, ms};
+use crate::error::Error;
+use crate::observe::ModeLabel;
+use crate::scripts::{self, Call, Lua, flag};
+use crate::token::HolderToken;
+
+/// A permit of a semaphore of `permits`; `fair`: its waiters' timeout, when they are
+/// served in arrival order.
+#[derive(Debug)]
+pub(crate) struct Semaphore {
+    permits: u32,
+    fair: Option<Duration>,
+}
+
+impl Semaphore {
+    pub fn new(permits: u32, fair: Option<Duration>) -> Self {
+        Self { permits, fair }
+    }
+
+    pub fn from_text(rest: &str) -> Result<Arc<dyn Protocol>, Error> {
+        let (permits, fair) = match rest.split_once(' ') {
+            Some((permits, timeout)) => (permits, Some(ms(timeout)?)),
+            None => (rest, None),
+        };
+        let permits = permits
+            .parse()
+            .map_err(|_| bad("the permit count is not a number"))?;
+        Ok(Arc::new(Self::new(permits, fair)))
+    }
+}
+
+impl Protocol for Semaphore {
+    fn label(&self) -> ModeLabel {
+        ModeLabel::Semaphore
+    }
+
+    /// `semaphore/acquire.lua`: a permit if one is free (and, fair, the caller is first
+    /// in line); a waiting attempt of a fair semaphore joins its queue.
+    fn acquire(&self, a: &Acquire<'_>) -> Call {
+        let mut call = Call::new(Lua::SemaphoreAcquire);
+        call.key(&a.keys.lock)
+            .key(a.keys.fence())
+            .key(a.keys.permits());
+        if self.fair.is_some() {
+            call.key(a.keys.queue()).key(a.keys.waiters());
+        }
+        call.arg(a.token.as_str())
+            .arg(scripts::ms(a.ttl))
+            .arg(self.permits)
+            .arg(scripts::ms(a.counter_idle));
+        if let Some(waiter_timeout) = self.fair {
+            call.arg(scripts::ms(waiter_timeout))
+                .arg(flag(a.join))
+                .arg(a.keys.channel());
+        }
+        call
+    }
+
+    /// `semaphore/release.lua`: the permit, or the place in a fair queue, given back.
+    fn release(&self, r: &Release<'_>) -> Call {
+        let mut call = Call::new(Lua::SemaphoreRelease);
+        call.key(&r.keys.lock)
+            .key(r.keys.permits())
+            .key(r.keys.queue())
+            .key(r.keys.waiters())
+            .arg(r.token.as_str())
+            .arg(r.keys.channel());
+        r.undoing(call)
+    }
+
+    /// A fair semaphore's release names the waiters whose turn it is; otherwise one
+    /// waiter per client.
+    fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
+        match self.fair {
+            Some(_) => Wake::Turn(token.as_str()),
+            None => Wake::Plain,
+        }
+    }
+
+    fn waiting(&self) -> Waiting {
+        Waiting {
+            queue: self.fair,
+            own_channel: false,
+            listing: Listed::No,
+        }
+    }
+
+    fn to_text(&self) -> String {
+        match self.fair {
+            Some(timeout) => format!("semaphore {} {}", self.permits, timeout.as_millis()),
+            None => format!("semaphore {}", self.permits),
+        }
+    }
+}
