@@ -104,6 +104,8 @@ pub struct WorkerArgs {
 /// its tasks (as an application would share its client).
 enum Locker {
     Fence(fencelock::LockBuilder),
+    /// fencelock's semaphore.
+    Permit(fencelock::SemaphoreBuilder),
     Rslock {
         manager: rslock::LockManager,
         key: String,
@@ -125,14 +127,23 @@ enum Held {
     Redlock(Vec<u8>),
 }
 
+/// A fencelock acquire, or `None` when `deadline` comes first.
+async fn fence_acquire(
+    acquire: impl Future<Output = Result<fencelock::LockGuard, fencelock::Error>>,
+    deadline: Instant,
+) -> Result<Option<Held>, String> {
+    tokio::select! {
+        r = acquire => r.map(|g| Some(Held::Fence(Box::new(g)))).map_err(|e| e.to_string()),
+        () = sleep_until(deadline) => Ok(None),
+    }
+}
+
 impl Locker {
     /// Waits for the lock; `Ok(None)` when `deadline` comes first.
     async fn acquire(&self, deadline: Instant) -> Result<Option<Held>, String> {
         match self {
-            Locker::Fence(builder) => tokio::select! {
-                r = builder.acquire() => r.map(|g| Some(Held::Fence(Box::new(g)))).map_err(|e| e.to_string()),
-                () = sleep_until(deadline) => Ok(None),
-            },
+            Locker::Fence(builder) => fence_acquire(builder.acquire(), deadline).await,
+            Locker::Permit(builder) => fence_acquire(builder.acquire(), deadline).await,
             // The library's own waiting loop.
             Locker::Rslock { manager, key, ttl } => tokio::select! {
                 r = manager.acquire_no_guard(key.as_bytes(), *ttl) => r.map(|l| Some(Held::Rslock(l))).map_err(|e| e.to_string()),
@@ -166,7 +177,7 @@ impl Locker {
 
     async fn release(&self, held: Held) -> Result<(), String> {
         match (self, held) {
-            (Locker::Fence(_), Held::Fence(guard)) => {
+            (Locker::Fence(_) | Locker::Permit(_), Held::Fence(guard)) => {
                 guard.release().await.map_err(|e| e.to_string())
             }
             // Best effort, no outcome reported (the library's API).
@@ -369,7 +380,7 @@ async fn run_async(
                 .lease(Duration::from_millis(args.ttl_ms))
                 .wait_forever();
             fence_client = Some(client);
-            Locker::Fence(builder)
+            Locker::Permit(builder)
         }
         LockKind::Rslock | LockKind::RslockTuned => {
             let urls = [args.url.clone()];

@@ -158,22 +158,29 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             break;
         }
         record(Event::now(p, Op::Acquire, Phase::Invoke))?;
-        let builder = client.lock(&args.lock).wait(wait).replicas(args.replicas);
-        let builder = if args.renewed {
-            builder.lease(ttl)
-        } else {
-            builder.lease(ttl).renew(false)
+        let waiter_timeout = args.fair_waiter_timeout_ms.map(Duration::from_millis);
+        let acquire = match args.permits {
+            Some(n) => {
+                let builder = lease(client.semaphore(&args.lock, n), &args, wait, ttl);
+                match waiter_timeout {
+                    Some(timeout) => builder.waiter_timeout(timeout).acquire().await,
+                    None => builder.acquire().await,
+                }
+            }
+            None if args.shared => {
+                lease(client.read_lock(&args.lock), &args, wait, ttl)
+                    .acquire()
+                    .await
+            }
+            None => {
+                let builder = lease(client.lock(&args.lock), &args, wait, ttl);
+                match waiter_timeout {
+                    Some(timeout) => builder.waiter_timeout(timeout).acquire().await,
+                    None => builder.acquire().await,
+                }
+            }
         };
-        let builder = match args.fair_waiter_timeout_ms {
-            Some(ms) => builder.fair().waiter_timeout(Duration::from_millis(ms)),
-            None => builder,
-        };
-        let builder = match args.permits {
-            Some(n) => builder.permits(n),
-            None if args.shared => builder.shared(),
-            None => builder,
-        };
-        let guard = match builder.acquire().await {
+        let guard = match acquire {
             Ok(g) => g,
             Err(e) => {
                 record(Event::now(p, Op::Acquire, Phase::Fail).with_error(e.to_string()))?;
@@ -291,6 +298,20 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         release_recorded(&mut record, guard, p, token, &owner).await?;
     }
     Ok(())
+}
+
+/// The lease settings of every kind of lock the worker takes.
+fn lease<K: fencelock::Kind>(
+    builder: fencelock::AcquireBuilder<K>,
+    args: &WorkerArgs,
+    wait: Duration,
+    ttl: Duration,
+) -> fencelock::AcquireBuilder<K> {
+    builder
+        .wait(wait)
+        .replicas(args.replicas)
+        .lease(ttl)
+        .renew(args.renewed)
 }
 
 /// Releases `guard`, recorded as `release invoke`, then `ok` or `fail` with the error.

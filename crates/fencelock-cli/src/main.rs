@@ -50,11 +50,12 @@ mod supervise;
 mod watcher;
 
 use std::io::{IsTerminal, Write as _};
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use fencelock::{Error, LockGuard};
+use fencelock::{AcquireBuilder, Error, Kind, LockGuard};
 
 use args::{Cli, Command, RunArgs, one_line};
 use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
@@ -209,29 +210,30 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
         let client = client.clone();
         async move { client.eviction_risks().await }
     });
-    let mut lock = client
-        .lock(args.name.as_str())
-        .lease(args.ttl)
-        .wait(args.wait);
     // What this run says about itself, by which the status line finds its place in line.
     let info = ops::holder_info(&args.command);
-    lock = match args.permits {
-        // A semaphore's many holders share one key, as readers do: no holder info (yet).
-        Some(permits) => lock.permits(permits),
-        None if args.shared => lock.shared(),
-        None => lock.holder_info(info.clone()),
-    };
-    if let Some(max_hold) = args.max_hold {
-        lock = lock.max_hold(max_hold);
-    }
-    if args.fair {
-        lock = lock.fair();
-    }
-    if args.replicas > 0 {
-        lock = lock.replicas(args.replicas);
-    }
     // Boxed, so that a signal can drop it before the flush below.
-    let mut acquiring = Box::pin(lock.acquire());
+    let mut acquiring: Pin<Box<dyn Future<Output = _> + Send>> = match args.permits {
+        // A semaphore's many holders share one key, as readers do: no holder info (yet).
+        Some(permits) => {
+            let semaphore = lease_settings(client.semaphore(args.name.as_str(), permits), args);
+            let semaphore = if args.fair {
+                semaphore.fair()
+            } else {
+                semaphore
+            };
+            Box::pin(semaphore.acquire())
+        }
+        None if args.shared => {
+            Box::pin(lease_settings(client.read_lock(args.name.as_str()), args).acquire())
+        }
+        None => {
+            let lock = lease_settings(client.lock(args.name.as_str()), args);
+            let lock = lock.holder_info(info.clone());
+            let lock = if args.fair { lock.fair() } else { lock };
+            Box::pin(lock.acquire())
+        }
+    };
     // On a terminal, a line that says what the wait is waiting for.
     let own_info = (args.permits.is_none() && !args.shared).then_some(info);
     let mut status_line = StatusLine::new(&client, &args.name, args.wait, own_info);
@@ -254,6 +256,18 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
     drop(acquiring);
     client.flush().await;
     Err(Failure::Interrupted(signal))
+}
+
+/// The settings every kind of lock takes from `run`'s arguments.
+fn lease_settings<K: Kind>(builder: AcquireBuilder<K>, args: &RunArgs) -> AcquireBuilder<K> {
+    let mut builder = builder.lease(args.ttl).wait(args.wait);
+    if let Some(max_hold) = args.max_hold {
+        builder = builder.max_hold(max_hold);
+    }
+    if args.replicas > 0 {
+        builder = builder.replicas(args.replicas);
+    }
+    builder
 }
 
 /// Writes a warning line per server that can evict lock keys, if the check asked beside

@@ -113,7 +113,7 @@ pub enum Holder {
         /// What is left of its lease (`None`: no expiry).
         remaining: Option<Duration>,
     },
-    /// Permits of a [semaphore](crate::LockBuilder::permits).
+    /// Permits of a [semaphore](crate::SemaphoreBuilder).
     Semaphore {
         /// Its permit count (`None`: not stored, e.g. expired with an idle counter; or
         /// not read, in a [`BreakOutcome`]).
@@ -121,7 +121,7 @@ pub enum Holder {
         /// What is left of each held permit's lease, soonest first; as many as are held.
         held: Vec<Duration>,
     },
-    /// Readers of a [read-write lock](crate::LockBuilder::shared) (its writer shows as
+    /// Readers of a [read-write lock](crate::ReadLockBuilder) (its writer shows as
     /// [`Plain`](Self::Plain) or [`Reentrant`](Self::Reentrant)).
     Readers {
         /// What is left of each reader's lease, soonest first; as many as read.
@@ -342,7 +342,7 @@ pub(crate) async fn set_permits(
     permits: u32,
 ) -> Result<Resize, Error> {
     let keys = LockKeys::new(prefix, name)?;
-    crate::lock::check_semaphore(backend, permits)?;
+    crate::semaphore::check_semaphore(backend.is_redlock(), permits)?;
     let answer = backend
         .resize(&keys, permits)
         .await

@@ -12,6 +12,7 @@ use crate::delay_queue::DelayQueue;
 use crate::detach::DetachedLock;
 use crate::error::Error;
 use crate::fence::FencedWrite;
+use crate::guard::{Holding, LockGuard};
 use crate::keys;
 use crate::keys::LockKeys;
 use crate::limits::MIN_LEASE;
@@ -19,7 +20,9 @@ use crate::limits::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RESTART_PROTECTION,
     MAX_TIMEOUT,
 };
-use crate::lock::{Held, LockBuilder, LockGuard};
+use crate::lock::{LockBuilder, LockKind};
+use crate::rwlock::{ReadLockBuilder, ReadLockKind};
+use crate::semaphore::{SemaphoreBuilder, SemaphoreKind};
 use crate::shared::Shared;
 
 /// A connection to one Redis node, shared by every lock taken through it.
@@ -112,7 +115,7 @@ impl Client {
     /// Starts configuring the lock called `name`. Nothing is sent until
     /// [`LockBuilder::acquire`] or [`LockBuilder::try_acquire`].
     pub fn lock(&self, name: impl Into<String>) -> LockBuilder {
-        LockBuilder::new(self.inner.clone(), name.into())
+        LockBuilder::new(self.inner.clone(), name.into(), LockKind::default())
     }
 
     /// Takes over a lock another guard let go of with [`LockGuard::detach`], in this
@@ -154,7 +157,7 @@ impl Client {
 
     /// Starts configuring the semaphore called `name`, with `permits` permits: a lock that
     /// up to `permits` holders hold at once, each its own permit as a lease
-    /// ([`LockBuilder::permits`], which says what differs from a lock). Nothing is sent
+    /// ([`SemaphoreBuilder`], which says what differs from a lock). Nothing is sent
     /// until an acquire.
     ///
     /// ```
@@ -178,15 +181,15 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> LockBuilder {
-        self.lock(name).permits(permits)
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> SemaphoreBuilder {
+        SemaphoreBuilder::new(self.inner.clone(), name.into(), SemaphoreKind::new(permits))
     }
 
     /// Starts configuring the read side of the read-write lock called `name`: many
     /// readers at once, each with a lease of its own, while no writer holds it. Its write
     /// side is [`lock`](Self::lock) of the same name (plain or
     /// [reentrant](LockBuilder::reentrant)). A writer that waits goes before new readers
-    /// ([`LockBuilder::shared`] states the policy and what differs from a lock). Nothing
+    /// ([`ReadLockBuilder`] states the policy and what differs from a lock). Nothing
     /// is sent until an acquire.
     ///
     /// ```
@@ -210,8 +213,8 @@ impl Client {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn read_lock(&self, name: impl Into<String>) -> LockBuilder {
-        self.lock(name).shared()
+    pub fn read_lock(&self, name: impl Into<String>) -> ReadLockBuilder {
+        ReadLockBuilder::new(self.inner.clone(), name.into(), ReadLockKind::default())
     }
 
     /// The delay queue called `name` on this client's node, under its key prefix. Nothing
@@ -475,9 +478,9 @@ impl ClientBuilder {
     /// How many leases the watchdog renews with one script call (default
     /// [`RENEWAL_BATCH`](crate::limits::RENEWAL_BATCH), 1,000; from 1 to
     /// [`MAX_RENEWAL_BATCH`](crate::limits::MAX_RENEWAL_BATCH)). One node runs one call
-    /// at a time, and a renewal costs it about 4.5 µs (measured on this project's
-    /// machine; docs/benchmarks.md), so a batch of 1,000 holds the server for about
-    /// 5 ms, during which every other client's command waits; the batches of one node
+    /// at a time, and a renewal costs it a few microseconds (docs/benchmarks.md), so a
+    /// batch of 1,000 holds the server for a few milliseconds, during which every other
+    /// client's command waits; the batches of one node
     /// go one after another. A client holding many leases may raise it to send fewer
     /// calls (on a cluster, one call per master and tick needs a batch as large as the
     /// leases due on one master in a tick: about a sixth of them), at the price of
@@ -490,7 +493,7 @@ impl ClientBuilder {
     /// How long a lock's fencing counter (`PREFIX:{NAME}:fence`) stays in Redis after
     /// the last grant of that lock (default
     /// [`FENCE_COUNTER_IDLE`](crate::limits::FENCE_COUNTER_IDLE), 7 days; at least 1 s;
-    /// `Duration::ZERO`: for ever, as before this setting). A service that locks one
+    /// `Duration::ZERO`: for ever). A service that locks one
     /// name per order or per user leaves no key behind for the names it stops using.
     ///
     /// Tokens keep increasing when a counter expired: the next grant reseeds it from
@@ -674,7 +677,7 @@ async fn attach(shared: &Arc<Shared>, lock: DetachedLock) -> Result<LockGuard, E
     Ok(LockGuard::watched(
         shared.clone(),
         lock.name,
-        Held {
+        Holding {
             keys,
             token: lock.token,
             protocol: lock.protocol,

@@ -18,13 +18,13 @@
 //! fencing token the resource accepted, which never expires (delete it with the
 //! resource). It lives on the resource's Redis, which may be another than the lock's.
 //!
-//! A semaphore ([`LockBuilder::permits`](crate::LockBuilder::permits)) named `pool` uses
+//! A semaphore ([`SemaphoreBuilder`](crate::SemaphoreBuilder)) named `pool` uses
 //! `fencelock:{pool}` as a zset instead (each holder's token, scored with the end of its
 //! lease in server ms; it expires with the longest lease), `fencelock:{pool}:fence` as
 //! a lock does, and `fencelock:{pool}:permits`, a string: its permit count, which
 //! expires like the fencing counter.
 //!
-//! A read-write lock ([`LockBuilder::shared`](crate::LockBuilder::shared)) named `doc`
+//! A read-write lock ([`ReadLockBuilder`](crate::ReadLockBuilder)) named `doc`
 //! has one writer at a time, a plain or reentrant lock at `fencelock:{doc}` as above, or
 //! readers, which make `fencelock:{doc}` a zset: each reader's token (`<token>:<owner>`
 //! for a reader with an owner id) scored with the end of its lease in server ms, and the

@@ -65,10 +65,10 @@
 //! # Semaphores and read-write locks
 //!
 //! [`Client::semaphore`] is a lock that up to N holders hold at once, each permit a lease
-//! of its own with its own fencing token ([`LockBuilder::permits`]); optionally fair.
+//! of its own with its own fencing token ([`SemaphoreBuilder`]); optionally fair.
 //! [`Client::read_lock`] is the read side of a read-write lock whose write side is the
 //! lock of the same name: many readers or one writer, and once a writer waits, new
-//! readers queue behind it ([`LockBuilder::shared`]). Both have everything a lock's lease
+//! readers queue behind it ([`ReadLockBuilder`]). Both have everything a lock's lease
 //! has: renewal, loss signals, owner-checked release, cancel-safe waiting woken by
 //! pub/sub.
 //!
@@ -125,18 +125,22 @@
 
 mod admin;
 mod backend;
+mod builder;
 mod client;
 mod delay_queue;
 mod detach;
 mod engine;
 mod error;
 pub mod fence;
+mod guard;
 pub mod keys;
 pub mod limits;
 mod lock;
 pub mod observe;
 mod protocols;
+mod rwlock;
 mod scripts;
+mod semaphore;
 mod shared;
 mod token;
 
@@ -145,6 +149,7 @@ pub use admin::{
     QueuedWaiter, Resize, Unanswered,
 };
 pub use backend::eviction::EvictionRisk;
+pub use builder::{AcquireBuilder, Acquisition, Kind};
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use detach::DetachedLock;
@@ -153,8 +158,11 @@ pub use error::{
     Blocker, DriverError, Error, HumanDuration, LossCause, NodeOutcome, NodeReport,
     UnavailableReason,
 };
-pub use lock::{Acquisition, LockBuilder, LockGuard};
+pub use guard::LockGuard;
+pub use lock::{LockBuilder, LockKind};
+pub use rwlock::{ReadLockBuilder, ReadLockKind};
 pub use scripts::lua_scripts;
+pub use semaphore::{SemaphoreBuilder, SemaphoreKind};
 pub use token::{FencingToken, HolderToken};
 
 /// The README's examples, compiled as doc tests (with every feature: some examples use

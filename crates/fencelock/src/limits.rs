@@ -95,7 +95,7 @@ pub const MIN_VISIBILITY: Duration = Duration::from_millis(1);
 /// Delay queue: the longest visibility timeout accepted, 24 hours.
 pub const MAX_VISIBILITY: Duration = Duration::from_secs(24 * 3600);
 
-/// The most permits a semaphore may have ([`LockBuilder::permits`](crate::LockBuilder::permits)):
+/// The most permits a semaphore may have ([`SemaphoreBuilder`](crate::SemaphoreBuilder)):
 /// each held permit is a member of one zset, which every acquire trims and counts.
 pub const MAX_PERMITS: u32 = 1_000_000;
 

@@ -36,7 +36,7 @@
 //!
 //! | label | values |
 //! |---|---|
-//! | `mode` | `plain`, `fair` ([`LockBuilder::fair`](crate::LockBuilder::fair)), `reentrant` ([`LockBuilder::reentrant`](crate::LockBuilder::reentrant)), `semaphore` ([`LockBuilder::permits`](crate::LockBuilder::permits)), `read` (a read-write lock's reader, [`LockBuilder::shared`](crate::LockBuilder::shared); its writer counts as `plain` or `reentrant`) |
+//! | `mode` | `plain`, `fair` ([`LockBuilder::fair`](crate::LockBuilder::fair)), `reentrant` ([`LockBuilder::reentrant`](crate::LockBuilder::reentrant)), `semaphore` ([`SemaphoreBuilder`](crate::SemaphoreBuilder)), `read` (a read-write lock's reader, [`ReadLockBuilder`](crate::ReadLockBuilder); its writer counts as `plain` or `reentrant`) |
 //! | `outcome` of an acquire | `acquired`; `held` ([`Error::Held`]: the wait ran out, or a single attempt found it held); `unavailable` ([`Error::Unavailable`], [`Error::NoQuorum`]); `error` (any other error from Redis: [`Error::Rejected`], [`Error::WrongType`]); `cancelled` (the acquire's future was dropped before an outcome) |
 //! | `outcome` of a release | `released`; `lost` ([`Error::LeaseLost`]: the lease had already ended); `unavailable`; `error` |
 //! | `kind` of a release | `release` ([`LockGuard::release`](crate::LockGuard::release)); `drop` (a guard dropped unreleased, released in the background: its `outcome` is `released` once a node answered, whatever it found, else `unavailable` or `error`) |

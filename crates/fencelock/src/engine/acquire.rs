@@ -734,8 +734,7 @@ impl Waiter {
     /// subscribed already (so it joins without a round trip); `None` otherwise, and for
     /// the other modes. Its turn comes with a handover, which a second attempt right
     /// after joining cannot hasten; a plain waiter's second attempt often finds a busy
-    /// key free (one process, 8 tasks on one key: without it, a third fewer attempts
-    /// but 40% fewer acquisitions per second, the wakes' round trips coming one by one).
+    /// key free, so plain waiters keep it (docs/design.md, "Measured choices").
     async fn join_if_open<N: Nodes>(nodes: &N, pending: &Pending<'_, N>) -> Option<Self> {
         let waiting = pending.protocol.waiting();
         // A queue kept in Redis, whose turn comes on the own channel: a fair lock.

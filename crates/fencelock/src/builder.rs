@@ -1,0 +1,418 @@
+//! What every acquire shares, whatever it takes: [`AcquireBuilder`], its lease settings,
+//! and the acquire itself. What differs between a lock, a semaphore and a read lock is
+//! its [`Kind`] (`lock.rs`, `semaphore.rs`, `rwlock.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::delay_queue::{DelayQueue, ItemId};
+use crate::engine::acquire::{self, Request};
+use crate::engine::retry::Retry;
+use crate::engine::watchdog::Grant;
+use crate::error::Error;
+use crate::guard::{Holding, LockGuard, checked_ttl};
+use crate::keys::LockKeys;
+use crate::limits::{DEFAULT_LEASE, MAX_HOLD, MIN_LEASE};
+use crate::shared::Shared;
+use crate::token::FencingToken;
+
+/// How to take one named lock, semaphore permit or read side: its lease, how long to
+/// wait, how to pace retries. Used as [`LockBuilder`](crate::LockBuilder) (from
+/// [`Client::lock`](crate::Client::lock)), [`SemaphoreBuilder`](crate::SemaphoreBuilder)
+/// ([`Client::semaphore`](crate::Client::semaphore)) and
+/// [`ReadLockBuilder`](crate::ReadLockBuilder)
+/// ([`Client::read_lock`](crate::Client::read_lock)); what only one of them has is on
+/// its page.
+///
+/// Defaults: a 30 s lease renewed while the guard lives
+/// ([`DEFAULT_LEASE`]), no maximum hold, no waiting (one attempt), [`Retry::default`].
+/// The builder can be kept and used again; each acquire draws a fresh owner token.
+///
+/// # Leases
+/// The client's watchdog renews the lease (to the [`lease`](Self::lease) length, every
+/// third of it) for as long as the guard lives, so a crashed holder blocks others for at
+/// most one lease while a slow one keeps its lock. [`max_hold`](Self::max_hold) caps the
+/// renewals; with [`renew(false)`](Self::renew) the lease is fixed: it ends after one
+/// lease unless you [`extend`](LockGuard::extend) it. Either way the guard's
+/// [`lost`](LockGuard::lost) signal fires the moment the lease is known to be lost.
+///
+/// Pub/sub is never trusted alone: every wait is also bounded by the holder's remaining
+/// lease as Redis reported it, so a lost message, a dropped subscription or a holder
+/// that died without releasing costs at most that lease.
+///
+/// # Which strategy fits on contention
+/// - *Fail fast* ([`try_acquire`](Self::try_acquire), or no wait): for requests a
+///   person is waiting on. [`Error::Held`] carries what blocks it (the holder's
+///   remaining lease), to show or to retry after.
+/// - *Wait* ([`wait`](Self::wait), [`wait_forever`](Self::wait_forever)): for
+///   background work that must happen now and can afford to block a task.
+/// - *Defer* ([`acquire_or_defer`](Self::acquire_or_defer)): for message processing,
+///   where blocking would hold up the messages behind this one: push the work on a
+///   [`DelayQueue`](crate::DelayQueue) and take it again later.
+///
+/// What each kind refuses is a compile error where the types can say so: a lock has no
+/// permits, a semaphore no reentrant owner, a read lock is not fair, and only a lock
+/// carries holder info. None of these compiles:
+/// ```compile_fail
+/// # fn f(client: fencelock::Client) {
+/// client.lock("pool").permits(2); // a semaphore is client.semaphore("pool", 2)
+/// # }
+/// ```
+/// ```compile_fail
+/// # fn f(client: fencelock::Client) {
+/// client.semaphore("pool", 2).reentrant("job-42");
+/// # }
+/// ```
+/// ```compile_fail
+/// # fn f(client: fencelock::Client) {
+/// client.read_lock("prices").fair(); // readers are not fair (yet)
+/// # }
+/// ```
+/// ```compile_fail
+/// # fn f(client: fencelock::Client) {
+/// client.read_lock("prices").holder_info("host a");
+/// # }
+/// ```
+/// What depends on the servers (Redlock refuses fair, reentrant, semaphore and read
+/// locks) or on two settings together (a lock both fair and reentrant) stays an
+/// [`Error::InvalidArgument`] from the acquire, with nothing sent.
+/// ```
+/// # fn f(client: fencelock::Client) {
+/// client.lock("pool").fair(); // what the examples above get wrong, right
+/// client.semaphore("pool", 2).fair();
+/// client.read_lock("prices").reentrant("job-42");
+/// client.lock("report").holder_info("host a");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AcquireBuilder<K: Kind> {
+    shared: Arc<Shared>,
+    name: String,
+    settings: Settings,
+    kind: K,
+}
+
+/// The lease settings every kind shares.
+#[derive(Clone, Copy, Debug)]
+struct Settings {
+    lease: Duration,
+    /// Whether the watchdog renews the lease.
+    renew: bool,
+    max_hold: Option<Duration>,
+    /// `None`: wait for ever.
+    wait: Option<Duration>,
+    retry: Retry,
+    /// Replicas that must acknowledge a grant.
+    replicas: u32,
+}
+
+/// What an [`AcquireBuilder`] takes: [`LockKind`](crate::LockKind),
+/// [`SemaphoreKind`](crate::SemaphoreKind) or [`ReadLockKind`](crate::ReadLockKind).
+/// Sealed: the kinds are fencelock's.
+pub trait Kind: sealed::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static {}
+
+pub(crate) mod sealed {
+    use std::sync::Arc;
+
+    use crate::error::Error;
+    use crate::protocols::Protocol;
+
+    /// The protocol a kind's settings ask for.
+    pub struct Chosen(pub(crate) Arc<dyn Protocol>);
+
+    pub trait Sealed {
+        /// The builder's name, for `Debug`.
+        const BUILDER: &'static str;
+        /// The protocol its settings ask for, on a Redlock client or not; what the
+        /// types cannot refuse, refused here with [`Error::InvalidArgument`].
+        fn protocol(&self, redlock: bool) -> Result<Chosen, Error>;
+        /// What the holder says about itself (only a lock stores it).
+        fn info(&self) -> &str {
+            ""
+        }
+    }
+}
+
+impl<K: Kind> std::fmt::Debug for AcquireBuilder<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(K::BUILDER)
+            .field("client", &self.shared)
+            .field("name", &self.name)
+            .field("settings", &self.settings)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+impl<K: Kind> AcquireBuilder<K> {
+    pub(crate) fn new(shared: Arc<Shared>, name: String, kind: K) -> Self {
+        Self {
+            shared,
+            name,
+            settings: Settings {
+                lease: DEFAULT_LEASE,
+                renew: true,
+                max_hold: None,
+                wait: Some(Duration::ZERO),
+                retry: Retry::default(),
+                replicas: 0,
+            },
+            kind,
+        }
+    }
+
+    /// The kind's settings, for its own builder methods.
+    pub(crate) fn kind_mut(&mut self) -> &mut K {
+        &mut self.kind
+    }
+
+    /// How long one lease lasts (default 30 s, [`DEFAULT_LEASE`]; between [`MIN_LEASE`]
+    /// and [`MAX_LEASE`](crate::limits::MAX_LEASE), checked on acquire; whole
+    /// milliseconds count). A holder that crashes blocks others for at most this long.
+    /// Unless [`renew`](Self::renew) is turned off, the watchdog renews it to this
+    /// length every third of it while the guard lives, so a slow holder keeps its lock.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// Whether the watchdog renews the lease while the guard lives (default `true`).
+    /// With `false` the lease is fixed: the lock is held for one [lease](Self::lease)
+    /// unless you [`extend`](LockGuard::extend) or release it.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.settings.renew = renew;
+        self
+    }
+
+    /// The longest the lock may be held, counted from the acquire (default: no limit).
+    /// Renewals stop there and the lease runs out, so a holder stuck for ever does not
+    /// hold the lock for ever; its [`lost`](LockGuard::lost) signal then fires.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.settings.max_hold = Some(max_hold);
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) waits for a held lock before giving up with
+    /// [`Error::Held`] (default zero: one attempt).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.settings.wait = Some(wait);
+        self
+    }
+
+    /// Makes [`acquire`](Self::acquire) wait until the lock is free, however long that
+    /// takes. Cancel the future (drop it, or race it in `tokio::select!`) to stop.
+    pub fn wait_forever(mut self) -> Self {
+        self.settings.wait = None;
+        self
+    }
+
+    /// How many replicas of the node must acknowledge a grant before it counts (default
+    /// 0: none). After the grant, `WAIT replicas` runs for up to a tenth of the lease (at
+    /// most 1 s); a grant that fewer replicas acknowledged is released again and
+    /// reported as [`Error::Unreplicated`].
+    ///
+    /// What it shrinks: the window in which a failover to a replica loses a fresh grant
+    /// (replication is asynchronous; without it, a grant the master acknowledged may not
+    /// have reached any replica when the master dies). What it cannot fix: a replica
+    /// that acknowledged can still be passed over by the failover, and a renewal or a
+    /// release is not waited for, so a failover can still lose the lease's later state
+    /// (the fencing token, which is at least the server clock, keeps working across it).
+    /// A server that refuses `WAIT` (some managed services) gives [`Error::Rejected`]
+    /// saying so. One node only: Redlock refuses it with [`Error::InvalidArgument`].
+    pub fn replicas(mut self, replicas: u32) -> Self {
+        self.settings.replicas = replicas;
+        self
+    }
+
+    /// How to pace attempts while waiting when release notifications are unavailable
+    /// (default [`Retry::default`]).
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.settings.retry = retry;
+        self
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Makes one attempt: the lock is taken or not, in one round trip.
+    ///
+    /// # Errors
+    /// [`Error::Held`] (with what blocks it) when another owner holds it;
+    /// [`Error::InvalidArgument`], [`Error::WrongType`], [`Error::Unavailable`],
+    /// [`Error::Rejected`] as their docs say.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if the future is dropped after the attempt was sent, a release of
+    /// this attempt's token is sent in the background, so nothing is left behind (at
+    /// worst a key that expires after the TTL, if Redis is unreachable).
+    ///
+    /// The returned future owns a copy of the settings, so it is `'static` and can be
+    /// spawned.
+    pub fn try_acquire(
+        &self,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
+        let this = self.clone();
+        async move { this.run_acquire(Some(Duration::ZERO)).await }
+    }
+
+    /// Takes the lock, waiting for it as configured with [`wait`](Self::wait) or
+    /// [`wait_forever`](Self::wait_forever).
+    ///
+    /// Every attempt of one call uses the same owner token, so an attempt whose reply
+    /// was lost (a timeout) and a later attempt that finds the token in Redis resolve to
+    /// one grant with one fencing token. While waiting, an unreachable node is retried
+    /// until the deadline; its error is returned if the deadline passes.
+    ///
+    /// # Errors
+    /// [`Error::Held`] when the wait runs out (at once with a zero wait), and the
+    /// errors of [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire): a dropped wait leaves no key
+    /// behind that it may have written.
+    ///
+    /// The returned future owns a copy of the settings, so it is `'static` and can be
+    /// spawned.
+    pub fn acquire(
+        &self,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
+        let this = self.clone();
+        async move { this.run_acquire(this.settings.wait).await }
+    }
+
+    /// Takes the lock in one attempt, or, if another owner holds it, defers the work:
+    /// pushes `payload` on `queue`, due after `delay`, for a consumer to
+    /// [`take`](crate::DelayQueue::take) and try again later. The third answer to
+    /// contention, beside failing fast and waiting: right for message processing, where
+    /// waiting would hold up the messages behind this one.
+    ///
+    /// # Errors
+    /// The errors of [`try_acquire`](Self::try_acquire) other than [`Error::Held`]
+    /// (which becomes [`Acquisition::Deferred`]), and those of
+    /// [`DelayQueue::push`](crate::DelayQueue::push).
+    ///
+    /// # Cancel safety
+    /// Cancel safe as far as the lock goes (see [`try_acquire`](Self::try_acquire)). If
+    /// dropped during the push, the item may or may not have been queued.
+    pub async fn acquire_or_defer(
+        &self,
+        queue: &DelayQueue,
+        payload: impl AsRef<[u8]>,
+        delay: Duration,
+    ) -> Result<Acquisition, Error> {
+        match self.try_acquire().await {
+            Ok(guard) => Ok(Acquisition::Acquired(guard)),
+            Err(Error::Held { .. }) => Ok(Acquisition::Deferred(queue.push(payload, delay).await?)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs `work` under the lock: acquires (waiting as configured), gives `work` the
+    /// fencing token, and releases when it finishes. If the lease is lost first, `work`
+    /// is cancelled (its future dropped at its next await point) and the result is
+    /// [`Error::LeaseLost`]: the caller cannot forget to check.
+    ///
+    /// # Errors
+    /// The errors of [`acquire`](Self::acquire); [`Error::LeaseLost`] when the lease was
+    /// lost while `work` ran (then `work` was cancelled) or by the time it finished (its
+    /// result is then dropped, since it may have overlapped another holder's work).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future cancels `work` and releases the lock in the
+    /// background.
+    pub async fn run<F, Fut, T>(&self, work: F) -> Result<T, Error>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire().await?;
+        let lost = guard.lost();
+        let output = tokio::select! {
+            output = work(guard.fencing_token()) => output,
+            cause = lost => {
+                return Err(Error::LeaseLost { name: self.name.clone(), cause });
+            }
+        };
+        match guard.release().await {
+            Ok(()) => Ok(output),
+            Err(e @ Error::LeaseLost { .. }) => Err(e),
+            Err(e) => {
+                // The lease held until now; the key expires by itself.
+                tracing::warn!(lock = self.name.as_str(), error = %e, "release after the work failed");
+                Ok(output)
+            }
+        }
+    }
+
+    async fn run_acquire(&self, wait: Option<Duration>) -> Result<LockGuard, Error> {
+        let ttl = checked_ttl(self.settings.lease)?;
+        if let Some(max_hold) = self.settings.max_hold {
+            Error::check_range("maximum hold", max_hold, MIN_LEASE, MAX_HOLD)?;
+        }
+        self.settings.retry.validate()?;
+        if self.settings.replicas > 0 && self.shared.backend.is_redlock() {
+            return Err(Error::invalid(
+                "replicas",
+                "replica acknowledgement is for one node (a master with replicas); Redlock \
+                 nodes are independent masters",
+            ));
+        }
+        // The first lease may not outlast the maximum hold either.
+        let (acquire_ttl, capped) = match self.settings.max_hold {
+            Some(h) => {
+                let cap = Duration::from_millis(h.as_millis() as u64).max(MIN_LEASE);
+                (ttl.min(cap), cap <= ttl)
+            }
+            None => (ttl, false),
+        };
+        let request = Request {
+            name: &self.name,
+            keys: LockKeys::new(&self.shared.prefix, &self.name)?,
+            protocol: self.kind.protocol(self.shared.backend.is_redlock())?.0,
+            ttl: acquire_ttl,
+            wait,
+            retry: self.settings.retry,
+            info: self.kind.info(),
+            replicas: self.settings.replicas,
+            renew: self.settings.renew,
+        };
+        let granted = acquire::acquire(&self.shared.backend, request).await?;
+        // No await from here on: the grant becomes a guard in this poll, so a dropped
+        // future cannot lose it in between.
+        Ok(LockGuard::watched(
+            self.shared.clone(),
+            self.name.clone(),
+            Holding {
+                keys: granted.keys,
+                token: granted.token,
+                protocol: granted.protocol,
+                fence: granted.fence,
+                asked_ttl: acquire_ttl,
+                ttl,
+                renew: self.settings.renew,
+                hold_until: self.settings.max_hold.map(|h| granted.sent_at + h),
+            },
+            Grant {
+                sent_at: granted.sent_at,
+                ttl: granted.ttl,
+                // A handover's lease may end before the maximum hold does.
+                capped: capped && granted.ttl == acquire_ttl,
+                valid_until: granted.valid_until,
+            },
+        ))
+    }
+}
+
+/// The outcome of [`AcquireBuilder::acquire_or_defer`].
+#[derive(Debug)]
+#[must_use = "an acquired lock is released when the guard is dropped"]
+// Returned once per call and matched at once; boxing the guard would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Acquisition {
+    /// The lock was free: do the work now.
+    Acquired(LockGuard),
+    /// The lock was held: the work item went on the delay queue under this id.
+    Deferred(ItemId),
+}
