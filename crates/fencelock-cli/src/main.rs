@@ -40,8 +40,8 @@
 mod args;
 mod duration;
 mod exit;
-mod held;
 mod helper;
+mod holding;
 mod keeper;
 mod man;
 mod ops;
@@ -59,7 +59,7 @@ use fencelock::{AcquireBuilder, Error, Kind, LockGuard};
 
 use args::{Cli, Command, RunArgs, one_line};
 use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
-use held::Held;
+use holding::Holding;
 use status_line::StatusLine;
 use supervise::{Ended, Signals, run_command};
 
@@ -184,7 +184,7 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
 }
 
 /// Connects and takes the lock; a signal abandons the attempt.
-async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure> {
+async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failure> {
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
@@ -243,7 +243,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Held, Failure>
                 status_line.clear();
                 let guard = result.map_err(Failure::Lock)?;
                 warn_eviction(eviction).await;
-                return Ok(Held { guard: Some(guard), client });
+                return Ok(Holding { guard: Some(guard), client });
             }
             signal = signals.recv() => break signal,
             () = status_line.tick() => {}
@@ -290,7 +290,7 @@ async fn warn_eviction(
 /// network) that finds the key gone says nothing about COMMAND's work, which ended
 /// inside the lease: a warning, and COMMAND's status.
 async fn release_after(
-    held: Held,
+    held: Holding,
     status: u8,
     ended: std::time::Instant,
     valid_until: std::time::Instant,

@@ -32,8 +32,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::args::RunArgs;
 use crate::exit::{Failure, Level, say, status_code, tell};
-use crate::held::Held;
 use crate::helper::{ignore, own_binary};
+use crate::holding::Holding;
 use crate::keeper::Keeper;
 use crate::watcher::{self, deadline_line, deadline_ns, tell_every};
 
@@ -54,7 +54,7 @@ pub(crate) enum Ended {
 /// the lease is lost.
 pub(crate) async fn run_command(
     args: &RunArgs,
-    held: &mut Held,
+    held: &mut Holding,
     signals: &mut Signals,
 ) -> Result<Ended, Failure> {
     let mut job = Job::start(args, held)?;
@@ -113,7 +113,7 @@ struct Job<'a> {
 
 impl<'a> Job<'a> {
     /// Starts the watcher, then COMMAND in the watcher's process group.
-    fn start(args: &'a RunArgs, held: &Held) -> Result<Self, Failure> {
+    fn start(args: &'a RunArgs, held: &Holding) -> Result<Self, Failure> {
         let Some((program, program_args)) = args.command.split_first() else {
             return Err(Failure::Usage("no COMMAND given after '--'".to_owned()));
         };
@@ -153,7 +153,7 @@ impl<'a> Job<'a> {
 
     /// SIGCHLD: acts on what changed (a watcher killed, COMMAND exited or stopped).
     /// `Some` when the job is over.
-    async fn child_changed(&mut self, held: &mut Held, signals: &mut Signals) -> Option<Ended> {
+    async fn child_changed(&mut self, held: &mut Holding, signals: &mut Signals) -> Option<Ended> {
         match peek(self.pid) {
             // COMMAND runs on, and its watcher was killed (by hand, `kill -9`): a new one
             // joins the group, or a later death of fencelock would leave COMMAND running
@@ -168,7 +168,7 @@ impl<'a> Job<'a> {
     }
 
     /// COMMAND exited: dismisses the watcher, reaps COMMAND, takes the terminal back.
-    fn exited(&mut self, held: &Held) -> Ended {
+    fn exited(&mut self, held: &Holding) -> Ended {
         let at = Instant::now();
         let valid_until = held.guard().valid_until();
         self.watcher.done();
@@ -188,7 +188,7 @@ impl<'a> Job<'a> {
 
     /// COMMAND stopped (Ctrl-Z): suspends fencelock too, with a keeper holding the lock,
     /// and on resume goes on only if the lock is still ours. `Some` when the job is over.
-    async fn suspend(&mut self, held: &mut Held, signals: &mut Signals) -> Option<Ended> {
+    async fn suspend(&mut self, held: &mut Holding, signals: &mut Signals) -> Option<Ended> {
         consume_stop(self.pid);
         self.terminal.take_back();
         // A watcher killed just before: its replacement watches the suspended job (one
@@ -210,7 +210,7 @@ impl<'a> Job<'a> {
 
     /// After a suspension: puts the lock back in `held` from `keeper` (when one kept
     /// it). False, once fencelock said why, when the lock may be someone else's now.
-    async fn take_lock_back(&mut self, keeper: Option<Keeper>, held: &mut Held) -> bool {
+    async fn take_lock_back(&mut self, keeper: Option<Keeper>, held: &mut Holding) -> bool {
         if let Some(keeper) = keeper {
             match keeper.take_back(&held.client).await {
                 Ok(guard) => {
@@ -239,7 +239,7 @@ impl<'a> Job<'a> {
 
     /// Continues COMMAND under the lock taken back: the watcher told the lease's end,
     /// the terminal handed over again if fencelock has it, SIGCONT.
-    fn resume(&mut self, held: &Held) {
+    fn resume(&mut self, held: &Holding) {
         self.told = held.guard().valid_until();
         self.renewed_at = Instant::now();
         self.watcher.tell(self.told);
@@ -251,7 +251,7 @@ impl<'a> Job<'a> {
 
     /// Passes a renewed end of the lease on to the watcher, and says when Redis stops
     /// answering (no renewal for half a lease) and when it answers again.
-    fn pass_on_renewal(&mut self, held: &Held) {
+    fn pass_on_renewal(&mut self, held: &Holding) {
         let valid_until = held.guard().valid_until();
         if valid_until != self.told {
             self.told = valid_until;
@@ -278,7 +278,7 @@ impl<'a> Job<'a> {
     }
 
     /// Replaces a killed watcher (see [`Watcher::replace_if_gone`]).
-    fn replace_watcher_if_gone(&mut self, held: &Held) {
+    fn replace_watcher_if_gone(&mut self, held: &Holding) {
         self.watcher
             .replace_if_gone(self.group, held, self.told, self.args.kill_grace);
     }
@@ -319,7 +319,7 @@ impl<'a> Job<'a> {
 fn spawn_command(
     program: &OsStr,
     program_args: &[std::ffi::OsString],
-    held: &Held,
+    held: &Holding,
     group: Group,
     take_terminal: bool,
 ) -> io::Result<Child> {
@@ -512,7 +512,7 @@ impl Watcher {
     /// included, at the end of the lease), starts a new one in `group`, told the lease's
     /// last confirmed end `told`. If none can start, fencelock says so once and goes
     /// on: it still stops COMMAND itself when the lease is lost.
-    fn replace_if_gone(&mut self, group: Group, held: &Held, told: Instant, grace: Duration) {
+    fn replace_if_gone(&mut self, group: Group, held: &Holding, told: Instant, grace: Duration) {
         let guard = held.guard();
         if guard.loss_cause().is_some() || told <= Instant::now() {
             return; // the group is (being) stopped; nothing left to watch for

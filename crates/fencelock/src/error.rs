@@ -12,6 +12,7 @@ use crate::token::FencingToken;
 /// Each variant is a different situation with a different remedy; the message of each
 /// says what to do, on one line. Match on the variant, not on the message. An error that
 /// came from the Redis driver keeps it as its [`source`](std::error::Error::source).
+/// Variants and their fields may grow: match with `..` (the compiler insists).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -19,6 +20,7 @@ pub enum Error {
     /// and the caller did not wait, or waited as long as it was willing to. The same
     /// for one node and for Redlock.
     #[error("{}", held_message(name, *blocked_by, *waited, nodes))]
+    #[non_exhaustive]
     Held {
         /// The lock name.
         name: String,
@@ -43,6 +45,7 @@ pub enum Error {
         if detail.is_empty() { "" } else { ": " },
         reason.advice()
     )]
+    #[non_exhaustive]
     Unavailable {
         /// The node, as `host:port` (never with credentials).
         node: String,
@@ -63,6 +66,7 @@ pub enum Error {
         "Redis node {node} refused the command ({message}){}",
         rejected_advice(code)
     )]
+    #[non_exhaustive]
     Rejected {
         /// The node, as `host:port`.
         node: String,
@@ -79,6 +83,7 @@ pub enum Error {
     /// lock), a `string` a lock and a `hash` a reentrant lock (met by a semaphore); the
     /// message names the kind. fencelock never overwrites it.
     #[error("{}", wrong_type_message(node, key, found))]
+    #[non_exhaustive]
     WrongType {
         /// The node, as `host:port`.
         node: String,
@@ -94,6 +99,7 @@ pub enum Error {
     #[error(
         "semaphore {name:?} on {node} has {count} permits, not the {asked} asked for; every client of one semaphore must ask for the same count"
     )]
+    #[non_exhaustive]
     PermitsMismatch {
         /// The node, as `host:port`.
         node: String,
@@ -107,6 +113,7 @@ pub enum Error {
 
     /// An argument was out of range or malformed. Nothing was sent to Redis.
     #[error("invalid {what}: {reason}")]
+    #[non_exhaustive]
     InvalidArgument {
         /// Which argument.
         what: &'static str,
@@ -122,6 +129,7 @@ pub enum Error {
         nodes.len(),
         NodeList(nodes)
     )]
+    #[non_exhaustive]
     NoQuorum {
         /// The lock name.
         name: String,
@@ -141,6 +149,7 @@ pub enum Error {
         "lock {name:?} was granted, but only {acknowledged} of {wanted} replicas acknowledged it within {}; it was released again, since a failover now could lose it: check the replicas' link (INFO replication) or ask for fewer",
         HumanDuration(*within)
     )]
+    #[non_exhaustive]
     Unreplicated {
         /// The lock name.
         name: String,
@@ -157,6 +166,7 @@ pub enum Error {
     #[error(
         "the lease on lock {name:?} was lost ({cause}); work done under it may have overlapped another holder's: check the fencing token at the resource, and use a longer lease or extend sooner"
     )]
+    #[non_exhaustive]
     LeaseLost {
         /// The lock name.
         name: String,
@@ -173,6 +183,7 @@ pub enum Error {
     #[error(
         "resource {resource:?} refused fencing token {token}: it accepted token {highest} already, so this holder lost its lock; nothing was written: stop, and take the lock again for a new token"
     )]
+    #[non_exhaustive]
     Fenced {
         /// The resource's name (the name of the lock that guards it).
         resource: String,
@@ -187,6 +198,7 @@ pub enum Error {
     /// aborted transaction, or the setup not installed in this database (SQLSTATE
     /// `42883` or `42P01`: run `fencelock sql`). The transaction is to be rolled back.
     #[error("{}", database_message(resource, code.as_deref(), message))]
+    #[non_exhaustive]
     Database {
         /// The resource whose check failed (empty for an install).
         resource: String,
@@ -286,6 +298,15 @@ fn held_message(name: &str, blocked_by: Blocker, waited: Duration, nodes: &[Node
 }
 
 impl Error {
+    /// [`Error::LeaseLost`] for the lock `name`: what work raced against
+    /// [`LockGuard::lost`](crate::LockGuard::lost) returns when the lease goes first.
+    pub fn lease_lost(name: impl Into<String>, cause: LossCause) -> Self {
+        Error::LeaseLost {
+            name: name.into(),
+            cause,
+        }
+    }
+
     /// Whether this is contention ([`Error::Held`]: another owner holds the lock; retry
     /// later, wait, or defer) rather than an outage or a mistake.
     pub fn is_contention(&self) -> bool {
@@ -335,6 +356,7 @@ pub enum Blocker {
     Queue,
     /// A semaphore: all its permits are held; the first of their leases ends in about
     /// `frees_in` (zero: now).
+    #[non_exhaustive]
     Permits {
         /// The semaphore's permit count.
         permits: u32,
@@ -343,6 +365,7 @@ pub enum Blocker {
     },
     /// A read-write lock's readers hold it (met by a writer, which waits for them all);
     /// the first of their leases ends in about `frees_in` (zero: now).
+    #[non_exhaustive]
     Readers {
         /// How many readers hold it.
         readers: u32,
@@ -352,6 +375,7 @@ pub enum Blocker {
     /// A read-write lock's writers wait for its readers (met by a new reader, which
     /// queues behind them: writers are not starved). The first of them is given up on
     /// within about `within` unless it calls again.
+    #[non_exhaustive]
     WritersWaiting {
         /// How many writers wait.
         writers: u32,
@@ -585,6 +609,7 @@ pub enum NodeOutcome {
     /// It granted the lock (released again, since the quorum failed).
     Granted,
     /// Another owner holds the lock there.
+    #[non_exhaustive]
     Held {
         /// That owner's lease there.
         blocked_by: Blocker,
@@ -593,6 +618,7 @@ pub enum NodeOutcome {
     Unavailable(UnavailableReason),
     /// It restarted recently, so it may have lost locks it held: its vote does not count
     /// until every lease it could have held has run out.
+    #[non_exhaustive]
     Quarantined {
         /// How much longer.
         remaining: Duration,

@@ -50,10 +50,7 @@ pub(crate) struct Holding {
 /// # async fn write_with_token(_token: fencelock::FencingToken) {}
 /// let guard = client.lock("stock:42").try_acquire().await?;
 /// tokio::select! {
-///     cause = guard.lost() => return Err(fencelock::Error::LeaseLost {
-///         name: guard.name().to_owned(),
-///         cause,
-///     }),
+///     cause = guard.lost() => return Err(fencelock::Error::lease_lost(guard.name(), cause)),
 ///     () = write_with_token(guard.fencing_token()) => {}
 /// }
 /// assert!(guard.remaining() > Duration::from_secs(25)); // of the 30 s lease
@@ -79,7 +76,7 @@ pub struct LockGuard {
     lease: Option<Registration>,
     /// Whether a release is still owed (false after release, or once the lease is known
     /// to be lost).
-    held: bool,
+    owes_release: bool,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -91,32 +88,37 @@ impl std::fmt::Debug for LockGuard {
             .field("mode", &self.protocol)
             .field("ttl", &self.ttl)
             .field("lease", &self.lease)
-            .field("held", &self.held)
+            .field("owes_release", &self.owes_release)
             .finish_non_exhaustive()
     }
 }
 
 impl LockGuard {
-    /// A guard of `held`, granted (or confirmed) by `grant`, its lease watched from now.
-    pub(crate) fn watched(shared: Arc<Shared>, name: String, held: Holding, grant: Grant) -> Self {
+    /// A guard of `holding`, granted (or confirmed) by `grant`, its lease watched from now.
+    pub(crate) fn watched(
+        shared: Arc<Shared>,
+        name: String,
+        holding: Holding,
+        grant: Grant,
+    ) -> Self {
         let registration = shared.watchdog.watch(
-            held.keys.lock.clone(),
-            held.protocol.holder_id(&held.token).into_owned(),
-            held.ttl,
-            held.renew,
-            held.hold_until,
+            holding.keys.lock.clone(),
+            holding.protocol.holder_id(&holding.token).into_owned(),
+            holding.ttl,
+            holding.renew,
+            holding.hold_until,
             grant,
         );
         LockGuard {
             shared,
             name,
-            keys: held.keys,
-            token: held.token,
-            protocol: held.protocol,
-            ttl: held.asked_ttl,
-            fence: held.fence,
+            keys: holding.keys,
+            token: holding.token,
+            protocol: holding.protocol,
+            ttl: holding.asked_ttl,
+            fence: holding.fence,
             lease: Some(registration),
-            held: true,
+            owes_release: true,
         }
     }
 
@@ -132,7 +134,7 @@ impl LockGuard {
     /// or handing a lock to a process started to do the work.
     pub fn detach(mut self) -> crate::DetachedLock {
         let registration = self.lease.take();
-        self.held = false; // no release on drop
+        self.owes_release = false; // no release on drop
         crate::DetachedLock {
             name: std::mem::take(&mut self.name),
             token: self.token.clone(),
@@ -276,7 +278,7 @@ impl LockGuard {
                 Ok(())
             }
             Err(e @ Error::LeaseLost { .. }) => {
-                self.held = false;
+                self.owes_release = false;
                 if let (Some(r), Error::LeaseLost { cause, .. }) = (self.lease(), &e) {
                     r.lease().lose(*cause);
                 }
@@ -319,7 +321,7 @@ impl LockGuard {
             )
             .await;
         if !matches!(result, Err(Error::Unavailable { .. })) {
-            self.held = false;
+            self.owes_release = false;
         }
         let elapsed = started.elapsed();
         let outcome = ReleaseOutcome::of(&result);
@@ -341,7 +343,7 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.lease = None; // stop renewing before anything else
-        if self.held {
+        if self.owes_release {
             self.shared.backend.abandon_in_background(
                 Withdrawn::Guard,
                 &self.keys,

@@ -141,6 +141,12 @@ impl LockKeys {
     pub fn channel(&self) -> String {
         self.with_suffix(":released")
     }
+
+    /// The release channel of one client (`client_tag`): where a fair handover or a
+    /// wake by name reaches it.
+    pub(crate) fn own_channel(&self, client_tag: &str) -> String {
+        format!("{}:{client_tag}", self.channel())
+    }
 }
 
 /// The key of a resource's fence in a fenced write to Redis

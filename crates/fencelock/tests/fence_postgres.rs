@@ -70,6 +70,7 @@ async fn a_stale_token_is_refused_and_its_transaction_writes_nothing() {
             resource,
             token: ours,
             highest,
+            ..
         }) => {
             assert_eq!(resource, "stock:42");
             assert_eq!(ours, token(6));

@@ -105,6 +105,7 @@ async fn a_lower_token_is_refused_and_writes_nothing() {
             resource,
             token: ours,
             highest,
+            ..
         } => {
             assert_eq!(resource, "r");
             assert_eq!(*ours, token(9));
@@ -304,7 +305,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
     ];
     for (case, write, expected) in cases {
         match write.apply().await {
-            Err(Error::InvalidArgument { what, reason }) => {
+            Err(Error::InvalidArgument { what, reason, .. }) => {
                 assert_eq!(what, expected, "{case}: {reason}");
             }
             other => panic!("{case}: {other:?}"),
@@ -420,6 +421,7 @@ async fn on_a_cluster_the_keys_share_the_resource_slot_or_are_refused() {
         Err(Error::InvalidArgument {
             what: "key",
             reason,
+            ..
         }) => {
             assert!(
                 reason.contains("\"another-slot\"") && reason.contains("hash tag"),

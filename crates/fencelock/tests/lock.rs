@@ -909,7 +909,9 @@ async fn a_key_of_the_wrong_type_is_reported_and_left_alone() {
     let c = client(&r).await;
     r.cmd(&["HSET", "fencelock:{wt}", "field", "value"]);
     match c.lock("wt").try_acquire().await {
-        Err(Error::WrongType { key, found, node }) => {
+        Err(Error::WrongType {
+            key, found, node, ..
+        }) => {
             assert_eq!(key, "fencelock:{wt}");
             assert_eq!(found, "hash");
             assert_eq!(node, r.addr());

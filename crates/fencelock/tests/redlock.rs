@@ -524,7 +524,7 @@ async fn one_server_named_three_ways_is_refused_naming_the_urls() {
         .connect()
         .await
         .unwrap_err();
-    let Error::InvalidArgument { what, reason } = &err else {
+    let Error::InvalidArgument { what, reason, .. } = &err else {
         panic!("{err:?}")
     };
     assert_eq!(*what, "Redis URLs");

@@ -69,7 +69,9 @@ async fn many_readers_or_one_writer_and_every_grant_has_a_higher_token() {
     let e = c.lock("doc").try_acquire().await.unwrap_err();
     match &e {
         Error::Held {
-            blocked_by: Blocker::Readers { readers, frees_in },
+            blocked_by: Blocker::Readers {
+                readers, frees_in, ..
+            },
             ..
         } => {
             assert_eq!(*readers, 3);

@@ -73,7 +73,9 @@ async fn n_holders_at_once_each_with_its_own_token_and_a_release_wakes_a_waiter(
         .unwrap_err();
     match &e {
         Error::Held {
-            blocked_by: Blocker::Permits { permits, frees_in },
+            blocked_by: Blocker::Permits {
+                permits, frees_in, ..
+            },
             ..
         } => {
             assert_eq!(*permits, 3);

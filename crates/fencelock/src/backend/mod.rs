@@ -274,7 +274,7 @@ impl Backend {
     /// hands the lock to one of this client's waiters, and a plain release wakes this
     /// client by name (in the lock's slot, like its other channel).
     pub fn own_channel(&self, keys: &LockKeys) -> String {
-        format!("{}:{}", keys.channel(), self.client_tag)
+        keys.own_channel(&self.client_tag)
     }
 
     /// Takes this client off the wake list of the lock of `keys` on every node: its last
@@ -349,7 +349,6 @@ impl Backend {
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
         let q = &self.quorum;
         let invocation = |identify| {
-            let own_channel = self.own_channel(req.keys);
             req.protocol.acquire(&protocols::Acquire {
                 keys: req.keys,
                 token: req.token,
@@ -360,7 +359,7 @@ impl Backend {
                 join: req.join,
                 queued: req.queued,
                 listing: req.listing,
-                own_channel: &own_channel,
+                client_tag: &self.client_tag,
             })
         };
         let anonymous =

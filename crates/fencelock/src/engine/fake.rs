@@ -240,7 +240,7 @@ impl Nodes for FakeNodes {
     }
 
     fn own_channel(&self, keys: &LockKeys) -> String {
-        format!("{}:{}", keys.channel(), self.client_tag())
+        keys.own_channel(self.client_tag())
     }
 
     fn client_tag(&self) -> &str {

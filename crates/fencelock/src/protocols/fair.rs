@@ -54,7 +54,7 @@ impl Protocol for Fair {
             .arg(a.keys.channel())
             .arg(flag(a.join))
             .arg(a.info)
-            .arg(a.own_channel)
+            .arg(a.keys.own_channel(a.client_tag))
             .arg(scripts::ms(a.counter_idle));
         call
     }

@@ -73,8 +73,9 @@ pub(crate) struct Acquire<'a> {
     pub queued: bool,
     /// The client's place on the lock's wake list, which a refusal keeps.
     pub listing: Option<Listing<'a>>,
-    /// The client's own release channel of this lock (a fair handover comes there).
-    pub own_channel: &'a str,
+    /// The client's tag, which names its own release channel of this lock (a fair
+    /// handover comes there).
+    pub client_tag: &'a str,
 }
 
 /// What a release or withdrawal sends.

@@ -4,7 +4,7 @@
 use fencelock::{Client, LockGuard, LossCause};
 
 /// The lock as fencelock holds it.
-pub(crate) struct Held {
+pub(crate) struct Holding {
     /// `None` only while fencelock is suspended and its keeper holds the lock (see
     /// [`crate::keeper`]); the supervision takes it back before anything else uses it.
     pub(crate) guard: Option<LockGuard>,
@@ -12,7 +12,7 @@ pub(crate) struct Held {
     pub(crate) client: Client,
 }
 
-impl Held {
+impl Holding {
     /// The guard, which is there whenever fencelock runs (it is away only while
     /// fencelock is stopped).
     pub(crate) fn guard(&self) -> &LockGuard {
