@@ -1078,6 +1078,45 @@ fn several_redis_urls_lock_with_redlock() {
     run_command(cmd).fails_with(64);
 }
 
+/// Three of five Redlock nodes stopped: `--wait 0s` exits 69 once the attempt's node
+/// timeout has passed, without waiting for the take-back of its two grants to be answered
+/// (3.1 s before, with the default 1 s node timeout: it waited for the take-back on the
+/// stopped nodes, then for a withdrawal; 1.3 s now). The take-back was sent before the exit: the two nodes
+/// that granted hold nothing, and neither do the three once resumed, long before the
+/// 30 s lease would have ended.
+#[test]
+fn a_redlock_run_with_a_majority_stopped_exits_69_without_waiting_for_the_take_back() {
+    let mut servers = RedisServer::start_many(5);
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    for s in &mut servers[..3] {
+        s.pause();
+    }
+    let mut cmd = command(&[
+        "run",
+        "--restart-protection",
+        "0",
+        "--wait",
+        "0s",
+        "rl",
+        "--",
+        "true",
+    ]);
+    cmd.env("FENCELOCK_REDIS", urls.join(","));
+    let run = run_command(cmd);
+    let line = run.fails_with(69).to_owned();
+    assert!(line.contains("got 2"), "{line}");
+    // The node timeout (1 s: a twentieth of the 30 s lease, at most the response
+    // timeout) once, not three times.
+    assert!(run.elapsed < Duration::from_millis(2500), "{run:#?}");
+    for s in &mut servers[..3] {
+        s.resume();
+    }
+    for s in &servers {
+        let what = format!("no stale grant on {}", s.addr());
+        testkit::eventually(&what, Duration::from_secs(5), || !s.exists(&lock_key("rl")));
+    }
+}
+
 /// The state letter of process `pid` in /proc (`R`, `S`, `T` stopped, `Z`, ...), if it
 /// exists.
 fn process_state(pid: u32) -> Option<char> {

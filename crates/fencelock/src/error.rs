@@ -135,7 +135,7 @@ pub enum Error {
         name: String,
         /// The majority needed.
         needed: usize,
-        /// How many nodes granted it (and were released again).
+        /// How many nodes granted it (each sent a take-back before this error).
         granted: usize,
         /// What each node answered, in the order the nodes were given.
         nodes: Vec<NodeReport>,

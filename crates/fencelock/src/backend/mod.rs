@@ -160,6 +160,25 @@ pub(crate) async fn fan_out<'i, T: FromRedisValue>(
     join_all(nodes.iter().map(|node| node.run(invocation(node), within))).await
 }
 
+/// Every node's call, under way together: each answer comes with its node's index.
+fn under_way<T>(
+    nodes: &[Node],
+    within: Option<Duration>,
+    invocation: impl Fn(&Node) -> Arc<Call>,
+) -> FuturesUnordered<impl Future<Output = (usize, Result<T, Error>)> + Send + 'static>
+where
+    T: FromRedisValue + Send + 'static,
+{
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let (node, call) = (node.clone(), invocation(node));
+            async move { (i, node.run::<T>(&call, within).await) }
+        })
+        .collect()
+}
+
 /// As [`fan_out`], for Redlock's nodes: each answer goes to `answer` as it comes, and
 /// this returns as soon as `answer` says the answers so far decide the operation (or
 /// every node answered). The calls still under way then finish in the background, each
@@ -178,14 +197,7 @@ pub(crate) async fn fan_out_until<T>(
 ) where
     T: FromRedisValue + Send + 'static,
 {
-    let mut pending: FuturesUnordered<_> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| {
-            let (node, call) = (node.clone(), invocation(node));
-            async move { (i, node.run::<T>(&call, within).await) }
-        })
-        .collect();
+    let mut pending = under_way(nodes, within, invocation);
     while let Some((i, result)) = pending.next().await {
         if answer(i, result) && !pending.is_empty() {
             background.spawn(async move {
@@ -196,6 +208,40 @@ pub(crate) async fn fan_out_until<T>(
             return;
         }
     }
+}
+
+/// As [`fan_out`], without waiting for any answer: every call is handed to its node's
+/// connection before this returns (each polled until it waits for its reply, then the
+/// connections' writers given a turn), so a node's later calls on that connection run
+/// after it. The answers go to `answer` as they come, in the background, on
+/// `background`.
+///
+/// Cancel safety: dropped before it returns, some calls may not have been sent.
+pub(crate) async fn fan_out_sent<T>(
+    background: &TaskTracker,
+    nodes: &[Node],
+    within: Option<Duration>,
+    call: &Arc<Call>,
+    mut answer: impl FnMut(usize, Result<T, Error>) + Send + 'static,
+) where
+    T: FromRedisValue + Send + 'static,
+{
+    let mut pending = under_way(nodes, within, |_| call.clone());
+    loop {
+        match futures_util::poll!(pending.next()) {
+            std::task::Poll::Ready(Some((i, result))) => answer(i, result),
+            std::task::Poll::Ready(None) => return,
+            std::task::Poll::Pending => break,
+        }
+    }
+    background.spawn(async move {
+        while let Some((i, result)) = pending.next().await {
+            answer(i, result);
+        }
+    });
+    // The connections' writers were woken by the calls: let them write, so that a
+    // program that exits next has sent them.
+    tokio::task::yield_now().await;
 }
 
 /// How long a Redlock connect waits for each node to say who it is, unless a node
@@ -344,8 +390,9 @@ impl Backend {
     /// One acquire attempt on every node.
     ///
     /// Errors: for one node, its own ([`Error::Unavailable`] leaves the outcome unknown:
-    /// withdraw later); for Redlock, [`Error::NoQuorum`] once everything written was
-    /// taken back. Cancel safety: as [`Node::run`].
+    /// withdraw later); for Redlock, [`Error::NoQuorum`] once the take-back of
+    /// everything written was sent (its answers come in the background). Cancel safety:
+    /// as [`Node::run`].
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
         let q = &self.quorum;
         let invocation = |identify| {
@@ -404,20 +451,29 @@ impl Backend {
             })
             .await
         };
-        if take_back
-            && let Err(e) = Box::pin(self.abandon(
-                req.keys,
-                req.token,
-                req.protocol,
-                req.ttl,
-                0,
-                Undo::TakeBack,
-            ))
-            .await
-        {
-            tracing::debug!(error = %e, "taking back a failed attempt failed; the keys expire after their lease");
+        if take_back {
+            Box::pin(self.take_back(req)).await;
         }
         outcome
+    }
+
+    /// Takes back what an attempt the tally refused may have written. The call is sent
+    /// to every node before this returns, so each runs it right after that attempt (and
+    /// before a later attempt of the same token); the answers are awaited in the
+    /// background, so that nodes that do not answer (a majority down) do not hold up the
+    /// caller. A take-back that is lost leaves its key to the lease; the acquire's
+    /// withdrawal when it ends without the lock is sent again as a release is.
+    async fn take_back(&self, req: &AcquireRequest<'_>) {
+        let undo = self.release_args(req.keys, req.token, 0, Undo::TakeBack);
+        let call = Arc::new(req.protocol.withdraw(&undo));
+        let name = req.name.to_owned();
+        let complain = move |_, answer: Result<redis::Value, Error>| {
+            if let Err(e) = answer {
+                tracing::debug!(lock = name.as_str(), error = %e, "taking back a failed attempt failed on a node; its key expires after its lease");
+            }
+        };
+        let within = self.quorum.within(req.ttl);
+        fan_out_sent(&self.background, &self.nodes, within, &call, complain).await;
     }
 
     /// Extends the lease to `ttl` from now (a renewal batch of one): a majority must

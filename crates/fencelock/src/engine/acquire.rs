@@ -206,7 +206,12 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
                 Step::Wait(found) => self.wait(found).await,
                 Step::Done(Ok(granted)) => return Ok(granted),
                 Step::Done(Err(e)) => {
-                    self.pending.withdraw(Undo::Withdraw).await;
+                    // A take-back that nodes did not answer in time was sent; the
+                    // withdrawal that backs it up goes in the background (the drop), so
+                    // that nodes that are down do not hold up the caller once more.
+                    if self.pending.owed.waits_for_withdrawal() {
+                        self.pending.withdraw(Undo::Withdraw).await;
+                    }
                     return Err(e);
                 }
             };
@@ -533,7 +538,13 @@ impl Owed {
 
     /// Whether a withdrawal is owed.
     fn withdrawal(&self) -> bool {
-        self.in_flight || self.unanswered || self.take_back_unheard || self.queued
+        self.waits_for_withdrawal() || self.take_back_unheard
+    }
+
+    /// Whether an acquire that ends without the lock withdraws before it returns: for
+    /// what only its withdrawal undoes, not for a take-back already sent.
+    fn waits_for_withdrawal(&self) -> bool {
+        self.in_flight || self.unanswered || self.queued
     }
 }
 

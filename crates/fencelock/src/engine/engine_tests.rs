@@ -467,3 +467,28 @@ async fn a_certificate_problem_ends_a_wait_at_once() {
     );
     assert_eq!(nodes.attempts(), 1);
 }
+
+/// A majority down: the quorum failed with nodes that timed out, whose take-back the
+/// backend sent but nobody heard. The caller hears at once; the withdrawal that backs the
+/// take-back up goes in the background, not in front of the error (which would make the
+/// caller wait for the dead nodes once more).
+#[tokio::test(start_paused = true)]
+async fn a_quorum_lost_to_timed_out_nodes_fails_at_once_and_withdraws_in_the_background() {
+    let nodes = FakeNodes::new([Scripted::Now(super::fake::no_quorum_with_nodes_timed_out())]);
+    let started = Instant::now();
+    let e = acquire(&nodes, plain(Some(Duration::ZERO)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::NoQuorum { .. }), "{e:?}");
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    let token = match &nodes.sent()[0] {
+        Sent::Attempt { token, .. } => token.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        withdrawals(&nodes.sent()),
+        [Sent::AbandonInBackground { token }],
+        "{:?}",
+        nodes.sent()
+    );
+}

@@ -290,3 +290,26 @@ pub(crate) fn unavailable(reason: UnavailableReason) -> Result<Attempt, Error> {
         source: None,
     })
 }
+
+/// A Redlock quorum missed: two of five nodes granted (and took it back), three timed
+/// out, so their take-back may not have been heard.
+pub(crate) fn no_quorum_with_nodes_timed_out() -> Result<Attempt, Error> {
+    use crate::error::{NodeOutcome, NodeReport};
+    let report = |i: usize, outcome| NodeReport {
+        node: format!("fake:{i}"),
+        outcome,
+    };
+    let timed_out = NodeOutcome::Unavailable(UnavailableReason::TimedOut);
+    Err(Error::NoQuorum {
+        name: "stock".to_owned(),
+        needed: 3,
+        granted: 2,
+        nodes: vec![
+            report(1, timed_out.clone()),
+            report(2, timed_out.clone()),
+            report(3, timed_out),
+            report(4, NodeOutcome::Granted),
+            report(5, NodeOutcome::Granted),
+        ],
+    })
+}
