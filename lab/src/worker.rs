@@ -79,14 +79,15 @@ pub struct WorkerArgs {
     /// TTL; the write is skipped when the guard reports the lease lost.
     #[arg(long)]
     pub renewed: bool,
-    /// Fair mode (`LockBuilder::fair`) with this waiter timeout, ms: waiters in line,
+    /// Fair mode (`LockBuilder::waiter_timeout`, or the semaphore's) with this waiter
+    /// timeout, ms: waiters in line,
     /// the lock handed to the next one by the release.
     #[arg(long)]
     pub fair_waiter_timeout_ms: Option<u64>,
-    /// A semaphore with this many permits (`LockBuilder::permits`) instead of a lock.
+    /// A semaphore with this many permits (`Client::semaphore`) instead of a lock.
     #[arg(long)]
     pub permits: Option<u32>,
-    /// A read-write lock's reader (`LockBuilder::shared`): it reads the resource at the
+    /// A read-write lock's reader (`Client::read_lock`; not fair, not a semaphore): it reads the resource at the
     /// end of each hold (after the wait, and after the `--stop-after-first-read` stop,
     /// which for a reader comes before its read) and writes nothing. Without it, a
     /// worker of the same lock name is its writer.

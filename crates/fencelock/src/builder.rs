@@ -359,6 +359,13 @@ impl<K: Kind> AcquireBuilder<K> {
                  nodes are independent masters",
             ));
         }
+        let info = self.kind.info();
+        if info.len() > 4096 {
+            return Err(Error::invalid(
+                "holder info",
+                format!("it is {} bytes long; the limit is 4096", info.len()),
+            ));
+        }
         // The first lease may not outlast the maximum hold either.
         let (acquire_ttl, capped) = match self.settings.max_hold {
             Some(h) => {
@@ -374,7 +381,7 @@ impl<K: Kind> AcquireBuilder<K> {
             ttl: acquire_ttl,
             wait,
             retry: self.settings.retry,
-            info: self.kind.info(),
+            info,
             replicas: self.settings.replicas,
             renew: self.settings.renew,
         };

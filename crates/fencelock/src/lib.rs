@@ -104,10 +104,11 @@
 //! 4. **Engine** (`src/engine/`): the acquire state machine (`acquire.rs`; it sees the
 //!    backend through the `Nodes` trait, so its tests run on a scripted fake under
 //!    paused time), the retry schedule, and the watchdog that renews leases.
-//! 5. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), [`LockBuilder`] and
-//!    [`LockGuard`] (`lock.rs`), [`DelayQueue`] (`delay_queue.rs`), [`fence`], the
-//!    administration calls (`admin.rs`); `shared.rs` holds what a client's locks and
-//!    queues share.
+//! 5. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), the builders
+//!    ([`AcquireBuilder`] in `builder.rs`, with one [`Kind`] each in `lock.rs`,
+//!    `semaphore.rs` and `rwlock.rs`), [`LockGuard`] (`guard.rs`), [`DetachedLock`]
+//!    (`detach.rs`), [`DelayQueue`] (`delay_queue.rs`), [`fence`], the administration
+//!    calls (`admin.rs`); `shared.rs` holds what a client's locks and queues share.
 //!
 //! Beside them, [`observe`] (`observe.rs`): the names, units and labels of the metrics
 //! and the fields of the tracing spans and events that the acquire engine, the

@@ -97,12 +97,6 @@ impl Sealed for LockKind {
     const BUILDER: &'static str = "LockBuilder";
 
     fn protocol(&self, redlock: bool) -> Result<Chosen, Error> {
-        if self.info.len() > 4096 {
-            return Err(Error::invalid(
-                "holder info",
-                format!("it is {} bytes long; the limit is 4096", self.info.len()),
-            ));
-        }
         if redlock && (self.fair.is_some() || self.owner.is_some()) {
             return Err(Error::invalid(
                 "lock mode",

@@ -96,6 +96,11 @@ pub(crate) struct AcquireCalls {
     anonymous: [OnceLock<Arc<Call>>; 10],
     /// A Redlock node that has not said who it is yet: the call that asks it.
     identified: [OnceLock<Arc<Call>>; 10],
+    /// The take-back of the last attempt, if its answers are still awaited: the next
+    /// attempt waits for them, so that the take-back, which undoes the same token,
+    /// cannot reach a node after it (a reconnect, a script loaded again, a master that
+    /// moved could reorder them).
+    take_back: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// What a renewal batch did for one lease.
@@ -210,31 +215,34 @@ pub(crate) async fn fan_out_until<T>(
     }
 }
 
-/// As [`fan_out`], without waiting for any answer: every call is handed to its node's
-/// connection before this returns (each polled until it waits for its reply, then the
-/// connections' writers given a turn), so a node's later calls on that connection run
-/// after it. The answers go to `answer` as they come, in the background, on
-/// `background`.
+/// As [`fan_out`], without waiting for any answer: every call is started (polled until
+/// it waits for its reply: on a connection that is up, it is then in the connection's
+/// queue) and the connections' writers are given a turn before this returns; the
+/// answers go to `answer` as they come, in the background, on `background`, whose task
+/// the returned handle awaits (`None`: every call answered at once). A call may still be
+/// sent later than that (a connection being made again, a script loaded again): a later
+/// call that must come after it waits for the handle.
 ///
-/// Cancel safety: dropped before it returns, some calls may not have been sent.
+/// Cancel safety: the calls are started or spawned before its only await.
 pub(crate) async fn fan_out_sent<T>(
     background: &TaskTracker,
     nodes: &[Node],
     within: Option<Duration>,
     call: &Arc<Call>,
     mut answer: impl FnMut(usize, Result<T, Error>) + Send + 'static,
-) where
+) -> Option<tokio::task::JoinHandle<()>>
+where
     T: FromRedisValue + Send + 'static,
 {
     let mut pending = under_way(nodes, within, |_| call.clone());
     loop {
         match futures_util::poll!(pending.next()) {
             std::task::Poll::Ready(Some((i, result))) => answer(i, result),
-            std::task::Poll::Ready(None) => return,
+            std::task::Poll::Ready(None) => return None,
             std::task::Poll::Pending => break,
         }
     }
-    background.spawn(async move {
+    let rest = background.spawn(async move {
         while let Some((i, result)) = pending.next().await {
             answer(i, result);
         }
@@ -242,6 +250,7 @@ pub(crate) async fn fan_out_sent<T>(
     // The connections' writers were woken by the calls: let them write, so that a
     // program that exits next has sent them.
     tokio::task::yield_now().await;
+    Some(rest)
 }
 
 /// How long a Redlock connect waits for each node to say who it is, unless a node
@@ -394,6 +403,11 @@ impl Backend {
     /// everything written was sent (its answers come in the background). Cancel safety:
     /// as [`Node::run`].
     pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
+        let earlier = req.calls.take_back.lock().map_or(None, |mut t| t.take());
+        if let Some(take_back) = earlier {
+            // Bounded: each node's call ends within its timeout.
+            let _ = take_back.await;
+        }
         let q = &self.quorum;
         let invocation = |identify| {
             req.protocol.acquire(&protocols::Acquire {
@@ -452,18 +466,21 @@ impl Backend {
             .await
         };
         if take_back {
-            Box::pin(self.take_back(req)).await;
+            let under_way = Box::pin(self.take_back(req)).await;
+            if let Ok(mut slot) = req.calls.take_back.lock() {
+                *slot = under_way;
+            }
         }
         outcome
     }
 
-    /// Takes back what an attempt the tally refused may have written. The call is sent
-    /// to every node before this returns, so each runs it right after that attempt (and
-    /// before a later attempt of the same token); the answers are awaited in the
-    /// background, so that nodes that do not answer (a majority down) do not hold up the
-    /// caller. A take-back that is lost leaves its key to the lease; the acquire's
-    /// withdrawal when it ends without the lock is sent again as a release is.
-    async fn take_back(&self, req: &AcquireRequest<'_>) {
+    /// Takes back what an attempt the tally refused may have written. The call is started
+    /// on every node before this returns (see [`fan_out_sent`]) and its answers are
+    /// awaited in the background, so that nodes that do not answer (a majority down) do
+    /// not hold up the caller; the acquire's next attempt, if any, waits for them first
+    /// ([`AcquireCalls`]). A take-back that is lost leaves its key to the lease; the
+    /// acquire's withdrawal when it ends without the lock is sent again as a release is.
+    async fn take_back(&self, req: &AcquireRequest<'_>) -> Option<tokio::task::JoinHandle<()>> {
         let undo = self.release_args(req.keys, req.token, 0, Undo::TakeBack);
         let call = Arc::new(req.protocol.withdraw(&undo));
         let name = req.name.to_owned();
@@ -473,7 +490,7 @@ impl Backend {
             }
         };
         let within = self.quorum.within(req.ttl);
-        fan_out_sent(&self.background, &self.nodes, within, &call, complain).await;
+        fan_out_sent(&self.background, &self.nodes, within, &call, complain).await
     }
 
     /// Extends the lease to `ttl` from now (a renewal batch of one): a majority must

@@ -2,13 +2,18 @@
 //! clean-up an acquire owes when it ends without the lock.
 //!
 //! ```text
-//!            ┌──────────── woken, or the pause ran out ────────────┐
-//!            v                                                     │
-//!   ──> Attempt ── granted ──> (Replicas) ── acknowledged ──> Done(granted)
-//!          │  │                     └── too few ──> Done(Unreplicated)
-//!          │  ├── held ─────────────────> Wait ──── handed over ──> Done(granted)
-//!          │  ├── unreachable ───────────> Wait ────────┘
-//!          │  └── failed / timed out ────> Done(error)
+//!              ┌───────────── woken, or the pause ran out ──────────────┐
+//!              v                                                        │
+//!   ──> Attempt ── granted ──> [Replicas] ── acknowledged ──> Done(granted)
+//!        │ ^  │                  ├── master unreachable, waiting ──> Wait
+//!        │ │  │                  └── too few, or an error ──> GaveUp(error)
+//!        │ │  ├── held, first refusal of a waiting acquire: subscribe ─┘ (to Attempt)
+//!        │ │  ├── held ──────────> Wait ──── handed over ──> Done(granted)
+//!        │ │  ├── held, wait over ─────> Done(Held)
+//!        │ │  ├── unreachable (a node timed out, a quorum failed) ──> Wait,
+//!        │ │  │                     or Done(error) once the wait is over
+//!        │ │  └── failed (anything else) ──> Done(error)
+//!        └─┴── Wait ──> Attempt
 //! ```
 //!
 //! The first attempt goes out at once, so an uncontended acquire costs one round trip. A
@@ -32,7 +37,10 @@
 //! fencing token. Whatever an acquire may have left in Redis when it ends without the
 //! lock ([`Owed`]: a grant whose reply was lost, a place in a queue, its client on the
 //! wake list) is withdrawn before it returns, or in the background if its future is
-//! dropped ([`Pending`]).
+//! dropped ([`Pending`]). Two things go to the background even so: the backup of a
+//! Redlock take-back already sent to nodes that did not answer (waiting for them again
+//! would only delay the error), and what a failed take-back after too few replicas left
+//! ([`Step::GaveUp`]); the wake list's listing always does.
 //!
 //! The engine talks to the nodes through [`Nodes`] only, and to the primitive through
 //! its [`Protocol`]: it runs against a scripted fake in its tests.
@@ -42,7 +50,9 @@ use std::time::Duration;
 
 use futures_util::future::select_all;
 // The engine's own clock: Tokio's, which its tests pause and advance (without Tokio's
-// test-util, exactly `std::time::Instant`). What it hands over is `std`'s.
+// test-util, exactly `std::time::Instant`). What it hands over is `std`'s: with time
+// paused by a user's test-util build, a handover's lease end is converted from the
+// paused clock, and may lie later than the real one.
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -129,8 +139,13 @@ enum Step {
     /// Wait for a release, or for the pause [`next_pause`] gives what the last attempt
     /// found.
     Wait(Found),
-    /// The outcome.
+    /// The outcome; an error once whatever is owed was withdrawn (but for a take-back
+    /// already sent: its backup goes in the background).
     Done(Result<Granted, Error>),
+    /// An error at once, whatever is still owed withdrawn in the background: the grant
+    /// was taken back already, and a take-back that failed is not tried twice in front
+    /// of the caller.
+    GaveUp(Error),
 }
 
 /// A grant as an attempt reported it.
@@ -196,7 +211,8 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
         }
     }
 
-    /// Runs the steps to the outcome; whatever is owed is withdrawn before an error.
+    /// Runs the steps to the outcome; whatever only a withdrawal undoes is withdrawn
+    /// before an error (see [`Step`]).
     async fn run(mut self) -> Result<Granted, Error> {
         let mut step = Step::Attempt;
         loop {
@@ -205,6 +221,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
                 Step::Replicas(grant) => self.replicas(grant).await,
                 Step::Wait(found) => self.wait(found).await,
                 Step::Done(Ok(granted)) => return Ok(granted),
+                Step::GaveUp(e) => return Err(e),
                 Step::Done(Err(e)) => {
                     // A take-back that nodes did not answer in time was sent; the
                     // withdrawal that backs it up goes in the background (the drop), so
@@ -313,12 +330,12 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
         }
         self.pending.withdraw(Undo::TakeBack).await;
         match acked {
-            Ok((acknowledged, within)) => Step::Done(Err(Error::Unreplicated {
+            Ok((acknowledged, within)) => Step::GaveUp(Error::Unreplicated {
                 name: self.name.to_owned(),
                 wanted: self.replicas,
                 acknowledged,
                 within,
-            })),
+            }),
             // The master went away before it said (a failover under way): a waiting
             // acquire tries again, as after any attempt that found a node unreachable.
             Err(e @ Error::Unavailable { reason, .. })
@@ -330,7 +347,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
                 tracing::debug!(attempt = self.attempt, error = %e, "no answer from the replicas' master; retrying");
                 Step::Wait(Found::Unreachable)
             }
-            Err(e) => Step::Done(Err(e)),
+            Err(e) => Step::GaveUp(e),
         }
     }
 
@@ -929,11 +946,18 @@ impl<N: Nodes> Pending<'_, N> {
             .abandon(&self.keys, &self.token, &*self.protocol, self.ttl, undo)
             .await
         {
-            Ok(()) => {
+            // A take-back undoes this attempt's grant and place; what earlier attempts
+            // may have left is still owed. A withdrawal undoes all of it.
+            Ok(()) if undo == Undo::TakeBack => {
                 self.owed.in_flight = false;
-                self.owed.unanswered = false;
-                self.owed.take_back_unheard = false;
                 self.owed.queued = false;
+            }
+            // (The wake list's listing is not a withdrawal's: the drop unlists.)
+            Ok(()) => {
+                self.owed = Owed {
+                    listed: self.owed.listed,
+                    ..Owed::default()
+                };
             }
             Err(e) => {
                 tracing::debug!(error = %e, "withdrawing an acquire failed; retrying in the background");

@@ -492,3 +492,31 @@ async fn a_quorum_lost_to_timed_out_nodes_fails_at_once_and_withdraws_in_the_bac
         nodes.sent()
     );
 }
+
+/// Too few replicas, and the take-back of the grant fails too (the master went away
+/// during `WAIT`): the error comes after that one take-back, not after a second
+/// withdrawal in front of the caller; what is still owed goes to the background.
+#[tokio::test(start_paused = true)]
+async fn too_few_replicas_and_a_failed_take_back_leave_the_rest_to_the_background() {
+    let nodes = FakeNodes::new([Scripted::Now(granted(5, 30 * S))])
+        .replicas([Ok((1, 100 * MS))])
+        .failing_withdrawals();
+    let mut req = plain(Some(Duration::ZERO));
+    req.replicas = 2;
+    let e = acquire(&nodes, req).await.unwrap_err();
+    assert!(matches!(e, Error::Unreplicated { .. }), "{e:?}");
+    assert!(
+        matches!(
+            withdrawals(&nodes.sent()).as_slice(),
+            [
+                Sent::Abandon {
+                    undo: Undo::TakeBack,
+                    ..
+                },
+                Sent::AbandonInBackground { .. }
+            ]
+        ),
+        "{:?}",
+        nodes.sent()
+    );
+}

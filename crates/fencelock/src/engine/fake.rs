@@ -77,6 +77,8 @@ pub(crate) struct FakeNodes {
     subscriber: Subscriber,
     /// Whether subscriptions are confirmed (a node whose pub/sub is down: none).
     subscribes: bool,
+    /// Whether foreground withdrawals fail (the node went away).
+    withdrawals_fail: bool,
 }
 
 impl FakeNodes {
@@ -88,7 +90,14 @@ impl FakeNodes {
             sent: Mutex::new(Vec::new()),
             subscriber: Subscriber::offline(),
             subscribes: true,
+            withdrawals_fail: false,
         }
+    }
+
+    /// Foreground withdrawals fail as an unreachable node's do.
+    pub fn failing_withdrawals(mut self) -> Self {
+        self.withdrawals_fail = true;
+        self
     }
 
     /// Subscriptions fail (pub/sub down): waiters rely on their timers.
@@ -183,7 +192,10 @@ impl Nodes for FakeNodes {
             token: token.as_str().to_owned(),
             undo,
         });
-        std::future::ready(Ok(()))
+        std::future::ready(match self.withdrawals_fail {
+            true => unavailable(UnavailableReason::TimedOut).map(|_| ()),
+            false => Ok(()),
+        })
     }
 
     fn abandon_in_background(

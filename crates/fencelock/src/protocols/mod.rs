@@ -11,8 +11,9 @@
 //! protocol's acquire script answers in one shape
 //! ([`Answer`](crate::scripts::replies::Answer)), decoded once.
 //!
-//! A new primitive is a module here (its scripts in `scripts/`), a builder, its docs and
-//! its tests; [`from_text`] learns its name.
+//! A new primitive is a module here, its scripts in `scripts/` (listed in `Lua`, and in
+//! `Lua::acquires` and `Call::may_resend` where they acquire or release), a builder kind,
+//! its docs and its tests; [`from_text`] learns its name. docs/design.md has the steps.
 
 mod fair;
 mod plain;

@@ -1,4 +1,5 @@
-//! The Lua scripts, and typed invocations of them.
+//! The Lua scripts, and the calls of those that are not a primitive's (the primitives'
+//! calls are built by their protocols, `src/protocols/`).
 //!
 //! Each script is a file whose header states KEYS, ARGV and every reply: `lock/` holds
 //! the lock's scripts (a plain lock is also a read-write lock's writer), `semaphore/` the
@@ -17,8 +18,9 @@
 //! `renew_across_slots.lua`, the watchdog's batch over every slot of one cluster node.
 //! The node a call goes to picks the flavor ([`Call::invocation`]).
 //!
-//! Scripts run through [`redis::Script`], which sends `EVALSHA` and falls back to loading
-//! the script when the server answers `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+//! A call is sent as `EVALSHA`; the node loads the script with its first call on each
+//! connection, and again when the server answers `NOSCRIPT` (after a restart or
+//! `SCRIPT FLUSH`).
 //! [`lua_scripts`] gives the composed sources, as sent, for review and for the tests that
 //! run them by hand.
 
