@@ -64,6 +64,8 @@ pub enum Peer {
     NodeRedlockTuned,
     /// fencelock's semaphore ([`SEMAPHORE_PERMITS`] permits), default mode.
     FencelockSemaphore,
+    /// fencelock's fair semaphore: its waiters served in arrival order.
+    FencelockSemaphoreFair,
     /// redis-semaphore's `Semaphore` at its defaults (retry every 10 ms).
     RedisSemaphore,
     /// redis-semaphore's `Semaphore` with a 1 ms retry pause.
@@ -88,8 +90,9 @@ impl Peer {
 
     /// Every semaphore, in the order of the semaphores' table (not in [`Peer::ALL`]:
     /// the lock tables do not have them).
-    pub const SEMAPHORES: [Peer; 3] = [
+    pub const SEMAPHORES: [Peer; 4] = [
         Peer::FencelockSemaphore,
+        Peer::FencelockSemaphoreFair,
         Peer::RedisSemaphore,
         Peer::RedisSemaphoreTuned,
     ];
@@ -109,6 +112,7 @@ impl Peer {
             Peer::NodeRedlock => "node-redlock",
             Peer::NodeRedlockTuned => "node-redlock tuned",
             Peer::FencelockSemaphore => "fencelock semaphore",
+            Peer::FencelockSemaphoreFair => "fencelock semaphore fair()",
             Peer::RedisSemaphore => "redis-semaphore Semaphore",
             Peer::RedisSemaphoreTuned => "redis-semaphore Semaphore tuned",
         }
@@ -182,9 +186,15 @@ impl Peer {
                 "fencelock 0.1.0 (this repo), `semaphore(name, {SEMAPHORE_PERMITS})\
                  .lease(10 s).wait_forever()`, its defaults otherwise (the watchdog renews \
                  each permit's lease): one script call to acquire (a permit is a member of a \
-                 sorted set scored with its lease's end); a release publishes a message that \
-                 wakes one waiter of each client"
+                 sorted set scored with its lease's end); a refused waiter lists its client \
+                 on the semaphore's wake list, and a release wakes the client listed first \
+                 by a message on that client's own channel (every client when none is \
+                 listed)"
             ),
+            Peer::FencelockSemaphoreFair => "as fencelock semaphore, with `.fair()`: waiters \
+                queue in arrival order, and a release names in its message the waiters whose \
+                turn it is (one per free permit), which then take their permits"
+                .to_owned(),
             Peer::RedisSemaphore => format!(
                 "redis-semaphore (npm) `new Semaphore(client, key, {SEMAPHORE_PERMITS}, \
                  {{ lockTimeout: 10000 }})` (its default lease), on ioredis, its defaults \
@@ -258,6 +268,9 @@ impl Peer {
             Peer::FencelockSemaphore => {
                 return with_permits(&["--lock", "semaphore"]);
             }
+            Peer::FencelockSemaphoreFair => {
+                return with_permits(&["--lock", "fair-semaphore"]);
+            }
             Peer::RedisSemaphore => {
                 return redis_semaphore(REDIS_SEMAPHORE_DEFAULT_RETRY_MS);
             }
@@ -281,6 +294,7 @@ impl Peer {
             Peer::NodeRedlock => "node-redlock",
             Peer::NodeRedlockTuned => "node-redlock-tuned",
             Peer::FencelockSemaphore => "fencelock-semaphore",
+            Peer::FencelockSemaphoreFair => "fencelock-semaphore-fair",
             Peer::RedisSemaphore => "redis-semaphore",
             Peer::RedisSemaphoreTuned => "redis-semaphore-tuned",
         }
@@ -403,7 +417,10 @@ mod tests {
         );
         assert_eq!(Peer::RedisSemaphoreTuned.lock_args()[5], "1");
         assert!(Peer::SEMAPHORES.iter().all(|p| !Peer::ALL.contains(p)));
-        assert_eq!(semaphores(false), [Peer::FencelockSemaphore]);
+        assert_eq!(
+            semaphores(false),
+            [Peer::FencelockSemaphore, Peer::FencelockSemaphoreFair]
+        );
         assert_eq!(semaphores(true).len(), Peer::SEMAPHORES.len());
     }
 }

@@ -36,6 +36,8 @@ pub enum LockKind {
     RedlockTuned,
     /// fencelock's semaphore with `--permits` permits, default mode, waiting for ever.
     Semaphore,
+    /// The same, fair: its waiters served in arrival order.
+    FairSemaphore,
 }
 
 /// What the contenders do.
@@ -370,15 +372,18 @@ async fn run_async(
             fence_client = Some(client);
             Locker::Fence(builder)
         }
-        LockKind::Semaphore => {
+        LockKind::Semaphore | LockKind::FairSemaphore => {
             let client = fencelock::Client::connect(&args.url)
                 .await
                 .map_err(|e| e.to_string())?;
             // As the plain lock: the library's defaults but the lease.
-            let builder = client
+            let mut builder = client
                 .semaphore(args.name.as_str(), args.permits)
                 .lease(Duration::from_millis(args.ttl_ms))
                 .wait_forever();
+            if args.lock == LockKind::FairSemaphore {
+                builder = builder.fair();
+            }
             fence_client = Some(client);
             Locker::Permit(builder)
         }

@@ -744,3 +744,102 @@ fn holder_info_lives_and_dies_with_the_lease() {
     assert_eq!(release(&r, MINE), 1);
     assert_eq!(r.cmd(&["EXISTS", INFO]).as_int(), Some(0));
 }
+
+static SEMAPHORE_ACQUIRE: LazyLock<&str> = LazyLock::new(|| source("semaphore/acquire.lua"));
+const PERMITS: &str = "fencelock:{s}:permits";
+const WAKES: &str = "fencelock:{s}:wakes";
+
+/// semaphore/acquire.lua, a semaphore of 2 permits, not fair; `tag`: a waiting
+/// acquire's client, listed when refused.
+fn permit_raw(r: &RedisServer, token: &str, tag: &str) -> Reply {
+    r.cmd(&[
+        "EVAL",
+        &SEMAPHORE_ACQUIRE,
+        "6",
+        LOCK,
+        FENCE,
+        PERMITS,
+        QUEUE,
+        WAITERS,
+        WAKES,
+        token,
+        "10000",
+        "2",
+        "0",
+        "0",
+        "0",
+        "",
+        tag,
+        "500",
+        "0",
+        "0",
+    ])
+}
+
+fn permit(r: &RedisServer, token: &str, tag: &str) -> Vec<i64> {
+    let reply = permit_raw(r, token, tag);
+    ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")))
+}
+
+#[test]
+fn semaphore_acquire_grants_retries_refuses_and_lists_the_refused_client() {
+    let r = RedisServer::start();
+    let first = permit(&r, MINE, "");
+    assert_eq!(first[0], 1, "granted: {first:?}");
+    assert_eq!(r.cmd(&["ZCARD", LOCK]).as_int(), Some(1));
+    let pttl = r.cmd(&["PTTL", LOCK]).as_int().unwrap();
+    assert!(
+        (9_000..=10_000).contains(&pttl),
+        "the set lives with the lease: {pttl}"
+    );
+    assert_eq!(r.get(PERMITS).as_deref(), Some("2"));
+    // The same token again (a retry whose first reply was lost): the same grant.
+    assert_eq!(permit(&r, MINE, ""), vec![2, first[1]]);
+    assert_eq!(r.cmd(&["ZCARD", LOCK]).as_int(), Some(1));
+
+    let second = permit(&r, THEIRS, "");
+    assert_eq!(second[0], 1);
+    assert!(second[1] > first[1], "a higher token: {second:?}");
+    // Full: refused with the time until the first lease ends, and the waiting client
+    // listed; nothing else written.
+    let third = "11111111111111111111111111111111";
+    let refused = permit(&r, third, "0123456789abcdef");
+    assert_eq!((refused[0], refused[2]), (3, 2), "{refused:?}");
+    assert!((9_000..=10_000).contains(&refused[1]), "{refused:?}");
+    assert_eq!(r.cmd(&["ZCARD", LOCK]).as_int(), Some(2));
+    assert_eq!(
+        r.cmd(&["ZRANGE", WAKES, "0", "-1"])
+            .as_array()
+            .map(<[Reply]>::len),
+        Some(1)
+    );
+    let wakes_ttl = r.cmd(&["PTTL", WAKES]).as_int().unwrap();
+    assert!(
+        (9_000..=10_500).contains(&wakes_ttl),
+        "the listing lasts until the first lease ends and its margin: {wakes_ttl}"
+    );
+}
+
+#[test]
+fn semaphore_acquire_never_writes_over_keys_of_a_wrong_type() {
+    for (key, setup, found) in [
+        (LOCK, ["SET", LOCK, "x"], "string"),
+        (PERMITS, ["RPUSH", PERMITS, "x"], "list"),
+        (FENCE, ["HSET", FENCE, "f"], "hash"),
+    ] {
+        let r = RedisServer::start();
+        if setup[0] == "HSET" {
+            r.cmd(&["HSET", FENCE, "f", "v"]);
+        } else {
+            r.cmd(&setup);
+        }
+        assert_wrong_type(&permit_raw(&r, MINE, "0123456789abcdef"), key, found);
+        assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(1), "only {key} there");
+    }
+    // A read-write lock's readers.
+    let r = RedisServer::start();
+    r.cmd(&["ZADD", LOCK, "+inf", "rwlock"]);
+    assert_wrong_type(&permit_raw(&r, MINE, "0123456789abcdef"), LOCK, "readers");
+    assert_eq!(r.cmd(&["ZCARD", LOCK]).as_int(), Some(1));
+    assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(1));
+}

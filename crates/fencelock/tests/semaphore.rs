@@ -583,6 +583,12 @@ async fn a_cancelled_wait_for_a_permit_leaves_nothing_behind() {
     )
     .await;
     assert_eq!(zcard(&r, "fencelock:{one}"), 1, "only the holder's permit");
+    eventually(
+        "the client is off the wake list",
+        Duration::from_secs(5),
+        async || !r.exists("fencelock:{one}:wakes"),
+    )
+    .await;
     held.release().await.unwrap();
     assert!(!r.exists("fencelock:{one}"));
 }
@@ -763,4 +769,163 @@ async fn a_fair_semaphores_crashed_or_cancelled_waiter_does_not_block_the_line()
     assert!(released_at.elapsed() < timeout * 4 / 3 + Duration::from_millis(300));
     assert_eq!(r.cmd(&["LLEN", "fencelock:{q}:queue"]).as_int(), Some(0));
     next.release().await.unwrap();
+}
+
+/// The clients on the semaphore `name`'s wake list.
+fn listed(r: &RedisServer, name: &str) -> Vec<String> {
+    let key = format!("fencelock:{{{name}}}:wakes");
+    r.cmd(&["ZRANGE", &key, "0", "-1"])
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Both permits of the semaphore `name` of 2, held for 60 s (not renewed: every script
+/// call counted is an attempt or a release), by a client with its scripts loaded.
+async fn both_permits_held(r: &RedisServer, name: &str) -> (Client, [fencelock::LockGuard; 2]) {
+    let c = Client::connect(&r.url()).await.unwrap();
+    let permit = || {
+        c.semaphore(name, 2)
+            .lease(Duration::from_secs(60))
+            .renew(false)
+            .try_acquire()
+    };
+    let held = [permit().await.unwrap(), permit().await.unwrap()];
+    (c, held)
+}
+
+/// A waiting acquire of a permit of `name` (of 2), 60 s leases not renewed.
+fn permit_waiter(
+    c: &Client,
+    name: &str,
+) -> impl std::future::Future<Output = Result<fencelock::LockGuard, Error>> + Send + 'static {
+    c.semaphore(name, 2)
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .wait(Duration::from_secs(30))
+        .acquire()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_permit_wakes_one_waiting_client_by_name_not_every_client() {
+    let r = RedisServer::start();
+    let (_holder_client, [first_permit, second_permit]) = both_permits_held(&r, "herd").await;
+    let clients = [
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    ];
+    let before_waiters = r.script_calls();
+    let mut waiting: Vec<_> = clients
+        .iter()
+        .map(|c| Some(tokio::spawn(permit_waiter(c, "herd"))))
+        .collect();
+    // Each waiter's two refused attempts (before and after subscribing); the second
+    // listed its client.
+    eventually("3 clients listed", Duration::from_secs(5), async || {
+        listed(&r, "herd").len() == 3 && r.script_calls() == before_waiters + 6
+    })
+    .await;
+    let order = listed(&r, "herd");
+
+    let before = r.script_calls();
+    first_permit.release().await.unwrap();
+    // The client listed first was woken and took the permit; the other two were not
+    // woken (a release to every client would make it 4 calls).
+    eventually(
+        "a client's waiter is done",
+        Duration::from_secs(5),
+        async || clients.iter().any(|c| c.stats().waiters == 0),
+    )
+    .await;
+    let woken = clients.iter().position(|c| c.stats().waiters == 0).unwrap();
+    let permit = tokio::time::timeout(Duration::from_secs(5), waiting[woken].take().unwrap())
+        .await
+        .expect("the woken client got the permit")
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.script_calls(), before + 2, "the release and one attempt");
+    assert_eq!(
+        listed(&r, "herd"),
+        order[1..],
+        "the first client left the list"
+    );
+    assert_eq!(
+        clients.iter().map(|c| c.stats().waiters).sum::<usize>(),
+        2,
+        "the others still wait"
+    );
+
+    // Each release hands a permit to the next client listed, one attempt each.
+    let before = r.script_calls();
+    second_permit.release().await.unwrap();
+    permit.release().await.unwrap();
+    for w in waiting.into_iter().flatten() {
+        tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .expect("woken by a release")
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    // Four releases and two attempts.
+    assert_eq!(r.script_calls(), before + 6);
+    assert!(
+        !r.exists("fencelock:{herd}:wakes"),
+        "an empty list leaves no key"
+    );
+}
+
+#[tokio::test]
+async fn a_client_woken_for_a_permit_whose_waiter_was_cancelled_hands_the_wake_on() {
+    let r = RedisServer::start();
+    let (_holder_client, [first_permit, _second_permit]) = both_permits_held(&r, "baton").await;
+    let clients = [
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    ];
+    // The first client's waiter is a future only this test polls: woken, it does not
+    // run until polled again.
+    let mut first = Box::pin(permit_waiter(&clients[0], "baton"));
+    tokio::select! {
+        result = &mut first => panic!("got a permit of a full semaphore: {result:?}"),
+        () = eventually("the first client listed", Duration::from_secs(5), async || {
+            listed(&r, "baton").len() == 1
+        }) => {}
+    }
+    // The server's clock moves on, so that the second client is listed after the first.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = tokio::spawn(permit_waiter(&clients[1], "baton"));
+    eventually("both clients listed", Duration::from_secs(5), async || {
+        listed(&r, "baton").len() == 2
+    })
+    .await;
+
+    let before = r.script_calls();
+    first_permit.release().await.unwrap();
+    eventually(
+        "the first client taken off the list",
+        Duration::from_secs(5),
+        async || listed(&r, "baton").len() == 1,
+    )
+    .await;
+    assert_eq!(
+        r.script_calls(),
+        before + 1,
+        "the release only: the first client's waiter did not run, the second was not woken"
+    );
+    assert_eq!(zcard(&r, "fencelock:{baton}"), 1, "a permit is free");
+
+    drop(first);
+    // Asleep, it would wait out the 60 s leases.
+    let permit = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second client got the wake the first one handed on")
+        .unwrap()
+        .unwrap();
+    permit.release().await.unwrap();
 }

@@ -23,8 +23,8 @@
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
 //!   paused and killed in line;
-//! - [`wakes`]: plain mode, whose release wakes one listed client by name; listed
-//!   clients paused and killed;
+//! - [`wakes`]: plain mode and a semaphore, whose release wakes one listed client by
+//!   name; listed clients paused and killed;
 //! - [`semaphore`]: a semaphore of 2 permits, its holders at once, paused and killed;
 //! - [`rwlock`]: a read-write lock's readers and writers; readers paused, killed and
 //!   removed, a waiting writer killed;
@@ -138,6 +138,7 @@ pub const ALL: &[Scenario] = &[
     fair::FAIR_HANDOVER,
     wakes::PLAIN_NAMED_WAKES,
     semaphore::SEMAPHORE_STEADY,
+    wakes::SEMAPHORE_NAMED_WAKES,
     semaphore::SEMAPHORE_PAUSED_RENEWED,
     semaphore::SEMAPHORE_PAUSED_FIXED,
     semaphore::SEMAPHORE_PERMIT_REMOVED,

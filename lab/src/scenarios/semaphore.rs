@@ -14,7 +14,7 @@ use crate::harness::{Lab, Resource, SCENARIO_TIMEOUT, TTL, Workers, process_stop
 use crate::outcomes::Outcome;
 
 /// The permits of every semaphore scenario.
-const PERMITS: u32 = 2;
+pub(super) const PERMITS: u32 = 2;
 
 pub const SEMAPHORE_STEADY: Scenario = Scenario {
     name: "semaphore-steady",
@@ -59,7 +59,7 @@ pub const SEMAPHORE_HOLDERS_KILLED: Scenario = Scenario {
 impl Lab {
     /// Worker arguments for the semaphore of `tag` (unfenced resource: holders at once
     /// write with interleaved tokens).
-    fn semaphore_worker(
+    pub(super) fn semaphore_worker(
         &self,
         tag: &str,
         p: u32,

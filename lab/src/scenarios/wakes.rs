@@ -1,5 +1,5 @@
-//! Plain mode's wakes by name: a release wakes one listed client on its own channel,
-//! not every client. Counted without listening there (see [`Handovers::listen`]). Listed clients stopped (a wake they swallow) and killed (a wake
+//! Wakes by name: a plain lock's release, and a semaphore's, wakes one listed client on
+//! its own channel, not every client. Counted without listening there (see [`Handovers::listen`]). Listed clients stopped (a wake they swallow) and killed (a wake
 //! the release must not send them).
 
 use std::thread;
@@ -7,6 +7,7 @@ use std::thread;
 use testkit::history::{Op, Phase, monotonic_ns};
 
 use super::fair::{Handovers, live_workers_go_on};
+use super::semaphore::PERMITS;
 use super::{AVAILABILITY_SLACK, STEADY_MAX, Scale, Scenario, count, wait_until};
 use crate::harness::{Lab, Resource, TTL, Workers, signal};
 use crate::outcomes::Outcome;
@@ -20,17 +21,35 @@ pub const PLAIN_NAMED_WAKES: Scenario = Scenario {
         PUBLISH count less the releases heard on the lock's channel); the others go on \
         past the stopped and the killed worker, the next acquire within one TTL of the \
         kill",
-    run: |lab, tag, scale| lab.plain_named_wakes(tag, scale),
+    run: |lab, tag, scale| lab.named_wakes(tag, scale, None),
+};
+
+pub const SEMAPHORE_NAMED_WAKES: Scenario = Scenario {
+    name: "semaphore-named-wakes",
+    what: "4 workers waiting on a semaphore of 2 permits, renewed leases, each release \
+        waking one listed client by name; p3 SIGSTOPped for 3 TTLs (listed, it swallows \
+        the wakes sent to it), p4 SIGKILLed (listed, waiting or holding), once per fault \
+        round",
+    expected: "C1 per permits, C3, C4 hold; releases did wake clients by name; the others \
+        go on past the stopped and the killed worker, the next acquire within one TTL of \
+        the kill",
+    run: |lab, tag, scale| lab.named_wakes(tag, scale, Some(PERMITS)),
 };
 
 impl Lab {
-    /// Four plain workers with renewed leases on the fenced resource, steady until the
-    /// faults are done. Per fault round: p3 SIGSTOPped for three TTLs (a release that
+    /// Four workers with renewed leases, steady until the faults are done: plain ones on
+    /// the fenced resource, or with `permits` the holders of a semaphore's permits (on
+    /// the unfenced resource, which holders at once write with interleaved tokens). Per fault round: p3 SIGSTOPped for three TTLs (a release that
     /// names it is heard by nobody who acts on it: the others must go on when the lease
     /// that refused them ends, as without the message) and p4 SIGKILLed (its listing
     /// stays until a release finds nobody listening on its channel and skips it); then
     /// every live worker must acquire again.
-    fn plain_named_wakes(&self, tag: &str, scale: Scale) -> Result<Outcome, String> {
+    fn named_wakes(
+        &self,
+        tag: &str,
+        scale: Scale,
+        permits: Option<u32>,
+    ) -> Result<Outcome, String> {
         // Releases that woke every client, heard on the lock's channel; each other
         // PUBLISH went to a client's own channel (a wake by name, or one skipped).
         let everyone = Handovers::listen(
@@ -46,7 +65,10 @@ impl Lab {
         let mut histories = Vec::new();
         let mut pids = Vec::new();
         let spawn = |workers: &mut Workers, p: u32| {
-            let (mut args, path) = self.worker_args(tag, p, Resource::Fenced, STEADY_MAX);
+            let (mut args, path) = match permits {
+                Some(_) => self.semaphore_worker(tag, p, STEADY_MAX),
+                None => self.worker_args(tag, p, Resource::Fenced, STEADY_MAX),
+            };
             args.extend([
                 "--renewed".into(),
                 format!("--stop-file={}", stop_file.display()),
@@ -96,9 +118,17 @@ impl Lab {
         faults.push(format!(
             "{woken} wakes by name, {broadcasts} releases to every client"
         ));
-        let (mut o, h) = self.judge(tag, &histories, faults.join("; "))?;
+        let faults = faults.join("; ");
+        let (mut o, h) = match permits {
+            Some(n) => self.judge_semaphore(tag, &histories, faults, n as usize)?,
+            None => self.judge(tag, &histories, faults)?,
+        };
         o.count_under_fault(&h, &windows);
-        o.expect_clean(&[1, 2, 3, 4, 5]);
+        if permits.is_some() {
+            o.expect_clean(&[1, 3, 4]);
+        } else {
+            o.expect_clean(&[1, 2, 3, 4, 5]);
+        }
         for killed in kills {
             o.judge_availability(&h, killed, TTL + AVAILABILITY_SLACK, true);
         }

@@ -1,6 +1,8 @@
 //! A semaphore's permit: up to `permits` holders at once, each with a lease of its own,
 //! in a zset at the lock key (`semaphore/acquire.lua`, `semaphore/release.lua`);
-//! optionally fair, with a queue as a fair lock's.
+//! optionally fair, with a queue as a fair lock's. A release wakes one waiting client by
+//! name through the wake list, as a plain lock's does; a fair release names the waiters
+//! whose turn it is.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,14 +45,19 @@ impl Protocol for Semaphore {
     }
 
     /// `semaphore/acquire.lua`: a permit if one is free (and, fair, the caller is first
-    /// in line); a waiting attempt of a fair semaphore joins its queue.
+    /// in line); a waiting attempt of a fair semaphore joins its queue, one of another
+    /// semaphore lists its client on the wake list when refused.
     fn acquire(&self, a: &Acquire<'_>) -> Call {
         let mut call = Call::new(Lua::SemaphoreAcquire);
         call.key(&a.keys.lock)
             .key(a.keys.fence())
             .key(a.keys.permits());
-        if self.fair.is_some() {
+        let listing = a.listing.filter(|_| self.fair.is_none());
+        if self.fair.is_some() || listing.is_some() {
             call.key(a.keys.queue()).key(a.keys.waiters());
+        }
+        if listing.is_some() {
+            call.key(a.keys.wake_list());
         }
         call.arg(a.token.as_str())
             .arg(scripts::ms(a.ttl))
@@ -60,6 +67,14 @@ impl Protocol for Semaphore {
             call.arg(scripts::ms(waiter_timeout))
                 .arg(flag(a.join))
                 .arg(a.keys.channel());
+        } else if let Some(l) = listing {
+            call.arg(0)
+                .arg(0)
+                .arg("")
+                .arg(l.tag)
+                .arg(scripts::ms(l.margin))
+                .arg(flag(l.stays))
+                .arg(flag(l.front));
         }
         call
     }
@@ -71,13 +86,15 @@ impl Protocol for Semaphore {
             .key(r.keys.permits())
             .key(r.keys.queue())
             .key(r.keys.waiters())
+            .key(r.keys.wake_list())
             .arg(r.token.as_str())
-            .arg(r.keys.channel());
+            .arg(r.keys.channel())
+            .arg(flag(self.fair.is_some()));
         r.undoing(call)
     }
 
-    /// A fair semaphore's release names the waiters whose turn it is; otherwise one
-    /// waiter per client.
+    /// A fair semaphore's release names the waiters whose turn it is; otherwise it wakes
+    /// one waiter of one client (of each client, when none is listed).
     fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
         match self.fair {
             Some(_) => Wake::Turn(token.as_str()),
@@ -85,11 +102,17 @@ impl Protocol for Semaphore {
         }
     }
 
+    /// A fair semaphore's waiters line up in its queue; the others list their client on
+    /// the wake list and hear a release by name on its own channel.
     fn waiting(&self) -> Waiting {
         Waiting {
             queue: self.fair,
-            own_channel: false,
-            listing: Listed::No,
+            own_channel: self.fair.is_none(),
+            listing: if self.fair.is_none() {
+                Listed::ByName
+            } else {
+                Listed::No
+            },
         }
     }
 

@@ -199,9 +199,9 @@ impl Lua {
             FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairRelease => lua!("lock/fair_release.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
-            SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
-            SemaphoreRelease => lua!("semaphore/release.lua", [TYPES, CLOCK, FAIR_QUEUE, PUBLISH]),
-            SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
+            SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, LATER, FAIR_QUEUE, PUBLISH]),
+            SemaphoreRelease => lua!("semaphore/release.lua", [TYPES, CLOCK, FAIR_QUEUE, PUBLISH, WAKES]),
+            SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH, WAKES]),
             ReadAcquire => lua!("rwlock/read_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
             Inspect => lua!("lock/inspect.lua", [TYPES, HOLDER, CLOCK, FENCE]),
@@ -668,6 +668,7 @@ pub(crate) fn semaphore_resize(keys: &LockKeys, permits: u32, counter_idle: Dura
     inv.key(&keys.lock)
         .key(keys.permits())
         .key(keys.queue())
+        .key(keys.wake_list())
         .arg(permits)
         .arg(keys.channel())
         .arg(ms(counter_idle));
@@ -682,12 +683,13 @@ pub(crate) fn unlist(keys: &LockKeys, tag: &str) -> Call {
 }
 
 /// Hands a release's wake on to the next client of the lock's wake list, or to every
-/// client, unless the lock is held (`lock/wake.lua`): a client woken by name had no
-/// waiter left to take it.
+/// client, unless the lock (every permit of a semaphore) is held (`lock/wake.lua`): a
+/// client woken by name had no waiter left to take it.
 pub(crate) fn wake(keys: &LockKeys) -> Call {
     let mut inv = Call::new(Lua::Wake);
     inv.key(&keys.lock)
         .key(keys.wake_list())
+        .key(keys.permits())
         .arg(keys.channel());
     inv
 }

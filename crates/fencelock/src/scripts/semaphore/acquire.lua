@@ -20,7 +20,18 @@
 --          unused)
 -- ARGV[6]  fair: "1" to join the queue when it is not our turn; "0": only try
 -- ARGV[7]  fair: the release channel, where a message carrying a token wakes that
---          waiter
+--          waiter ("" when not fair)
+-- KEYS[6]  wake list       not fair, with ARGV[8]: the clients waiting for a permit
+--                          (wakes.lua), of which a release wakes one by name
+-- ARGV[8]  not fair: a waiting acquire's client tag (absent or "": none): a refusal
+--          lists the client on KEYS[6] (unless it is listed: it keeps its place), the
+--          list kept until the first lease ends and ARGV[9] ms more; a grant takes it
+--          off, unless ARGV[10] is "1" (other waiters of the client wait too); as a
+--          plain lock's acquire.lua
+-- ARGV[9]  the listing's margin, ms (ARGV[8])
+-- ARGV[10] "1": the client stays listed after a grant (ARGV[8])
+-- ARGV[11] "1": a release woke this client by name since its last attempt: refused,
+--          it goes back to the head of the list (ARGV[8])
 --
 -- Reply {code, value} or {3, ms, permits}:
 --   code 1  acquired now; value is the new fencing token
@@ -35,66 +46,99 @@
 -- held, or stored: the error reply "FENCELOCK-PERMITS <count> <asked> <key>", nothing
 -- written. Expired permits are dropped first (a crashed holder's permit frees itself
 -- after one lease), and in a fair semaphore the waiters that stopped calling. Everything
--- is checked before the first write.
+-- is checked before the first write (a failed read, or the drop of expired permits,
+-- which writes nothing when it fails, tells a key of another type).
 
 local timeout = tonumber(ARGV[5] or '0')
 local fair = timeout > 0
-local wanted = {KEYS[1], 'zset', KEYS[3], 'string'}
 if fair then
-  wanted = {KEYS[1], 'zset', KEYS[3], 'string', KEYS[4], 'list', KEYS[5], 'zset'}
-end
-local bad = check_types(wanted)
-if bad then
-  return bad
-end
-if redis.call('ZSCORE', KEYS[1], READERS_MARK) then
-  return wrong_type(KEYS[1], 'readers') -- a read-write lock's readers
+  local bad = check_types({KEYS[4], 'list', KEYS[5], 'zset'})
+  if bad then
+    return bad
+  end
 end
 local counter, bad_counter = read_counter(KEYS[2])
 if bad_counter then
   return wrong_type(KEYS[2], bad_counter)
 end
 local asked = tonumber(ARGV[3])
-local stored = redis.call('GET', KEYS[3])
+local stored = redis.pcall('GET', KEYS[3])
+if type(stored) == 'table' then
+  return wrong_type(KEYS[3], redis.call('TYPE', KEYS[3]).ok)
+end
 if stored and tonumber(stored) ~= asked then
   return redis.error_reply('FENCELOCK-PERMITS ' .. stored .. ' ' .. ARGV[3] .. ' ' .. KEYS[1])
 end
 
-local now = server_ms()
+local now, now_us = server_ms_us()
 local ttl = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if fair then
-  purge_waiters(KEYS[4], KEYS[5], now, nil)
+if type(redis.pcall('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)) == 'table' then
+  return wrong_type(KEYS[1], redis.call('TYPE', KEYS[1]).ok)
+end
+local held = redis.call('ZCARD', KEYS[1])
+if held > 0 and redis.call('ZSCORE', KEYS[1], READERS_MARK) then
+  return wrong_type(KEYS[1], 'readers') -- a read-write lock's readers
 end
 
-local function grant(code, fence)
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-  if redis.call('PTTL', KEYS[1]) < ttl then
+-- The client's place on the wake list after an answer (not fair): kept after a refusal
+-- until the first lease ends (frees_in ms) and the margin; after a grant (nil) only if
+-- its other waiters still wait.
+local listed = not fair and ARGV[8] and ARGV[8] ~= ''
+local function relist(frees_in)
+  if listed then
+    local lasts = math.max(frees_in or ttl, 0) + tonumber(ARGV[9])
+    list_waiter(KEYS[6], ARGV[8], lasts, frees_in ~= nil or ARGV[10] == '1',
+      frees_in ~= nil and ARGV[11] == '1', now)
+  end
+end
+
+-- The permit's lease starts; the set expires with its longest lease (a new set: with
+-- this one). Returns whether the token was already there (a retried acquire).
+local function lease(held)
+  local added = redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+  if held == 0 or redis.call('PTTL', KEYS[1]) < ttl then
     redis.call('PEXPIRE', KEYS[1], ttl)
   end
+  return added == 0
+end
+
+-- Everything a grant writes after its lease.
+local function granted(code, fence)
   store_counter(KEYS[3], asked, ARGV[4])
   if fair then
     redis.call('LREM', KEYS[4], 0, ARGV[1])
     redis.call('ZREM', KEYS[5], ARGV[1])
   end
+  relist(nil)
   return {code, fence}
 end
 
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  if counter == nil then
-    return grant(2, next_fence(KEYS[2], counter, ARGV[4]))
+local function mint()
+  return next_fence(KEYS[2], counter, ARGV[4], now_us)
+end
+
+if not fair and held < asked then
+  -- The common case: a free permit (or the token's own, when a retry finds it there).
+  if lease(held) then
+    return granted(2, counter or mint())
   end
-  return grant(2, counter)
+  return granted(1, mint())
 end
-local free = asked - redis.call('ZCARD', KEYS[1])
-if free > 0 and not fair then
-  return grant(1, next_fence(KEYS[2], counter, ARGV[4]))
+-- (later fragments)
+if fair then
+  purge_waiters(KEYS[4], KEYS[5], now, nil)
 end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  lease(held)
+  return granted(2, counter or mint())
+end
+local free = asked - held
 if free > 0 then
-  -- Our turn if fewer waiters than free permits are ahead of us.
+  -- Fair: our turn if fewer waiters than free permits are ahead of us.
   local ahead = redis.call('LPOS', KEYS[4], ARGV[1]) or redis.call('LLEN', KEYS[4])
   if ahead < free then
-    return grant(1, next_fence(KEYS[2], counter, ARGV[4]))
+    lease(held)
+    return granted(1, mint())
   end
 end
 if fair and ARGV[6] == '1' then
@@ -117,4 +161,6 @@ if free > 0 then
   return {0, -2}
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {3, math.max(tonumber(first[2]) - now, 0), asked}
+local frees_in = math.max(tonumber(first[2]) - now, 0)
+relist(frees_in)
+return {3, frees_in, asked}

@@ -3,29 +3,32 @@
 --
 -- KEYS[1]  permit set      a ZSET of holder tokens scored with their leases' ends
 -- KEYS[2]  permit count    plain integer string
--- KEYS[3]  queue           fair: LIST of waiting holder tokens (acquire.lua)
+-- KEYS[3]  queue           fair (ARGV[3]): LIST of waiting holder tokens (acquire.lua)
 -- KEYS[4]  waiters         fair: ZSET holder token -> deadline (server ms)
+-- KEYS[5]  wake list       optional: the clients waiting for a permit (wakes.lua)
 -- ARGV[1]  holder token
--- ARGV[2]  release channel: an empty message there announces the free permit to every
---          client (a plain waiter of each); in a fair semaphore, a message carrying a
---          token wakes that waiter, the first in line
+-- ARGV[2]  release channel: a release wakes the first client of KEYS[5] by name (an
+--          empty message on its own channel, wakes.lua), or, when none is listed, every
+--          client (an empty message on this channel: a waiter of each); in a fair
+--          semaphore, a message carrying a token wakes that waiter, the first in line
+-- ARGV[3]  "1": a fair semaphore's (KEYS[3] and KEYS[4] are its queue); absent or "0":
+--          not fair (every client of a name agrees on the mode)
 --
 -- Reply, an integer:
 --    1   released (the set held this token with a lease not yet over)
 --    0   not held: the token is not in the set, or its lease is over (dropped now)
 -- A permit set of another type: wrong_type(); nothing written.
 
-local bad = check_types({KEYS[1], 'zset'})
-if bad then
-  return bad
+local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(ends) == 'table' then
+  return wrong_type(KEYS[1], redis.call('TYPE', KEYS[1]).ok)
 end
-local queue = KEYS[3] and redis.call('TYPE', KEYS[3]).ok == 'list'
+local queue = ARGV[3] == '1' and redis.call('TYPE', KEYS[3]).ok == 'list'
   and redis.call('TYPE', KEYS[4]).ok == 'zset'
 local left = 0
 if queue then
   left = redis.call('LREM', KEYS[3], 0, ARGV[1]) + redis.call('ZREM', KEYS[4], ARGV[1])
 end
-local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
 local released = 0
 if ends then
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -37,7 +40,7 @@ if released == 0 and left == 0 then
   return 0
 end
 if not queue then
-  announce(ARGV[2], '')
+  wake_next(KEYS[5], ARGV[2])
   return released
 end
 -- A fair semaphore: the permits free now go to the first waiters in line.

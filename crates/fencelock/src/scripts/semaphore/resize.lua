@@ -6,9 +6,11 @@
 -- KEYS[1]  permit set      a ZSET of holder tokens scored with their leases' ends
 -- KEYS[2]  permit count    plain integer string
 -- KEYS[3]  queue           optional: a fair semaphore's LIST of waiting holder tokens
+-- KEYS[4]  wake list       optional: the clients waiting for a permit (wakes.lua)
 -- ARGV[1]  permits         the new count, a positive integer
--- ARGV[2]  release channel: each empty message there wakes a waiter per client; in a
---          fair semaphore, a message carrying a token wakes that waiter
+-- ARGV[2]  release channel: each permit freed wakes the next client of KEYS[4] by name,
+--          or, none listed, a waiter per client (an empty message here); in a fair
+--          semaphore, a message carrying a token wakes that waiter
 -- ARGV[3]  counter idle time, ms ("0": never), for the permit count (as acquire.lua)
 --
 -- Reply, an array {previous, held}:
@@ -41,6 +43,6 @@ if free > was_free and KEYS[3] and redis.call('TYPE', KEYS[3]).ok == 'list' then
   return {previous, held}
 end
 for _ = 1, math.min(free - was_free, 1000) do
-  announce(ARGV[2], '')
+  wake_next(KEYS[4], ARGV[2])
 end
 return {previous, held}
