@@ -127,7 +127,7 @@ pub(crate) enum Cycler {
 }
 
 /// The raw pair's release: delete the key only if it holds the token.
-const RAW_RELEASE: &str =
+pub(crate) const RAW_RELEASE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
 impl Cycler {

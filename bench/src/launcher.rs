@@ -167,6 +167,19 @@ pub(crate) async fn handoff_row(
     waiters: usize,
     duration: Duration,
 ) -> HandoffRow {
+    handoff_row_at(launch, server, &server.url(), peer, name, waiters, duration).await
+}
+
+/// [`handoff_row`] with the workers connecting to `url` (a proxy in front of `server`).
+pub(crate) async fn handoff_row_at(
+    launch: &Launcher,
+    server: &testkit::RedisServer,
+    url: &str,
+    peer: Peer,
+    name: String,
+    waiters: usize,
+    duration: Duration,
+) -> HandoffRow {
     let run = Run {
         scenario: Scenario::Handoff,
         peer,
@@ -175,7 +188,7 @@ pub(crate) async fn handoff_row(
         hold: HANDOFF_HOLD,
         duration,
     };
-    let (tasks, report, commands_per_s, error) = measured(launch, server, &run).await;
+    let (tasks, report, commands_per_s, error) = measured_at(launch, server, url, &run).await;
     HandoffRow {
         peer,
         waiters,
@@ -224,8 +237,18 @@ pub(crate) async fn measured(
     server: &testkit::RedisServer,
     run: &Run,
 ) -> (Vec<usize>, Report, Option<f64>, Option<String>) {
+    measured_at(launch, server, &server.url(), run).await
+}
+
+/// [`measured`] with the workers connecting to `url` (a proxy in front of `server`).
+async fn measured_at(
+    launch: &Launcher,
+    server: &testkit::RedisServer,
+    url: &str,
+    run: &Run,
+) -> (Vec<usize>, Report, Option<f64>, Option<String>) {
     let before = servers::commands_processed(server);
-    let result = run_workers(launch, &server.url(), run).await;
+    let result = run_workers(launch, url, run).await;
     // Over the run's window (the workers' connecting before it sends a handful).
     let window = run.duration.as_secs_f64();
     let per_s = match (before, servers::commands_processed(server)) {

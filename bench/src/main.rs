@@ -22,14 +22,18 @@ mod affinity;
 mod chart;
 mod clock;
 mod fencing;
+mod floor;
 mod growth;
 mod held;
 mod latency;
 mod launcher;
+mod many;
+mod network;
 mod peers;
 mod plan;
 mod report;
 mod results;
+mod round3;
 mod semaphores;
 mod servers;
 mod spawn;
@@ -98,8 +102,9 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     font: Option<PathBuf>,
     /// Run one section alone and print only it; no charts. For working on that section:
-    /// `semaphores` (a PING baseline first, for its ratios), or `fencing` (what fencing
-    /// costs at the resource: PostgreSQL and Redis, fenced and not).
+    /// `semaphores` (a PING baseline first, for its ratios), `fencing` (what fencing
+    /// costs at the resource: PostgreSQL and Redis, fenced and not), or `many` (many
+    /// locks through one client).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -111,6 +116,10 @@ enum Only {
     Semaphores,
     /// What fencing costs at the resource: PostgreSQL and Redis, fenced and not.
     Fencing,
+    /// Many independent locks through one client.
+    Many,
+    /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
+    Network,
 }
 
 #[derive(Subcommand, Debug)]
@@ -121,6 +130,9 @@ enum Command {
     /// Internal: one size of the held-leases growth run (started by the harness).
     #[command(hide = true)]
     Held(growth::HeldArgs),
+    /// Internal: the subscriber of the handoff floor (started by the harness).
+    #[command(hide = true)]
+    Floor(floor::FloorArgs),
 }
 
 fn main() {
@@ -128,6 +140,7 @@ fn main() {
     match cli.command {
         Some(Command::Worker(args)) => std::process::exit(worker::run(args)),
         Some(Command::Held(args)) => std::process::exit(growth::held_child(args)),
+        Some(Command::Floor(args)) => std::process::exit(floor::subscriber(args)),
         None => {}
     }
     let plan = if cli.quick { &QUICK } else { &FULL };
@@ -201,6 +214,29 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 ));
                 fencing::render(&mut s, &f, plan);
                 (s, f.failed())
+            }
+            Only::Network => {
+                let launch = Launcher::new(Err("not needed".to_owned()), node);
+                let with_node = match &launch.node {
+                    Ok(n) => launcher::node_version(n, &launch.node_driver).await.is_ok(),
+                    Err(_) => false,
+                };
+                let n = network::run(plan, &launch, &server, false, with_node).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, on a network only)\n\n",
+                    plan.name
+                );
+                network::render(&mut s, &n, plan);
+                (s, n.failed())
+            }
+            Only::Many => {
+                let m = many::run(plan, &server).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, many locks through one client only)\n\n",
+                    plan.name
+                );
+                many::render(&mut s, &m, plan);
+                (s, m.failed())
             }
         }
     });
@@ -414,24 +450,44 @@ async fn bench(
         });
     }
 
-    // 3. Handoff.
-    let mut handoff = Vec::new();
-    for peer in peers::peers(with_python, with_node) {
-        for waiters in WAITERS {
-            let duration = if peer.slow() {
-                plan.slow_run
-            } else {
-                plan.handoff_run
-            };
-            eprintln!(
-                "handoff: {} with {waiters} waiters, {duration:?}",
-                peer.label()
-            );
-            let name = format!("handoff-{}-{waiters}", peer.slug());
-            let row = launcher::handoff_row(&launch, server, peer, name, waiters, duration).await;
-            failed |= row.error.is_some() || !row.report.errors.is_empty();
-            handoff.push(row);
+    // 3. Handoff: fencelock's rows between two measurements of the floor (a bare
+    // PUBLISH to another process), then the peers'.
+    let handoff_rows = async |peers: Vec<Peer>| {
+        let mut rows = Vec::new();
+        for peer in peers {
+            for waiters in WAITERS {
+                let duration = if peer.slow() {
+                    plan.slow_run
+                } else {
+                    plan.handoff_run
+                };
+                eprintln!(
+                    "handoff: {} with {waiters} waiters, {duration:?}",
+                    peer.label()
+                );
+                let name = format!("handoff-{}-{waiters}", peer.slug());
+                rows.push(
+                    launcher::handoff_row(&launch, server, peer, name, waiters, duration).await,
+                );
+            }
         }
+        rows
+    };
+    let (ours, others): (Vec<Peer>, Vec<Peer>) = peers::peers(with_python, with_node)
+        .into_iter()
+        .partition(|p| matches!(p, Peer::Fencelock | Peer::FencelockFair));
+    eprintln!(
+        "handoff floor: {} PUBLISHes to another process",
+        plan.floor_messages
+    );
+    let (floor, mut handoff) = floor::around(&url, plan.floor_messages, handoff_rows(ours)).await;
+    if let Err(e) = &floor {
+        eprintln!("handoff floor failed: {e}");
+        failed = true;
+    }
+    handoff.extend(handoff_rows(others).await);
+    for row in &handoff {
+        failed |= row.error.is_some() || !row.report.errors.is_empty();
     }
 
     // 3b. How cost grows: fencelock's handoff at the waiter counts the handoff rows do
@@ -473,6 +529,10 @@ async fn bench(
     // handoff, on the main server.
     let semaphores: Semaphores = semaphores::run(plan, &launch, server, with_node).await;
     failed |= semaphores.failed();
+    let many = many::run(plan, server).await;
+    failed |= many.failed();
+    let network = network::run(plan, &launch, server, with_python, with_node).await;
+    failed |= network.failed();
 
     // 4c. What fencing costs at the resource: Redis on the main server, PostgreSQL on a
     // throwaway server of its own (started and stopped on this thread).
@@ -529,6 +589,9 @@ async fn bench(
         handoff,
         hot_key,
         semaphores,
+        many,
+        network,
+        floor,
         fencing,
         held,
         growth,

@@ -47,6 +47,8 @@ pub(crate) struct Plan {
     /// Per hot-key row, and per semaphore throughput row (the semaphore handoff rows
     /// take `handoff_run`).
     pub(crate) hot_key_run: Duration,
+    /// Messages of each of the two handoff-floor measurements.
+    pub(crate) floor_messages: usize,
     /// Acquire + release cycles per client (single node, Redlock, Python, Node).
     pub(crate) latency_cycles: usize,
     /// Locks held at once with the watchdog on, and how long they are watched.
@@ -79,6 +81,7 @@ pub(crate) const QUICK: Plan = Plan {
     handoff_run: Duration::from_secs(1),
     slow_run: Duration::from_secs(2),
     hot_key_run: Duration::from_millis(1500),
+    floor_messages: 1_000,
     latency_cycles: 1_000,
     held_locks: 10_000,
     held_window: Duration::from_secs(5),
@@ -100,6 +103,7 @@ pub(crate) const FULL: Plan = Plan {
     handoff_run: Duration::from_secs(10),
     slow_run: Duration::from_secs(20),
     hot_key_run: Duration::from_secs(10),
+    floor_messages: 5_000,
     latency_cycles: 20_000,
     held_locks: 100_000,
     held_window: Duration::from_secs(20),

@@ -157,6 +157,8 @@ pub fn render(r: &Results, charts: &Charts) -> String {
         "the baseline PINGs"
     };
     semaphores::render(&mut s, &r.semaphores, r.plan, ping_unit(r), unit_what);
+    crate::many::render(&mut s, &r.many, r.plan);
+    crate::network::render(&mut s, &r.network, r.plan);
     fencing::render(&mut s, &r.fencing, r.plan);
     held::render(&mut s, &r.held, r.plan.held_locks, r.plan.held_window);
     let _ = writeln!(
@@ -321,10 +323,12 @@ fn targets(s: &mut String, r: &Results) {
     let _ = writeln!(s, "## Targets\n");
     let _ = writeln!(
         s,
-        "The performance issue's targets (ratios within this run), then the earlier \
-         issues' for the held leases and the topologies.\n"
+        "The third performance round's targets (issue 34; ratios within this run), then \
+         the earlier issues' (17, 15) for the uncontended cycle, the handoff, the hot key, \
+         Redlock, the held leases and the topologies.\n"
     );
     let _ = writeln!(s, "| target | figure | met |\n|---|---|---|");
+    crate::round3::rows(s, r);
     let unit = ping_unit(r);
     // 1. Uncontended: against rslock, and against redis-rs alone.
     match &r.latency {
@@ -888,6 +892,33 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
         );
     }
     let _ = writeln!(s);
+    match &r.floor {
+        Ok(f) => {
+            let _ = writeln!(
+                s,
+                "The floor of any handoff by pub/sub on this machine: a bare `PUBLISH` from \
+                 the harness to a subscriber in another process, until that process has read \
+                 it, {} messages 1 ms apart before and as many after fencelock's rows: p50 {}, \
+                 p99 {}, max {} ({} a PING). fencelock's 1-waiter handoff over it: {}, \
+                 fair() {}.\n",
+                f.n,
+                fmt_ns(f.p50),
+                fmt_ns(f.p99),
+                fmt_ns(f.max),
+                x(f.p50 as f64 / unit),
+                handoff_p50(r, Peer::Fencelock, WAITERS[0])
+                    .map_or("–".into(), |p| x(p as f64 / f.p50 as f64)),
+                handoff_p50(r, Peer::FencelockFair, WAITERS[0])
+                    .map_or("–".into(), |p| x(p as f64 / f.p50 as f64)),
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(
+                s,
+                "The handoff floor (a bare `PUBLISH`) was not measured: {e}.\n"
+            );
+        }
+    }
     chart_link(s, charts, &charts.handoff, "Handoff p50 by waiter count");
 }
 

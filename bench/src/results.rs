@@ -85,6 +85,13 @@ pub(crate) struct Results {
     pub(crate) hot_key: Vec<HotKeyRow>,
     /// fencelock's semaphore and redis-semaphore's: throughput and handoff.
     pub(crate) semaphores: Semaphores,
+    /// Many independent locks through one client.
+    pub(crate) many: crate::many::Many,
+    /// The uncontended and handoff rows through a 0.5 ms round trip.
+    pub(crate) network: crate::network::Network,
+    /// A bare PUBLISH to a subscriber in another process, around fencelock's handoff
+    /// rows: the floor of any handoff by pub/sub.
+    pub(crate) floor: Result<Summary, String>,
     /// What fencing costs at the resource: PostgreSQL and Redis, fenced and not.
     pub(crate) fencing: Fencing,
     pub(crate) held: Result<HeldRun, String>,

@@ -929,3 +929,60 @@ async fn a_client_woken_for_a_permit_whose_waiter_was_cancelled_hands_the_wake_o
         .unwrap();
     permit.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_fair_semaphores_waiters_wait_for_their_turn_without_polling() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // Leases and waiter timeouts long enough that no waiter calls again (every 10 s)
+    // and nothing is renewed before the end.
+    let permit = || {
+        c.semaphore("line", 1)
+            .fair()
+            .waiter_timeout(Duration::from_secs(30))
+            .lease(Duration::from_secs(30))
+            .wait(Duration::from_secs(20))
+    };
+    let holder = permit().try_acquire().await.unwrap();
+    let queue = || r.cmd(&["LLEN", "fencelock:{line}:queue"]).as_int();
+    let first = tokio::spawn(permit().acquire());
+    eventually(
+        "the first waiter in line",
+        Duration::from_secs(5),
+        async || queue() == Some(1),
+    )
+    .await;
+    // The first waiter keeps the channel open: the second joins it before its first
+    // attempt, so one refusal is all it sends before its turn.
+    let before = r.script_calls();
+    let second = tokio::spawn(permit().acquire());
+    eventually(
+        "the second waiter in line",
+        Duration::from_secs(5),
+        async || queue() == Some(2),
+    )
+    .await;
+    // The release frees the permit while both wait: the first is named and takes it;
+    // the second, refused as "others first" if it tried, waits for its turn.
+    holder.release().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the first waiter's turn")
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        r.script_calls() - before,
+        3,
+        "the second waiter's one attempt, the release and the first waiter's attempt"
+    );
+    first.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second waiter's turn")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

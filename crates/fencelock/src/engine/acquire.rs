@@ -722,8 +722,11 @@ pub(crate) struct Pause {
 /// notifications are missing from a node; never past the caller's wait.
 pub(crate) fn next_pause(p: Pause) -> Duration {
     let mut pause = match p.found {
-        Found::Held(blocker) => match blocker.remaining() {
-            Some(left) if !left.is_zero() => left + Duration::from_millis(1),
+        Found::Held(blocker) => match (blocker.remaining(), p.keep_place) {
+            (Some(left), _) if !left.is_zero() => left + Duration::from_millis(1),
+            // Free, but others are first in line: its turn comes by message, and it
+            // calls again when its place needs keeping (which purges a crashed head).
+            (None, Some(keep)) if blocker == Blocker::Queue => keep,
             _ => p.backoff,
         },
         Found::Unreachable => p.backoff,
@@ -765,12 +768,12 @@ impl Waiter {
     /// key free, so plain waiters keep it (docs/design.md, "Measured choices").
     async fn join_if_open<N: Nodes>(nodes: &N, pending: &Pending<'_, N>) -> Option<Self> {
         let waiting = pending.protocol.waiting();
-        // A queue kept in Redis, whose turn comes on the own channel: a fair lock.
-        if waiting.queue.is_none() || !waiting.own_channel {
-            return None;
-        }
+        // A queue kept in Redis, whose turn comes by message: a fair lock (on the own
+        // channel) or a fair semaphore (on the lock's).
+        waiting.queue?;
         let open = nodes.subscribed_everywhere(&pending.keys.channel())
-            && nodes.subscribed_everywhere(&nodes.own_channel(&pending.keys));
+            && (!waiting.own_channel
+                || nodes.subscribed_everywhere(&nodes.own_channel(&pending.keys)));
         if open {
             Some(Self::join(nodes, pending).await)
         } else {
@@ -1012,6 +1015,24 @@ mod tests {
             ..pause(Found::Held(Blocker::Lease(900 * MS)))
         };
         assert_eq!(next_pause(p), 100 * MS);
+    }
+
+    #[test]
+    fn a_waiter_in_line_behind_others_waits_for_its_turn_not_the_backoff() {
+        // Free, but others are first: its turn comes by message; it calls again only
+        // to keep its place. Polling at the backoff made every waiter of a fair
+        // semaphore try again after each release.
+        let p = Pause {
+            keep_place: Some(1000 * MS),
+            ..pause(Found::Held(Blocker::Queue))
+        };
+        assert_eq!(next_pause(p), 1000 * MS);
+        // Without notifications from every node, the backoff still bounds it.
+        let p = Pause {
+            notified_everywhere: false,
+            ..p
+        };
+        assert_eq!(next_pause(p), 40 * MS);
     }
 
     #[test]
