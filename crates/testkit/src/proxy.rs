@@ -557,6 +557,13 @@ fn pump(link: &Link, shared: &Shared, dir: Dir) {
             continue;
         }
 
+        // A chunk waits in the queue: wait for the next one only until it is due (a
+        // socket's read timeout would round up to the kernel's tick, several ms).
+        if let Some(due_in) = until_head(&queue)
+            && !wait_readable(src.as_raw_fd(), due_in)
+        {
+            continue;
+        }
         let _ = src.set_read_timeout(Some(until_due(&queue)));
         match src.read(&mut buf) {
             Ok(0) => eof = true,
@@ -667,10 +674,24 @@ fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
         events: libc::POLLIN,
         revents: 0,
     };
-    let millis = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: one valid, exclusively borrowed pollfd for the whole call.
-    let ready = unsafe { libc::poll(&mut pollfd, 1, millis) };
+    // ppoll, not poll: its timeout is exact to the microsecond (a delayed chunk may be
+    // due in 250 us), where poll's rounds up to whole milliseconds.
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: one valid, exclusively borrowed pollfd and a valid timespec for the whole
+    // call; no signal mask is changed (null).
+    let ready = unsafe { libc::ppoll(&mut pollfd, 1, &ts, std::ptr::null()) };
     ready > 0
+}
+
+/// Time until the head of `queue` is due, exactly (at most [`TICK`]); `None` for an
+/// empty queue.
+fn until_head(queue: &VecDeque<(Instant, Vec<u8>)>) -> Option<Duration> {
+    queue
+        .front()
+        .map(|(due, _)| due.saturating_duration_since(Instant::now()).min(TICK))
 }
 
 /// A tiny PRNG for delay jitter (std has none); seeded from `RandomState`.
