@@ -2,7 +2,9 @@
 //! redlock, redis-py's `Lock`, python-redis-lock and node-redlock), on the same throwaway
 //! Redis in one run: uncontended acquire + release, release-to-waiter handoff, one hot
 //! key, Redlock vs single node; fencelock's semaphore against redis-semaphore's
-//! (throughput and handoff); what fencing costs at the resource (a PostgreSQL
+//! (throughput and handoff); many locks through one client; the uncontended and handoff
+//! rows through a proxy adding a 0.5 ms round trip; the handoff floor (a bare `PUBLISH`
+//! to another process); what fencing costs at the resource (a PostgreSQL
 //! transaction and a Redis write, with and without the token's check); what keeping
 //! many fencelock leases alive costs; how those costs grow (held leases by the thousand
 //! to the million, handoff against 1 to 256 waiters); and fencelock through Sentinel and
@@ -68,18 +70,22 @@ struct Cli {
     /// Cluster: 2 s per throughput row, 10,000 leases on the cluster, one failover each;
     /// semaphores: 1.5 s per throughput row, 1 s per handoff row; fencing at the
     /// resource (PostgreSQL and Redis, fenced and not): 1,000 writes per variant one at a
-    /// time, then 8 clients for 0.8 s per variant (about 10 s). Charts go to
+    /// time, then 8 clients for 0.8 s per variant (about 10 s); many locks through one
+    /// client: 3 turns of 0.5 s per client; on a network: 200 cycles per client and the
+    /// 1-waiter handoff rows; the floor: 1,000 messages twice. Charts go to
     /// target/bench-img.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
-    /// Full run (the default; about 28 minutes): 10 s per handoff row (20 s for slow
+    /// Full run (the default; about 40 minutes): 10 s per handoff row (20 s for slow
     /// pollers), 10 s per hot-key row, 20,000 latency cycles per client, 100,000 held
     /// locks watched for 20 s; how cost grows: 1,000 to 1,000,000 held locks, 10 s
     /// each, and fencelock's handoff at 1 to 256 waiters (nine counts); Sentinel and
     /// Cluster: 10 s per throughput row, 100,000 leases on the cluster, three failovers
     /// each; semaphores: 10 s per throughput row, 10 s per handoff row; fencing at the
     /// resource: 10,000 writes per variant one at a time, then 8 clients for 10 s per
-    /// variant (about 90 s). Charts go to docs/img.
+    /// variant (about 90 s); many locks through one client: 3 turns of 3.3 s per
+    /// client; on a network: 2,000 cycles per client and the 1-waiter handoff rows; the
+    /// floor: 5,000 messages twice. Charts go to docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.

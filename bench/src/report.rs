@@ -901,7 +901,7 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
                  it, {} messages 1 ms apart before and as many after fencelock's rows: p50 {}, \
                  p99 {}, max {} ({} a PING). fencelock's 1-waiter handoff over it: {}, \
                  fair() {}.\n",
-                f.n,
+                f.n / 2,
                 fmt_ns(f.p50),
                 fmt_ns(f.p99),
                 fmt_ns(f.max),
