@@ -120,7 +120,7 @@ pub(crate) struct Waiting {
     /// purged from it: each calls again within a third of it (fair modes).
     pub queue: Option<Duration>,
     /// Listens on its client's own channel too: where a fair release hands it the lock,
-    /// and a plain release wakes its client by name.
+    /// and a plain lock's or a semaphore's release wakes its client by name.
     pub own_channel: bool,
     /// How a waiting attempt lists its client on the lock's wake list.
     pub listing: Listed,
@@ -132,7 +132,8 @@ pub(crate) enum Listed {
     /// It is not listed.
     #[default]
     No,
-    /// By its client's tag: a release wakes that client by name (plain waiters).
+    /// By its client's tag: a release wakes that client by name (the waiters of a plain
+    /// lock, and of a semaphore that is not fair).
     ByName,
     /// As `*` when a plain holder refuses it: that holder's release wakes every client
     /// (waiting readers and reentrant owners).

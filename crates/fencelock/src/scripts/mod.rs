@@ -617,8 +617,9 @@ pub(crate) fn flag(on: bool) -> &'static str {
     if on { "1" } else { "0" }
 }
 
-/// A waiting plain acquire's client on the lock's wake list (`fragments/waiting.lua`):
-/// a release wakes a listed client by its own channel, not every client.
+/// A waiting acquire's client on the lock's wake list (`fragments/waiting.lua`), a plain
+/// lock's or a semaphore's: a release wakes a listed client by its own channel, not every
+/// client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Listing<'a> {
     /// The client's tag: its own channel is the lock's, `:`, then this.

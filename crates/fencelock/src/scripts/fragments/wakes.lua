@@ -1,5 +1,5 @@
--- wakes.lua: which waiting client a plain release wakes. Functions only; needs
--- clock.lua and publish.lua (or spublish.lua).
+-- wakes.lua: which waiting client a release wakes (a plain lock's, a semaphore's).
+-- Functions only; needs clock.lua and publish.lua (or spublish.lua).
 --
 -- A plain lock's wake list is a ZSET: member, the tag of a client with a waiting
 -- acquire; score, the server ms when it was listed. A refused attempt of a waiting
