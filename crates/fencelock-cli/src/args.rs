@@ -61,20 +61,25 @@ the lease ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelo
 are forwarded to COMMAND's group, each followed by SIGCONT. Processes that leave
 the group (setsid, setpgid) are not signalled.";
 
+/// The top level's help after the options: where the rest is (the exit statuses and the
+/// supervision of COMMAND are `run`'s, on its help and on the fencelock(1) page).
+pub(crate) const TOP_AFTER_HELP: &str = "\
+Exit statuses, and how COMMAND is supervised: fencelock run --help. Each
+subcommand: fencelock help SUBCOMMAND. Manual pages: fencelock man --dir DIR.";
+
 /// Distributed locks on Redis with fencing tokens.
 #[derive(Debug, Parser)]
 #[command(
     name = "fencelock",
     version,
     subcommand_value_name = "SUBCOMMAND",
-    after_help = AFTER_HELP
+    after_help = TOP_AFTER_HELP
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
 
-    /// Messages as JSON objects, one per line (on stderr for `run`; the report on
-    /// stdout for `status`, `list` and `break`).
+    /// Messages as JSON objects, one per line (`run`'s on stderr; reports on stdout)
     #[arg(long, global = true)]
     pub(crate) json: bool,
 
@@ -82,8 +87,7 @@ pub(crate) struct Cli {
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub(crate) quiet: bool,
 
-    /// The library's tracing on stderr too, debug and up (RUST_LOG, when set, chooses
-    /// what, and turns tracing on without -v).
+    /// The library's tracing on stderr too, debug and up (or what RUST_LOG says)
     #[arg(short, long, global = true)]
     pub(crate) verbose: bool,
 }
@@ -100,24 +104,30 @@ pub(crate) enum Command {
     #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
 
-    /// Show the lock NAME: held or free, the remaining lease, who holds it (host, pid,
-    /// command, since when, when the holder is fencelock), the fencing counter and the
-    /// fair queue; per node for Redlock.
+    /// Show the lock NAME: who holds it, its lease, its fencing counter.
+    ///
+    /// Held or free, the remaining lease, who holds it (host, pid, command, since when,
+    /// when the holder is fencelock), the fencing counter and the fair queue; per node
+    /// for Redlock.
     Status(StatusArgs),
 
-    /// List the held locks whose names match PATTERN (a glob: *, ?, [...]; default
-    /// all), with their remaining leases, found with SCAN on every node.
+    /// List the held locks whose names match PATTERN.
+    ///
+    /// PATTERN is a glob (*, ?, [...]; default all); each lock with its remaining
+    /// lease, found with SCAN on every node.
     List(ListArgs),
 
-    /// Break the lock NAME: delete its key whoever holds it, wake its waiters, and
-    /// advance its fencing counter so that a resource that checks tokens refuses the
-    /// evicted holder's late writes. Asks first on a terminal; give --yes otherwise.
+    /// Break the lock NAME, whoever holds it, and fence its holder out.
+    ///
+    /// Deletes its key, wakes its waiters, and advances its fencing counter so that a
+    /// resource that checks tokens refuses the evicted holder's late writes. Asks first
+    /// on a terminal; give --yes otherwise.
     Break(BreakArgs),
 
-    /// Write to a resource kept in Redis with the fencing token: the writes are applied,
-    /// all of them, only if TOKEN is at least the highest token the resource accepted.
+    /// Write to a resource kept in Redis, only under a current fencing token.
     ///
-    /// For a COMMAND under `fencelock run`, whose FENCELOCK_NAME and FENCELOCK_TOKEN
+    /// The writes are applied, all of them, only if TOKEN is at least the highest token
+    /// the resource accepted. For a COMMAND under `fencelock run`, whose FENCELOCK_NAME and FENCELOCK_TOKEN
     /// are the defaults of --resource and --token: a holder that was paused past its
     /// lease and resumes after a newer holder wrote gets exit status 76 and writes
     /// nothing. WRITE is one or more of: SET KEY VALUE, DEL KEY, INCRBY KEY N, HSET KEY
@@ -136,10 +146,10 @@ pub(crate) enum Command {
     /// is safe.
     Sql,
 
-    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    /// Print a shell completion script to stdout (bash, zsh, fish, elvish, powershell).
     Completions(CompletionsArgs),
 
-    /// Print a manual page (roff) to stdout, or write them all into a directory.
+    /// Print a manual page (roff), or write them all into a directory.
     ///
     /// Without arguments, the page of fencelock itself: `fencelock man > fencelock.1`.
     /// With SUBCOMMAND, that subcommand's page: `fencelock man run > fencelock-run.1`.

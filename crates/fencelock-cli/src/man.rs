@@ -98,7 +98,10 @@ fn render(name: &str, command: &clap::Command, out: &mut dyn Write) -> io::Resul
         page.render_subcommands_section(&mut text)?;
     }
     let mut roff = Roff::new();
-    if let Some(after) = command
+    if name == "fencelock" {
+        // The terminal's top-level help only points to `run`'s; the page has it all.
+        after_help(&mut roff, crate::args::AFTER_HELP);
+    } else if let Some(after) = command
         .get_after_long_help()
         .or_else(|| command.get_after_help())
     {

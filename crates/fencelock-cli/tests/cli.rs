@@ -455,7 +455,30 @@ fn non_utf8_arguments_pass_through_or_are_refused_cleanly() {
 
 #[test]
 fn help_and_version_exit_0() {
-    for args in [&["--help"][..], &["run", "--help"], &["help", "run"]] {
+    // The top level is short: the commands one line each, the common options, and where
+    // the rest is.
+    let top = fencelock(&["--help"]);
+    assert_eq!(top.code(), Some(0), "{top:#?}");
+    for needle in [
+        "run ",
+        "status ",
+        "list ",
+        "break ",
+        "write ",
+        "sql ",
+        "man ",
+        "--json",
+        "fencelock run --help",
+    ] {
+        assert!(top.stdout.contains(needle), "--help lacks {needle:?}");
+    }
+    assert!(top.stdout.lines().count() <= 30, "{}", top.stdout);
+    assert!(
+        top.stdout.lines().all(|l| l.chars().count() <= 100),
+        "a line too long for a terminal:\n{}",
+        top.stdout
+    );
+    for args in [&["run", "--help"][..], &["help", "run"]] {
         let run = fencelock(args);
         assert_eq!(run.code(), Some(0), "{args:?}: {run:#?}");
         for needle in [
