@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error, LossCause};
-use testkit::SentinelGroup;
+use testkit::{RedisServer, SentinelGroup};
 
 mod common;
 use common::eventually;
@@ -161,6 +161,16 @@ async fn sentinel_credentials_apart_from_the_masters_and_bad_days_in_one_line() 
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(5), "never a hang");
+    // A plain Redis server where a sentinel should be: it answers, so it is not "down".
+    let plain = RedisServer::start();
+    let err = Client::connect(&format!("redis+sentinel://{}/mymaster", plain.addr()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Rejected { code, message, .. }
+            if code == "NOTSENTINEL" && message.contains("is not a sentinel")),
+        "{err}"
+    );
     // A bad URL: invalid, and the passwords are not in the message.
     let err = Client::connect("redis+sentinel://:pw-secret@h/svc")
         .await

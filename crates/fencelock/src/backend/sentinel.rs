@@ -246,6 +246,14 @@ async fn ask_sentinel(
                       URL's sentinel_username and sentinel_password"
                 .to_owned(),
         }),
+        Ok(Err(e)) if not_a_sentinel(&e) => Err(Error::Rejected {
+            node: url.sentinel_addr(i),
+            code: "NOTSENTINEL".to_owned(),
+            message: "this server answers but is not a sentinel (it has no SENTINEL \
+                      command): a redis+sentinel:// URL lists the sentinels (port 26379 \
+                      by default); for a server itself, use redis://"
+                .to_owned(),
+        }),
         Ok(Err(e)) => Err(match certificate_problem(&e) {
             Some(problem) => Error::Unavailable {
                 node: url.sentinel_addr(i),
@@ -387,6 +395,12 @@ async fn role(addr: &str, master: &redis::Client, within: Duration) -> Result<St
 }
 
 /// Whether the server refused the credentials (or wanted some).
+/// Whether a server refused `SENTINEL` as a command it does not know: a Redis server
+/// (not a sentinel) at a sentinel's address.
+fn not_a_sentinel(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("unknown command"))
+}
+
 fn auth_refused(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
