@@ -130,6 +130,37 @@ pub(crate) enum Cycler {
 pub(crate) const RAW_RELEASE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 
+/// The floor of a library on redis-rs, once: `SET key token NX PX ttl`, then `release`
+/// ([`RAW_RELEASE`]) on `conn`.
+pub(crate) async fn raw_cycle(
+    conn: &mut MultiplexedConnection,
+    release: &redis::Script,
+    key: &str,
+) -> Result<(), String> {
+    let token = "0123456789abcdef0123456789abcdef";
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL.as_millis() as u64)
+        .query_async(conn)
+        .await
+        .map_err(|e| format!("SET NX: {e}"))?;
+    set.ok_or("SET NX: not set, uncontended")?;
+    let deleted: i64 = release
+        .key(key)
+        .arg(token)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| format!("release: {e}"))?;
+    if deleted == 1 {
+        Ok(())
+    } else {
+        Err("release: the key was not ours".into())
+    }
+}
+
 impl Cycler {
     /// One acquire + release (or PING round); its duration in ns.
     pub(crate) async fn once(&mut self) -> Result<u64, String> {
@@ -161,28 +192,7 @@ impl Cycler {
                 ping(conn).await?;
             }
             Cycler::FanOut(conns) => ping_all(conns).await?,
-            Cycler::Raw(conn, release, key) => {
-                let token = "0123456789abcdef0123456789abcdef";
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(&*key)
-                    .arg(token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
-                    .query_async(conn)
-                    .await
-                    .map_err(|e| format!("SET NX: {e}"))?;
-                set.ok_or("SET NX: not set, uncontended")?;
-                let deleted: i64 = release
-                    .key(&*key)
-                    .arg(token)
-                    .invoke_async(conn)
-                    .await
-                    .map_err(|e| format!("release: {e}"))?;
-                if deleted != 1 {
-                    return Err("release: the key was not ours".into());
-                }
-            }
+            Cycler::Raw(conn, release, key) => raw_cycle(conn, release, key).await?,
         }
         Ok(t.elapsed().as_nanos() as u64)
     }

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::latency::{RAW_RELEASE, TTL, thread_cpu_ns};
+use crate::latency::{RAW_RELEASE, TTL, raw_cycle, thread_cpu_ns};
 use crate::plan::Plan;
-use crate::report::{fmt_dur, x};
+use crate::report::{errors_cell, fmt_dur, x};
 
 /// Concurrent tasks, each with a name of its own.
 pub(crate) const TASKS: usize = 64;
@@ -68,7 +68,7 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    fn per_second(&self) -> f64 {
+    pub(crate) fn per_second(&self) -> f64 {
         self.acquisitions as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
@@ -132,31 +132,7 @@ impl Client {
                 lock.release().await;
                 Ok(())
             }
-            Client::Raw(conn, release) => {
-                let mut conn = conn.clone();
-                let token = "0123456789abcdef0123456789abcdef";
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(name)
-                    .arg(token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| format!("SET NX: {e}"))?;
-                set.ok_or("SET NX: not set, uncontended")?;
-                let deleted: i64 = release
-                    .key(name)
-                    .arg(token)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| format!("release: {e}"))?;
-                if deleted == 1 {
-                    Ok(())
-                } else {
-                    Err("release: the key was not ours".into())
-                }
-            }
+            Client::Raw(conn, release) => raw_cycle(&mut conn.clone(), release, name).await,
         }
     }
 }
@@ -289,10 +265,7 @@ pub(crate) fn render(s: &mut String, many: &Many, plan: &Plan) {
             Ok(ns) => format!("{:.1} µs", ns / 1000.0),
             Err(e) => format!("– ({e})"),
         };
-        let errors = match r.errors.first() {
-            None => "0".to_owned(),
-            Some(e) => format!("{} (first: {e})", r.errors.len()),
-        };
+        let errors = errors_cell(&r.errors, None);
         let _ = writeln!(
             s,
             "| {} | {:.0} | {} | {cpu} | {errors} |",

@@ -15,7 +15,7 @@ use crate::latency::{self, Cycler, RAW_RELEASE, Series, TTL};
 use crate::launcher::{self, Launcher};
 use crate::peers::{self, Peer};
 use crate::plan::Plan;
-use crate::report::{fmt_ns, x};
+use crate::report::{errors_cell, fmt_ns, x};
 use crate::results::HandoffRow;
 use crate::worker::{redlock_manager, rslock_manager};
 
@@ -242,11 +242,7 @@ pub(crate) fn render(s: &mut String, net: &Network, plan: &Plan) {
         "| handoff, 1 waiter | samples | p50 | p99 | × PING | × fencelock | errors |\n|---|---|---|---|---|---|---|"
     );
     for r in &net.handoff {
-        let errors = match (&r.error, r.report.errors.first()) {
-            (Some(e), _) => e.clone(),
-            (None, Some(e)) => format!("{} (first: {e})", r.report.errors.len()),
-            (None, None) => "0".to_owned(),
-        };
+        let errors = errors_cell(&r.report.errors, r.error.as_deref());
         match r.summary {
             Some(sum) => {
                 let _ = writeln!(

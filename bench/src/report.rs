@@ -116,7 +116,7 @@ fn handoff_row(r: &Results, peer: Peer, waiters: usize) -> Option<&HandoffRow> {
         .find(|h| h.peer == peer && h.waiters == waiters)
 }
 
-fn handoff_p50(r: &Results, peer: Peer, waiters: usize) -> Option<u64> {
+pub(crate) fn handoff_p50(r: &Results, peer: Peer, waiters: usize) -> Option<u64> {
     handoff_row(r, peer, waiters).and_then(|h| h.summary.map(|s| s.p50))
 }
 

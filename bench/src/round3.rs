@@ -9,8 +9,8 @@ use crate::latency::Summary;
 use crate::many::Who;
 use crate::peers::Peer;
 use crate::plan::WAITERS;
-use crate::report::{fmt_ns, x, yes_no};
-use crate::results::{HandoffRow, HotKeyRow, Results};
+use crate::report::{fmt_ns, handoff_p50, x, yes_no};
+use crate::results::{HotKeyRow, Results};
 
 /// A semaphore acquisition at 64 contenders: at most this many Redis commands.
 pub(crate) const SEMAPHORE_COMMANDS: f64 = 15.0;
@@ -21,26 +21,8 @@ pub(crate) const FAIR_OVER_FLOOR: f64 = 1.3;
 /// ... and plain mode.
 pub(crate) const PLAIN_OVER_FLOOR: f64 = 1.6;
 
-fn sem_throughput(r: &Results, peer: Peer) -> Option<&HotKeyRow> {
-    r.semaphores
-        .throughput
-        .iter()
-        .find(|h| h.peer == peer && h.error.is_none())
-}
-
 fn sem_handoff(r: &Results, peer: Peer) -> Option<Summary> {
-    r.semaphores
-        .handoff
-        .iter()
-        .find(|h| h.peer == peer)
-        .and_then(|h| h.summary)
-}
-
-fn lock_handoff(r: &Results, peer: Peer, waiters: usize) -> Option<u64> {
-    r.handoff
-        .iter()
-        .find(|h: &&HandoffRow| h.peer == peer && h.waiters == waiters)
-        .and_then(|h| h.summary.map(|s| s.p50))
+    r.semaphores.handoff_row(peer).and_then(|h| h.summary)
 }
 
 /// The round's rows of the targets table.
@@ -55,10 +37,13 @@ pub(crate) fn rows(s: &mut String, r: &Results) {
 /// Each fencelock semaphore: commands per acquisition, throughput against
 /// redis-semaphore at its defaults, handoff p50 against redis-semaphore tuned.
 fn semaphore_rows(s: &mut String, r: &Results) {
-    let theirs = sem_throughput(r, Peer::RedisSemaphore).map(HotKeyRow::per_second);
+    let theirs = r
+        .semaphores
+        .throughput_row(Peer::RedisSemaphore)
+        .map(HotKeyRow::per_second);
     let tuned = sem_handoff(r, Peer::RedisSemaphoreTuned).map(|h| h.p50);
     for ours in [Peer::FencelockSemaphore, Peer::FencelockSemaphoreFair] {
-        let Some(row) = sem_throughput(r, ours) else {
+        let Some(row) = r.semaphores.throughput_row(ours) else {
             let _ = writeln!(s, "| {}: herd | not measured | **no** |", ours.label());
             continue;
         };
@@ -112,7 +97,7 @@ fn many_row(s: &mut String, r: &Results) {
             .rows
             .iter()
             .find(|row| row.who == who && row.errors.is_empty())
-            .map(|row| row.acquisitions as f64 / row.elapsed.as_secs_f64().max(1e-9))
+            .map(crate::many::Row::per_second)
     };
     match (rate(Who::Fencelock), rate(Who::Rslock)) {
         (Some(f), Some(rs)) => {
@@ -136,14 +121,14 @@ fn many_row(s: &mut String, r: &Results) {
 
 /// Plain mode's handoff with 8 and 64 waiters against its own 1-waiter p50.
 fn crowd_rows(s: &mut String, r: &Results) {
-    let Some(one) = lock_handoff(r, Peer::Fencelock, WAITERS[0]) else {
+    let Some(one) = handoff_p50(r, Peer::Fencelock, WAITERS[0]) else {
         let _ = writeln!(s, "| plain handoff under a crowd | not measured | **no** |");
         return;
     };
     let mut ok = true;
     let mut cells = Vec::new();
     for &w in &WAITERS[1..] {
-        match lock_handoff(r, Peer::Fencelock, w) {
+        match handoff_p50(r, Peer::Fencelock, w) {
             Some(p) => {
                 let growth = p as f64 / one as f64;
                 ok &= growth <= CROWD_GROWTH;
@@ -183,7 +168,7 @@ fn floor_rows(s: &mut String, r: &Results) {
         (Peer::FencelockFair, FAIR_OVER_FLOOR),
         (Peer::Fencelock, PLAIN_OVER_FLOOR),
     ] {
-        match lock_handoff(r, peer, WAITERS[0]) {
+        match handoff_p50(r, peer, WAITERS[0]) {
             Some(p) => {
                 let ratio = p as f64 / floor as f64;
                 let _ = writeln!(

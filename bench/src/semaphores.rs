@@ -40,13 +40,13 @@ impl Semaphores {
                 .any(|r| r.error.is_some() || !r.report.errors.is_empty())
     }
 
-    fn throughput_row(&self, peer: Peer) -> Option<&HotKeyRow> {
+    pub(crate) fn throughput_row(&self, peer: Peer) -> Option<&HotKeyRow> {
         self.throughput
             .iter()
             .find(|r| r.peer == peer && r.error.is_none())
     }
 
-    fn handoff_row(&self, peer: Peer) -> Option<&HandoffRow> {
+    pub(crate) fn handoff_row(&self, peer: Peer) -> Option<&HandoffRow> {
         self.handoff.iter().find(|r| r.peer == peer)
     }
 }
