@@ -9,7 +9,7 @@ use fencelock::{Blocker, Client, Error, Holder, LossCause};
 use testkit::{Cluster, RedisServer, SentinelGroup};
 
 mod common;
-use common::{eventually, numsub, spawn_helper};
+use common::{eventually, listed, numsub, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_SEMAPHORE_HELPER";
 
@@ -769,17 +769,6 @@ async fn a_fair_semaphores_crashed_or_cancelled_waiter_does_not_block_the_line()
     assert!(released_at.elapsed() < timeout * 4 / 3 + Duration::from_millis(300));
     assert_eq!(r.cmd(&["LLEN", "fencelock:{q}:queue"]).as_int(), Some(0));
     next.release().await.unwrap();
-}
-
-/// The clients on the semaphore `name`'s wake list.
-fn listed(r: &RedisServer, name: &str) -> Vec<String> {
-    let key = format!("fencelock:{{{name}}}:wakes");
-    r.cmd(&["ZRANGE", &key, "0", "-1"])
-        .as_array()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect()
 }
 
 /// Both permits of the semaphore `name` of 2, held for 60 s (not renewed: every script

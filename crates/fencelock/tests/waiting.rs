@@ -8,7 +8,7 @@ use fencelock::{Blocker, Client, Error};
 use testkit::RedisServer;
 
 mod common;
-use common::{eventually, numsub, spawn_helper};
+use common::{eventually, listed, numsub, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_WAITING_HELPER";
 
@@ -929,17 +929,6 @@ async fn held_for_a_minute(r: &RedisServer, name: &str) -> (Client, fencelock::L
         .await
         .unwrap();
     (c, held)
-}
-
-/// The clients on `name`'s wake list (`*` for waiting readers).
-fn listed(r: &RedisServer, name: &str) -> Vec<String> {
-    let key = format!("fencelock:{{{name}}}:wakes");
-    r.cmd(&["ZRANGE", &key, "0", "-1"])
-        .as_array()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect()
 }
 
 /// A waiting acquire of `name` on its own task, which reports on `done` when it got the

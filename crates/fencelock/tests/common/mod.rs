@@ -243,3 +243,15 @@ pub async fn handed_to(
     );
     next
 }
+
+/// The clients on the wake list of the lock or semaphore `name` (`*` for waiting
+/// readers).
+pub fn listed(r: &testkit::RedisServer, name: &str) -> Vec<String> {
+    let key = format!("fencelock:{{{name}}}:wakes");
+    r.cmd(&["ZRANGE", &key, "0", "-1"])
+        .as_array()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
