@@ -934,11 +934,18 @@ async fn a_fair_semaphores_waiters_wait_for_their_turn_without_polling() {
     };
     let holder = permit().try_acquire().await.unwrap();
     let queue = || r.cmd(&["LLEN", "fencelock:{line}:queue"]).as_int();
+    let start = r.script_calls();
     let first = tokio::spawn(permit().acquire());
+    // In line, subscribed, and done with its attempts: the one that joined the line and
+    // the one after subscribing.
     eventually(
         "the first waiter in line",
         Duration::from_secs(5),
-        async || queue() == Some(1),
+        async || {
+            queue() == Some(1)
+                && numsub(&r, "fencelock:{line}:released") == 1
+                && r.script_calls() == start + 2
+        },
     )
     .await;
     // The first waiter keeps the channel open: the second joins it before its first
