@@ -87,10 +87,12 @@ pub fn main(args: CommandArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let mut store = rt.block_on(Store::connect(
+    // Suspended with its job (Ctrl-Z) for seconds, perhaps with a request in flight.
+    let mut store = rt.block_on(Store::connect_with(
         StoreKind::Redis,
         &args.resource_url,
         &args.prefix,
+        Some(Duration::from_secs(60)),
     ))?;
     for i in 0..args.iterations {
         record(Event::now(p, Op::Read, Phase::Invoke))?;

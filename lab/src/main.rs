@@ -126,6 +126,12 @@ fn run(args: &RunArgs) -> Result<bool, String> {
             .duration_since(UNIX_EPOCH)
             .map_or(1, |d| d.as_secs())
     });
+    if chosen(&args.only).is_empty() {
+        return Err(format!(
+            "no scenario's name contains {} (the scenarios are listed in docs/safety.md)",
+            args.only.join(" or ")
+        ));
+    }
     eprintln!("fencelock-lab run --{} --seed {seed}", scale.name);
     let started = Instant::now();
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;

@@ -9,6 +9,8 @@
 //! resource is named after the lock (`lab:TAG`): its highest accepted token lives in
 //! `fencelock:{lab:TAG}:accepted` on the resource server, or in `fencelock_fence`.
 
+use std::time::Duration;
+
 use fencelock::{Error, FencingToken};
 
 /// The tables of the PostgreSQL resource, created once per lab run.
@@ -43,14 +45,35 @@ pub enum Store {
 impl Store {
     /// Connects to the resource of `prefix` (`res:TAG`) at `url`.
     pub async fn connect(kind: StoreKind, url: &str, prefix: &str) -> Result<Self, String> {
+        Self::connect_with(kind, url, prefix, None).await
+    }
+
+    /// Connects as [`Store::connect`], waiting up to `patience` (instead of the clients'
+    /// default half a second to a second) for each Redis reply: for a process that may be
+    /// stopped with a request in flight (the CLI scenarios' COMMAND, suspended with its
+    /// job), whose timer would otherwise fire on resume before the reply waiting in its
+    /// socket is read.
+    pub async fn connect_with(
+        kind: StoreKind,
+        url: &str,
+        prefix: &str,
+        patience: Option<Duration>,
+    ) -> Result<Self, String> {
         match kind {
             StoreKind::Redis => {
+                let mut config = redis::AsyncConnectionConfig::new();
+                let mut builder = fencelock::Client::builder(url);
+                if let Some(patience) = patience {
+                    config = config.set_response_timeout(Some(patience));
+                    builder = builder.response_timeout(patience);
+                }
                 let conn = redis::Client::open(url)
                     .map_err(|e| e.to_string())?
-                    .get_multiplexed_async_connection()
+                    .get_multiplexed_async_connection_with_config(&config)
                     .await
                     .map_err(|e| format!("resource connect: {e}"))?;
-                let store = fencelock::Client::connect(url)
+                let store = builder
+                    .connect()
                     .await
                     .map_err(|e| format!("resource connect: {e}"))?;
                 Ok(Self::Redis {
