@@ -502,6 +502,61 @@ fn help_and_version_exit_0() {
 
 /// The acceptance criterion: concurrent read-modify-writes under one lock never
 /// interleave, and fencing tokens grow in the order the holders ran.
+/// `examples/nightly-job.sh`, as cron would start it on two hosts at once: one runs the
+/// job, the other skips it with status 0; a failing job's status comes through.
+#[test]
+fn the_nightly_job_example_runs_once_and_skips_on_the_other_host() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/nightly-job.sh");
+    let bin_dir = Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let job = |marker: &Path| {
+        let mut cmd = Command::new(&script);
+        cmd.args([
+            "sh",
+            "-c",
+            r#"echo "$FENCELOCK_TOKEN" >> "$1"; sleep 1"#,
+            "sh",
+        ])
+        .arg(marker)
+        .env("PATH", &path)
+        .env("FENCELOCK_REDIS", &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        cmd
+    };
+    let first = job(&started).spawn().unwrap();
+    testkit::eventually(
+        "the first host's job started",
+        Duration::from_secs(10),
+        || started.exists(),
+    );
+    let second = run_command(job(&started));
+    assert_eq!(second.code(), Some(0), "{second:#?}");
+    assert!(second.stderr.contains("skipped"), "{second:#?}");
+    let first = finish(first, Instant::now());
+    assert_eq!(first.code(), Some(0), "{first:#?}");
+    let ran = fs::read_to_string(&started).unwrap();
+    assert_eq!(ran.lines().count(), 1, "the job ran once: {ran}");
+    assert!(!server.exists(&lock_key("jobs:nightly-report")));
+    // A failing job's status is the script's.
+    let mut failing = Command::new(&script);
+    failing
+        .args(["sh", "-c", "exit 3"])
+        .env("PATH", &path)
+        .env("FENCELOCK_REDIS", &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    assert_eq!(run_command(failing).code(), Some(3));
+}
+
 #[test]
 fn concurrent_runs_are_mutually_exclusive() {
     const PER_THREAD: usize = 10;
