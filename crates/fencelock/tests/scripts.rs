@@ -843,3 +843,112 @@ fn semaphore_acquire_never_writes_over_keys_of_a_wrong_type() {
     assert_eq!(r.cmd(&["ZCARD", LOCK]).as_int(), Some(1));
     assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(1));
 }
+
+/// How many `PUBLISH`es the server ran (from scripts too), from `INFO commandstats`.
+fn publishes(r: &RedisServer) -> u64 {
+    r.info_field("commandstats", "cmdstat_publish")
+        .map_or(0, |stats| {
+            let calls = stats.strip_prefix("calls=").expect("calls= first");
+            calls.split(',').next().unwrap().parse().unwrap()
+        })
+}
+
+/// release.lua as the library sends it: with the wake list.
+fn release_listed(r: &RedisServer, token: &str) -> i64 {
+    r.cmd(&[
+        "EVAL", &RELEASE, "4", LOCK, FENCE, INFO, WAKES, token, CHANNEL, "0",
+    ])
+    .as_int()
+    .expect("integer reply")
+}
+
+/// acquire.lua for a waiting acquire whose client is listed as `tag` when refused.
+fn acquire_listed(r: &RedisServer, token: &str, tag: &str) -> Vec<i64> {
+    let reply = r.cmd(&[
+        "EVAL",
+        &ACQUIRE,
+        "5",
+        LOCK,
+        FENCE,
+        INFO,
+        "fencelock:{s}:writers",
+        WAKES,
+        token,
+        "10000",
+        "0",
+        "",
+        "0",
+        "1",
+        "0",
+        tag,
+        "500",
+        "0",
+        "0",
+    ]);
+    ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")))
+}
+
+fn wakes(r: &RedisServer) -> Vec<String> {
+    r.cmd(&["ZRANGE", WAKES, "0", "-1"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_waiter_listed_as_everyone_stays_listed_until_a_release() {
+    let r = RedisServer::start();
+    assert_eq!(acquire(&r, THEIRS, "10000")[0].as_int(), Some(1));
+    // Refused, a waiter that is not heard by name lists '*', for the holder's lease and
+    // the margin.
+    assert_eq!(acquire_listed(&r, MINE, "*")[0], 0);
+    assert_eq!(wakes(&r), ["*"]);
+    let ttl = r.pttl(WAKES);
+    assert!((10_000..=10_500).contains(&ttl), "PTTL {ttl}");
+    // Its grant leaves '*' (others may have listed it: a reader, a fair waiter).
+    r.cmd(&["DEL", LOCK]);
+    assert_eq!(acquire_listed(&r, MINE, "*")[0], 1);
+    assert_eq!(wakes(&r), ["*"], "a grant leaves '*'");
+    // The release wakes every client, and takes it off.
+    let before = publishes(&r);
+    assert_eq!(release_listed(&r, MINE), 1);
+    assert_eq!(publishes(&r), before + 1);
+    assert!(!r.exists(WAKES));
+}
+
+#[test]
+fn a_fair_waiter_refused_by_a_plain_holder_lists_everyone() {
+    let r = RedisServer::start();
+    assert_eq!(acquire(&r, THEIRS, "10000")[0].as_int(), Some(1));
+    let reply = r.cmd(&[
+        "EVAL",
+        &FAIR_ACQUIRE,
+        "7",
+        LOCK,
+        FENCE,
+        QUEUE,
+        WAITERS,
+        INFO,
+        GRANTS,
+        WAKES,
+        MINE,
+        "10000",
+        "3000",
+        CHANNEL,
+        "1",
+        "",
+        OWN_CHANNEL,
+        "0",
+        "500",
+    ]);
+    let reply = ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")));
+    assert_eq!(reply[0], 0, "{reply:?}");
+    assert_eq!(queue(&r), [MINE], "queued");
+    assert_eq!(wakes(&r), ["*"], "and listed as '*'");
+    // The plain holder's release wakes every client: the fair waiter among them.
+    let before = publishes(&r);
+    assert_eq!(release_listed(&r, THEIRS), 1);
+    assert_eq!(publishes(&r), before + 1);
+}
