@@ -898,6 +898,40 @@ fn wakes(r: &RedisServer) -> Vec<String> {
 }
 
 #[test]
+fn a_release_announces_itself_only_when_someone_may_listen() {
+    let r = RedisServer::start();
+    let cycle = |release: &dyn Fn() -> i64| {
+        assert_eq!(acquire(&r, MINE, "10000")[0].as_int(), Some(1));
+        let before = publishes(&r);
+        assert_eq!(release(), 1);
+        publishes(&r) - before
+    };
+    // Nobody listed (the list key absent): nobody waits, nothing is published.
+    assert_eq!(cycle(&|| release_listed(&r, MINE)), 0, "uncontended");
+    // '*' listed (a waiter that hears releases only on the lock's channel): the
+    // release is announced there, and '*' is taken off.
+    r.cmd(&["ZADD", WAKES, "1", "*"]);
+    assert_eq!(cycle(&|| release_listed(&r, MINE)), 1, "'*' listed");
+    assert!(!r.exists(WAKES));
+    // A listed client that nobody listens for: its own channel, then the lock's.
+    r.cmd(&["ZADD", WAKES, "1", "0123456789abcdef"]);
+    assert_eq!(
+        cycle(&|| release_listed(&r, MINE)),
+        2,
+        "listed clients all gone"
+    );
+    // A list of another type, and no list key at all: the lock's channel.
+    r.cmd(&["SET", WAKES, "x"]);
+    assert_eq!(
+        cycle(&|| release_listed(&r, MINE)),
+        1,
+        "a list of another type"
+    );
+    r.cmd(&["DEL", WAKES]);
+    assert_eq!(cycle(&|| release(&r, MINE)), 1, "no list key given");
+}
+
+#[test]
 fn a_waiter_listed_as_everyone_stays_listed_until_a_release() {
     let r = RedisServer::start();
     assert_eq!(acquire(&r, THEIRS, "10000")[0].as_int(), Some(1));

@@ -1346,6 +1346,48 @@ async fn a_client_beaten_to_the_lock_alone_on_the_list_leaves_a_list_that_expire
     guard.release().await.unwrap();
 }
 
+/// How many `PUBLISH`es the server ran (from scripts too), from `INFO commandstats`.
+fn publishes(r: &RedisServer) -> u64 {
+    r.info_field("commandstats", "cmdstat_publish")
+        .map_or(0, |stats| {
+            let calls = stats.strip_prefix("calls=").expect("calls= first");
+            calls.split(',').next().unwrap().parse().unwrap()
+        })
+}
+
+#[tokio::test]
+async fn an_uncontended_release_publishes_nothing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let before = publishes(&r);
+    for _ in 0..3 {
+        let g = c.lock("quiet").try_acquire().await.unwrap();
+        g.release().await.unwrap();
+        let permit = c.semaphore("pool", 2).try_acquire().await.unwrap();
+        permit.release().await.unwrap();
+    }
+    // Grown with nobody waiting: no permit's release to announce either.
+    c.set_permits("pool", 3).await.unwrap();
+    assert_eq!(publishes(&r), before, "nobody waits: nothing to announce");
+
+    // With a waiter, the release is announced (to its client, by name).
+    let holder = c.lock("quiet").try_acquire().await.unwrap();
+    let other = Client::connect(&r.url()).await.unwrap();
+    let waiting = tokio::spawn(other.lock("quiet").wait(Duration::from_secs(30)).acquire());
+    eventually("the waiter listed", Duration::from_secs(5), async || {
+        listed(&r, "quiet").len() == 1
+    })
+    .await;
+    holder.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(publishes(&r), before + 1, "one wake, by name");
+    g.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_fair_waiter_behind_a_plain_holder_is_woken_by_its_release() {
     let r = RedisServer::start();
