@@ -956,31 +956,44 @@ fn a_waiter_listed_as_everyone_stays_listed_until_a_release() {
 fn a_fair_waiter_refused_by_a_plain_holder_lists_everyone() {
     let r = RedisServer::start();
     assert_eq!(acquire(&r, THEIRS, "10000")[0].as_int(), Some(1));
-    let reply = r.cmd(&[
-        "EVAL",
-        &FAIR_ACQUIRE,
-        "7",
-        LOCK,
-        FENCE,
-        QUEUE,
-        WAITERS,
-        INFO,
-        GRANTS,
-        WAKES,
-        MINE,
-        "10000",
-        "3000",
-        CHANNEL,
-        "1",
-        "",
-        OWN_CHANNEL,
-        "0",
-        "500",
-    ]);
-    let reply = ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")));
-    assert_eq!(reply[0], 0, "{reply:?}");
+    let wait = |token: &str| {
+        let reply = r.cmd(&[
+            "EVAL",
+            &FAIR_ACQUIRE,
+            "7",
+            LOCK,
+            FENCE,
+            QUEUE,
+            WAITERS,
+            INFO,
+            GRANTS,
+            WAKES,
+            token,
+            "10000",
+            "3000",
+            CHANNEL,
+            "1",
+            "",
+            OWN_CHANNEL,
+            "0",
+            "500",
+        ]);
+        let reply = ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")));
+        assert_eq!(reply[0], 0, "{reply:?}");
+    };
+    wait(MINE);
     assert_eq!(queue(&r), [MINE], "queued");
-    assert_eq!(wakes(&r), ["*"], "and listed as '*'");
+    assert_eq!(wakes(&r), ["*"], "and, first in line, listed as '*'");
+    let ttl = r.pttl(WAKES);
+    assert!((10_000..=10_500).contains(&ttl), "PTTL {ttl}");
+    // Only the head can take the lock when it is free: a waiter behind it lists nothing.
+    r.cmd(&["DEL", WAKES]);
+    let second = "22222222222222222222222222222222";
+    wait(second);
+    assert_eq!(queue(&r), [MINE, second]);
+    assert!(!r.exists(WAKES), "not first: not listed");
+    wait(MINE);
+    assert_eq!(wakes(&r), ["*"], "the head listed again");
     // The plain holder's release wakes every client: the fair waiter among them.
     let before = publishes(&r);
     assert_eq!(release_listed(&r, THEIRS), 1);

@@ -25,7 +25,8 @@
 -- ARGV[8]  counter idle time, ms (as acquire.lua's ARGV[5])
 -- KEYS[7]  wake list       optional, a waiting acquire's: refused by a holder of a
 --                          plain string (a fair holder, or a plain lock's of the same
---                          name), it lists '*' there (kept until that lease ends and
+--                          name) while first in line (only the head can take a free
+--                          lock), it lists '*' there (kept until that lease ends and
 --                          ARGV[9] ms more), so that a plain holder's release, which
 --                          publishes nothing when nobody is listed, wakes every client
 --                          (wakes.lua)
@@ -125,7 +126,7 @@ if kind == 'none' then
 end
 -- (later fragments)
 local pttl = redis.call('PTTL', KEYS[1])
-if KEYS[7] then
+if KEYS[7] and (not head or head == ARGV[1]) then
   list_waiter(KEYS[7], '*', math.max(pttl, 0) + tonumber(ARGV[9]), true, false, now)
 end
 return {0, pttl, counter or 0}
