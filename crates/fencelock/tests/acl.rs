@@ -8,7 +8,7 @@ use fencelock::{Client, Error};
 use testkit::RedisServer;
 
 mod common;
-use common::{eventually, numsub};
+use common::{eventually, listed, numsub};
 
 const README: &str = include_str!("../../../README.md");
 const PASSWORD: &str = "acl-test-pw";
@@ -407,4 +407,67 @@ async fn a_channel_refused_is_named() {
     // Unwoken, the waiter still gets the lock, at its lease-bounded timer.
     let g = waiter.await.unwrap().expect("the waiter, by its timer");
     drop(g);
+}
+
+/// A user who may hear the locks' own channels (`...:released`) but not their clients'
+/// (`...:released:TAG`, where a release wakes one client by name): its waiters are not
+/// named, and list `*` instead, so that a release with nobody else listed (which
+/// publishes nothing) still wakes them on the lock's channel, not at the lease's end.
+#[tokio::test]
+async fn a_waiter_that_may_not_hear_its_clients_own_channel_is_woken_with_everyone() {
+    let server = server_with_user(|w| {
+        Some(if w == "&fencelock:*" {
+            "&fencelock:*:released".to_owned()
+        } else {
+            w.to_owned()
+        })
+    });
+    let (holder_client, c) = (client(&server).await, client(&server).await);
+    // A plain lock, then a semaphore of 1, each held for 60 s (not renewed).
+    for semaphore in [false, true] {
+        let name = if semaphore { "sem" } else { "plain" };
+        let holder = if semaphore {
+            holder_client
+                .semaphore(name, 1)
+                .lease(Duration::from_secs(60))
+                .renew(false)
+                .try_acquire()
+                .await
+        } else {
+            holder_client
+                .lock(name)
+                .lease(Duration::from_secs(60))
+                .renew(false)
+                .try_acquire()
+                .await
+        };
+        let holder = holder.unwrap();
+        let waiting = if semaphore {
+            let b = c
+                .semaphore(name, 1)
+                .lease(Duration::from_secs(60))
+                .wait(Duration::from_secs(30));
+            tokio::spawn(async move { b.acquire().await })
+        } else {
+            let b = c
+                .lock(name)
+                .lease(Duration::from_secs(60))
+                .wait(Duration::from_secs(30));
+            tokio::spawn(async move { b.acquire().await })
+        };
+        eventually(
+            "the waiter listed as everyone",
+            Duration::from_secs(5),
+            async || listed(&server, name) == ["*"],
+        )
+        .await;
+        holder.release().await.unwrap();
+        // Not listed, it would sleep out the 60 s lease.
+        let g = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the waiter was woken by the release"))
+            .unwrap()
+            .expect("the waiter gets it");
+        g.release().await.unwrap();
+    }
 }

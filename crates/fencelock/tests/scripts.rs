@@ -843,3 +843,159 @@ fn semaphore_acquire_never_writes_over_keys_of_a_wrong_type() {
     assert_eq!(r.cmd(&["ZCARD", LOCK]).as_int(), Some(1));
     assert_eq!(r.cmd(&["DBSIZE"]).as_int(), Some(1));
 }
+
+/// How many `PUBLISH`es the server ran (from scripts too), from `INFO commandstats`.
+fn publishes(r: &RedisServer) -> u64 {
+    r.info_field("commandstats", "cmdstat_publish")
+        .map_or(0, |stats| {
+            let calls = stats.strip_prefix("calls=").expect("calls= first");
+            calls.split(',').next().unwrap().parse().unwrap()
+        })
+}
+
+/// release.lua as the library sends it: with the wake list.
+fn release_listed(r: &RedisServer, token: &str) -> i64 {
+    r.cmd(&[
+        "EVAL", &RELEASE, "4", LOCK, FENCE, INFO, WAKES, token, CHANNEL, "0",
+    ])
+    .as_int()
+    .expect("integer reply")
+}
+
+/// acquire.lua for a waiting acquire whose client is listed as `tag` when refused.
+fn acquire_listed(r: &RedisServer, token: &str, tag: &str) -> Vec<i64> {
+    let reply = r.cmd(&[
+        "EVAL",
+        &ACQUIRE,
+        "5",
+        LOCK,
+        FENCE,
+        INFO,
+        "fencelock:{s}:writers",
+        WAKES,
+        token,
+        "10000",
+        "0",
+        "",
+        "0",
+        "1",
+        "0",
+        tag,
+        "500",
+        "0",
+        "0",
+    ]);
+    ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")))
+}
+
+fn wakes(r: &RedisServer) -> Vec<String> {
+    r.cmd(&["ZRANGE", WAKES, "0", "-1"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_release_announces_itself_only_when_someone_may_listen() {
+    let r = RedisServer::start();
+    let cycle = |release: &dyn Fn() -> i64| {
+        assert_eq!(acquire(&r, MINE, "10000")[0].as_int(), Some(1));
+        let before = publishes(&r);
+        assert_eq!(release(), 1);
+        publishes(&r) - before
+    };
+    // Nobody listed (the list key absent): nobody waits, nothing is published.
+    assert_eq!(cycle(&|| release_listed(&r, MINE)), 0, "uncontended");
+    // '*' listed (a waiter that hears releases only on the lock's channel): the
+    // release is announced there, and '*' is taken off.
+    r.cmd(&["ZADD", WAKES, "1", "*"]);
+    assert_eq!(cycle(&|| release_listed(&r, MINE)), 1, "'*' listed");
+    assert!(!r.exists(WAKES));
+    // A listed client that nobody listens for: its own channel, then the lock's.
+    r.cmd(&["ZADD", WAKES, "1", "0123456789abcdef"]);
+    assert_eq!(
+        cycle(&|| release_listed(&r, MINE)),
+        2,
+        "listed clients all gone"
+    );
+    // A list of another type, and no list key at all: the lock's channel.
+    r.cmd(&["SET", WAKES, "x"]);
+    assert_eq!(
+        cycle(&|| release_listed(&r, MINE)),
+        1,
+        "a list of another type"
+    );
+    r.cmd(&["DEL", WAKES]);
+    assert_eq!(cycle(&|| release(&r, MINE)), 1, "no list key given");
+}
+
+#[test]
+fn a_waiter_listed_as_everyone_stays_listed_until_a_release() {
+    let r = RedisServer::start();
+    assert_eq!(acquire(&r, THEIRS, "10000")[0].as_int(), Some(1));
+    // Refused, a waiter that is not heard by name lists '*', for the holder's lease and
+    // the margin.
+    assert_eq!(acquire_listed(&r, MINE, "*")[0], 0);
+    assert_eq!(wakes(&r), ["*"]);
+    let ttl = r.pttl(WAKES);
+    assert!((10_000..=10_500).contains(&ttl), "PTTL {ttl}");
+    // Its grant leaves '*' (others may have listed it: a reader, a fair waiter).
+    r.cmd(&["DEL", LOCK]);
+    assert_eq!(acquire_listed(&r, MINE, "*")[0], 1);
+    assert_eq!(wakes(&r), ["*"], "a grant leaves '*'");
+    // The release wakes every client, and takes it off.
+    let before = publishes(&r);
+    assert_eq!(release_listed(&r, MINE), 1);
+    assert_eq!(publishes(&r), before + 1);
+    assert!(!r.exists(WAKES));
+}
+
+#[test]
+fn a_fair_waiter_refused_by_a_plain_holder_lists_everyone() {
+    let r = RedisServer::start();
+    assert_eq!(acquire(&r, THEIRS, "10000")[0].as_int(), Some(1));
+    let wait = |token: &str| {
+        let reply = r.cmd(&[
+            "EVAL",
+            &FAIR_ACQUIRE,
+            "7",
+            LOCK,
+            FENCE,
+            QUEUE,
+            WAITERS,
+            INFO,
+            GRANTS,
+            WAKES,
+            token,
+            "10000",
+            "3000",
+            CHANNEL,
+            "1",
+            "",
+            OWN_CHANNEL,
+            "0",
+            "500",
+        ]);
+        let reply = ints(reply.as_array().unwrap_or_else(|| panic!("{reply:?}")));
+        assert_eq!(reply[0], 0, "{reply:?}");
+    };
+    wait(MINE);
+    assert_eq!(queue(&r), [MINE], "queued");
+    assert_eq!(wakes(&r), ["*"], "and, first in line, listed as '*'");
+    let ttl = r.pttl(WAKES);
+    assert!((10_000..=10_500).contains(&ttl), "PTTL {ttl}");
+    // Only the head can take the lock when it is free: a waiter behind it lists nothing.
+    r.cmd(&["DEL", WAKES]);
+    let second = "22222222222222222222222222222222";
+    wait(second);
+    assert_eq!(queue(&r), [MINE, second]);
+    assert!(!r.exists(WAKES), "not first: not listed");
+    wait(MINE);
+    assert_eq!(wakes(&r), ["*"], "the head listed again");
+    // The plain holder's release wakes every client: the fair waiter among them.
+    let before = publishes(&r);
+    assert_eq!(release_listed(&r, THEIRS), 1);
+    assert_eq!(publishes(&r), before + 1);
+}

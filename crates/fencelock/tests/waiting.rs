@@ -410,7 +410,22 @@ async fn a_cancelled_wait_leaves_no_key_queue_entry_or_subscription() {
                 .as_int(),
             Some(0)
         );
-        // A plain waiter's client left the wake list its attempts put it on.
+        // A plain waiter's client left the wake list its attempts put it on. A fair
+        // waiter listed `*` (the holder might have been a plain lock's, whose release
+        // then wakes every client), which stays for others until the holder's lease
+        // ends and a margin: a key that expires.
+        if fair {
+            assert_eq!(listed(&r, name), ["*"]);
+            // (The lock's first: the list's, read after it, can only be lower; a few
+            // ms for the rounding of each.)
+            let lease_left = r.pttl(&format!("fencelock:{{{name}}}"));
+            let wakes_ttl = r.pttl(&format!("fencelock:{{{name}}}:wakes"));
+            assert!(
+                wakes_ttl > 0 && wakes_ttl <= lease_left + 1_000 + 5,
+                "{wakes_ttl} ms left, the lease {lease_left}"
+            );
+            r.cmd(&["DEL", &format!("fencelock:{{{name}}}:wakes")]);
+        }
         assert_eq!(r.cmd(&["DBSIZE"]).as_int(), keys_before, "no key left");
         let channel = format!("fencelock:{{{name}}}:released");
         eventually(
@@ -1332,4 +1347,78 @@ async fn a_client_beaten_to_the_lock_alone_on_the_list_leaves_a_list_that_expire
         .expect("woken by the barger's release")
         .unwrap();
     guard.release().await.unwrap();
+}
+
+/// How many `PUBLISH`es the server ran (from scripts too), from `INFO commandstats`.
+fn publishes(r: &RedisServer) -> u64 {
+    r.info_field("commandstats", "cmdstat_publish")
+        .map_or(0, |stats| {
+            let calls = stats.strip_prefix("calls=").expect("calls= first");
+            calls.split(',').next().unwrap().parse().unwrap()
+        })
+}
+
+#[tokio::test]
+async fn an_uncontended_release_publishes_nothing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let before = publishes(&r);
+    for _ in 0..3 {
+        let g = c.lock("quiet").try_acquire().await.unwrap();
+        g.release().await.unwrap();
+        let permit = c.semaphore("pool", 2).try_acquire().await.unwrap();
+        permit.release().await.unwrap();
+    }
+    // Grown with nobody waiting: no permit's release to announce either.
+    c.set_permits("pool", 3).await.unwrap();
+    assert_eq!(publishes(&r), before, "nobody waits: nothing to announce");
+
+    // With a waiter, the release is announced (to its client, by name).
+    let holder = c.lock("quiet").try_acquire().await.unwrap();
+    let other = Client::connect(&r.url()).await.unwrap();
+    let waiting = tokio::spawn(other.lock("quiet").wait(Duration::from_secs(30)).acquire());
+    eventually("the waiter listed", Duration::from_secs(5), async || {
+        listed(&r, "quiet").len() == 1
+    })
+    .await;
+    holder.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+    assert_eq!(publishes(&r), before + 1, "one wake, by name");
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fair_waiter_behind_a_plain_holder_is_woken_by_its_release() {
+    let r = RedisServer::start();
+    // A plain holder of the name for 60 s, and a fair waiter of the same name that
+    // calls again only every 20 s (a third of its waiter timeout) by itself.
+    let (_holder_client, holder) = held_for_a_minute(&r, "kinds").await;
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lock = c
+        .lock("kinds")
+        .fair()
+        .waiter_timeout(Duration::from_secs(60))
+        .lease(Duration::from_secs(60))
+        .renew(false)
+        .wait(Duration::from_secs(30));
+    let waiting = tokio::spawn(lock.acquire());
+    // The plain holder's refusal listed it as '*'.
+    eventually(
+        "the fair waiter queued and listed",
+        Duration::from_secs(5),
+        async || llen(&r, "fencelock:{kinds}:queue") == 1 && listed(&r, "kinds") == ["*"],
+    )
+    .await;
+    holder.release().await.unwrap();
+    // Not listed, it would hear nothing and sleep 20 s.
+    let g = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the fair waiter was woken by the plain release")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
 }

@@ -250,9 +250,9 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             .waiter
             .as_mut()
             .and_then(|w| w.listing(self.nodes, &self.pending));
-        self.pending.owed.sending(
-            self.pending.protocol.waiting().listing == Listed::ByName && listing.is_some(),
-        );
+        self.pending
+            .owed
+            .sending(listing.is_some_and(|l| l.by_name()));
         self.attempt = self.attempt.saturating_add(1);
         self.report.attempts = self.attempt;
         let outcome = self
@@ -819,9 +819,11 @@ impl Waiter {
 
     /// Where this waiter's client stands on the lock's wake list after its next
     /// attempt: a named plain waiter's client is listed if refused, and after a grant if
-    /// other plain waiters of the client wait for the lock too; a waiting reader or
-    /// reentrant owner lists `*` when a plain holder refuses it (whose release then
-    /// wakes every client, these waiters among them). `None`: not listed.
+    /// other plain waiters of the client wait for the lock too; a waiting reader,
+    /// reentrant owner or fair waiter lists `*` when a plain holder refuses it (whose
+    /// release then wakes every client, these waiters among them), and so does a plain
+    /// waiter that is not named (its client's own channel is not subscribed on every
+    /// node): a release that finds nobody listed publishes nothing. `None`: not listed.
     ///
     /// A plain waiter woken by name since its last attempt goes back to the head of the
     /// list if refused (another caller took the free lock first).
@@ -830,7 +832,6 @@ impl Waiter {
         nodes: &'n N,
         pending: &Pending<'_, N>,
     ) -> Option<Listing<'n>> {
-        let tag = nodes.client_tag();
         match pending.protocol.waiting().listing {
             Listed::ByName if self.named => {
                 let named: u64 = self.subscriptions[self.own_from..]
@@ -840,19 +841,19 @@ impl Waiter {
                 let front = named > self.named_seen;
                 self.named_seen = named;
                 Some(Listing {
-                    tag,
+                    tag: nodes.client_tag(),
                     margin: LISTING_MARGIN,
                     stays: nodes.plain_waiters(&nodes.own_channel(&pending.keys)) > 1,
                     front,
                 })
             }
-            Listed::Everyone => Some(Listing {
-                tag,
+            Listed::ByName | Listed::Everyone => Some(Listing {
+                tag: Listing::EVERYONE,
                 margin: LISTING_MARGIN,
                 stays: false,
                 front: false,
             }),
-            _ => None,
+            Listed::No => None,
         }
     }
 

@@ -39,7 +39,9 @@ impl Protocol for Fair {
     }
 
     /// `lock/fair_acquire.lua`: granted if free and first in line; a waiting attempt
-    /// joins (or stays in) the queue.
+    /// joins (or stays in) the queue, and lists `*` on the wake list when a holder
+    /// refuses it (which may be a plain lock's of the same name: its release then wakes
+    /// every client).
     fn acquire(&self, a: &Acquire<'_>) -> Call {
         let mut call = Call::new(Lua::FairAcquire);
         call.key(&a.keys.lock)
@@ -47,8 +49,11 @@ impl Protocol for Fair {
             .key(a.keys.queue())
             .key(a.keys.waiters())
             .key(a.keys.holder_info())
-            .key(a.keys.grants())
-            .arg(a.token.as_str())
+            .key(a.keys.grants());
+        if a.listing.is_some() {
+            call.key(a.keys.wake_list());
+        }
+        call.arg(a.token.as_str())
             .arg(scripts::ms(a.ttl))
             .arg(scripts::ms(self.waiter_timeout))
             .arg(a.keys.channel())
@@ -56,6 +61,9 @@ impl Protocol for Fair {
             .arg(a.info)
             .arg(a.keys.own_channel(a.client_tag))
             .arg(scripts::ms(a.counter_idle));
+        if let Some(l) = a.listing {
+            call.arg(scripts::ms(l.margin));
+        }
         call
     }
 
@@ -97,7 +105,7 @@ impl Protocol for Fair {
         Waiting {
             queue: Some(self.waiter_timeout),
             own_channel: true,
-            listing: Listed::No,
+            listing: Listed::Everyone,
         }
     }
 

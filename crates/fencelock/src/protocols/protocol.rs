@@ -133,10 +133,12 @@ pub(crate) enum Listed {
     #[default]
     No,
     /// By its client's tag: a release wakes that client by name (the waiters of a plain
-    /// lock, and of a semaphore that is not fair).
+    /// lock, and of a semaphore that is not fair); as `*` while its client's own channel
+    /// is not subscribed on every node.
     ByName,
     /// As `*` when a plain holder refuses it: that holder's release wakes every client
-    /// (waiting readers and reentrant owners).
+    /// (waiting readers, reentrant owners and fair waiters: a release that finds
+    /// nobody listed publishes nothing).
     Everyone,
 }
 

@@ -54,7 +54,8 @@ impl Protocol for Read {
     }
 
     /// `rwlock/read_acquire.lua`: a reader's lease unless a writer holds the lock or
-    /// waits; a waiting attempt refused by a plain writer lists `*` on the wake list.
+    /// waits; a waiting attempt refused by a plain writer, or for writers waiting (who
+    /// then hold it), lists `*` on the wake list.
     fn acquire(&self, a: &Acquire<'_>) -> Call {
         let mut call = Call::new(Lua::ReadAcquire);
         call.key(&a.keys.lock)

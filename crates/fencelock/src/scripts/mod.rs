@@ -196,7 +196,7 @@ impl Lua {
             RenewAcrossSlots => lua!("lock/renew_across_slots.lua", [HOLDER, CLOCK, LEASE]),
             ReentrantAcquire => lua!("lock/reentrant_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReentrantRelease => lua!("lock/reentrant_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
-            FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
+            FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
             FairRelease => lua!("lock/fair_release.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
             SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, LATER, FAIR_QUEUE, PUBLISH]),
@@ -619,10 +619,12 @@ pub(crate) fn flag(on: bool) -> &'static str {
 
 /// A waiting acquire's client on the lock's wake list (`fragments/waiting.lua`), a plain
 /// lock's or a semaphore's: a release wakes a listed client by its own channel, not every
-/// client.
+/// client; or `*` ([`Listing::EVERYONE`]), which has the release wake every client on
+/// the lock's channel. A release that finds nobody listed publishes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Listing<'a> {
-    /// The client's tag: its own channel is the lock's, `:`, then this.
+    /// The client's tag: its own channel is the lock's, `:`, then this; or
+    /// [`Listing::EVERYONE`].
     pub tag: &'a str,
     /// How much longer a listing lasts than the lease that refused the attempt (when
     /// the waiter tries again by itself).
@@ -632,6 +634,21 @@ pub(crate) struct Listing<'a> {
     /// A release woke the client by name since its last attempt (and took it off the
     /// list): refused, it goes back to the head of the list.
     pub front: bool,
+}
+
+impl Listing<'_> {
+    /// The tag of a waiter that hears a release only on the lock's channel (a reader, a
+    /// reentrant owner or a fair waiter that a plain holder refused; a plain or
+    /// semaphore waiter whose client's own channel is not subscribed on every node):
+    /// its release then wakes every client. Never taken off by a grant (other clients'
+    /// waiters may have listed it too), only by the release that announces it.
+    pub const EVERYONE: &'static str = "*";
+
+    /// Whether it lists the client by name (which its acquire takes off the list when
+    /// it ends without the lock).
+    pub fn by_name(&self) -> bool {
+        self.tag != Self::EVERYONE
+    }
 }
 
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a

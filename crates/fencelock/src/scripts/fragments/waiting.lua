@@ -6,12 +6,16 @@
 --   head of it (a client that a release woke by name, whose attempt another caller
 --   beat to the free lock: it is woken first again, not sent to the back behind every
 --   client listed since), and keeps the list for at least lasts ms more; otherwise
---   takes member off. now: the server ms, if the caller has it. Errors (a list of
---   another type) are ignored: releases then wake every client, as without a list.
+--   takes member off, unless it is '*' (which other clients' waiters may have listed:
+--   only a release takes it off). now: the server ms, if the caller has it. Errors (a
+--   list of another type) are ignored: releases then wake every client, as without a
+--   list.
 
 local function list_waiter(list, member, lasts, stays, front, now)
   if not stays then
-    redis.pcall('ZREM', list, member)
+    if member ~= '*' then
+      redis.pcall('ZREM', list, member)
+    end
     return
   end
   if front then

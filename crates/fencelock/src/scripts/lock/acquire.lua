@@ -26,7 +26,10 @@
 --          place), the list kept until that holder's lease ends and ARGV[9] ms more, so
 --          that a release wakes the client by name (waiting.lua); a grant takes it off,
 --          unless ARGV[10] is "1" (other waiters of the client wait for the lock too:
---          listed, the list kept for the new lease and ARGV[9] ms)
+--          listed, the list kept for the new lease and ARGV[9] ms). "*": a waiter
+--          that hears releases only on the lock's channel (its client's own channel is
+--          not subscribed on every node): a refusal lists '*', so that the release
+--          wakes every client; a grant leaves it
 -- ARGV[9]  the listing's margin, ms (ARGV[8])
 -- ARGV[10] "1": the client stays listed after a grant (ARGV[8])
 -- ARGV[11] "1": a release woke this client by name since its last attempt: refused,

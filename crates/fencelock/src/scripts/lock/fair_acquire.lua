@@ -23,6 +23,14 @@
 -- ARGV[7]  the waiter's client's own release channel (no spaces): where a release that
 --          hands it the lock says so
 -- ARGV[8]  counter idle time, ms (as acquire.lua's ARGV[5])
+-- KEYS[7]  wake list       optional, a waiting acquire's: refused by a holder of a
+--                          plain string (a fair holder, or a plain lock's of the same
+--                          name) while first in line (only the head can take a free
+--                          lock), it lists '*' there (kept until that lease ends and
+--                          ARGV[9] ms more), so that a plain holder's release, which
+--                          publishes nothing when nobody is listed, wakes every client
+--                          (wakes.lua)
+-- ARGV[9]  the listing's margin, ms (with KEYS[7])
 --
 -- Reply:
 --   {1, fence}        acquired now
@@ -116,4 +124,9 @@ if kind == 'none' then
   announce(ARGV[4], head)
   return {0, -2, counter or 0}
 end
-return {0, redis.call('PTTL', KEYS[1]), counter or 0}
+-- (later fragments)
+local pttl = redis.call('PTTL', KEYS[1])
+if KEYS[7] and (not head or head == ARGV[1]) then
+  list_waiter(KEYS[7], '*', math.max(pttl, 0) + tonumber(ARGV[9]), true, false, now)
+end
+return {0, pttl, counter or 0}

@@ -5,13 +5,13 @@
 -- KEYS[2]  fence counter
 -- KEYS[3]  holder info (deleted with the lock)
 -- KEYS[4]  wake list: the clients waiting for the lock (wakes.lua), of which the release
---          wakes one
+--          wakes one; absent (nobody waits), the release publishes nothing
 -- KEYS[5]  waiting writers optional: a read-write lock's (readers.lua); the token leaves
 --          it (a writer that gave up waiting), and when it was the last one the readers
 --          it held back are woken
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel: an empty message there (or on one listed client's own
---          channel, wakes.lua) announces the release
+--          channel, wakes.lua) announces the release, when a client is listed
 -- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
 --          the key (Redlock: the next grant on any majority gets a higher token); "0":
 --          leave the counter alone

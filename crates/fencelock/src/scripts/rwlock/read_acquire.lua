@@ -9,7 +9,11 @@
 -- KEYS[4]  wake list       optional, a waiting read's: refused by a writer, it lists '*'
 --                          there (kept until the writer's lease ends and ARGV[5] ms
 --                          more), so that the writer's release wakes every client
---                          (wakes.lua), not one listed writer's
+--                          (wakes.lua), not one listed writer's; refused for writers
+--                          waiting, the same until the first of their deadlines (the
+--                          writer it waits for then holds the lock, and its release,
+--                          which publishes nothing when nobody is listed, must wake
+--                          the readers)
 -- ARGV[1]  holder token    32 lowercase hex digits, fresh for every acquisition
 -- ARGV[2]  ttl             milliseconds, a positive integer
 -- ARGV[3]  owner id        "" for none. A reader with an owner is the ZSET member
@@ -108,7 +112,11 @@ if first[1] then
     end
   end
   if not owner_reads then
-    return {5, math.max(tonumber(first[2]) - now, 0), redis.call('ZCARD', KEYS[3])}
+    local frees_in = math.max(tonumber(first[2]) - now, 0)
+    if KEYS[4] then
+      list_waiter(KEYS[4], '*', frees_in + tonumber(ARGV[5]), true, false, now)
+    end
+    return {5, frees_in, redis.call('ZCARD', KEYS[3])}
   end
 end
 return grant(1, next_fence(KEYS[2], counter, ARGV[4]))

@@ -26,8 +26,8 @@
 -- ARGV[8]  not fair: a waiting acquire's client tag (absent or "": none): a refusal
 --          lists the client on KEYS[6] (unless it is listed: it keeps its place), the
 --          list kept until the first lease ends and ARGV[9] ms more; a grant takes it
---          off, unless ARGV[10] is "1" (other waiters of the client wait too); as a
---          plain lock's acquire.lua
+--          off, unless ARGV[10] is "1" (other waiters of the client wait too); "*":
+--          listed as '*', which a grant leaves; as a plain lock's acquire.lua
 -- ARGV[9]  the listing's margin, ms (ARGV[8])
 -- ARGV[10] "1": the client stays listed after a grant (ARGV[8])
 -- ARGV[11] "1": a release woke this client by name since its last attempt: refused,

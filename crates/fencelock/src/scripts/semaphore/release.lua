@@ -8,9 +8,10 @@
 -- KEYS[5]  wake list       optional: the clients waiting for a permit (wakes.lua)
 -- ARGV[1]  holder token
 -- ARGV[2]  release channel: a release wakes the first client of KEYS[5] by name (an
---          empty message on its own channel, wakes.lua), or, when none is listed, every
---          client (an empty message on this channel: a waiter of each); in a fair
---          semaphore, a message carrying a token wakes that waiter, the first in line
+--          empty message on its own channel, wakes.lua), or, '*' listed (or none of the
+--          listed clients live), every client (an empty message on this channel: a
+--          waiter of each); nobody listed, it publishes nothing; in a fair semaphore, a
+--          message carrying a token wakes that waiter, the first in line
 -- ARGV[3]  "1": a fair semaphore's (KEYS[3] and KEYS[4] are its queue); absent or "0":
 --          not fair (every client of a name agrees on the mode)
 --

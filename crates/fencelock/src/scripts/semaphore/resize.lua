@@ -9,7 +9,8 @@
 -- KEYS[4]  wake list       optional: the clients waiting for a permit (wakes.lua)
 -- ARGV[1]  permits         the new count, a positive integer
 -- ARGV[2]  release channel: each permit freed wakes the next client of KEYS[4] by name,
---          or, none listed, a waiter per client (an empty message here); in a fair
+--          or, '*' listed (or a list of another type, or no list), a waiter per client
+--          (an empty message here); nothing once nobody is listed; in a fair
 --          semaphore, a message carrying a token wakes that waiter
 -- ARGV[3]  counter idle time, ms ("0": never), for the permit count (as acquire.lua)
 --
@@ -43,6 +44,8 @@ if free > was_free and KEYS[3] and redis.call('TYPE', KEYS[3]).ok == 'list' then
   return {previous, held}
 end
 for _ = 1, math.min(free - was_free, 1000) do
-  wake_next(KEYS[4], ARGV[2])
+  if not wake_next(KEYS[4], ARGV[2]) then
+    break -- nobody else is listed
+  end
 end
 return {previous, held}
