@@ -41,8 +41,9 @@ the watcher stops COMMAND's group (SIGTERM, then SIGKILL at the end of the
 lease); if fencelock is stopped or hangs, the watcher kills the group when the
 lease ends.
 
-If the lease is lost (its key expired or was deleted, another owner holds the
-lock, Redis did not confirm a renewal in time, or --max-hold was reached),
+If the lease is lost (its key expired or was deleted, the lock was broken,
+another owner holds the lock, Redis did not confirm a renewal in time, or
+--max-hold was reached),
 fencelock prints one line on stderr, sends SIGTERM and SIGCONT to COMMAND's
 process group, sends SIGKILL after --kill-grace or at the end of the lease,
 whichever comes first, deletes the lock key if it still holds fencelock's token
@@ -191,7 +192,12 @@ pub(crate) struct Connection {
     pub(crate) prefix: String,
 
     /// ACL user to log in as (instead of the URL's).
-    #[arg(long, value_name = "USER", env = "FENCELOCK_USER")]
+    #[arg(
+        long,
+        value_name = "USER",
+        env = "FENCELOCK_USER",
+        hide_env_values = true
+    )]
     pub(crate) user: Option<String>,
 
     /// Password to log in with (instead of the URL's). Prefer FENCELOCK_PASSWORD or
@@ -210,20 +216,42 @@ pub(crate) struct Connection {
     pub(crate) pass: Option<String>,
 
     /// Read the password from FILE (its first line).
-    #[arg(long, value_name = "FILE", env = "FENCELOCK_PASSWORD_FILE")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "FENCELOCK_PASSWORD_FILE",
+        hide_env_values = true
+    )]
     pub(crate) password_file: Option<PathBuf>,
 
     /// TLS (rediss:// URLs): trust the CA certificate(s) in this PEM file instead of the
     /// system's roots.
-    #[arg(long, value_name = "FILE", env = "FENCELOCK_CACERT")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "FENCELOCK_CACERT",
+        hide_env_values = true
+    )]
     pub(crate) cacert: Option<PathBuf>,
 
     /// TLS: client certificate (PEM) for servers that require one; needs --key.
-    #[arg(long, value_name = "FILE", env = "FENCELOCK_CERT", requires = "key")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "FENCELOCK_CERT",
+        hide_env_values = true,
+        requires = "key"
+    )]
     pub(crate) cert: Option<PathBuf>,
 
     /// TLS: private key (PEM) of the --cert certificate.
-    #[arg(long, value_name = "FILE", env = "FENCELOCK_KEY", requires = "cert")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "FENCELOCK_KEY",
+        hide_env_values = true,
+        requires = "cert"
+    )]
     pub(crate) key: Option<PathBuf>,
 
     /// TLS: do not verify the server's certificate or host name. Anyone on the path can
@@ -232,6 +260,7 @@ pub(crate) struct Connection {
     #[arg(
         long,
         env = "FENCELOCK_INSECURE",
+        hide_env_values = true,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub(crate) insecure: bool,
@@ -336,7 +365,12 @@ pub(crate) struct WriteArgs {
 
     /// The resource: the name of the lock that guards it (FENCELOCK_NAME under
     /// `fencelock run`).
-    #[arg(long, value_name = "NAME", env = "FENCELOCK_NAME")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "FENCELOCK_NAME",
+        hide_env_values = true
+    )]
     pub(crate) resource: String,
 
     /// The fencing token, decimal (FENCELOCK_TOKEN under `fencelock run`).
@@ -344,6 +378,7 @@ pub(crate) struct WriteArgs {
         long,
         value_name = "TOKEN",
         env = "FENCELOCK_TOKEN",
+        hide_env_values = true,
         allow_hyphen_values = true
     )]
     pub(crate) token: String,
@@ -410,7 +445,7 @@ pub(crate) struct RunArgs {
     pub(crate) connection: Connection,
 
     /// How long the lease lasts (10ms to 24h). It is renewed every third of that while
-    /// COMMAND runs, so COMMAND may take longer; a crashed fencelock blocks others for at
+    /// COMMAND runs (--ttl 6s: every 2 s), so COMMAND may take longer; a crashed fencelock blocks others for at
     /// most this long. DURATION: a whole number with a unit (ms, s, m, h), like 500ms,
     /// 30s, 2m, 1h.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_ttl, allow_hyphen_values = true)]
@@ -484,6 +519,31 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
     let message = message.join(" ");
     let message = message.strip_prefix("error: ").unwrap_or(&message);
     format!("{message} (see --help)")
+}
+
+/// `message` (from [`one_line`]), with a hint for the mistake behind `error` when it is
+/// a known one: `fencelock run NAME COMMAND` without the `--` that COMMAND comes after.
+pub(crate) fn with_hint(message: String, error: &clap::Error, args: &[OsString]) -> String {
+    use clap::error::ErrorKind;
+    // The subcommand: the first word that is not an option.
+    let run = args
+        .iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'))
+        .is_some_and(|a| a == "run");
+    let dashes = args.iter().any(|a| a == "--");
+    let kind = error.kind();
+    if run
+        && !dashes
+        && matches!(
+            kind,
+            ErrorKind::UnknownArgument | ErrorKind::MissingRequiredArgument
+        )
+    {
+        format!("{message}; put COMMAND after --: fencelock run NAME -- COMMAND [ARGS...]")
+    } else {
+        message
+    }
 }
 
 /// `--ttl`: a DURATION within the library's range.

@@ -61,7 +61,7 @@ use args::{Cli, Command, RunArgs, one_line};
 use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
 use holding::Holding;
 use status_line::StatusLine;
-use supervise::{Ended, Signals, run_command};
+use supervise::{BeforeCommand, Ended, Signals, run_command, suspend_self};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -71,7 +71,10 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
-        Err(e) => return fail(&Failure::Usage(one_line(&e))),
+        Err(e) => {
+            let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            return fail(&Failure::Usage(args::with_hint(one_line(&e), &e, &args)));
+        }
     };
     exit::set_output(cli.json, cli.quiet);
     if cli.verbose || std::env::var_os("RUST_LOG").is_some_and(|v| !v.is_empty()) {
@@ -200,9 +203,15 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
             _ => builder.connect().await,
         }
     };
-    let client = tokio::select! {
-        result = connecting => result.map_err(Failure::Lock)?,
-        signal = signals.recv() => return Err(Failure::Interrupted(signal)),
+    tokio::pin!(connecting);
+    let client = loop {
+        tokio::select! {
+            result = &mut connecting => break result.map_err(Failure::Lock)?,
+            signal = signals.recv() => match signal {
+                BeforeCommand::Forward(signal) => return Err(Failure::Interrupted(signal)),
+                BeforeCommand::Stop => suspend_self(),
+            },
+        }
     };
     // Asked beside the acquire: a server that can evict lock keys gets a warning line
     // before COMMAND starts.
@@ -245,7 +254,15 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
                 warn_eviction(eviction).await;
                 return Ok(Holding { guard: Some(guard), client });
             }
-            signal = signals.recv() => break signal,
+            signal = signals.recv() => match signal {
+                BeforeCommand::Forward(signal) => break signal,
+                // Ctrl-Z while waiting: the job stops, as any other would (its waiting
+                // acquire with it); `fg` or `bg` goes on waiting.
+                BeforeCommand::Stop => {
+                    status_line.clear();
+                    suspend_self();
+                }
+            },
             () = status_line.tick() => {}
         }
     };

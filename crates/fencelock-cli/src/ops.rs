@@ -311,14 +311,11 @@ pub(crate) async fn list(args: &ListArgs) -> Result<u8, Failure> {
         ));
     }
     if locks.is_empty() {
-        println!(
-            "no lock held{}",
-            if pattern.is_empty() {
-                ""
-            } else {
-                " matching it"
-            }
-        );
+        if pattern.is_empty() {
+            println!("no lock is held");
+        } else {
+            println!("no lock whose name matches {pattern:?} is held");
+        }
         return Ok(0);
     }
     let width = locks.iter().map(|l| l.name.len()).max().unwrap_or(4).max(4);
@@ -447,7 +444,10 @@ fn remaining(holder: &Holder) -> Option<Duration> {
 /// A holder in words: what kind, and what is left of its lease.
 fn holder_text(holder: &Holder) -> String {
     match holder {
-        Holder::Plain { remaining } => format!("held, {}", lease_text(*remaining)),
+        Holder::Plain { remaining } => format!(
+            "one holder, which says nothing about itself; {}",
+            lease_text(*remaining)
+        ),
         Holder::Reentrant {
             owner,
             holds,
@@ -494,8 +494,8 @@ fn readers_text(held: &[Duration]) -> String {
 
 fn lease_text(remaining: Option<Duration>) -> String {
     match remaining {
-        Some(d) => format!("lease {} left", Human(d)),
-        None => "no expiry".to_owned(),
+        Some(d) => format!("its lease ends in {}", Human(d)),
+        None => "its key has no expiry".to_owned(),
     }
 }
 
@@ -526,7 +526,9 @@ fn status_text(status: &LockStatus) -> String {
     let redlock = status.nodes.len() > 1;
     let (_, who) = summary(status);
     let states = || status.nodes.iter().filter_map(|n| n.state.as_ref().ok());
-    let kind = if states().any(|s| matches!(s.holder, Some(Holder::Semaphore { .. }))) {
+    let kind = if states()
+        .any(|s| matches!(s.holder, Some(Holder::Semaphore { .. })) || s.idle_semaphore.is_some())
+    {
         "semaphore"
     } else if states()
         .any(|s| s.writers_waiting > 0 || matches!(s.holder, Some(Holder::Readers { .. })))
@@ -559,7 +561,13 @@ fn status_text(status: &LockStatus) -> String {
             Err(e) => out.push_str(&format!("{indent}unreachable: {}\n", one_line(e))),
             Ok(state) => {
                 match &state.holder {
-                    None => out.push_str(&format!("{indent}holder: none\n")),
+                    None => match state.idle_semaphore {
+                        Some(n) => out.push_str(&format!(
+                            "{indent}permits: 0 of {n} held ({n} free); a lock cannot take \
+                             this name while its permit count is recorded\n"
+                        )),
+                        None => out.push_str(&format!("{indent}holder: none\n")),
+                    },
                     Some(holder) => {
                         out.push_str(&format!("{indent}holder: {}\n", holder_text(holder)));
                         if let Some(info) = &state.holder_info {
@@ -591,6 +599,24 @@ fn status_text(status: &LockStatus) -> String {
                         "{indent}writers waiting: {} (new readers go after them)\n",
                         state.writers_waiting
                     ));
+                }
+                if !state.waiting_clients.is_empty() {
+                    out.push_str(&format!(
+                        "{indent}waiting clients: {} (a release wakes the first)\n",
+                        state.waiting_clients.len()
+                    ));
+                    for (place, waiting) in state.waiting_clients.iter().enumerate() {
+                        let who = if waiting.client == "*" {
+                            "readers or reentrant owners (a release wakes them all)".to_owned()
+                        } else {
+                            format!("client {}", waiting.client)
+                        };
+                        out.push_str(&format!(
+                            "{indent}  {}. {who}, waiting for {}\n",
+                            place + 1,
+                            Human(waiting.listed_for)
+                        ));
+                    }
                 }
             }
         }
@@ -670,6 +696,11 @@ fn status_node_json(n: &fencelock::NodeStatus) -> Value {
                 "info": w.info.as_deref().map(info_json),
             })).collect::<Vec<_>>(),
             "writers_waiting": state.writers_waiting,
+            "idle_semaphore": state.idle_semaphore.map(|n| json!({ "permits": n })),
+            "waiting_clients": state.waiting_clients.iter().map(|w| json!({
+                "client": w.client,
+                "listed_ms": w.listed_for.as_millis() as u64,
+            })).collect::<Vec<_>>(),
         }),
     }
 }

@@ -412,10 +412,19 @@ fn reap(child: &mut Child) -> u8 {
     }
 }
 
+/// A signal that came before COMMAND started ([`Signals::recv`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BeforeCommand {
+    /// SIGINT, SIGTERM or SIGHUP: give up.
+    Forward(i32),
+    /// SIGTSTP: stop fencelock itself ([`suspend_self`]), then go on.
+    Stop,
+}
+
 /// Stops fencelock itself, so that the shell that started it sees the job stopped, and
 /// returns when it is continued.
 #[allow(unsafe_code)]
-fn suspend_self() {
+pub(crate) fn suspend_self() {
     // SAFETY: raise(3) touches no memory; SIGSTOP cannot be caught, so this returns once
     // the process is continued.
     unsafe {
@@ -687,11 +696,15 @@ impl Signals {
         })
     }
 
-    /// The next SIGINT, SIGTERM or SIGHUP received (since installation), as its number.
-    pub(crate) async fn recv(&mut self) -> i32 {
+    /// The next SIGINT, SIGTERM or SIGHUP received (since installation), as its number;
+    /// or a SIGTSTP (Ctrl-Z), for which fencelock, with no COMMAND yet, stops itself
+    /// ([`suspend_self`]), as a shell user expects.
+    pub(crate) async fn recv(&mut self) -> BeforeCommand {
         loop {
-            if let Event::Forward(signal) = self.next().await {
-                return signal;
+            match self.next().await {
+                Event::Forward(signal) => return BeforeCommand::Forward(signal),
+                Event::Stop => return BeforeCommand::Stop,
+                Event::Child => {}
             }
         }
     }

@@ -397,6 +397,101 @@ fn bad_usage_exits_64_and_writes_nothing() {
     run.fails_with(64);
 }
 
+/// COMMAND given without `--` (`fencelock run NAME true`, or no COMMAND at all): the
+/// message says where it goes.
+#[test]
+fn a_command_without_dashes_is_told_to_come_after_them() {
+    for args in [
+        &["run", "x", "true"][..],
+        &["run", "x"],
+        &["run", "--wait", "1s", "x", "sleep", "1"],
+    ] {
+        let run = fencelock(args);
+        let line = run.fails_with(64);
+        assert!(
+            line.contains("put COMMAND after --: fencelock run NAME -- COMMAND"),
+            "{args:?}: {line}"
+        );
+    }
+    // Not said for other mistakes.
+    let line = fencelock(&["run", "--frobnicate", "x", "--", "true"])
+        .fails_with(64)
+        .to_owned();
+    assert!(!line.contains("put COMMAND"), "{line}");
+}
+
+/// `--help` shows which variables stand for options, never their values, set or not
+/// (clap wrote `[env: FENCELOCK_USER=]` for an unset or empty one).
+#[test]
+fn help_names_the_variables_without_values() {
+    for user in [None, Some(""), Some("alice")] {
+        let mut cmd = command(&["run", "--help"]);
+        match user {
+            Some(user) => cmd.env("FENCELOCK_USER", user),
+            None => cmd.env_remove("FENCELOCK_USER"),
+        };
+        let help = run_command(cmd);
+        assert_eq!(help.code(), Some(0), "{help:#?}");
+        assert!(
+            help.stdout.contains("[env: FENCELOCK_USER]"),
+            "{user:?}: {}",
+            help.stdout
+        );
+        assert!(
+            !help.stdout.contains("FENCELOCK_USER="),
+            "{user:?}: {}",
+            help.stdout
+        );
+        assert!(!help.stdout.contains("alice"));
+        assert!(
+            help.stdout.contains("--ttl 6s: every 2 s"),
+            "{}",
+            help.stdout
+        );
+    }
+}
+
+/// `run --ttl` renews every third of the lease, as `--help` says: counted in what the
+/// server ran (`MONITOR`), not timed.
+#[test]
+fn run_renews_the_lease_every_third_of_it() {
+    let server = RedisServer::start();
+    let monitor = testkit::monitor::Monitor::start(&server.addr()).unwrap();
+    let ttl = Duration::from_millis(1200); // every 400 ms
+    let run = fencelock(&[
+        "run",
+        "--redis",
+        &server.url(),
+        "--ttl",
+        "1200ms",
+        "cadence",
+        "--",
+        "sleep",
+        "4",
+    ]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    monitor.sync().unwrap();
+    let renewals = monitor
+        .stop()
+        .iter()
+        .filter(|e| {
+            e.source == testkit::monitor::Source::Lua
+                && e.command() == "PEXPIRE"
+                && e.args.get(1).map(String::as_str) == Some("fencelock:{cadence}")
+        })
+        .count();
+    // COMMAND ran 4 s (the run a little longer): every third gives about 10 renewals;
+    // up to a twelfth early, at most 4 s / (a quarter) + 1; every sixth would be about
+    // 20. At least half of what a third gives (a loaded machine may send late).
+    let held = run.elapsed.as_secs_f64();
+    let most = (held / (ttl.as_secs_f64() / 4.0)).floor() as usize + 1;
+    let least = (4.0 / (ttl.as_secs_f64() / 3.0) / 2.0).floor() as usize;
+    assert!(
+        (least..=most).contains(&renewals),
+        "{renewals} renewals of a {ttl:?} lease in {held:.2}s: expected {least} to {most}"
+    );
+}
+
 #[test]
 fn a_command_not_found_exits_127_not_executable_126_and_the_lock_is_released() {
     let server = RedisServer::start();

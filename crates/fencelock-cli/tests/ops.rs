@@ -93,6 +93,73 @@ fn status_says_who_holds_a_lock_for_people_and_as_json() {
     assert_eq!(node["waiters"], Value::Array(Vec::new()));
 }
 
+/// A plain lock's waiting runs are listed from its wake list (the client that a release
+/// wakes first, first), for people and as JSON.
+#[test]
+fn status_lists_the_clients_waiting_for_a_plain_lock() {
+    let redis = RedisServer::start();
+    let _holder = Holder::start(&redis, &[], "plainq");
+    let free = parse(&fencelock(&redis, &["--json", "status", "plainq"]));
+    assert_eq!(
+        free["nodes"][0]["waiting_clients"],
+        Value::Array(Vec::new())
+    );
+    let waiter = Command::new(BIN)
+        .args(["run", "--wait", "60s", "plainq", "--", "echo", "next"])
+        .env("FENCELOCK_REDIS", redis.url())
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _waiter = Holder(waiter);
+    testkit::eventually("the waiter is listed", Duration::from_secs(10), || {
+        redis.cmd(&["ZCARD", "fencelock:{plainq}:wakes"]).as_int() == Some(1)
+    });
+    let tag = redis.cmd(&["ZRANGE", "fencelock:{plainq}:wakes", "0", "0"]);
+    let tag = tag.as_array().unwrap()[0].as_str().unwrap().to_owned();
+    let text = stdout(&fencelock(&redis, &["status", "plainq"]));
+    assert!(text.contains("waiting clients: 1"), "{text}");
+    assert!(
+        text.contains(&format!("1. client {tag}, waiting for ")),
+        "{text}"
+    );
+    let v = parse(&fencelock(&redis, &["--json", "status", "plainq"]));
+    let listed = &v["nodes"][0]["waiting_clients"];
+    assert_eq!(listed[0]["client"], tag.as_str(), "{v}");
+    assert!(listed[0]["listed_ms"].is_u64(), "{v}");
+}
+
+/// A semaphore with no permit held is still a semaphore while its permit count is
+/// recorded: a plain run of its name is refused (and the other way round: a semaphore
+/// run of a free lock's name), and status says what it is.
+#[test]
+fn an_idle_semaphore_keeps_its_name_and_status_says_so() {
+    let redis = RedisServer::start();
+    let sem = fencelock(&redis, &["run", "--permits", "2", "pool", "--", "true"]);
+    assert_eq!(sem.status.code(), Some(0), "{sem:?}");
+    assert!(!redis.exists("fencelock:{pool}"), "no permit held");
+    let plain = fencelock(&redis, &["run", "pool", "--", "true"]);
+    assert_eq!(plain.status.code(), Some(69), "{plain:?}");
+    assert!(
+        stderr(&plain).contains("the name holds a semaphore (whether or not a permit is held now)"),
+        "{plain:?}"
+    );
+    let text = stdout(&fencelock(&redis, &["status", "pool"]));
+    assert!(text.contains("semaphore \"pool\": free"), "{text}");
+    assert!(text.contains("permits: 0 of 2 held (2 free)"), "{text}");
+    let v = parse(&fencelock(&redis, &["--json", "status", "pool"]));
+    assert_eq!(v["held"], false, "{v}");
+    assert_eq!(v["nodes"][0]["idle_semaphore"]["permits"], 2, "{v}");
+    // A semaphore is refused a free lock's name in turn.
+    let lock = fencelock(&redis, &["run", "plain", "--", "true"]);
+    assert_eq!(lock.status.code(), Some(0), "{lock:?}");
+    let sem = fencelock(&redis, &["run", "--permits", "2", "plain", "--", "true"]);
+    assert_eq!(sem.status.code(), Some(69), "{sem:?}");
+    assert!(stderr(&sem).contains("the name is a lock's"), "{sem:?}");
+    let v = parse(&fencelock(&redis, &["--json", "status", "plain"]));
+    assert_eq!(v["nodes"][0]["idle_semaphore"], Value::Null, "{v}");
+}
+
 /// A fair queue's waiters are listed in line order with who each is (command and pid,
 /// from the holder info each will hold the lock with), for people and as JSON.
 #[test]
@@ -150,7 +217,11 @@ fn list_shows_the_held_locks_matching_a_pattern() {
         .collect();
     assert_eq!(names, ["orders:1", "stock:1"]);
     let none = fencelock(&redis, &["list", "nothing:*"]);
-    assert!(stdout(&none).contains("no lock held"), "{none:?}");
+    assert_eq!(
+        stdout(&none).trim(),
+        r#"no lock whose name matches "nothing:*" is held"#,
+        "{none:?}"
+    );
 }
 
 #[test]

@@ -313,3 +313,42 @@ fn break_asks_on_a_terminal_and_quiet_runs_say_nothing() {
     assert!(screen.contains(r#"holding lock "loud""#), "{screen}");
     assert!(!screen.contains(r#"holding lock "quiet""#), "{screen}");
 }
+
+/// Ctrl-Z while `run --wait` still waits for the lock (no COMMAND yet) stops fencelock,
+/// as it would any job: the stopped waiter takes nothing when the lock frees, and `fg`
+/// goes on waiting, then runs COMMAND.
+#[test]
+fn ctrl_z_while_waiting_stops_the_job_and_fg_goes_on_waiting() {
+    let redis = RedisServer::start();
+    let mut holder = Command::new(BIN)
+        .args(["run", "zwait", "--", "sleep", "3"])
+        .env("FENCELOCK_REDIS", redis.url())
+        .spawn()
+        .unwrap();
+    testkit::eventually("the holder has the lock", SCREEN_TIMEOUT, || {
+        redis.exists("fencelock:{zwait}")
+    });
+    let term = Terminal::start(&redis);
+    term.type_line(&format!("{BIN} run --wait 60s zwait -- echo done"));
+    // Waiting: its client is on the lock's wake list.
+    testkit::eventually("the run waits", SCREEN_TIMEOUT, || {
+        redis.cmd(&["ZCARD", "fencelock:{zwait}:wakes"]).as_int() == Some(1)
+    });
+    term.keys("C-z");
+    term.wait_for("Stopped");
+    assert!(holder.wait().unwrap().success());
+    // The holder is done and the stopped waiter cannot take the lock.
+    assert!(!redis.exists("fencelock:{zwait}"), "taken while stopped");
+    // COMMAND's output, a line of its own (the typed line has "echo done" in it).
+    let ran = |screen: String| screen.lines().any(|l| l.trim() == "done");
+    assert!(!ran(term.screen()), "COMMAND ran while stopped");
+    term.type_line("fg");
+    testkit::eventually(
+        "COMMAND ran after fg",
+        SCREEN_TIMEOUT,
+        || ran(term.screen()),
+    );
+    term.type_line(r#"echo "exit=$?""#);
+    term.wait_for("exit=0");
+    assert!(!redis.exists("fencelock:{zwait}"), "released after COMMAND");
+}

@@ -80,6 +80,27 @@ pub struct LockState {
     /// A read-write lock: how many writers wait for its readers (new readers queue
     /// behind them).
     pub writers_waiting: u32,
+    /// A semaphore with no permit held (`holder` is `None`) whose permit count is still
+    /// recorded: the name is a semaphore's, which a lock cannot take
+    /// ([`Error::WrongType`]) until the count expires with the fencing counter. `None`
+    /// otherwise (a held semaphore shows as [`Holder::Semaphore`]).
+    pub idle_semaphore: Option<u32>,
+    /// The clients with a waiting acquire of a plain lock (or a semaphore that is not
+    /// fair), from its wake list, first listed first: the one a release wakes next.
+    pub waiting_clients: Vec<WaitingClient>,
+}
+
+/// A client listed on a lock's wake list: one or more of its acquires wait for the lock
+/// (see [`LockBuilder`](crate::LockBuilder)'s "How waiting works").
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WaitingClient {
+    /// The client's random tag ([`Client::tag`](crate::Client::tag) in the process that
+    /// waits), or `*` for readers or reentrant owners waiting behind a plain holder
+    /// (all of which a release wakes).
+    pub client: String,
+    /// How long ago it was listed (a client woken and refused again keeps its place).
+    pub listed_for: Duration,
 }
 
 /// A waiter in a fair lock's queue (or a fair semaphore's).
@@ -227,6 +248,19 @@ impl From<Inspected> for LockState {
                 })
                 .collect(),
             writers_waiting: u32::try_from(i.writers).unwrap_or(0),
+            idle_semaphore: if i.kind == "none" {
+                u32::try_from(i.permits).ok().filter(|n| *n > 0)
+            } else {
+                None
+            },
+            waiting_clients: i
+                .listed
+                .into_iter()
+                .map(|(client, ms)| WaitingClient {
+                    client,
+                    listed_for: Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+                })
+                .collect(),
         }
     }
 }

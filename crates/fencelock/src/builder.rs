@@ -322,6 +322,10 @@ impl<K: Kind> AcquireBuilder<K> {
     /// # Cancel safety
     /// Cancel safe: dropping the future cancels `work` and releases the lock in the
     /// background.
+    ///
+    /// The lock is released before this returns (the release awaited, not left to a
+    /// background task), so a program that returns from `main` right after leaves no key
+    /// behind. For work that can fail, see [`try_run`](Self::try_run).
     pub async fn run<F, Fut, T>(&self, work: F) -> Result<T, Error>
     where
         F: FnOnce(FencingToken) -> Fut,
@@ -335,13 +339,84 @@ impl<K: Kind> AcquireBuilder<K> {
                 return Err(Error::LeaseLost { name: self.name.clone(), cause });
             }
         };
+        self.release_after_work(guard).await?;
+        Ok(output)
+    }
+
+    /// [`run`](Self::run) for work that can fail: `work` returns a `Result`, and its
+    /// error comes back as it is, after the lock was released. The lock's own errors
+    /// (taking it, a lease lost) come back converted with `From`, as `?` would convert
+    /// them: so the error type is yours (an enum with a `fencelock::Error` variant,
+    /// `Box<dyn std::error::Error>`, `anyhow::Error`), and `?` works inside `work`.
+    ///
+    /// ```
+    /// #[derive(Debug)]
+    /// enum SaleError {
+    ///     Lock(fencelock::Error),
+    ///     OutOfStock,
+    /// }
+    /// impl From<fencelock::Error> for SaleError {
+    ///     fn from(e: fencelock::Error) -> Self {
+    ///         SaleError::Lock(e)
+    ///     }
+    /// }
+    ///
+    /// async fn sell(client: &fencelock::Client, left: u32) -> Result<u32, SaleError> {
+    ///     client
+    ///         .lock("stock:42")
+    ///         .try_run(|token| async move {
+    ///             let left = left.checked_sub(1).ok_or(SaleError::OutOfStock)?;
+    ///             println!("sold one under fencing token {token}; {left} left");
+    ///             Ok(left)
+    ///         })
+    ///         .await
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// # let redis = testkit::RedisServer::start();
+    /// # let client = fencelock::Client::connect(&redis.url()).await.unwrap();
+    /// assert_eq!(sell(&client, 1).await.unwrap(), 0);
+    /// assert!(matches!(sell(&client, 0).await, Err(SaleError::OutOfStock)));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// `work`'s error, after the release; the errors of [`run`](Self::run), converted
+    /// with `From`. When `work` failed and the lease turned out lost at its release,
+    /// `work`'s error is returned (its result was not kept anyway).
+    ///
+    /// # Cancel safety
+    /// As [`run`](Self::run).
+    pub async fn try_run<F, Fut, T, E>(&self, work: F) -> Result<T, E>
+    where
+        F: FnOnce(FencingToken) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        let guard = self.acquire().await?;
+        let lost = guard.lost();
+        let output = tokio::select! {
+            output = work(guard.fencing_token()) => output,
+            cause = lost => {
+                return Err(Error::LeaseLost { name: self.name.clone(), cause }.into());
+            }
+        };
+        let released = self.release_after_work(guard).await;
+        let output = output?;
+        released?;
+        Ok(output)
+    }
+
+    /// Releases the lock after [`run`](Self::run)'s work: `Err` only when the lease had
+    /// been lost (the work may have overlapped another holder's).
+    async fn release_after_work(&self, guard: LockGuard) -> Result<(), Error> {
         match guard.release().await {
-            Ok(()) => Ok(output),
+            Ok(()) => Ok(()),
             Err(e @ Error::LeaseLost { .. }) => Err(e),
             Err(e) => {
                 // The lease held until now; the key expires by itself.
                 tracing::warn!(lock = self.name.as_str(), error = %e, "release after the work failed");
-                Ok(output)
+                Ok(())
             }
         }
     }

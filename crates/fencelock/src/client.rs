@@ -345,6 +345,13 @@ impl Client {
             .collect()
     }
 
+    /// This client's random tag: how a lock's wake list names it while one of its
+    /// acquires waits ([`LockState::waiting_clients`](crate::LockState::waiting_clients)),
+    /// and the end of its own release channels ([`keys`](crate::keys)).
+    pub fn tag(&self) -> &str {
+        self.inner.backend.client_tag()
+    }
+
     /// What this client holds open right now: channels it is subscribed to, waiters
     /// registered on them, and background releases in flight. Meant for monitoring and
     /// for tests that check a cancelled wait left nothing behind.

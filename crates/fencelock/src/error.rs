@@ -81,7 +81,11 @@ pub enum Error {
     /// of primitive: on a lock key, a `zset` is a semaphore's permits (met by a lock or
     /// a reader), `readers` a read-write lock's readers (met by a semaphore or a fair
     /// lock), a `string` a lock and a `hash` a reentrant lock (met by a semaphore); the
-    /// message names the kind. fencelock never overwrites it.
+    /// message names the kind. A name's kind is also kept while nothing holds it, for as
+    /// long as its fencing counter lives: `found` is `semaphore` (on the counter key) when
+    /// a lock or a reader meets a semaphore's name with no permit held, and `lock` (on
+    /// the lock key) when a semaphore meets a free lock's name. fencelock never
+    /// overwrites it.
     #[error("{}", wrong_type_message(node, key, found))]
     #[non_exhaustive]
     WrongType {
@@ -89,7 +93,8 @@ pub enum Error {
         node: String,
         /// The key in question.
         key: String,
-        /// The Redis type found there (`"string"` for a counter that is not an integer).
+        /// The Redis type found there (`"string"` for a counter that is not an integer),
+        /// or the kind of primitive whose name it is (`"semaphore"`, `"lock"`).
         found: String,
     },
 
@@ -164,7 +169,8 @@ pub enum Error {
     /// The caller's lease ended before the caller released or extended it: the work done
     /// under it may have overlapped with another holder's.
     #[error(
-        "the lease on lock {name:?} was lost ({cause}); work done under it may have overlapped another holder's: check the fencing token at the resource, and use a longer lease or extend sooner"
+        "the lease on lock {name:?} was lost ({cause}); work done under it may have overlapped another holder's: check the fencing token at the resource, and {}",
+        cause.advice()
     )]
     #[non_exhaustive]
     LeaseLost {
@@ -417,6 +423,12 @@ impl Blocker {
 
 /// [`Error::WrongType`]'s message: on a lock key, another kind of primitive is named.
 fn wrong_type_message(node: &str, key: &str, found: &str) -> String {
+    // A semaphore's marked fencing counter: the name is a semaphore's, idle or not.
+    if found == "semaphore" {
+        return format!(
+            "key {key:?} on {node} is a semaphore's fencing counter: the name holds a semaphore (whether or not a permit is held now), not a lock; it was left untouched: one name is one kind of primitive while its counter lives, so use another name or take it as a semaphore"
+        );
+    }
     // A lock key ends with its name's hash tag; the other keys have a suffix after it.
     let kind = if key.ends_with('}') {
         match found {
@@ -426,6 +438,9 @@ fn wrong_type_message(node: &str, key: &str, found: &str) -> String {
             }
             "string" => Some("a lock (a Redis string), not a semaphore"),
             "hash" => Some("a reentrant lock (a Redis hash), not a semaphore"),
+            "lock" => Some(
+                "no holder, but the name is a lock's (its fencing counter is recorded), not a semaphore's",
+            ),
             _ => None,
         }
     } else {
@@ -568,8 +583,18 @@ impl fmt::Display for UnavailableReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossCause {
-    /// The key was gone: the lease expired (or someone deleted it).
+    /// The key was gone and the lease had run out by the local clock: it expired (the
+    /// holder was paused, or Redis's clock ran ahead).
     Expired,
+    /// The key was gone while the lease still had time left, and the fencing counter
+    /// shows no later grant: something deleted it (`DEL`, `FLUSHDB`, an eviction, a
+    /// restart or failover that lost it), not fencelock.
+    Deleted,
+    /// The key was gone and the fencing counter had moved past this holder's token with
+    /// nobody holding the lock: it was broken (`fencelock break`,
+    /// [`Client::break_lock`](crate::Client::break_lock)), or deleted and then taken and
+    /// released by another holder.
+    Broken,
     /// The key held another owner's token: the lease expired and someone else took the
     /// lock (or the key was overwritten).
     TakenByOther,
@@ -585,11 +610,34 @@ pub enum LossCause {
 impl fmt::Display for LossCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Expired => "the key was gone: it expired or was deleted",
+            Self::Expired => "the key was gone: the lease ran out before a renewal reached it",
+            Self::Deleted => "the key was deleted while the lease was still running",
+            Self::Broken => {
+                "the lock was broken (fencelock break): the fencing counter had moved past this holder's token"
+            }
             Self::TakenByOther => "another owner holds the lock now",
             Self::Unconfirmed => "no renewal was confirmed before the lease ran out",
             Self::MaxHold => "the maximum hold was reached",
         })
+    }
+}
+
+impl LossCause {
+    /// What to do about it, for messages: the end of [`Error::LeaseLost`]'s.
+    pub fn advice(self) -> &'static str {
+        match self {
+            Self::Expired | Self::Unconfirmed => "use a longer lease or extend sooner",
+            Self::TakenByOther => {
+                "use a longer lease or extend sooner, and keep other writers off fencelock's keys"
+            }
+            Self::Deleted => {
+                "find what deletes the key (a script, FLUSHDB, an eviction policy other than noeviction, a restart without persistence): only fencelock should write its keys"
+            }
+            Self::Broken => {
+                "someone forced the lock free, judging it stuck: ask why before running the work again"
+            }
+            Self::MaxHold => "raise the maximum hold, or finish the work sooner",
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::engine::watchdog::{Grant, Registration};
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::limits::{MAX_LEASE, MIN_LEASE};
-use crate::observe::{self, ReleaseKind, ReleaseOutcome};
+use crate::observe::{self, ModeLabel, ReleaseKind, ReleaseOutcome};
 use crate::protocols::Protocol;
 use crate::shared::Shared;
 use crate::token::{FencingToken, HolderToken};
@@ -101,9 +101,14 @@ impl LockGuard {
         holding: Holding,
         grant: Grant,
     ) -> Self {
+        let exclusive = matches!(
+            holding.protocol.label(),
+            ModeLabel::Plain | ModeLabel::Fair | ModeLabel::Reentrant
+        );
         let registration = shared.watchdog.watch(
             holding.keys.lock.clone(),
             holding.protocol.holder_id(&holding.token).into_owned(),
+            exclusive.then_some(holding.fence.get()),
             holding.ttl,
             holding.renew,
             holding.hold_until,

@@ -21,8 +21,10 @@
 //! A semaphore ([`SemaphoreBuilder`](crate::SemaphoreBuilder)) named `pool` uses
 //! `fencelock:{pool}` as a zset instead (each holder's token, scored with the end of its
 //! lease in server ms; it expires with the longest lease), `fencelock:{pool}:fence` as
-//! a lock does, and `fencelock:{pool}:permits`, a string: its permit count, which
-//! expires like the fencing counter.
+//! a lock does but marked as a semaphore's (the digits after an `s`, `s1795325555103104`:
+//! so a lock refuses the name even while no permit is held), and
+//! `fencelock:{pool}:permits`, a string: its permit count, which expires like the
+//! fencing counter.
 //!
 //! A read-write lock ([`ReadLockBuilder`](crate::ReadLockBuilder)) named `doc`
 //! has one writer at a time, a plain or reentrant lock at `fencelock:{doc}` as above, or

@@ -147,7 +147,7 @@ mod token;
 
 pub use admin::{
     BreakOutcome, Broken, Eviction, Holder, Listing, LockState, LockStatus, NodeBroken, NodeStatus,
-    QueuedWaiter, Resize, Unanswered,
+    QueuedWaiter, Resize, Unanswered, WaitingClient,
 };
 pub use backend::eviction::EvictionRisk;
 pub use builder::{AcquireBuilder, Acquisition, Kind};

@@ -42,7 +42,7 @@
 //! | `kind` of a release | `release` ([`LockGuard::release`](crate::LockGuard::release)); `drop` (a guard dropped unreleased, released in the background: its `outcome` is `released` once a node answered, whatever it found, else `unavailable` or `error`) |
 //! | `by` | `notification` (a release message on the lock's channel); `timer` (the pause ran out: the holder's remaining lease, or the backoff) |
 //! | `outcome` of a renewal | `renewed`; `lost`; `unknown` (no verdict this time, retried on the next tick) |
-//! | `cause` | `expired`, `taken_by_other`, `unconfirmed`, `max_hold`: the [`LossCause`] variants |
+//! | `cause` | `expired`, `deleted`, `broken`, `taken_by_other`, `unconfirmed`, `max_hold`: the [`LossCause`] variants |
 //!
 //! Acquires refused before anything was sent (an invalid argument) are not measured.
 //! A release that finds the lease already lost counts in [`RELEASES`] with outcome
@@ -320,6 +320,8 @@ pub(crate) fn cause_label(cause: LossCause) -> &'static str {
         LossCause::TakenByOther => "taken_by_other",
         LossCause::Unconfirmed => "unconfirmed",
         LossCause::MaxHold => "max_hold",
+        LossCause::Deleted => "deleted",
+        LossCause::Broken => "broken",
     }
 }
 
@@ -329,6 +331,8 @@ fn cause_index(cause: LossCause) -> usize {
         LossCause::TakenByOther => 1,
         LossCause::Unconfirmed => 2,
         LossCause::MaxHold => 3,
+        LossCause::Deleted => 4,
+        LossCause::Broken => 5,
     }
 }
 
@@ -462,8 +466,9 @@ static KIND_OUTCOME: [[[Label; 2]; 4]; 2] = label_table!(
     "outcome": ["released", "lost", "unavailable", "error"]
 );
 static RENEWAL_OUTCOME: [[Label; 1]; 3] = label_table!("outcome": ["renewed", "lost", "unknown"]);
-static CAUSE: [[Label; 1]; 4] =
-    label_table!("cause": ["expired", "taken_by_other", "unconfirmed", "max_hold"]);
+static CAUSE: [[Label; 1]; 6] = label_table!(
+    "cause": ["expired", "taken_by_other", "unconfirmed", "max_hold", "deleted", "broken"]
+);
 
 static ACQUIRE_DURATION_KEYS: [[Key; 5]; 5] = key_table!(
     ACQUIRE_DURATION,
@@ -484,7 +489,7 @@ static RENEWAL_BATCHES_KEY: Key = Key::from_static_name(RENEWAL_BATCHES);
 static RENEWAL_BATCH_SIZE_KEY: Key = Key::from_static_name(RENEWAL_BATCH_SIZE);
 static RENEWAL_DURATION_KEY: Key = Key::from_static_name(RENEWAL_DURATION);
 static RENEWALS_KEYS: [Key; 3] = key_table!(RENEWALS, RENEWAL_OUTCOME, [0, 1, 2]);
-static LEASES_LOST_KEYS: [Key; 4] = key_table!(LEASES_LOST, CAUSE, [0, 1, 2, 3]);
+static LEASES_LOST_KEYS: [Key; 6] = key_table!(LEASES_LOST, CAUSE, [0, 1, 2, 3, 4, 5]);
 
 #[cfg(test)]
 mod tests {
@@ -514,11 +519,13 @@ mod tests {
         ReleaseOutcome::Unavailable,
         ReleaseOutcome::Error,
     ];
-    const CAUSES: [LossCause; 4] = [
+    const CAUSES: [LossCause; 6] = [
         LossCause::Expired,
         LossCause::TakenByOther,
         LossCause::Unconfirmed,
         LossCause::MaxHold,
+        LossCause::Deleted,
+        LossCause::Broken,
     ];
 
     #[test]

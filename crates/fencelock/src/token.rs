@@ -101,7 +101,17 @@ impl FencingToken {
         Self(value)
     }
 
-    /// The token as a number.
+    /// The token as a number (also `u64::from(token)`, or `token.into()`), for a
+    /// resource that stores it or an API that takes a `u64`; it compares with one as it
+    /// is (`token > stored`).
+    ///
+    /// ```
+    /// let token = fencelock::FencingToken::new(7);
+    /// let stored: u64 = 6;
+    /// assert!(token > stored);
+    /// assert_eq!(token.get(), 7);
+    /// assert_eq!(u64::from(token), 7);
+    /// ```
     pub const fn get(self) -> u64 {
         self.0
     }
@@ -111,6 +121,33 @@ impl FencingToken {
 impl From<FencingToken> for u64 {
     fn from(token: FencingToken) -> u64 {
         token.0
+    }
+}
+
+/// Compares with a token the resource stored as a number: `token == 42`,
+/// `stored == token`.
+impl PartialEq<u64> for FencingToken {
+    fn eq(&self, other: &u64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<FencingToken> for u64 {
+    fn eq(&self, other: &FencingToken) -> bool {
+        *self == other.0
+    }
+}
+
+/// Orders against a token the resource stored as a number: `token > stored`.
+impl PartialOrd<u64> for FencingToken {
+    fn partial_cmp(&self, other: &u64) -> Option<std::cmp::Ordering> {
+        Some(self.0.cmp(other))
+    }
+}
+
+impl PartialOrd<FencingToken> for u64 {
+    fn partial_cmp(&self, other: &FencingToken) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(&other.0))
     }
 }
 

@@ -416,7 +416,7 @@ async fn inspect_list_and_break_work_on_a_cluster() {
     let cause = tokio::time::timeout(Duration::from_secs(5), lost)
         .await
         .expect("the holder heard of the break");
-    assert_eq!(cause, LossCause::Expired);
+    assert_eq!(cause, LossCause::Broken);
     for g in guards {
         g.release().await.unwrap();
     }

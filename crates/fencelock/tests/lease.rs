@@ -101,7 +101,7 @@ async fn deleting_or_overwriting_the_key_fires_the_loss_signal_within_one_renewa
     let c = Client::connect(&r.url()).await.unwrap();
     let lease = Duration::from_millis(900); // renewed every 300 ms
     for (how, expected) in [
-        ("delete", LossCause::Expired),
+        ("delete", LossCause::Deleted),
         ("overwrite", LossCause::TakenByOther),
     ] {
         let guard = c.lock("sig").lease(lease).try_acquire().await.unwrap();
@@ -324,8 +324,11 @@ async fn ten_thousand_leases_are_renewed_in_batches() {
         "a lease ran out"
     );
     assert!(guards.iter().all(|g| g.loss_cause().is_none()));
-    // The watchdog ticks every sixth of the lease; each tick costs one call per batch
-    // of up to 1,000 due leases. The promise is at most one call per 100 leases a tick.
+    // The watchdog ticks every sixth of the lease (and wakes at most twice a tick: a
+    // lease falls due a third of it after its last renewal, up to half a tick early);
+    // each wake costs one call per batch of up to 1,000 due leases, and the leases due
+    // in one tick are at most half of them. The promise is at most one call per 100
+    // leases a tick.
     let ticks = (window.as_secs_f64() / (lease.as_secs_f64() / 6.0)).ceil() as i64 + 1;
     let batched = ticks * (n as i64 / 1000 + 1);
     let promised = ticks * (n as i64 / 100);
@@ -464,4 +467,134 @@ async fn an_extend_never_goes_past_the_maximum_hold() {
         ),
         "{err:?}"
     );
+}
+
+/// The renewals Redis ran for `key` (each one `PEXPIRE` by `renew.lua`), as `MONITOR`
+/// recorded them.
+fn renewals_of(entries: &[testkit::monitor::Entry], key: &str) -> usize {
+    entries
+        .iter()
+        .filter(|e| {
+            e.source == testkit::monitor::Source::Lua
+                && e.command() == "PEXPIRE"
+                && e.args.get(1).map(String::as_str) == Some(key)
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_lease_is_renewed_every_third_of_it_as_documented() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_millis(1200); // documented: renewed every 400 ms
+    let monitor = testkit::monitor::Monitor::start(&r.addr()).unwrap();
+    let guard = c.lock("cadence").lease(lease).try_acquire().await.unwrap();
+    let held = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    monitor.sync().unwrap();
+    let elapsed = held.elapsed();
+    let renewals = renewals_of(&monitor.stop(), "fencelock:{cadence}");
+    assert!(guard.loss_cause().is_none());
+    guard.release().await.unwrap();
+    // Every third of the lease, up to a twelfth early (to share a call): between a
+    // quarter and a third of the lease apart. A count, not a speed: at most one more
+    // than a quarter allows, and at least half of what a third gives (a loaded machine
+    // may send late). Renewed every sixth, it would be about twice the upper bound.
+    let most = (elapsed.as_secs_f64() / (lease.as_secs_f64() / 4.0)).floor() as usize + 1;
+    let least = (elapsed.as_secs_f64() / (lease.as_secs_f64() / 3.0) / 2.0).floor() as usize;
+    assert!(
+        (least..=most).contains(&renewals),
+        "{renewals} renewals of a {lease:?} lease in {elapsed:?}: expected {least} to {most}"
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_key_and_a_broken_lock_are_reported_by_their_cause() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    let lease = Duration::from_millis(900);
+    for (how, expected) in [("delete", LossCause::Deleted), ("break", LossCause::Broken)] {
+        let result = c
+            .lock("cause")
+            .lease(lease)
+            .try_run(|_token| async {
+                if how == "delete" {
+                    r.cmd(&["DEL", "fencelock:{cause}"]);
+                } else {
+                    c.break_lock("cause").await?;
+                }
+                // Works on until the loss cancels it.
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, Error>(())
+            })
+            .await;
+        let Err(Error::LeaseLost { cause, .. }) = &result else {
+            panic!("{how}: {result:?}")
+        };
+        assert_eq!(*cause, expected, "{how}");
+        let message = result.unwrap_err().to_string();
+        let (says, advice) = match expected {
+            LossCause::Deleted => (
+                "was deleted while the lease was still running",
+                "find what deletes the key",
+            ),
+            _ => (
+                "was broken (fencelock break)",
+                "someone forced the lock free",
+            ),
+        };
+        assert!(message.contains(says), "{how}: {message}");
+        assert!(message.contains(advice), "{how}: {message}");
+        assert!(!message.contains("longer lease"), "{how}: {message}");
+    }
+    // A key that ran out while the holder was not renewing (a fixed lease) expired.
+    let fixed = c
+        .lock("cause")
+        .lease(Duration::from_millis(100))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    assert_eq!(fixed.lost().await, LossCause::Expired);
+    assert!(
+        Error::lease_lost("cause", LossCause::Expired)
+            .to_string()
+            .contains("use a longer lease or extend sooner")
+    );
+}
+
+#[tokio::test]
+async fn try_run_returns_the_works_error_after_releasing() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    #[derive(Debug)]
+    enum JobError {
+        Lock(Error),
+        Failed(u64),
+    }
+    impl From<Error> for JobError {
+        fn from(e: Error) -> Self {
+            JobError::Lock(e)
+        }
+    }
+    let failed: Result<(), JobError> = c
+        .lock("try")
+        .try_run(|token| async move { Err(JobError::Failed(token.get())) })
+        .await;
+    assert!(
+        matches!(failed, Err(JobError::Failed(t)) if t > 0),
+        "{failed:?}"
+    );
+    assert!(!r.exists("fencelock:{try}"), "released before returning");
+    // The lock's own errors arrive through From.
+    let holder = c.lock("try").try_acquire().await.unwrap();
+    let held: Result<(), JobError> = c.lock("try").try_run(|_| async { Ok(()) }).await;
+    assert!(
+        matches!(held, Err(JobError::Lock(Error::Held { .. }))),
+        "{held:?}"
+    );
+    holder.release().await.unwrap();
+    let ok: Result<u64, JobError> = c.lock("try").try_run(|t| async move { Ok(t.get()) }).await;
+    assert!(ok.unwrap() > 0);
+    assert!(!r.exists("fencelock:{try}"));
 }

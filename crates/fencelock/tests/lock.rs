@@ -993,7 +993,7 @@ async fn the_returned_futures_borrow_nothing() {
     let lost_within = |g: &LockGuard| tokio::time::timeout(Duration::from_secs(5), g.lost());
     let lost = lost_within(&g);
     r.cmd(&["DEL", "fencelock:{free-futures}"]);
-    assert_eq!(lost.await, Ok(LossCause::Expired));
+    assert_eq!(lost.await, Ok(LossCause::Deleted));
     drop(g);
 }
 

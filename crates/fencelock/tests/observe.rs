@@ -239,10 +239,10 @@ fn metrics_follow_acquires_waits_handoffs_releases_and_losses() {
                 "60000",
             ]);
             let gone_lost = tokio::time::timeout(2 * SECOND, gone.lost()).await;
-            assert_eq!(gone_lost.unwrap(), LossCause::Expired);
+            assert_eq!(gone_lost.unwrap(), LossCause::Deleted);
             let taken_lost = tokio::time::timeout(2 * SECOND, taken.lost()).await;
             assert_eq!(taken_lost.unwrap(), LossCause::TakenByOther);
-            assert_eq!(m.counter(LEASES_LOST, &[("cause", "expired")]), 1);
+            assert_eq!(m.counter(LEASES_LOST, &[("cause", "deleted")]), 1);
             assert_eq!(m.counter(LEASES_LOST, &[("cause", "taken_by_other")]), 1);
             assert!(m.counter(RENEWALS, &[outcome("lost")]) >= 2);
             let batches = m.counter(RENEWAL_BATCHES, &[]);
@@ -270,7 +270,7 @@ fn metrics_follow_acquires_waits_handoffs_releases_and_losses() {
                 2
             );
             assert_eq!(m.histogram(RELEASE_DURATION, &[outcome("lost")]).len(), 2);
-            assert_eq!(m.counter(LEASES_LOST, &[("cause", "expired")]), 1);
+            assert_eq!(m.counter(LEASES_LOST, &[("cause", "deleted")]), 1);
             assert_eq!(m.counter(LEASES_LOST, &[("cause", "taken_by_other")]), 1);
             assert_eq!(m.gauge(LEASES_HELD), 0.0);
 
@@ -349,7 +349,7 @@ fn traces_name_the_lock_but_never_a_token_an_owner_or_the_password() {
             token(&lost);
             r.cmd_as(PASSWORD, &["DEL", "fencelock:{obs:lost-traced}"]);
             let cause = tokio::time::timeout(2 * SECOND, lost.lost()).await.unwrap();
-            assert_eq!(cause, LossCause::Expired);
+            assert_eq!(cause, LossCause::Deleted);
             assert!(lost.release().await.is_err());
 
             // A guard dropped unreleased.

@@ -344,7 +344,7 @@ async fn the_watchdog_renews_readers_and_a_reader_removed_from_outside_hears_of_
     let cause = tokio::time::timeout(Duration::from_secs(2), b.lost())
         .await
         .expect("the next renewal notices");
-    assert_eq!(cause, LossCause::Expired);
+    assert_eq!(cause, LossCause::Deleted);
     assert!(a.loss_cause().is_none());
     a.release().await.unwrap();
     assert!(!r.exists("fencelock:{cache}"));

@@ -235,7 +235,7 @@ async fn a_permit_removed_from_outside_is_reported_lost_by_the_watchdog() {
     let cause = tokio::time::timeout(Duration::from_secs(2), g.lost())
         .await
         .expect("the next renewal notices");
-    assert_eq!(cause, LossCause::Expired);
+    assert_eq!(cause, LossCause::Deleted);
 }
 
 #[tokio::test]
@@ -299,8 +299,9 @@ async fn a_name_is_one_kind_of_primitive() {
             .unwrap_err(),
         c.lock("pool").fair().try_acquire().await.unwrap_err(),
     ] {
+        // Its permits' key says so, or (a plain lock reads it first) its fencing counter.
         assert!(
-            matches!(&e, Error::WrongType { found, .. } if found == "zset"),
+            matches!(&e, Error::WrongType { found, .. } if found == "zset" || found == "semaphore"),
             "{e:?}"
         );
         assert!(e.to_string().contains("holds a semaphore"), "{e}");
@@ -310,6 +311,48 @@ async fn a_name_is_one_kind_of_primitive() {
     permit.release().await.unwrap();
     reentrant.release().await.unwrap();
     lock.release().await.unwrap();
+
+    // Idle, each name stays its kind while its fencing counter lives: no permit held
+    // (its permits' key gone), the semaphore's name is refused to every lock and a
+    // reader; a free lock's name to a semaphore. Nothing is written.
+    assert!(!r.exists("fencelock:{pool}"));
+    for e in [
+        c.lock("pool").try_acquire().await.unwrap_err(),
+        c.lock("pool").fair().try_acquire().await.unwrap_err(),
+        c.lock("pool")
+            .reentrant("me")
+            .try_acquire()
+            .await
+            .unwrap_err(),
+        c.read_lock("pool").try_acquire().await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(&e, Error::WrongType { found, .. } if found == "semaphore"),
+            "{e:?}"
+        );
+    }
+    assert!(!r.exists("fencelock:{pool}"));
+    let again = c.semaphore("pool", 2).try_acquire().await.unwrap();
+    again.release().await.unwrap();
+    assert!(!r.exists("fencelock:{taken}"));
+    let e = c.semaphore("taken", 2).try_acquire().await.unwrap_err();
+    assert!(
+        matches!(&e, Error::WrongType { found, .. } if found == "lock"),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("the name is a lock's"), "{e}");
+    assert!(!r.exists("fencelock:{taken}:permits"));
+    // A semaphore of an earlier version (its counter unmarked, its count stored) is
+    // taken as before, and its counter marked from then on.
+    r.cmd(&["SET", "fencelock:{old}:fence", "5"]);
+    r.cmd(&["SET", "fencelock:{old}:permits", "2"]);
+    let old = c.semaphore("old", 2).try_acquire().await.unwrap();
+    assert!(old.fencing_token().get() > 5);
+    assert_eq!(
+        r.get("fencelock:{old}:fence"),
+        Some(format!("s{}", old.fencing_token()))
+    );
+    old.release().await.unwrap();
 }
 
 #[tokio::test]

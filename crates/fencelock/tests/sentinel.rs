@@ -104,7 +104,10 @@ async fn a_grant_lost_in_the_failover_is_heard_by_its_holder_and_tokens_stay_hig
         .await
         .expect("the loss is heard before the lease would have ended");
     assert!(
-        matches!(cause, LossCause::Expired | LossCause::Unconfirmed),
+        matches!(
+            cause,
+            LossCause::Deleted | LossCause::Expired | LossCause::Unconfirmed
+        ),
         "{cause:?}"
     );
     // The promoted replica never saw the grant, nor its counter: the next token is

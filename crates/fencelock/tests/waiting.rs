@@ -886,10 +886,12 @@ async fn dropped_clients_that_waited_close_their_pubsub_connections() {
     )
     .await;
     drop(clients);
+    // Counted, not compared command by command: the holder's own connection goes on
+    // (its memory-policy INFO after the acquire, a renewal), and a renewal is 10 s away.
     eventually(
         "every dropped client closed its connections",
         Duration::from_secs(5),
-        async || connections_by_last_command(&r) == before,
+        async || connections_by_last_command(&r).len() == before.len(),
     )
     .await;
 }

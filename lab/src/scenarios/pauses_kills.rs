@@ -216,7 +216,7 @@ impl Lab {
             histories.push(path);
         }
         self.wait_for_acquire(tag, &histories)?;
-        // The kill falls after at least one renewal of p1's lease (every sixth of it).
+        // The kill falls after at least one renewal of p1's lease (every third of it).
         thread::sleep(TTL / 2);
         let killed_at = monotonic_ns();
         workers.kill(pid_a);

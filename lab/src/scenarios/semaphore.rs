@@ -181,7 +181,7 @@ impl Lab {
             testkit::history::read_history(&path)
                 .is_ok_and(|h| h.iter().any(|e| e.op == Op::Acquire))
         })?;
-        // The kill falls after at least one renewal of both leases (every sixth of them).
+        // The kill falls after at least one renewal of both leases (every third of them).
         thread::sleep(TTL / 2);
         let killed_at = monotonic_ns();
         for pid in pids {

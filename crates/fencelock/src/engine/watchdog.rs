@@ -2,16 +2,20 @@
 //! each holder the moment its lease is lost.
 //!
 //! One task per client serves every lease. It wakes on a fixed tick (a sixth of the
-//! shortest renewed lease) and renews, in batches, every lease that falls due before the
-//! next tick: one `renew.lua` call per node carries up to
+//! shortest renewed lease), and at each lease's own renewal time, and renews, in
+//! batches, every lease that falls due within half a tick: one `renew.lua` call per
+//! node carries up to
 //! [`RENEWAL_BATCH`](crate::limits::RENEWAL_BATCH) leases (the client's
 //! [`renewal_batch`](crate::ClientBuilder::renewal_batch)), so 100,000 held locks cost
 //! about 100 calls per renewal round, sent one after another (a call sent meanwhile waits
 //! behind one batch, not a round). On a cluster the leases are grouped by the master that
 //! serves them first: each call goes to one master with a full batch, and the masters
 //! are renewed at once. A lease is renewed once a
-//! third of its length has passed since the last renewal was sent (up to one tick
-//! earlier); a failed renewal is retried on the next tick. A guard that is released or
+//! third of its length has passed since the last renewal was sent, or up to half a tick
+//! (a twelfth of the shortest lease) earlier, to share a call with a lease renewed then:
+//! so a lease is renewed every third of it, to within a twelfth (between a quarter and a
+//! third of it after the last renewal was sent). A failed renewal is retried on the next
+//! tick. A guard that is released or
 //! dropped unregisters its lease synchronously: no renewal is sent for it afterwards.
 //!
 //! The loss signal fires when a renewal finds the key gone or someone else's, or when no
@@ -73,6 +77,10 @@ struct Leases {
 pub(crate) struct Lease {
     key: String,
     token: String,
+    /// The grant's fencing token, for a lock with one holder at a time (plain, fair,
+    /// reentrant): a key found gone early is told broken from deleted by the counter
+    /// (see [`why_gone`]). `None` for a permit or a reader, whose counter others move.
+    fence: Option<u64>,
     ttl: Duration,
     /// `false` for a fixed lease: watched for expiry, never renewed.
     renew: bool,
@@ -139,12 +147,14 @@ impl Watchdog {
 
     /// Starts watching a lease of `ttl` (renewed to that length if `renew`), whose
     /// grant of `granted` (the TTL actually asked for, shortened to the maximum hold if
-    /// `capped`) was requested at `sent_at` and holds until `valid_until`.
+    /// `capped`) was requested at `sent_at` and holds until `valid_until`. `fence`: the
+    /// grant's fencing token if the lock has one holder at a time.
     #[allow(clippy::too_many_arguments)]
     pub fn watch(
         &self,
         key: String,
         token: String,
+        fence: Option<u64>,
         ttl: Duration,
         renew: bool,
         hold_until: Option<Instant>,
@@ -153,6 +163,7 @@ impl Watchdog {
         let lease = Arc::new(Lease {
             key,
             token,
+            fence,
             ttl,
             renew,
             hold_until,
@@ -330,9 +341,10 @@ impl Lease {
     }
 }
 
-/// The watchdog task. It runs on a fixed tick (a sixth of the shortest renewed lease),
-/// and on each tick renews, in batches, every lease that would fall due before the next
-/// tick, so leases taken at scattered times still share calls. Losses are checked on
+/// The watchdog task. It runs on a fixed tick (a sixth of the shortest renewed lease)
+/// and wakes at each lease's renewal time, and then renews, in batches, every lease that
+/// falls due within half a tick ([`early_window`]), so leases taken at scattered times
+/// still share calls. Losses are checked on
 /// the tick and at each lease's own deadline. Ends once no lease has been left for
 /// [`IDLE_LINGER`] (the next lease starts it again), or when the client is gone.
 async fn run(weak: Weak<Inner>) {
@@ -400,7 +412,16 @@ fn idle(inner: &Inner, idle_since: &mut Option<Instant>, now: Instant) -> Idle {
     Idle::Until(until)
 }
 
-/// The leases to renew now (those due before the next tick; each marked in flight),
+/// How early a lease may be renewed to share a call: half a tick. With the tick a sixth
+/// of the shortest lease, a lease is renewed between a quarter and a third of its length
+/// after its last renewal was sent (every third, as documented, up to a twelfth early).
+/// A whole tick would renew every lease one tick early, every sixth of it: twice the
+/// load on the server for the same safety.
+fn early_window(tick: Duration) -> Duration {
+    tick / 2
+}
+
+/// The leases to renew now (those due within [`early_window`]; each marked in flight),
 /// after marking lost those past their deadline; and when the task wakes next.
 fn due_now(inner: &Inner, now: Instant) -> (Vec<Due>, Instant) {
     let mut due = Vec::new();
@@ -436,7 +457,7 @@ fn due_now(inner: &Inner, now: Instant) -> (Vec<Due>, Instant) {
         if !lease.renew || st.in_flight {
             continue;
         }
-        if st.next_renewal > now + tick {
+        if st.next_renewal > now + early_window(tick) {
             wake = wake.min(st.next_renewal);
             continue;
         }
@@ -502,6 +523,8 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
         }
     }
     observe::renewal_batch(batch.len(), elapsed, renewed, lost, unknown);
+    // Leases whose key was gone while their lease still ran: told apart below.
+    let mut gone_early = Vec::new();
     tracing::debug!(
         leases = batch.len(),
         nodes = inner.backend.nodes().len(),
@@ -523,6 +546,10 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
                 }
                 st.next_renewal = sent_at + lease.ttl / 3;
             }
+            Renewal::Lost(LossCause::Expired) if Instant::now() < st.valid_until => {
+                drop(st);
+                gone_early.push(lease.clone());
+            }
             Renewal::Lost(cause) => {
                 drop(st);
                 lease.lose(cause);
@@ -530,7 +557,47 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
             Renewal::Unknown => {}
         }
     }
+    join_all(gone_early.into_iter().map(|lease| {
+        let backend = &inner.backend;
+        async move {
+            let cause = why_gone(backend, &lease).await;
+            lease.lose(cause);
+        }
+    }))
+    .await;
 }
+
+/// Why the key of `lease` was gone while its lease still ran (by the local clock, so not
+/// an expiry): [`LossCause::Broken`] when the fencing counter moved past the lease's
+/// token (a break burns one; no grant can have followed, since the key is absent),
+/// else [`LossCause::Deleted`]. One `inspect.lua` call, only on this loss path, bounded
+/// by [`WHY_GONE_WITHIN`] (then: deleted); the renewals themselves carry nothing more.
+async fn why_gone(backend: &Backend, lease: &Lease) -> LossCause {
+    let Some(fence) = lease.fence else {
+        return LossCause::Deleted;
+    };
+    let keys = crate::keys::LockKeys {
+        lock: lease.key.clone(),
+    };
+    let Ok(answers) = tokio::time::timeout(WHY_GONE_WITHIN, backend.inspect(&keys)).await else {
+        return LossCause::Deleted;
+    };
+    let moved_past = answers.iter().flatten().any(|inspected| {
+        inspected
+            .counter
+            .parse::<u64>()
+            .is_ok_and(|counter| counter > fence)
+    });
+    if moved_past {
+        LossCause::Broken
+    } else {
+        LossCause::Deleted
+    }
+}
+
+/// How long [`why_gone`] waits for the counter before it reports the loss as a deletion:
+/// the loss signal waits for it.
+const WHY_GONE_WITHIN: Duration = Duration::from_millis(250);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -722,7 +722,8 @@ pub(crate) fn inspect(keys: &LockKeys) -> Call {
         .key(keys.holder_info())
         .key(keys.permits())
         .key(keys.writers())
-        .key(keys.grants());
+        .key(keys.grants())
+        .key(keys.wake_list());
     inv
 }
 

@@ -246,6 +246,8 @@ pub(crate) struct Inspected {
     pub writers: u64,
     /// What each of `waiters` said about itself ("": nothing).
     pub waiter_info: Vec<String>,
+    /// The wake list: each listed client's tag and the ms since it was listed.
+    pub listed: Vec<(String, i64)>,
 }
 
 /// `semaphore/resize.lua`'s answer: the count before (0: none), the permits held.
@@ -321,6 +323,7 @@ impl FromRedisValue for Inspected {
                 Value::Array(leases),
                 Value::Int(writers),
                 Value::Array(waiter_info),
+                Value::Array(listed),
             ] => Ok(Self {
                 kind: text(kind).ok_or_else(bad)?,
                 pttl: *pttl,
@@ -335,6 +338,14 @@ impl FromRedisValue for Inspected {
                 waiter_info: waiter_info
                     .iter()
                     .map(text)
+                    .collect::<Option<_>>()
+                    .ok_or_else(bad)?,
+                listed: listed
+                    .chunks(2)
+                    .map(|pair| match pair {
+                        [tag, Value::Int(ms)] => Some((text(tag)?, *ms)),
+                        _ => None,
+                    })
                     .collect::<Option<_>>()
                     .ok_or_else(bad)?,
             }),

@@ -43,7 +43,7 @@ if kind == 'foreign' and (holder == 'zset' or holder == 'readers') then
 elseif kind == 'foreign' then
   return wrong_type(KEYS[1], holder)
 end
-local counter, bad = read_counter(KEYS[2])
+local counter, bad, marked = read_counter(KEYS[2], 'any')
 if bad then
   return wrong_type(KEYS[2], bad)
 end
@@ -52,7 +52,7 @@ if kind == 'none' then
   return {kind, '', pttl, counter and string.format('%d', counter) or ''}
 end
 if permit_leases then
-  local fence = next_fence(KEYS[2], counter, ARGV[2])
+  local fence = next_fence(KEYS[2], counter, ARGV[2], nil, marked and 's' or nil)
   redis.call('DEL', KEYS[1])
   for _ = 1, #permit_leases do
     announce(ARGV[1], '')

@@ -9,11 +9,12 @@
 -- KEYS[6]  a semaphore's permit count
 -- KEYS[7]  a read-write lock's waiting writers (readers.lua)
 -- KEYS[8]  fair grants     HASH holder token -> "TTL_MS CHANNEL INFO" (fair_acquire.lua)
+-- KEYS[9]  wake list       ZSET client tag -> server ms when listed (wakes.lua)
 -- ARGV[]   none
 --
 -- Reply, an array:
 --   {kind, pttl, holds, owner, counter, info, waiters, permits, permit_leases, writers,
---    waiter_info}
+--    waiter_info, listed}
 --   kind     "none" (free), "plain" (a holder token), "reentrant" (holds of one owner),
 --            "semaphore" (permits held: the lock key is a zset), "readers" (a
 --            read-write lock's readers), or the Redis type of data fencelock did not
@@ -27,10 +28,14 @@
 --   info     what the holder said about itself, or ""
 --   waiters  fair mode: {ms left before the waiter is purged, ...} in queue order
 --            (only waiters still in the deadline set; -1 for a queued token without one)
---   permits  a semaphore's permit count (0: none stored)
+--   permits  a semaphore's permit count (0: none stored), also while no permit is held
+--            (an idle semaphore: kind "none", the name still a semaphore's)
 --   permit_leases  semaphore, readers: {ms left of each lease, ...}, soonest first
 --   writers  a read-write lock's writers waiting for its readers (deadlines ahead)
 --   waiter_info  fair mode: {what each waiter in `waiters` said about itself, or ""}
+--   listed   the wake list, first listed first: {client tag, ms since it was listed,
+--            ...} ('*' stands for readers or reentrant owners waiting behind a plain
+--            holder); {} when there is none
 
 local kind, holder = lock_holder(KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
@@ -56,19 +61,20 @@ if kind == 'semaphore' or kind == 'readers' then
   for i = 2, #held, 2 do
     permit_leases[#permit_leases + 1] = tonumber(held[i]) - now
   end
-  if kind == 'semaphore' then
-    permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
-  end
   holds = #permit_leases
   if holds == 0 then
     kind = 'none'
   end
 end
+if kind == 'semaphore' or kind == 'none' then
+  -- Another type: not a count (0).
+  permits = tonumber(redis.pcall('GET', KEYS[6])) or 0
+end
 
-local counter, bad = read_counter(KEYS[2])
+local counter, bad = read_counter(KEYS[2], 'any')
 local counter_text = ''
 if counter ~= nil and not bad then
-  counter_text = redis.call('GET', KEYS[2])
+  counter_text = string.format('%d', counter)
 end
 
 local info = ''
@@ -98,7 +104,17 @@ if KEYS[7] and redis.call('TYPE', KEYS[7]).ok == 'zset' then
   writers = redis.call('ZCOUNT', KEYS[7], '(' .. server_ms(), '+inf')
 end
 
+local listed = {}
+if KEYS[9] and redis.call('TYPE', KEYS[9]).ok == 'zset' then
+  local now = server_ms()
+  local wakes = redis.call('ZRANGE', KEYS[9], 0, -1, 'WITHSCORES')
+  for i = 1, #wakes, 2 do
+    listed[#listed + 1] = wakes[i]
+    listed[#listed + 1] = math.max(0, now - tonumber(wakes[i + 1]))
+  end
+end
+
 return {
   kind, pttl, holds, owner, counter_text, info, waiters, permits, permit_leases, writers,
-  waiter_info,
+  waiter_info, listed,
 }

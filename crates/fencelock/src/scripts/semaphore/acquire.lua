@@ -5,7 +5,10 @@
 --
 -- KEYS[1]  permit set      a ZSET: each holder token, scored with its lease's end
 --                          (server ms); the key expires with the longest lease
--- KEYS[2]  fence counter   plain integer string, as for a lock (fence.lua)
+-- KEYS[2]  fence counter   an integer string after an "s" (a semaphore's mark, which
+--                          makes a lock refuse the name: fence.lua); an unmarked one
+--                          (written before the mark existed) is read too while the
+--                          permit count is stored, and rewritten marked
 -- KEYS[3]  permit count    plain integer string: how many permits the semaphore has;
 --                          expires like the counter, after ARGV[4] without a grant
 -- KEYS[4]  queue           fair: LIST of waiting holder tokens, in arrival order
@@ -42,7 +45,8 @@
 --   code 0  fair: a permit is free, but earlier waiters are first in line (value -2)
 -- A permit set of another type (a lock under this name: a string or a hash, or a
 -- read-write lock's readers):
--- wrong_type(), nothing written. A permit count other than ARGV[3] while permits are
+-- wrong_type(), nothing written. A lock's counter (unmarked) with no permit count
+-- stored: the name is a lock's, free now: wrong_type(KEYS[1], 'lock'), nothing written. A permit count other than ARGV[3] while permits are
 -- held, or stored: the error reply "FENCELOCK-PERMITS <count> <asked> <key>", nothing
 -- written. Expired permits are dropped first (a crashed holder's permit frees itself
 -- after one lease), and in a fair semaphore the waiters that stopped calling. Everything
@@ -57,7 +61,7 @@ if fair then
     return bad
   end
 end
-local counter, bad_counter = read_counter(KEYS[2])
+local counter, bad_counter, marked = read_counter(KEYS[2], 'semaphore')
 if bad_counter then
   return wrong_type(KEYS[2], bad_counter)
 end
@@ -65,6 +69,11 @@ local asked = tonumber(ARGV[3])
 local stored = redis.pcall('GET', KEYS[3])
 if type(stored) == 'table' then
   return wrong_type(KEYS[3], redis.call('TYPE', KEYS[3]).ok)
+end
+if counter and not marked and not stored and redis.call('EXISTS', KEYS[1]) == 0 then
+  -- A lock's fencing counter, no permit count, nobody holding: the name is a free
+  -- lock's (a held one is refused below, by its key's type).
+  return wrong_type(KEYS[1], 'lock')
 end
 if stored and tonumber(stored) ~= asked then
   return redis.error_reply('FENCELOCK-PERMITS ' .. stored .. ' ' .. ARGV[3] .. ' ' .. KEYS[1])
@@ -114,7 +123,7 @@ local function granted(code, fence)
 end
 
 local function mint()
-  return next_fence(KEYS[2], counter, ARGV[4], now_us)
+  return next_fence(KEYS[2], counter, ARGV[4], now_us, 's')
 end
 
 if not fair and held < asked then
