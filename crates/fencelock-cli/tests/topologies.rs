@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::{Run, arg, fencelock, fencelock_with};
 use fencelock::{Client, Error, UnavailableReason};
-use testkit::{ClientAuth, Cluster, RedisServer, SentinelGroup, TlsFiles};
+use testkit::{ClientAuth, Cluster, Postgres, RedisServer, SentinelGroup, TlsFiles};
 
 /// What a row expects of the library.
 #[derive(Clone, Copy, Debug)]
@@ -111,7 +111,7 @@ fn every_way_of_naming_servers_against_every_kind_of_server_says_what_it_found_i
     // The rigs, from this thread (see testkit's PDEATHSIG): a master with a TLS port as
     // well, two more masters (Redlock), a sentinel group (its master, a replica, one
     // sentinel), a cluster node in no cluster, a created cluster, a server that wants a
-    // password, and ports that are no Redis.
+    // password, PostgreSQL, and ports that are no Redis.
     let plain = RedisServer::builder().tls(files, ClientAuth::No).start();
     let others = RedisServer::start_many(2);
     let group = SentinelGroup::builder().sentinels(1).quorum(1).start();
@@ -128,7 +128,9 @@ fn every_way_of_naming_servers_against_every_kind_of_server_says_what_it_found_i
     let guarded = RedisServer::builder()
         .args(["--requirepass", "right-pw"])
         .start();
+    let postgres = Postgres::start();
     let (http, silent, nothing) = (http_port(), silent_port(), testkit::free_port());
+    let pg = postgres.port();
 
     let tls = plain.tls_port().expect("a TLS port");
     let replica = group.replicas()[0].addr();
@@ -199,6 +201,17 @@ fn every_way_of_naming_servers_against_every_kind_of_server_says_what_it_found_i
             ca: false,
             exit: 69,
             says: &["this is not a Redis server"],
+            lib: Lib::Unavailable(Io),
+        },
+        Row {
+            what: "redis:// at PostgreSQL",
+            urls: s(format!("redis://{}", at(pg))),
+            ca: false,
+            exit: 69,
+            says: &[
+                "it closed the connection without answering",
+                "not a Redis server",
+            ],
             lib: Lib::Unavailable(Io),
         },
         Row {
@@ -308,11 +321,22 @@ fn every_way_of_naming_servers_against_every_kind_of_server_says_what_it_found_i
             lib: Lib::Unavailable(Io),
         },
         Row {
+            what: "redis+sentinel:// at PostgreSQL",
+            urls: s(format!("redis+sentinel://{}/{service}", at(pg))),
+            ca: false,
+            exit: 69,
+            says: &[
+                "it closed the connection without answering",
+                "not a Redis server",
+            ],
+            lib: Lib::Unavailable(Io),
+        },
+        Row {
             what: "redis+sentinel:// at a silent port",
             urls: s(format!("redis+sentinel://{}/{service}", at(silent))),
             ca: false,
             exit: 69,
-            says: &["it accepted the connection but did not answer"],
+            says: &["did not answer in time: is it a sentinel"],
             lib: Lib::Unavailable(TimedOut),
         },
         Row {
@@ -381,11 +405,22 @@ fn every_way_of_naming_servers_against_every_kind_of_server_says_what_it_found_i
             lib: Lib::Unavailable(Io),
         },
         Row {
+            what: "redis+cluster:// at PostgreSQL",
+            urls: s(format!("redis+cluster://{}", at(pg))),
+            ca: false,
+            exit: 69,
+            says: &[
+                "it closed the connection without answering",
+                "not a Redis server",
+            ],
+            lib: Lib::Unavailable(Io),
+        },
+        Row {
             what: "redis+cluster:// at a silent port",
             urls: s(format!("redis+cluster://{}", at(silent))),
             ca: false,
             exit: 69,
-            says: &["the seeds accept connections but do not answer"],
+            says: &["no seed answered in time"],
             lib: Lib::Unavailable(TimedOut),
         },
         Row {

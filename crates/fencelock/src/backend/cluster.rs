@@ -42,8 +42,8 @@ use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
 
 use super::access::{self, Access, Timeouts, TlsSettings};
 use super::errors::{
-    Scheme, certificate_problem, not_a_server, port_hint, port_hint_reason, redact, refused,
-    sort_error, timed_out,
+    Scheme, certificate_problem, new_connection_hint, not_a_server, port_hint_reason, redact,
+    refused, sort_error, timed_out,
 };
 use crate::error::{Error, UnavailableReason};
 use crate::scripts::replies::{Owned, Renewed};
@@ -745,8 +745,9 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
 }
 
 /// Why no seed of the cluster at `url` could be connected to, when their ports are of
-/// the wrong kind (TLS or not, or not Redis at all) or accept connections but do not
-/// answer; `None` for any other error. `node`: the master called, or the seeds.
+/// the wrong kind (TLS or not, or not Redis at all: see [`new_connection_hint`]) or do
+/// not answer in time; `None` for any other error. `node`: the master called, or the
+/// seeds.
 fn seeds_unanswered(url: &ClusterUrl, node: &str, e: &RedisError) -> Option<Error> {
     let text = e.to_string();
     if !text.contains("initial connections") || certificate_problem(e).is_some() {
@@ -758,13 +759,13 @@ fn seeds_unanswered(url: &ClusterUrl, node: &str, e: &RedisError) -> Option<Erro
         detail,
         source: None,
     };
-    if let Some(hint) = port_hint(e, url.tls.is_some(), Scheme::Cluster) {
+    if let Some(hint) = new_connection_hint(e, url.tls.is_some(), Scheme::Cluster) {
         return Some(unavailable(port_hint_reason(&hint), hint));
     }
     text.contains("timed out").then(|| {
         unavailable(
             UnavailableReason::TimedOut,
-            "the seeds accept connections but do not answer".to_owned(),
+            "no seed answered in time: are they Redis Cluster nodes, and their ports?".to_owned(),
         )
     })
 }

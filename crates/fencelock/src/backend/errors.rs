@@ -220,10 +220,35 @@ pub(super) fn port_hint(e: &RedisError, tls: bool, scheme: Scheme) -> Option<Str
     None
 }
 
+/// The hint for a port that closed a new connection without a word (PostgreSQL does so
+/// with what a Redis client sends first).
+const CLOSED: &str =
+    "it closed the connection without answering: this is not a Redis server, or not its port";
+
+/// As [`port_hint`], for a connection made for the call that failed (to a sentinel, to a
+/// cluster's seeds): one closed at once, without an answer, is also said so. (On a
+/// connection that served calls before, that is a server restarting.)
+pub(super) fn new_connection_hint(e: &RedisError, tls: bool, scheme: Scheme) -> Option<String> {
+    if let Some(hint) = port_hint(e, tls, scheme) {
+        return Some(hint);
+    }
+    let text = e.to_string().to_ascii_lowercase();
+    [
+        "broken pipe",
+        "end of file",
+        "handshake eof",
+        "connection closed",
+        "aborted",
+    ]
+    .iter()
+    .any(|closed| text.contains(closed))
+    .then(|| CLOSED.to_owned())
+}
+
 /// Whether an error's `detail` is (or holds) a [`port_hint`]: the URL names the wrong kind of port, which
 /// no retry mends.
 pub(super) fn is_port_hint(detail: &str) -> bool {
-    [NOT_REDIS, NO_HANDSHAKE, DROPS_PLAIN]
+    [NOT_REDIS, NO_HANDSHAKE, DROPS_PLAIN, CLOSED]
         .iter()
         .any(|hint| detail.contains(hint))
 }

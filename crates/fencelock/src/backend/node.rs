@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::access::{self, Access, Timeouts};
 use super::cluster::{ClusterLink, ClusterUrl};
-use super::errors::{is_timeout, link_broke, link_failed, map_error, refused, timed_out};
+use super::errors::{
+    Scheme, is_timeout, link_broke, link_failed, map_error, new_connection_hint, refused, timed_out,
+};
 use super::eviction::{self, EvictionRisk};
 use super::sentinel::{self, SentinelUrl};
 use super::stall::{self, Stall};
@@ -133,6 +135,9 @@ struct Current {
     conn: ConnectionManager,
     /// Bumped at every switch, so that a caller knows whether someone switched already.
     epoch: u64,
+    /// Whether the server answered a script here yet: until it has, a connection it
+    /// closes without a word says that the port is not a Redis server's.
+    answered: AtomicBool,
 }
 
 /// What a Redlock client remembers of a node: who it is (two nodes that are one server
@@ -234,7 +239,7 @@ async fn first_connection(
     let connecting = ConnectionManager::new_with_config(client.clone(), manager_config(timeouts));
     match tokio::time::timeout(call_timeout, connecting).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(map_error(addr, client, &e)),
+        Ok(Err(e)) => Err(first_error(addr, client, &e)),
         Err(_) => Err(timed_out(addr, call_timeout)),
     }
 }
@@ -314,6 +319,7 @@ impl Node {
             client,
             conn,
             epoch,
+            answered: AtomicBool::new(false),
         };
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let standalone = Standalone::new(sentinel, current, timeouts, call_timeout);
@@ -913,7 +919,10 @@ impl Standalone {
             let current = self.current().await?;
             let mut conn = current.conn.clone();
             match send(&mut conn).await {
-                Ok(v) => Ok(v),
+                Ok(v) => {
+                    current.answered.store(true, Ordering::Relaxed);
+                    Ok(v)
+                }
                 Err(e) if self.sentinel.is_some() && master_may_have_moved(&e) => {
                     Box::pin(async {
                         // Ask again; go on only if the sentinels name another master.
@@ -999,6 +1008,7 @@ impl Standalone {
             client,
             conn,
             epoch: current.epoch + 1,
+            answered: AtomicBool::new(false),
         });
         // Another connection: nothing sent on the old one is waited for.
         self.stall.answered();
@@ -1145,9 +1155,40 @@ fn not_sent(addr: &str) -> Error {
     }
 }
 
+/// A driver error of `client`'s connection before the server answered anything on it,
+/// sorted as [`map_error`] does, except that a connection closed without a word is said
+/// to be no Redis server's (see [`new_connection_hint`]).
+fn first_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
+    match map_error(addr, client, e) {
+        Error::Unavailable {
+            node,
+            reason: UnavailableReason::Io,
+            detail,
+            source,
+        } if detail.is_empty() => {
+            let tls = matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            );
+            Error::Unavailable {
+                node,
+                reason: UnavailableReason::Io,
+                detail: new_connection_hint(e, tls, Scheme::Server).unwrap_or_default(),
+                source,
+            }
+        }
+        other => other,
+    }
+}
+
 impl Current {
-    /// A driver error of this connection, sorted (see [`map_error`]).
+    /// A driver error of this connection, sorted (see [`map_error`]); before the server
+    /// answered anything here, as [`first_error`].
     fn error(&self, e: &RedisError) -> Error {
-        map_error(&self.addr, &self.client, e)
+        if self.answered.load(Ordering::Relaxed) {
+            map_error(&self.addr, &self.client, e)
+        } else {
+            first_error(&self.addr, &self.client, e)
+        }
     }
 }

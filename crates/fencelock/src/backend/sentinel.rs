@@ -15,7 +15,7 @@ use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::access::{self, Access, TlsSettings};
 use super::errors::{
-    Scheme, certificate_problem, is_port_hint, port_hint, port_hint_reason, redact,
+    Scheme, certificate_problem, is_port_hint, new_connection_hint, port_hint_reason, redact,
 };
 use crate::error::{Error, UnavailableReason};
 
@@ -267,8 +267,9 @@ async fn ask_sentinel(
 }
 
 /// Why sentinel `i` gave no answer, from the driver's error: a certificate problem, a
-/// port of the wrong kind (TLS or not, or not Redis at all), nothing listening, no answer
-/// in time, or a broken connection.
+/// port of the wrong kind (TLS or not, or not Redis at all: see
+/// [`new_connection_hint`]; each ask has a connection of its own), nothing listening, no
+/// answer in time, or a broken connection.
 fn unanswered(url: &SentinelUrl, i: usize, e: &redis::RedisError) -> Error {
     let unavailable = |reason, detail: String| Error::Unavailable {
         node: url.sentinel_addr(i),
@@ -279,7 +280,7 @@ fn unanswered(url: &SentinelUrl, i: usize, e: &redis::RedisError) -> Error {
     if let Some(problem) = certificate_problem(e) {
         return unavailable(UnavailableReason::Tls, problem);
     }
-    if let Some(hint) = port_hint(e, url.tls.is_some(), Scheme::Sentinel) {
+    if let Some(hint) = new_connection_hint(e, url.tls.is_some(), Scheme::Sentinel) {
         return unavailable(port_hint_reason(&hint), hint);
     }
     if e.is_connection_refusal() {
@@ -288,7 +289,7 @@ fn unanswered(url: &SentinelUrl, i: usize, e: &redis::RedisError) -> Error {
     if e.is_timeout() || e.to_string().contains("timed out") {
         return unavailable(
             UnavailableReason::TimedOut,
-            "it accepted the connection but did not answer".to_owned(),
+            "it did not answer in time: is it a sentinel, and its port?".to_owned(),
         );
     }
     unavailable(UnavailableReason::Io, e.to_string())
