@@ -135,8 +135,9 @@ struct Current {
     conn: ConnectionManager,
     /// Bumped at every switch, so that a caller knows whether someone switched already.
     epoch: u64,
-    /// Whether the server answered a script here yet: until it has, a connection it
-    /// closes without a word says that the port is not a Redis server's.
+    /// Whether the server answered anything here yet (its setup, a script, `INFO`,
+    /// `WAIT`): until it has, a connection it closes without a word says that the port
+    /// is not a Redis server's (see [`first_error`]).
     answered: AtomicBool,
 }
 
@@ -319,7 +320,8 @@ impl Node {
             client,
             conn,
             epoch,
-            answered: AtomicBool::new(false),
+            // An eager connection was set up: the server answered its setup.
+            answered: AtomicBool::new(eager),
         };
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let standalone = Standalone::new(sentinel, current, timeouts, call_timeout);
@@ -679,7 +681,10 @@ impl Node {
         let cmd = redis::cmd("INFO").arg(section).to_owned();
         let within = self.inner.call_timeout;
         match tokio::time::timeout(within, cmd.query_async::<String>(&mut conn)).await {
-            Ok(Ok(text)) => Ok(vec![(current.addr.clone(), text)]),
+            Ok(Ok(text)) => {
+                current.answered.store(true, Ordering::Relaxed);
+                Ok(vec![(current.addr.clone(), text)])
+            }
             Ok(Err(e)) => Err(current.error(&e)),
             Err(_) => Err(timed_out(&current.addr, within)),
         }
@@ -751,10 +756,15 @@ impl Node {
                     .arg(within.as_millis() as u64)
                     .to_owned();
                 match tokio::time::timeout(bound, wait.query_async::<i64>(&mut conn)).await {
-                    Ok(answer) => (
-                        current.addr.clone(),
-                        answer.map_err(|e| (current.error(&e), e)),
-                    ),
+                    Ok(answer) => {
+                        if answer.is_ok() {
+                            current.answered.store(true, Ordering::Relaxed);
+                        }
+                        (
+                            current.addr.clone(),
+                            answer.map_err(|e| (current.error(&e), e)),
+                        )
+                    }
                     Err(_) => return Err(timed_out(&current.addr, bound)),
                 }
             }
@@ -812,7 +822,10 @@ impl Node {
         let mut conn = current.conn.clone();
         let info = redis::cmd("INFO").arg("server").to_owned();
         let text: String = match tokio::time::timeout(within, info.query_async(&mut conn)).await {
-            Ok(Ok(text)) => text,
+            Ok(Ok(text)) => {
+                current.answered.store(true, Ordering::Relaxed);
+                text
+            }
             Ok(Err(e)) => return Err(current.error(&e)),
             Err(_) => return Err(timed_out(&current.addr, within)),
         };
