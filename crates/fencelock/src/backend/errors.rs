@@ -195,7 +195,7 @@ const NO_HANDSHAKE: &str = "no TLS handshake: ";
 const DROPS_PLAIN: &str = "(which drops plain connections)";
 
 /// What a connection that failed says about the port, as one line saying what to use:
-/// a port that does not speak Redis's protocol (an HTTP server, PostgreSQL), a TLS
+/// a port that does not speak Redis's protocol (an HTTP server, say), a TLS
 /// connection to a plain port (no handshake comes: the call times out), a plain one to
 /// a TLS port (which drops it). `tls`: whether the connection was TLS. `None` for any
 /// other failure. (The driver's cluster connection wraps the seeds' errors in one of its
@@ -245,8 +245,8 @@ pub(super) fn new_connection_hint(e: &RedisError, tls: bool, scheme: Scheme) -> 
     .then(|| CLOSED.to_owned())
 }
 
-/// Whether an error's `detail` is (or holds) a [`port_hint`]: the URL names the wrong kind of port, which
-/// no retry mends.
+/// Whether an error's `detail` is (or holds) a [`port_hint`] or the hint of
+/// [`new_connection_hint`]: the URL names the wrong kind of port, which no retry mends.
 pub(super) fn is_port_hint(detail: &str) -> bool {
     [NOT_REDIS, NO_HANDSHAKE, DROPS_PLAIN, CLOSED]
         .iter()
