@@ -272,7 +272,9 @@ fn rejected_advice(code: &str) -> &'static str {
         "NOPERM" => {
             ": give the Redis user what the README's ACL line allows (ACL SETUSER fencelock ...)"
         }
-        "READONLY" => ": it is a read-only replica; point fencelock at the master",
+        "READONLY" => {
+            ": point fencelock at the master, or use redis+sentinel:// (which follows the master)"
+        }
         "OOM" => ": it is out of memory (maxmemory); free memory or raise the limit",
         "MASTERDOWN" => ": its master is down; wait for a failover",
         "LOADING" => ": it is loading its data; try again shortly",

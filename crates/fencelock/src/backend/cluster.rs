@@ -41,7 +41,10 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
 
 use super::access::{self, Access, Timeouts, TlsSettings};
-use super::errors::{certificate_problem, redact, refused, sort_error, timed_out};
+use super::errors::{
+    Scheme, certificate_problem, new_connection_hint, not_a_server, port_hint_reason, redact,
+    refused, sort_error, timed_out,
+};
 use crate::error::{Error, UnavailableReason};
 use crate::scripts::replies::{Owned, Renewed};
 use crate::scripts::{self, Call, Flavor};
@@ -205,6 +208,18 @@ impl Topology {
         Some(topology.as_ref()?.shard_for_slot(slot)?.primary().clone())
     }
 
+    /// Whether the driver learned a topology in which no node serves any slot (a node
+    /// of a cluster not created yet).
+    fn is_empty(&self) -> bool {
+        let topology = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        topology
+            .as_ref()
+            .is_some_and(|t| t.shards().next().is_none())
+    }
+
     /// Every master that serves slots now.
     fn masters(&self) -> Vec<NodeAddress> {
         let topology = self
@@ -358,7 +373,7 @@ impl ClusterLink {
         };
         match tokio::time::timeout(within, attempt).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(refused(call, cluster_error(&node(), &e), Flavor::Cluster)),
+            Ok(Err(e)) => Err(refused(call, self.error(&node(), &e), Flavor::Cluster)),
             Err(_) => Err(timed_out(&node(), within)),
         }
     }
@@ -496,7 +511,7 @@ impl ClusterLink {
         let ping = self.send(redis::cmd("PING"), random);
         match tokio::time::timeout(self.call_timeout, ping).await {
             Ok(Ok(_)) => Ok(self.topology.masters()),
-            Ok(Err(e)) => Err(cluster_error(&self.label(), &e)),
+            Ok(Err(e)) => Err(self.error(&self.label(), &e)),
             Err(_) => Err(timed_out(&self.label(), self.call_timeout)),
         }
     }
@@ -515,11 +530,11 @@ impl ClusterLink {
             let value = match tokio::time::timeout(self.call_timeout, self.send(info, route)).await
             {
                 Ok(Ok(value)) => value,
-                Ok(Err(e)) => return Err(cluster_error(&addr, &e)),
+                Ok(Err(e)) => return Err(self.error(&addr, &e)),
                 Err(_) => return Err(timed_out(&addr, self.call_timeout)),
             };
             let text: String = FromRedisValue::from_redis_value(value)
-                .map_err(|e| cluster_error(&addr, &RedisError::from(e)))?;
+                .map_err(|e| self.error(&addr, &RedisError::from(e)))?;
             Ok((addr, text))
         });
         join_all(asks).await.into_iter().collect()
@@ -543,11 +558,11 @@ impl ClusterLink {
             let value = match tokio::time::timeout(self.call_timeout, self.send(page, route)).await
             {
                 Ok(Ok(value)) => value,
-                Ok(Err(e)) => return Err(cluster_error(&addr, &e)),
+                Ok(Err(e)) => return Err(self.error(&addr, &e)),
                 Err(_) => return Err(timed_out(&addr, self.call_timeout)),
             };
             let (next, found): (u64, Vec<String>) = FromRedisValue::from_redis_value(value)
-                .map_err(|e| cluster_error(&addr, &RedisError::from(e)))?;
+                .map_err(|e| self.error(&addr, &RedisError::from(e)))?;
             keys.extend(found);
             if next == 0 {
                 return Ok(keys);
@@ -601,9 +616,22 @@ impl ClusterLink {
         }
     }
 
-    /// A driver error of a call to `node` (a master's `host:port`, or the seeds), sorted.
+    /// A driver error of a call to `node` (a master's `host:port`, or the seeds), sorted:
+    /// seeds that answered but serve no slot are said so (the driver finds no connection
+    /// for any slot, as when every node is down), seeds of the wrong kind as
+    /// [`seeds_unanswered`] says, else as [`cluster_error`].
     pub fn error(&self, node: &str, e: &RedisError) -> Error {
-        cluster_error(node, e)
+        if e.kind() == redis::ErrorKind::ClusterConnectionNotFound && self.topology.is_empty() {
+            return Error::Unavailable {
+                node: node.to_owned(),
+                reason: UnavailableReason::ClusterDown,
+                detail: "the seeds answer, but serve no slot: this node is in no cluster yet \
+                         (redis-cli --cluster create), or name nodes of one that is"
+                    .to_owned(),
+                source: None,
+            };
+        }
+        seeds_unanswered(&self.url, node, e).unwrap_or_else(|| cluster_error(node, e))
     }
 }
 
@@ -664,6 +692,9 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
         code: code.to_owned(),
         message: message.to_owned(),
     };
+    if let Some(sentinel) = not_a_server(node, e) {
+        return sentinel;
+    }
     if text.contains("cluster support disabled") {
         return rejected(
             "ERR",
@@ -713,9 +744,38 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
     }
 }
 
-/// An error connecting to the cluster at `url`: as [`cluster_error`], a connection
-/// refused or broken meaning that no seed answers.
+/// Why no seed of the cluster at `url` could be connected to, when their ports are of
+/// the wrong kind (TLS or not, or not Redis at all: see [`new_connection_hint`]) or do
+/// not answer in time; `None` for any other error. `node`: the master called, or the
+/// seeds.
+fn seeds_unanswered(url: &ClusterUrl, node: &str, e: &RedisError) -> Option<Error> {
+    let text = e.to_string();
+    if !text.contains("initial connections") || certificate_problem(e).is_some() {
+        return None;
+    }
+    let unavailable = |reason, detail: String| Error::Unavailable {
+        node: node.to_owned(),
+        reason,
+        detail,
+        source: None,
+    };
+    if let Some(hint) = new_connection_hint(e, url.tls.is_some(), Scheme::Cluster) {
+        return Some(unavailable(port_hint_reason(&hint), hint));
+    }
+    text.contains("timed out").then(|| {
+        unavailable(
+            UnavailableReason::TimedOut,
+            "no seed answered in time: are they Redis Cluster nodes, and their ports?".to_owned(),
+        )
+    })
+}
+
+/// An error connecting to the cluster at `url`: as [`seeds_unanswered`], then as
+/// [`cluster_error`], a connection refused or broken meaning that no seed answers.
 fn connect_error(url: &ClusterUrl, e: &RedisError) -> Error {
+    if let Some(error) = seeds_unanswered(url, &url.label(), e) {
+        return error;
+    }
     match cluster_error(&url.label(), e) {
         Error::Unavailable {
             node,

@@ -138,31 +138,156 @@ pub(super) fn map_error(addr: &str, client: &redis::Client, e: &RedisError) -> E
             ),
         };
     }
+    if let Some(error) = not_a_server(addr, e) {
+        return error;
+    }
     match sort_error(addr, e) {
         Error::Unavailable {
             node,
             reason: reason @ (UnavailableReason::TimedOut | UnavailableReason::Io),
             detail,
             source,
-        } if detail.is_empty() => {
-            let detail = match (tls, reason) {
-                (true, UnavailableReason::TimedOut) => {
-                    "no TLS handshake: if the port is not a TLS port, use redis://"
-                }
-                (false, UnavailableReason::Io) if e.to_string().contains("reset by peer") => {
-                    "if the port is a TLS port (which drops plain connections), use rediss://"
-                }
-                _ => "",
-            };
-            Error::Unavailable {
-                node,
-                reason,
-                detail: detail.to_owned(),
-                source,
-            }
-        }
+        } if detail.is_empty() => Error::Unavailable {
+            node,
+            reason,
+            detail: port_hint(e, tls, Scheme::Server).unwrap_or_default(),
+            source,
+        },
         other => other,
     }
+}
+
+/// The URL forms a hint names: a server's, the sentinels', a cluster's (each with its
+/// TLS form).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Scheme {
+    /// `redis://`, `rediss://`.
+    Server,
+    /// `redis+sentinel://`, `rediss+sentinel://`.
+    Sentinel,
+    /// `redis+cluster://`, `rediss+cluster://`.
+    Cluster,
+}
+
+impl Scheme {
+    fn plain(self) -> &'static str {
+        match self {
+            Self::Server => "redis://",
+            Self::Sentinel => "redis+sentinel://",
+            Self::Cluster => "redis+cluster://",
+        }
+    }
+
+    fn tls(self) -> &'static str {
+        match self {
+            Self::Server => "rediss://",
+            Self::Sentinel => "rediss+sentinel://",
+            Self::Cluster => "rediss+cluster://",
+        }
+    }
+}
+
+/// The hint for a port that does not speak Redis's protocol.
+const NOT_REDIS: &str =
+    "it does not answer in Redis's protocol: this is not a Redis server, or not its port";
+/// How every TLS/plain mix-up hint begins.
+const NO_HANDSHAKE: &str = "no TLS handshake: ";
+const DROPS_PLAIN: &str = "(which drops plain connections)";
+
+/// What a connection that failed says about the port, as one line saying what to use:
+/// a port that does not speak Redis's protocol (an HTTP server, say), a TLS
+/// connection to a plain port (no handshake comes: the call times out), a plain one to
+/// a TLS port (which drops it). `tls`: whether the connection was TLS. `None` for any
+/// other failure. (The driver's cluster connection wraps the seeds' errors in one of its
+/// own: the text is what tells them apart.)
+pub(super) fn port_hint(e: &RedisError, tls: bool, scheme: Scheme) -> Option<String> {
+    let text = e.to_string();
+    if text.contains("Parse error at") {
+        return Some(NOT_REDIS.to_owned());
+    }
+    if tls && (e.is_timeout() || text.contains("timed out")) {
+        return Some(format!(
+            "{NO_HANDSHAKE}if the port is not a TLS port, use {}",
+            scheme.plain()
+        ));
+    }
+    if !tls && text.contains("reset by peer") {
+        return Some(format!(
+            "if the port is a TLS port {DROPS_PLAIN}, use {}",
+            scheme.tls()
+        ));
+    }
+    None
+}
+
+/// The hint for a port that closed a new connection without a word (PostgreSQL does so
+/// with what a Redis client sends first).
+const CLOSED: &str =
+    "it closed the connection without answering: this is not a Redis server, or not its port";
+
+/// As [`port_hint`], for a connection made for the call that failed (to a sentinel, to a
+/// cluster's seeds): one closed at once, without an answer, is also said so. (On a
+/// connection that served calls before, that is a server restarting.)
+pub(super) fn new_connection_hint(e: &RedisError, tls: bool, scheme: Scheme) -> Option<String> {
+    if let Some(hint) = port_hint(e, tls, scheme) {
+        return Some(hint);
+    }
+    let text = e.to_string().to_ascii_lowercase();
+    [
+        "broken pipe",
+        "end of file",
+        "handshake eof",
+        "connection closed",
+        "aborted",
+    ]
+    .iter()
+    .any(|closed| text.contains(closed))
+    .then(|| CLOSED.to_owned())
+}
+
+/// Whether an error's `detail` is (or holds) a [`port_hint`] or the hint of
+/// [`new_connection_hint`]: the URL names the wrong kind of port, which no retry mends.
+pub(super) fn is_port_hint(detail: &str) -> bool {
+    [NOT_REDIS, NO_HANDSHAKE, DROPS_PLAIN, CLOSED]
+        .iter()
+        .any(|hint| detail.contains(hint))
+}
+
+/// The reason of an [`Error::Unavailable`] with a [`port_hint`]: a TLS connection to a
+/// plain port times out, the rest break.
+pub(super) fn port_hint_reason(hint: &str) -> UnavailableReason {
+    if hint.starts_with(NO_HANDSHAKE) {
+        UnavailableReason::TimedOut
+    } else {
+        UnavailableReason::Io
+    }
+}
+
+/// A server that is not the Redis server a URL should name, said as such: a Redis
+/// Sentinel has neither scripts nor `CLUSTER` (a server answers `unknown command`
+/// before it asks for a password); `addr` is the address it was reached at. `None` for
+/// any other error.
+pub(super) fn not_a_server(addr: &str, e: &RedisError) -> Option<Error> {
+    let unknown = e.code() == Some("ERR")
+        && e.detail().is_some_and(|d| {
+            ["'SCRIPT'", "'EVALSHA'", "'EVAL'", "'CLUSTER'"]
+                .iter()
+                .any(|c| d.starts_with(&format!("unknown command {c}")))
+        });
+    unknown.then(|| Error::Rejected {
+        node: addr.to_owned(),
+        code: "SENTINEL".to_owned(),
+        message: format!(
+            "this is a Redis Sentinel, not a Redis server (it has no {}): use \
+             redis+sentinel://{addr}/SERVICE, SERVICE being the name its sentinel monitor \
+             line gives the master",
+            if e.detail().is_some_and(|d| d.contains("'CLUSTER'")) {
+                "CLUSTER command"
+            } else {
+                "scripts"
+            }
+        ),
+    })
 }
 
 /// Sorts a driver error into the variant the caller acts on: what fencelock can name
@@ -237,9 +362,7 @@ fn link_error(addr: &str, e: &RedisError) -> Option<Error> {
         ErrorKind::Parse if e.to_string().contains("Parse error at") => Some(Error::Unavailable {
             node: addr.to_owned(),
             reason: UnavailableReason::Io,
-            detail: "it does not answer in Redis's protocol: is it a Redis server, and \
-                         the right port?"
-                .to_owned(),
+            detail: NOT_REDIS.to_owned(),
             source: Some(DriverError::new(e.clone())),
         }),
         ErrorKind::Io => Some(unavailable(UnavailableReason::Io)),
@@ -266,6 +389,12 @@ fn rejected(addr: &str, e: &RedisError) -> Error {
             node: addr.to_owned(),
             code: "WRONGPASS".to_owned(),
             message: "authentication failed: wrong user name or password".to_owned(),
+        },
+        // The server's text names the script and its line: none of the user's concern.
+        _ if e.code() == Some("READONLY") => Error::Rejected {
+            node: addr.to_owned(),
+            code: "READONLY".to_owned(),
+            message: "this is a read-only replica".to_owned(),
         },
         _ if e.code().is_some() => Error::Rejected {
             node: addr.to_owned(),

@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::access::{self, Access, Timeouts};
 use super::cluster::{ClusterLink, ClusterUrl};
-use super::errors::{is_timeout, link_broke, link_failed, map_error, refused, timed_out};
+use super::errors::{
+    Scheme, is_timeout, link_broke, link_failed, map_error, new_connection_hint, refused, timed_out,
+};
 use super::eviction::{self, EvictionRisk};
 use super::sentinel::{self, SentinelUrl};
 use super::stall::{self, Stall};
@@ -133,6 +135,10 @@ struct Current {
     conn: ConnectionManager,
     /// Bumped at every switch, so that a caller knows whether someone switched already.
     epoch: u64,
+    /// Whether the server answered anything here yet (its setup, a script, `INFO`,
+    /// `WAIT`): until it has, a connection it closes without a word says that the port
+    /// is not a Redis server's (see [`first_error`]).
+    answered: AtomicBool,
 }
 
 /// What a Redlock client remembers of a node: who it is (two nodes that are one server
@@ -234,7 +240,7 @@ async fn first_connection(
     let connecting = ConnectionManager::new_with_config(client.clone(), manager_config(timeouts));
     match tokio::time::timeout(call_timeout, connecting).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(map_error(addr, client, &e)),
+        Ok(Err(e)) => Err(first_error(addr, client, &e)),
         Err(_) => Err(timed_out(addr, call_timeout)),
     }
 }
@@ -314,6 +320,8 @@ impl Node {
             client,
             conn,
             epoch,
+            // An eager connection was set up: the server answered its setup.
+            answered: AtomicBool::new(eager),
         };
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let standalone = Standalone::new(sentinel, current, timeouts, call_timeout);
@@ -673,7 +681,10 @@ impl Node {
         let cmd = redis::cmd("INFO").arg(section).to_owned();
         let within = self.inner.call_timeout;
         match tokio::time::timeout(within, cmd.query_async::<String>(&mut conn)).await {
-            Ok(Ok(text)) => Ok(vec![(current.addr.clone(), text)]),
+            Ok(Ok(text)) => {
+                current.answered.store(true, Ordering::Relaxed);
+                Ok(vec![(current.addr.clone(), text)])
+            }
             Ok(Err(e)) => Err(current.error(&e)),
             Err(_) => Err(timed_out(&current.addr, within)),
         }
@@ -745,10 +756,15 @@ impl Node {
                     .arg(within.as_millis() as u64)
                     .to_owned();
                 match tokio::time::timeout(bound, wait.query_async::<i64>(&mut conn)).await {
-                    Ok(answer) => (
-                        current.addr.clone(),
-                        answer.map_err(|e| (current.error(&e), e)),
-                    ),
+                    Ok(answer) => {
+                        if answer.is_ok() {
+                            current.answered.store(true, Ordering::Relaxed);
+                        }
+                        (
+                            current.addr.clone(),
+                            answer.map_err(|e| (current.error(&e), e)),
+                        )
+                    }
                     Err(_) => return Err(timed_out(&current.addr, bound)),
                 }
             }
@@ -806,7 +822,10 @@ impl Node {
         let mut conn = current.conn.clone();
         let info = redis::cmd("INFO").arg("server").to_owned();
         let text: String = match tokio::time::timeout(within, info.query_async(&mut conn)).await {
-            Ok(Ok(text)) => text,
+            Ok(Ok(text)) => {
+                current.answered.store(true, Ordering::Relaxed);
+                text
+            }
             Ok(Err(e)) => return Err(current.error(&e)),
             Err(_) => return Err(timed_out(&current.addr, within)),
         };
@@ -913,7 +932,10 @@ impl Standalone {
             let current = self.current().await?;
             let mut conn = current.conn.clone();
             match send(&mut conn).await {
-                Ok(v) => Ok(v),
+                Ok(v) => {
+                    current.answered.store(true, Ordering::Relaxed);
+                    Ok(v)
+                }
                 Err(e) if self.sentinel.is_some() && master_may_have_moved(&e) => {
                     Box::pin(async {
                         // Ask again; go on only if the sentinels name another master.
@@ -999,6 +1021,7 @@ impl Standalone {
             client,
             conn,
             epoch: current.epoch + 1,
+            answered: AtomicBool::new(false),
         });
         // Another connection: nothing sent on the old one is waited for.
         self.stall.answered();
@@ -1145,9 +1168,40 @@ fn not_sent(addr: &str) -> Error {
     }
 }
 
+/// A driver error of `client`'s connection before the server answered anything on it,
+/// sorted as [`map_error`] does, except that a connection closed without a word is said
+/// to be no Redis server's (see [`new_connection_hint`]).
+fn first_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
+    match map_error(addr, client, e) {
+        Error::Unavailable {
+            node,
+            reason: UnavailableReason::Io,
+            detail,
+            source,
+        } if detail.is_empty() => {
+            let tls = matches!(
+                client.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            );
+            Error::Unavailable {
+                node,
+                reason: UnavailableReason::Io,
+                detail: new_connection_hint(e, tls, Scheme::Server).unwrap_or_default(),
+                source,
+            }
+        }
+        other => other,
+    }
+}
+
 impl Current {
-    /// A driver error of this connection, sorted (see [`map_error`]).
+    /// A driver error of this connection, sorted (see [`map_error`]); before the server
+    /// answered anything here, as [`first_error`].
     fn error(&self, e: &RedisError) -> Error {
-        map_error(&self.addr, &self.client, e)
+        if self.answered.load(Ordering::Relaxed) {
+            map_error(&self.addr, &self.client, e)
+        } else {
+            first_error(&self.addr, &self.client, e)
+        }
     }
 }

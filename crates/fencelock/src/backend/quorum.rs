@@ -384,6 +384,11 @@ impl AcquireTally<'_> {
                 self.fatal = Some(e);
                 return true;
             }
+            // A port of the wrong kind (TLS or not, or not Redis): said in full, since
+            // no wait mends it.
+            Err(Error::Unavailable { detail, .. }) if super::errors::is_port_hint(&detail) => {
+                NodeOutcome::Refused(detail)
+            }
             Err(Error::Unavailable { reason, .. }) => NodeOutcome::Unavailable(reason),
             Err(e) => NodeOutcome::Refused(e.to_string()),
         };

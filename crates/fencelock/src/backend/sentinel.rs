@@ -14,7 +14,9 @@ use futures_util::future::join_all;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
 
 use super::access::{self, Access, TlsSettings};
-use super::errors::{certificate_problem, redact};
+use super::errors::{
+    Scheme, certificate_problem, is_port_hint, new_connection_hint, port_hint_reason, redact,
+};
 use crate::error::{Error, UnavailableReason};
 
 /// A parsed `redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/DB]`
@@ -254,20 +256,7 @@ async fn ask_sentinel(
                       by default); for a server itself, use redis://"
                 .to_owned(),
         }),
-        Ok(Err(e)) => Err(match certificate_problem(&e) {
-            Some(problem) => Error::Unavailable {
-                node: url.sentinel_addr(i),
-                reason: UnavailableReason::Tls,
-                detail: format!("sentinel: {problem}"),
-                source: None,
-            },
-            None => Error::Unavailable {
-                node: url.sentinel_addr(i),
-                reason: UnavailableReason::Io,
-                detail: format!("sentinel: {e}"),
-                source: None,
-            },
-        }),
+        Ok(Err(e)) => Err(unanswered(url, i, &e)),
         Err(_) => Err(Error::Unavailable {
             node: url.sentinel_addr(i),
             reason: UnavailableReason::TimedOut,
@@ -275,6 +264,35 @@ async fn ask_sentinel(
             source: None,
         }),
     }
+}
+
+/// Why sentinel `i` gave no answer, from the driver's error: a certificate problem, a
+/// port of the wrong kind (TLS or not, or not Redis at all: see
+/// [`new_connection_hint`]; each ask has a connection of its own), nothing listening, no
+/// answer in time, or a broken connection.
+fn unanswered(url: &SentinelUrl, i: usize, e: &redis::RedisError) -> Error {
+    let unavailable = |reason, detail: String| Error::Unavailable {
+        node: url.sentinel_addr(i),
+        reason,
+        detail: format!("sentinel: {detail}"),
+        source: None,
+    };
+    if let Some(problem) = certificate_problem(e) {
+        return unavailable(UnavailableReason::Tls, problem);
+    }
+    if let Some(hint) = new_connection_hint(e, url.tls.is_some(), Scheme::Sentinel) {
+        return unavailable(port_hint_reason(&hint), hint);
+    }
+    if e.is_connection_refusal() {
+        return unavailable(UnavailableReason::Refused, e.to_string());
+    }
+    if e.is_timeout() || e.to_string().contains("timed out") {
+        return unavailable(
+            UnavailableReason::TimedOut,
+            "it did not answer in time: is it a sentinel, and its port?".to_owned(),
+        );
+    }
+    unavailable(UnavailableReason::Io, e.to_string())
 }
 
 /// The master that most of the sentinels that answered name, from every sentinel's
@@ -322,13 +340,12 @@ fn elect(
 }
 
 /// Why no sentinel answered, from their `answers` (every one an error): a problem to
-/// fix, if one said so, before "every sentinel is down".
+/// fix, if one said so (refused credentials, a certificate, a port of the wrong kind),
+/// before "every sentinel is down"; the one sentinel's own error if it is the only one.
 fn none_answered(
     url: &SentinelUrl,
     mut answers: Vec<Result<Option<(String, u16)>, Error>>,
 ) -> Error {
-    // What to fix comes first: refused credentials, a certificate problem; only
-    // sentinels that did not answer at all are down.
     let fixable = answers.iter().position(|a| {
         matches!(
             a,
@@ -337,14 +354,34 @@ fn none_answered(
                     reason: UnavailableReason::Tls,
                     ..
                 })
-        )
+        ) || matches!(a, Err(Error::Unavailable { detail, .. }) if is_port_hint(detail))
     });
+    let refused = |a: &Result<_, Error>| {
+        matches!(
+            a,
+            Err(Error::Unavailable {
+                reason: UnavailableReason::Refused,
+                ..
+            })
+        )
+    };
+    let only_refusals = answers.iter().all(refused);
     if let Some(Err(problem)) = fixable.map(|i| answers.swap_remove(i)) {
         return problem;
     }
+    if answers.len() == 1
+        && !only_refusals
+        && let Some(Err(own)) = answers.pop()
+    {
+        return own;
+    }
     Error::Unavailable {
         node: url.label(),
-        reason: UnavailableReason::Refused,
+        reason: if only_refusals {
+            UnavailableReason::Refused
+        } else {
+            UnavailableReason::Io
+        },
         detail: "every sentinel is down or unreachable".to_owned(),
         source: None,
     }
@@ -394,13 +431,13 @@ async fn role(addr: &str, master: &redis::Client, within: Duration) -> Result<St
     }
 }
 
-/// Whether the server refused the credentials (or wanted some).
 /// Whether a server refused `SENTINEL` as a command it does not know: a Redis server
 /// (not a sentinel) at a sentinel's address.
 fn not_a_sentinel(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("unknown command"))
 }
 
+/// Whether the server refused the credentials (or wanted some).
 fn auth_refused(e: &redis::RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
