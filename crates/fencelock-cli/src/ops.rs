@@ -548,7 +548,11 @@ fn leader_text(leader: &fencelock::Leader) -> String {
     } else {
         info_text(&leader.info)
     };
-    format!("term {}, leading for {}: {who}", leader.term, Human(led_for))
+    format!(
+        "term {}, leading for {}: {who}",
+        leader.term,
+        Human(led_for)
+    )
 }
 
 /// `status` for people.

@@ -119,7 +119,10 @@ fn process_gone(pid: u32) -> bool {
 }
 
 fn now_ns() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }
 
 fn tempdir() -> (tempfile::TempDir, PathBuf) {
@@ -137,7 +140,10 @@ fn a_killed_leaders_standby_runs_command_only_after_the_old_lease_with_a_higher_
     let mut b = elector(&server, "2s", "svc", &dir, "exec sleep 600");
     let first = wait_for_starts(&dir, 1, &mut [&mut a, &mut b]).remove(0);
     assert_eq!(first.name, "svc");
-    assert_eq!(first.term, first.token, "FENCELOCK_TERM is the fencing token");
+    assert_eq!(
+        first.term, first.token,
+        "FENCELOCK_TERM is the fencing token"
+    );
     // One leader: the standby's COMMAND does not start meanwhile.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(starts(&dir).len(), 1, "two COMMANDs at once");
@@ -193,7 +199,13 @@ fn a_command_that_exits_on_its_own_ends_elect_with_its_status_and_a_standby_lead
     let server = RedisServer::start();
     let (_keep, dir) = tempdir();
     // A long lease: only the resignation can let the standby in soon.
-    let mut a = elector(&server, "60s", "once", &dir, r#"while [ ! -e "$0/go" ]; do sleep 0.01; done; exit 3"#);
+    let mut a = elector(
+        &server,
+        "60s",
+        "once",
+        &dir,
+        r#"while [ ! -e "$0/go" ]; do sleep 0.01; done; exit 3"#,
+    );
     let first = wait_for_starts(&dir, 1, &mut [&mut a]).remove(0);
     let mut b = elector(&server, "60s", "once", &dir, "exec sleep 600");
     testkit::eventually("the standby campaigns", EVENT_TIMEOUT, || {
@@ -207,7 +219,10 @@ fn a_command_that_exits_on_its_own_ends_elect_with_its_status_and_a_standby_lead
     let status = a.0.wait().unwrap();
     assert_eq!(status.code(), Some(3), "COMMAND's status");
     let second = wait_for_starts(&dir, 2, &mut [&mut b]).remove(1);
-    assert!(exited.elapsed() < Duration::from_secs(30), "woken by the resignation");
+    assert!(
+        exited.elapsed() < Duration::from_secs(30),
+        "woken by the resignation"
+    );
     assert!(second.term > first.term);
 }
 
@@ -251,7 +266,14 @@ fn status_names_the_leader_with_its_term() {
 
 #[test]
 fn bad_input_is_one_line_and_exit_64() {
-    let run = fencelock(&["elect", "--redis", "redis://127.0.0.1:1", "a{b}", "--", "true"]);
+    let run = fencelock(&[
+        "elect",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "a{b}",
+        "--",
+        "true",
+    ]);
     run.fails_with(64);
     let run = fencelock(&["elect", "--ttl", "0s", "x", "--", "true"]);
     run.fails_with(64);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::admin;
+use crate::admin::{Holder, LockState};
 use crate::backend::subscriber::{Subscription, next_waiter_id};
 use crate::builder::sealed::{Chosen, Sealed};
 use crate::builder::{AcquireBuilder, Kind};
@@ -14,7 +15,6 @@ use crate::keys::LockKeys;
 use crate::protocols::{self, Wake};
 use crate::shared::Shared;
 use crate::token::FencingToken;
-use crate::admin::{Holder, LockState};
 
 /// With nobody leading, an [`Observer`] reads the leader again at least this often,
 /// in case a message was lost (pub/sub is a hint): with a leader, it reads again when
@@ -443,9 +443,11 @@ impl Observer {
             // With a leader: when its lease would end, counted from the read that
             // reported it.
             let until_read = match &self.current {
-                Some(leader) => (self.read_at + leader.remaining.min(LONGEST_WAIT))
-                    .saturating_duration_since(Instant::now())
-                    + EXPIRY_MARGIN,
+                Some(leader) => {
+                    (self.read_at + leader.remaining.min(LONGEST_WAIT))
+                        .saturating_duration_since(Instant::now())
+                        + EXPIRY_MARGIN
+                }
                 None => RECHECK,
             };
             let notified = futures_util::future::select_all(

@@ -473,10 +473,13 @@ static ACQUIRE_DURATION_KEYS: [[Key; 5]; 6] = key_table!(
     [0, 1, 2, 3, 4, 5],
     [0, 1, 2, 3, 4]
 );
-static ACQUIRE_WAIT_KEYS: [[Key; 5]; 6] =
-    key_table!(ACQUIRE_WAIT, MODE_OUTCOME, [0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4]);
-static ACQUIRE_CONTENDED_KEYS: [Key; 6] =
-    key_table!(ACQUIRE_CONTENDED, MODE, [0, 1, 2, 3, 4, 5]);
+static ACQUIRE_WAIT_KEYS: [[Key; 5]; 6] = key_table!(
+    ACQUIRE_WAIT,
+    MODE_OUTCOME,
+    [0, 1, 2, 3, 4, 5],
+    [0, 1, 2, 3, 4]
+);
+static ACQUIRE_CONTENDED_KEYS: [Key; 6] = key_table!(ACQUIRE_CONTENDED, MODE, [0, 1, 2, 3, 4, 5]);
 static ACQUIRE_HANDOFFS_KEYS: [Key; 6] = key_table!(ACQUIRE_HANDOFFS, MODE, [0, 1, 2, 3, 4, 5]);
 static WAITER_WAKEUPS_KEYS: [Key; 2] = key_table!(WAITER_WAKEUPS, WAKE, [0, 1]);
 static RELEASES_KEYS: [[Key; 4]; 2] = key_table!(RELEASES, KIND_OUTCOME, [0, 1], [0, 1, 2, 3]);

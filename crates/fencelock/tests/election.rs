@@ -88,11 +88,9 @@ async fn a_leader_gone_without_resigning_is_replaced_after_its_lease_and_never_b
     let old = a.election("e").lease(lease).campaign().await.unwrap();
     let old_term = old.term();
     let standby = tokio::spawn(b.election("e").lease(lease).campaign());
-    eventually(
-        "the standby waits",
-        Duration::from_secs(5),
-        async || b.stats().waiters == 1,
-    )
+    eventually("the standby waits", Duration::from_secs(5), async || {
+        b.stats().waiters == 1
+    })
     .await;
     // The leader's task is gone without a word: nothing renews or releases its lease
     // (detach sends nothing), as when its process dies.
@@ -141,7 +139,11 @@ async fn an_observer_hears_each_change_by_pubsub_and_an_expiry_when_the_lease_en
     let (mut observer, seen, at) = changed.await.unwrap();
     let seen = seen.unwrap().expect("a leads");
     assert_eq!((seen.term, seen.info.as_str()), (first.term(), "a"));
-    assert!(at - started < soon, "heard the win after {:?}", at - started);
+    assert!(
+        at - started < soon,
+        "heard the win after {:?}",
+        at - started
+    );
 
     // A resignation: heard at once, not when the 30 s lease would have ended.
     let resigned = Instant::now();
@@ -163,7 +165,13 @@ async fn an_observer_hears_each_change_by_pubsub_and_an_expiry_when_the_lease_en
     assert_eq!(seen.term, second.term());
     assert!(seen.term > first_term);
     let asked = Instant::now();
-    let left = watcher.election("obs").leader().await.unwrap().unwrap().remaining;
+    let left = watcher
+        .election("obs")
+        .leader()
+        .await
+        .unwrap()
+        .unwrap()
+        .remaining;
     let _ = second.into_guard().detach();
     assert_eq!(observer.changed().await.unwrap(), None);
     let heard = Instant::now();
@@ -224,14 +232,14 @@ async fn a_dropped_leadership_resigns_in_the_background_and_tells_the_followers(
     let watcher = Client::connect(&redis.url()).await.unwrap();
     let leadership = a.election("drop").campaign().await.unwrap();
     let mut observer = watcher.election("drop").observe().await.unwrap();
-    assert_eq!(
-        observer.leader().map(|l| l.term),
-        Some(leadership.term())
-    );
+    assert_eq!(observer.leader().map(|l| l.term), Some(leadership.term()));
     let dropped = Instant::now();
     drop(leadership);
     assert_eq!(observer.changed().await.unwrap(), None);
-    assert!(dropped.elapsed() < Duration::from_secs(10), "not the 30 s lease");
+    assert!(
+        dropped.elapsed() < Duration::from_secs(10),
+        "not the 30 s lease"
+    );
     assert!(!redis.exists("fencelock:{drop}"));
     assert!(!redis.exists("fencelock:{drop}:holder"));
 }
@@ -267,12 +275,21 @@ async fn bad_input_other_locks_and_redlock_are_refused_with_typed_errors() {
     assert!(matches!(err, Error::Held { .. }), "{err:?}");
     lock.release().await.unwrap();
     // Another kind of lock under the name: refused, and left as it was.
-    let reentrant = c.lock("owned").reentrant("job").try_acquire().await.unwrap();
+    let reentrant = c
+        .lock("owned")
+        .reentrant("job")
+        .try_acquire()
+        .await
+        .unwrap();
     let err = c.election("owned").campaign().await.unwrap_err();
     assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
     reentrant.release().await.unwrap();
     // Redlock: refused before anything is sent.
-    let (r1, r2, r3) = (RedisServer::start(), RedisServer::start(), RedisServer::start());
+    let (r1, r2, r3) = (
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    );
     let redlock = Client::redlock([r1.url(), r2.url(), r3.url()])
         .connect()
         .await
@@ -315,9 +332,7 @@ async fn the_leader_keeps_leading_across_a_sentinel_failover_and_terms_go_on_up(
     eventually(
         "the new master names the leader",
         FAILOVER,
-        async || {
-            matches!(a.election("f").leader().await, Ok(Some(l)) if l.term == leader.term())
-        },
+        async || matches!(a.election("f").leader().await, Ok(Some(l)) if l.term == leader.term()),
     )
     .await;
     tokio::time::sleep(lease / 2).await;
