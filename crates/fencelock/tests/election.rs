@@ -1,12 +1,12 @@
 //! Leader election against real servers: one leader among three electors, handovers
 //! with increasing terms, a dead leader replaced after its lease and never before,
 //! followers woken by pub/sub, a paused old leader's write refused by the fenced
-//! resource, a Sentinel failover; bad input refused.
+//! resource, a Sentinel failover, a Redis Cluster (sharded pub/sub); bad input refused.
 
 use std::time::{Duration, Instant};
 
 use fencelock::{Client, Error, Leadership};
-use testkit::{RedisServer, SentinelGroup};
+use testkit::{Cluster, RedisServer, SentinelGroup};
 
 mod common;
 use common::eventually;
@@ -348,4 +348,56 @@ async fn the_leader_keeps_leading_across_a_sentinel_failover_and_terms_go_on_up(
         .unwrap();
     assert!(next.term() > term);
     next.resign().await.unwrap();
+}
+
+#[tokio::test]
+async fn on_a_cluster_followers_hear_wins_and_resignations_by_sharded_pubsub() {
+    let cluster = Cluster::shared();
+    let a = Client::connect(&cluster.url()).await.unwrap();
+    let b = Client::connect(&cluster.url()).await.unwrap();
+    let watcher = Client::connect(&cluster.url()).await.unwrap();
+    let mut observer = watcher.election("elect-cluster").observe().await.unwrap();
+    assert_eq!(observer.leader(), None);
+    // Well within the observer's 5 s re-read with nobody leading: by the message.
+    let soon = Duration::from_millis(2500);
+    let asked = Instant::now();
+    let first = a
+        .election("elect-cluster")
+        .holder_info("a")
+        .campaign()
+        .await
+        .unwrap();
+    let seen = observer.changed().await.unwrap().expect("a leads");
+    assert_eq!((seen.term, seen.info.as_str()), (first.term(), "a"));
+    assert!(
+        asked.elapsed() < soon,
+        "heard the win after {:?}",
+        asked.elapsed()
+    );
+    // b stands by; a's resignation wakes it, long before the 30 s lease would end.
+    let standby = tokio::spawn(b.election("elect-cluster").holder_info("b").campaign());
+    eventually("the standby waits", Duration::from_secs(5), async || {
+        b.stats().waiters == 1
+    })
+    .await;
+    let resigned = Instant::now();
+    let term = first.term();
+    first.resign().await.unwrap();
+    let second = standby.await.unwrap().unwrap();
+    assert!(
+        resigned.elapsed() < Duration::from_secs(10),
+        "woken by the resignation"
+    );
+    assert!(second.term() > term);
+    // The observer hears the resignation (nobody) or already the new leader.
+    let mut now = observer.changed().await.unwrap();
+    if now.is_none() {
+        now = observer.changed().await.unwrap();
+    }
+    assert_eq!(now.map(|l| l.term), Some(second.term()));
+    assert!(
+        resigned.elapsed() < Duration::from_secs(10),
+        "not by a re-read on a timer"
+    );
+    second.resign().await.unwrap();
 }
