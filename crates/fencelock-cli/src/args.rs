@@ -62,6 +62,45 @@ the lease ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelo
 are forwarded to COMMAND's group, each followed by SIGCONT. Processes that leave
 the group (setsid, setpgid) are not signalled.";
 
+/// `elect`'s help after the options: exit statuses, and what it does when.
+pub(crate) const ELECT_AFTER_HELP: &str = "\
+Exit status:
+  COMMAND's   COMMAND exited while leading (on its own, or after the SIGTERM
+              fencelock forwarded): its exit code, or 128+N if signal N killed
+              it; fencelock resigned first
+  64          bad usage or input (as for run)
+  69          Redis refusing: an error reply such as NOAUTH, or NAME held by a
+              lock that is not an election's (left untouched)
+  70          internal error
+  76          leadership was lost just as COMMAND exited: its work may have
+              overlapped the next leader's
+  126, 127    COMMAND could not be run, or was not found (resigned first)
+  128+N       fencelock got signal N (SIGINT, SIGTERM, SIGHUP) while standing by
+
+While another process leads, fencelock waits: a resignation wakes it at once,
+and a leader that died (kill -9, a lost host) is replaced when its lease (--ttl)
+ends, never before. Redis unreachable meanwhile is retried, for ever.
+
+While it leads, COMMAND is supervised as under run (see fencelock run --help):
+the lease is renewed every third of --ttl, a watcher in COMMAND's group kills it
+if fencelock dies or stops, and signals are forwarded. When leadership is lost
+(a renewal refused or unconfirmed for the rest of the lease), fencelock stops
+COMMAND's group (SIGTERM, SIGKILL after --kill-grace or at the end of the
+lease), says so on stderr, and campaigns again.
+
+When COMMAND exits on its own, fencelock resigns (a standby leads at once) and
+exits with COMMAND's status rather than restarting it: a COMMAND that keeps
+failing on one host then hands leadership to another, and the service manager
+(systemd's Restart=, a container's restart policy) decides about restarts, as
+it does for any service. SIGTERM (systemctl stop) reaches COMMAND; fencelock
+resigns once it exited. A standby stopped by SIGTERM exits 143: list it in
+systemd's SuccessExitStatus= if that is a clean stop for you.
+
+The term fences only what checks it: a leader paused past its lease still runs
+until fencelock notices (the watcher kills COMMAND at the end of the lease if
+fencelock itself is stopped); a resource that keeps the highest term it
+accepted (fencelock write, fencelock sql) refuses its late writes.";
+
 /// The top level's help after the options: where the rest is (the exit statuses and the
 /// supervision of COMMAND are `run`'s, on its help and on the fencelock(1) page).
 pub(crate) const TOP_AFTER_HELP: &str = "\
@@ -104,6 +143,18 @@ pub(crate) enum Command {
     /// fencelock dies or stops, COMMAND's process group is stopped.
     #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
+
+    /// Lead the election NAME, running COMMAND while leading; stand by otherwise.
+    ///
+    /// Campaigns (waits to lead, for ever); once it leads, runs COMMAND as `run` does,
+    /// supervised the same way, with FENCELOCK_TERM (the leadership's term: higher than
+    /// every earlier term of NAME; send it with writes a fenced resource must refuse from
+    /// an old leader), FENCELOCK_TOKEN (the same number) and FENCELOCK_NAME in its
+    /// environment. If leadership is lost, COMMAND's process group is stopped and
+    /// fencelock campaigns again. When COMMAND exits, fencelock resigns and exits with
+    /// COMMAND's status: a service manager restarts it.
+    #[command(after_help = ELECT_AFTER_HELP)]
+    Elect(ElectArgs),
 
     /// Show the lock NAME: who holds it, its lease, its fencing counter.
     ///
@@ -303,6 +354,54 @@ impl Connection {
     }
 }
 
+/// `fencelock elect`.
+#[derive(Debug, Args)]
+pub(crate) struct ElectArgs {
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+
+    /// How long a leadership's lease lasts (10ms to 24h): renewed every third of that
+    /// while COMMAND runs; a leader that dies is replaced once it ends. DURATION as for
+    /// run.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_ttl, allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+
+    /// Once leadership is lost: how long COMMAND gets to exit after SIGTERM before its
+    /// process group gets SIGKILL (never past the end of the lease).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::parse, allow_hyphen_values = true)]
+    pub(crate) kill_grace: Duration,
+
+    /// The election's name (a lock name: give other locks other names).
+    #[arg(value_name = "NAME")]
+    pub(crate) name: String,
+
+    /// The command to run while leading, and its arguments, after `--`.
+    #[arg(value_name = "COMMAND", last = true, required = true)]
+    pub(crate) command: Vec<OsString>,
+}
+
+impl ElectArgs {
+    /// As `run`'s arguments, for the supervision `run` uses (and the keeper of a
+    /// suspended leader).
+    pub(crate) fn into_run(self) -> RunArgs {
+        RunArgs {
+            connection: self.connection,
+            ttl: self.ttl,
+            max_hold: None,
+            kill_grace: self.kill_grace,
+            restart_protection: Duration::ZERO,
+            wait: Duration::ZERO,
+            fair: false,
+            shared: false,
+            permits: None,
+            replicas: 0,
+            name: self.name,
+            command: self.command,
+            election: true,
+        }
+    }
+}
+
 /// `fencelock status`.
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
@@ -398,8 +497,9 @@ pub(crate) struct CompletionsArgs {
 }
 
 /// The subcommands that have a manual page of their own: every visible one.
-pub(crate) const MAN_PAGES: [&str; 8] = [
+pub(crate) const MAN_PAGES: [&str; 9] = [
     "run",
+    "elect",
     "status",
     "list",
     "break",
@@ -501,13 +601,17 @@ pub(crate) struct RunArgs {
     /// The command to run, and its arguments, after `--`.
     #[arg(value_name = "COMMAND", last = true, required = true)]
     pub(crate) command: Vec<OsString>,
+
+    /// Set by `elect`: COMMAND runs as a leader, with FENCELOCK_TERM.
+    #[arg(skip)]
+    pub(crate) election: bool,
 }
 
 /// Squeezes a clap error (message, blank line, usage, hint) into its message, on one line.
 pub(crate) fn one_line(error: &clap::Error) -> String {
     if error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         // Bare `fencelock`: clap would print the whole help.
-        return "no subcommand given; usage: fencelock run|status|list|break ... (see 'fencelock --help')"
+        return "no subcommand given; usage: fencelock run|elect|status|list|break ... (see 'fencelock --help')"
             .to_owned();
     }
     let rendered = error.render().to_string();

@@ -135,11 +135,12 @@ fn become_keeper() {
     }
 }
 
-/// fencelock's own `run` arguments, for its connection options and lease.
+/// fencelock's own `run` (or `elect`) arguments, for its connection options and lease.
 fn run_args(run: Vec<OsString>) -> Option<RunArgs> {
     let cli = Cli::try_parse_from(std::iter::once(OsString::from("fencelock")).chain(run)).ok()?;
     match cli.command {
         Command::Run(args) => Some(args),
+        Command::Elect(args) => Some(args.into_run()),
         _ => None,
     }
 }

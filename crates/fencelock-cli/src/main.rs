@@ -107,6 +107,7 @@ fn main() -> ExitCode {
             };
         }
         Command::Run(args) => block_on(run_locked(args)),
+        Command::Elect(args) => block_on(elect(args.into_run())),
         Command::Status(args) => block_on(async move { ops::status(&args).await }),
         Command::List(args) => block_on(async move { ops::list(&args).await }),
         Command::Break(args) => block_on(async move { ops::break_lock(&args).await }),
@@ -182,6 +183,79 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
                 release(guard).await;
             }
             Err(failure)
+        }
+    }
+}
+
+/// `elect`: campaigns for `args.name`; runs COMMAND while leading, under `run`'s
+/// supervision; campaigns again when leadership is lost; resigns and exits with
+/// COMMAND's status when COMMAND exits.
+async fn elect(args: RunArgs) -> Result<u8, Failure> {
+    // Installed first: from here on no signal ends fencelock while it may lead.
+    let mut signals = Signals::install()?;
+    // Checked before connecting, so a bad name is bad input whatever state Redis is in.
+    fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
+    // Lazily: a Redis down now is retried by the campaign, for ever.
+    let connecting = ops::builder(&args.connection)?.connect_lazy();
+    let client = tokio::select! {
+        result = connecting => result.map_err(Failure::Lock)?,
+        signal = signals.recv() => return Err(Failure::Interrupted(signal)),
+    };
+    let election = client
+        .election(args.name.as_str())
+        .lease(args.ttl)
+        .holder_info(ops::elector_info(&args.command));
+    loop {
+        tell(
+            Level::Notice,
+            format_args!("campaigning for {:?}", args.name),
+        );
+        let campaign = election.campaign();
+        let leadership = tokio::select! {
+            result = campaign => result.map_err(Failure::Lock)?,
+            signal = signals.recv() => {
+                // The dropped campaign takes back, in the background, a win whose reply
+                // was under way: let that finish before the runtime goes away.
+                client.flush().await;
+                return Err(Failure::Interrupted(signal));
+            }
+        };
+        tell(
+            Level::Notice,
+            format_args!(
+                "leading {:?} (term {})",
+                leadership.name(),
+                leadership.term()
+            ),
+        );
+        let mut held = Holding {
+            guard: Some(leadership.into_guard()),
+            client: client.clone(),
+        };
+        match run_command(&args, &mut held, &mut signals).await {
+            Ok(Ended::Stopped) => {
+                // Owner-checked: resigns only if the lease is still ours (a renewal
+                // unconfirmed: it may be, for a moment), so that a standby need not wait
+                // for it to expire.
+                if let Some(guard) = held.guard.take() {
+                    let _ = guard.release().await;
+                }
+                tell(
+                    Level::Notice,
+                    format_args!("no longer leading {:?}; campaigning again", args.name),
+                );
+            }
+            Ok(Ended::Exited {
+                status,
+                at,
+                valid_until,
+            }) => return release_after(held, status, at, valid_until).await,
+            Err(failure) => {
+                if let Some(guard) = held.guard.take() {
+                    release(guard).await;
+                }
+                return Err(failure);
+            }
         }
     }
 }

@@ -29,6 +29,21 @@ pub(crate) fn holder_info(command: &[std::ffi::OsString]) -> String {
     .to_string()
 }
 
+/// What `elect` says about itself in the leader record (a JSON object; the record
+/// says since when it leads).
+pub(crate) fn elector_info(command: &[std::ffi::OsString]) -> String {
+    let command: Vec<String> = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    json!({
+        "host": hostname(),
+        "pid": std::process::id(),
+        "command": command.join(" "),
+    })
+    .to_string()
+}
+
 /// This machine's host name.
 #[allow(unsafe_code)]
 fn hostname() -> String {
@@ -423,10 +438,13 @@ fn summary(status: &LockStatus) -> (String, String) {
         Some((state, holder)) => {
             let left =
                 remaining(holder).map_or_else(|| "no expiry".to_owned(), |d| Human(d).to_string());
-            let who = state
-                .holder_info
-                .as_deref()
-                .map_or_else(|| holder_text(holder), info_text);
+            let who = match state.leader() {
+                Some(leader) => leader_text(&leader),
+                None => state
+                    .holder_info
+                    .as_deref()
+                    .map_or_else(|| holder_text(holder), info_text),
+            };
             (left, who)
         }
     }
@@ -520,6 +538,23 @@ pub(crate) fn info_text(info: &str) -> String {
     text
 }
 
+/// An election's leader in words: its term, for how long, and who it is.
+fn leader_text(leader: &fencelock::Leader) -> String {
+    let led_for = SystemTime::now()
+        .duration_since(leader.since)
+        .unwrap_or_default();
+    let who = if leader.info.is_empty() {
+        "a leader that says nothing about itself".to_owned()
+    } else {
+        info_text(&leader.info)
+    };
+    format!(
+        "term {}, leading for {}: {who}",
+        leader.term,
+        Human(led_for)
+    )
+}
+
 /// `status` for people.
 fn status_text(status: &LockStatus) -> String {
     let mut out = String::new();
@@ -530,6 +565,8 @@ fn status_text(status: &LockStatus) -> String {
         .any(|s| matches!(s.holder, Some(Holder::Semaphore { .. })) || s.idle_semaphore.is_some())
     {
         "semaphore"
+    } else if states().any(|s| s.leader().is_some()) {
+        "election"
     } else if states()
         .any(|s| s.writers_waiting > 0 || matches!(s.holder, Some(Holder::Readers { .. })))
     {
@@ -541,7 +578,11 @@ fn status_text(status: &LockStatus) -> String {
         "{} {:?}: {}\n",
         kind,
         status.name,
-        if who == "free" { "free" } else { "held" }
+        match (who.as_str(), kind) {
+            ("free", _) => "free",
+            (_, "election") => "led",
+            _ => "held",
+        }
     ));
     for node in &status.nodes {
         let indent = if redlock {
@@ -570,7 +611,9 @@ fn status_text(status: &LockStatus) -> String {
                     },
                     Some(holder) => {
                         out.push_str(&format!("{indent}holder: {}\n", holder_text(holder)));
-                        if let Some(info) = &state.holder_info {
+                        if let Some(leader) = state.leader() {
+                            out.push_str(&format!("{indent}leader: {}\n", leader_text(&leader)));
+                        } else if let Some(info) = &state.holder_info {
                             out.push_str(&format!("{indent}held by: {}\n", info_text(info)));
                         }
                     }
@@ -690,6 +733,11 @@ fn status_node_json(n: &fencelock::NodeStatus) -> Value {
             "held": state.holder.is_some(),
             "holder": state.holder.as_ref().map(holder_json),
             "holder_info": state.holder_info.as_deref().map(info_json),
+            "leader": state.leader().map(|l| json!({
+                "term": l.term.get(),
+                "since_ms": l.since.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+                "info": info_json(&l.info),
+            })),
             "fencing_counter": state.fencing_counter,
             "waiters": state.waiters.iter().map(|w| json!({
                 "purged_in_ms": w.timeout_left.map(|d| d.as_millis() as u64),

@@ -127,7 +127,15 @@ impl<'a> Job<'a> {
         // Ctrl-Z), and a Ctrl-Z must always reach a group COMMAND is in (before the
         // handover it reaches fencelock, which passes it on).
         let terminal = Terminal::handed_over_if(Terminal::is_foreground());
-        let command = match spawn_command(program, program_args, held, group, terminal.given()) {
+        let spawned = spawn_command(
+            program,
+            program_args,
+            held,
+            group,
+            terminal.given(),
+            args.election,
+        );
+        let command = match spawned {
             Ok(child) => child,
             Err(error) => {
                 watcher.kill_and_reap();
@@ -314,7 +322,8 @@ impl<'a> Job<'a> {
     }
 }
 
-/// Starts COMMAND in `group`, with the lock's name and fencing token in its environment.
+/// Starts COMMAND in `group`, with the lock's name and fencing token in its environment
+/// (and, for a leader, its term, which is the same number).
 #[allow(unsafe_code)]
 fn spawn_command(
     program: &OsStr,
@@ -322,6 +331,7 @@ fn spawn_command(
     held: &Holding,
     group: Group,
     take_terminal: bool,
+    leader: bool,
 ) -> io::Result<Child> {
     let guard = held.guard();
     let mut command = Command::new(program);
@@ -330,6 +340,9 @@ fn spawn_command(
         .env("FENCELOCK_NAME", guard.name())
         .env("FENCELOCK_TOKEN", guard.fencing_token().to_string())
         .process_group(group.0);
+    if leader {
+        command.env("FENCELOCK_TERM", guard.fencing_token().to_string());
+    }
     // SAFETY: between fork and exec only async-signal-safe calls: tcsetpgrp(3),
     // getpgrp(2), signal(2). The child is in `group` already (std sets the process group
     // before these hooks run).

@@ -161,6 +161,11 @@ impl<K: Kind> AcquireBuilder<K> {
         }
     }
 
+    /// The client it belongs to.
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The kind's settings, for its own builder methods.
     pub(crate) fn kind_mut(&mut self) -> &mut K {
         &mut self.kind

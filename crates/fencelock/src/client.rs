@@ -10,6 +10,7 @@ use crate::engine::watchdog::{Grant, Watchdog};
 use crate::backend::{Access, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
 use crate::detach::DetachedLock;
+use crate::election::Election;
 use crate::error::Error;
 use crate::fence::FencedWrite;
 use crate::guard::{Holding, LockGuard};
@@ -116,6 +117,14 @@ impl Client {
     /// [`LockBuilder::acquire`] or [`LockBuilder::try_acquire`].
     pub fn lock(&self, name: impl Into<String>) -> LockBuilder {
         LockBuilder::new(self.inner.clone(), name.into(), LockKind::default())
+    }
+
+    /// Starts a leader election called `name`: campaign to lead it, ask who leads,
+    /// follow changes ([`Election`]). Nothing is sent until one of those is called. The
+    /// name is a lock's name (the leader holds the lock of that name): give other locks
+    /// other names.
+    pub fn election(&self, name: impl Into<String>) -> Election {
+        Election::new(self.inner.clone(), name.into())
     }
 
     /// Takes over a lock another guard let go of with [`LockGuard::detach`], in this

@@ -51,6 +51,14 @@
 //! reentrant owners waiting, it announces on the lock's channel, which every client
 //! hears.
 //!
+//! A leader election ([`Election`](crate::Election)) named `scheduler` is a plain lock
+//! at `fencelock:{scheduler}` whose holder is the leader; its holder info key,
+//! `fencelock:{scheduler}:holder`, is the leader record (`term=<term> since_ms=<server
+//! ms of the grant> <what the leader said about itself>`), renewed and deleted with the
+//! lease. A campaign that wins and a leader that resigns each send an empty message on
+//! `fencelock:{scheduler}:leader`, which the followers
+//! ([`Election::observe`](crate::Election::observe)) listen to.
+//!
 //! The name sits in a hash tag (`{...}`), so every key of one lock maps to the same Redis
 //! Cluster slot and one script can touch them all. That is why a name may not contain
 //! `{` or `}`.
@@ -142,6 +150,12 @@ impl LockKeys {
     /// The pub/sub channel releases are announced on.
     pub fn channel(&self) -> String {
         self.with_suffix(":released")
+    }
+
+    /// A leader election's channel: an empty message there says that the leader changed
+    /// (a campaign won, a leader resigned).
+    pub fn leader_channel(&self) -> String {
+        self.with_suffix(":leader")
     }
 
     /// The release channel of one client (`client_tag`): where a fair handover or a

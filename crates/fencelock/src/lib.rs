@@ -130,6 +130,7 @@ mod builder;
 mod client;
 mod delay_queue;
 mod detach;
+mod election;
 mod engine;
 mod error;
 pub mod fence;
@@ -154,6 +155,7 @@ pub use builder::{AcquireBuilder, Acquisition, Kind};
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use detach::DetachedLock;
+pub use election::{Election, Leader, Leadership, Observer};
 pub use engine::retry::Retry;
 pub use error::{
     Blocker, DriverError, Error, HumanDuration, LossCause, NodeOutcome, NodeReport,

@@ -52,6 +52,22 @@ pub const CLI_UNSUPERVISED: Scenario = Scenario {
     run: |lab, tag, _| lab.cli_fault(tag, CliFault::Unsupervised),
 };
 
+pub const ELECT_KILLED: Scenario = Scenario {
+    name: "elect-killed",
+    what: "`fencelock elect --ttl 1s` A leads and its COMMAND writes; A SIGKILLed; `fencelock \
+        elect` B then campaigns, leads and its COMMAND writes and exits; then C",
+    expected: "A's COMMAND stopped (by its watcher) before B's COMMAND starts, B's term \
+        higher: C1-C5 hold; B and C exit 0 (COMMAND's status, after resigning)",
+    run: |lab, tag, _| lab.cli_fault_as(tag, CliFault::Killed, Cli::Elect),
+};
+
+/// Which subcommand the scenario runs: `run --wait`, or `elect` (which waits to lead).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cli {
+    Run,
+    Elect,
+}
+
 /// What happens to `fencelock run` A.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CliFault {
@@ -68,6 +84,12 @@ impl Lab {
     /// One round: A holds and works, the fault, B takes over; judged from the COMMANDs'
     /// histories.
     fn cli_fault(&self, tag: &str, fault: CliFault) -> Result<Outcome, String> {
+        self.cli_fault_as(tag, fault, Cli::Run)
+    }
+
+    /// [`Self::cli_fault`] with `fencelock run` or `fencelock elect` (SIGKILL only: a
+    /// resumed `elect` campaigns again and runs a second COMMAND).
+    fn cli_fault_as(&self, tag: &str, fault: CliFault, cli: Cli) -> Result<Outcome, String> {
         let fencelock = fencelock_binary()?;
         let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
         let hist_b = self.dir.join(format!("{tag}-p2.jsonl"));
@@ -78,7 +100,7 @@ impl Lab {
         } else {
             400
         };
-        let mut a = self.cli_run(&fencelock, tag, 1, &hist_a, iterations, "0s", fault)?;
+        let mut a = self.cli_run(&fencelock, tag, 1, &hist_a, iterations, "0s", fault, cli)?;
         let started = wait_until(tag, "A's COMMAND writes", || {
             has(&hist_a, 0, Op::Write, Phase::Ok).unwrap_or(false)
         });
@@ -104,7 +126,16 @@ impl Lab {
         } else {
             "10s"
         };
-        let mut b = self.cli_run(&fencelock, tag, 2, &hist_b, 20, b_wait, CliFault::Killed)?;
+        let mut b = self.cli_run(
+            &fencelock,
+            tag,
+            2,
+            &hist_b,
+            20,
+            b_wait,
+            CliFault::Killed,
+            cli,
+        )?;
         let b_status = wait_exit(&mut b, WITHIN);
         let healed_at = monotonic_ns();
         if matches!(fault, CliFault::Stopped | CliFault::Suspended) {
@@ -121,7 +152,16 @@ impl Lab {
         // C, once B is done: B took the lock at the instant A's key expired, which the
         // MONITOR replay cannot tell from before it (C5 skips B's renewals and release);
         // C's grant, renewals and release on a known key are judged.
-        let mut c = self.cli_run(&fencelock, tag, 3, &hist_c, 20, "10s", CliFault::Killed)?;
+        let mut c = self.cli_run(
+            &fencelock,
+            tag,
+            3,
+            &hist_c,
+            20,
+            "10s",
+            CliFault::Killed,
+            cli,
+        )?;
         let c_status = wait_exit(&mut c, WITHIN);
 
         let faults = format!(
@@ -213,7 +253,7 @@ impl Lab {
         Ok(o)
     }
 
-    /// Starts `fencelock run` on the lock server for `tag`'s lock, with the lab's
+    /// Starts `fencelock run` (or `elect`) on the lock server for `tag`'s lock, with the lab's
     /// `command` as COMMAND (`iterations` writes, recorded in `history`; `Unsupervised`:
     /// escaping its watcher).
     #[allow(clippy::too_many_arguments)]
@@ -226,6 +266,7 @@ impl Lab {
         iterations: u32,
         wait: &str,
         fault: CliFault,
+        cli: Cli,
     ) -> Result<Child, String> {
         // The acquire begins now; COMMAND records its grant when it starts.
         HistoryWriter::create(history)
@@ -234,24 +275,28 @@ impl Lab {
         let log = std::fs::File::create(self.dir.join(format!("{tag}-p{process}.log")))
             .map_err(|e| e.to_string())?;
         let mut cmd = Command::new(fencelock);
-        cmd.args([
-            "run",
-            "--redis",
-            &self.lock.url(),
-            "--ttl",
-            CLI_TTL,
-            "--wait",
-            wait,
-        ])
-        .arg(format!("lab:{tag}"))
-        .arg("--")
-        .arg(&self.exe)
-        .arg("command")
-        .arg(format!("--process={process}"))
-        .arg(format!("--resource-url={}", self.resource.url()))
-        .arg(format!("--prefix=res:{tag}"))
-        .arg(format!("--iterations={iterations}"))
-        .arg(format!("--history={}", history.display()));
+        match cli {
+            Cli::Run => cmd.args([
+                "run",
+                "--redis",
+                &self.lock.url(),
+                "--ttl",
+                CLI_TTL,
+                "--wait",
+                wait,
+            ]),
+            // Campaigns until it leads.
+            Cli::Elect => cmd.args(["elect", "--redis", &self.lock.url(), "--ttl", CLI_TTL]),
+        };
+        cmd.arg(format!("lab:{tag}"))
+            .arg("--")
+            .arg(&self.exe)
+            .arg("command")
+            .arg(format!("--process={process}"))
+            .arg(format!("--resource-url={}", self.resource.url()))
+            .arg(format!("--prefix=res:{tag}"))
+            .arg(format!("--iterations={iterations}"))
+            .arg(format!("--history={}", history.display()));
         if fault == CliFault::Unsupervised {
             cmd.arg("--escape");
         }

@@ -19,6 +19,7 @@
 //!   back (keys live longer; tokens hold through the counter, not without it);
 //! - [`cli`]: `fencelock run` itself SIGKILLed, SIGSTOPped, sent SIGTSTP while its
 //!   COMMAND works, judged from COMMAND's history (and a COMMAND escaping supervision);
+//!   the leader of `fencelock elect` SIGKILLed, its standby taking over;
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
@@ -157,6 +158,7 @@ pub const ALL: &[Scenario] = &[
     cli::CLI_STOPPED,
     cli::CLI_SUSPENDED,
     cli::CLI_UNSUPERVISED,
+    cli::ELECT_KILLED,
     redlock_restart::REDLOCK_RESTART_PROTECTED,
     redlock_restart::REDLOCK_RESTART_UNPROTECTED,
     redlock_restart::REDLOCK_RESTART_PERSISTENT,

@@ -1,6 +1,6 @@
 //! One protocol per primitive: how a plain lock, a fair lock, a reentrant lock, a
-//! semaphore's permit and a read-write lock's read side are taken, released, renewed and
-//! waited for.
+//! semaphore's permit, a read-write lock's read side and a leader election's leadership
+//! are taken, released, renewed and waited for.
 //!
 //! A [`Protocol`] says which script an acquire attempt calls and with what, which script
 //! releases (or, for an acquire that ends without the lock, withdraws), what the lock key
@@ -15,6 +15,7 @@
 //! `Lua::acquires` and `Call::may_resend` where they acquire or release), a builder kind,
 //! its docs and its tests; [`from_text`] learns its name. docs/design.md has the steps.
 
+mod election;
 mod fair;
 mod plain;
 mod protocol;
@@ -24,6 +25,7 @@ mod semaphore;
 
 use std::sync::Arc;
 
+pub(crate) use election::Election;
 pub(crate) use fair::Fair;
 pub(crate) use plain::Plain;
 pub(crate) use protocol::{Acquire, Listed, Protocol, Release, Undo, Wake, checked_owner};
@@ -46,6 +48,7 @@ pub(crate) fn from_text(mode: &str) -> Result<Arc<dyn Protocol>, Error> {
         "reentrant" => Reentrant::from_text(rest),
         "semaphore" => Semaphore::from_text(rest),
         "read" => Read::from_text(rest),
+        "election" if rest.is_empty() => Ok(Arc::new(Election)),
         _ => Err(bad("mode is not one fencelock writes")),
     }
 }
@@ -60,6 +63,7 @@ mod tests {
     fn every_protocol_reads_back_what_it_writes() {
         let protocols: Vec<Arc<dyn Protocol>> = vec![
             Arc::new(Plain),
+            Arc::new(Election),
             Arc::new(Fair::new(Duration::from_millis(3000))),
             Arc::new(Reentrant::new("job-42".into())),
             Arc::new(Semaphore::new(5, None)),

@@ -3,7 +3,8 @@
 //!
 //! Each script is a file whose header states KEYS, ARGV and every reply: `lock/` holds
 //! the lock's scripts (a plain lock is also a read-write lock's writer), `semaphore/` the
-//! semaphore's, `rwlock/` a read-write lock's readers', `queue/` the delay queue's. The
+//! semaphore's, `rwlock/` a read-write lock's readers', `election/` a leader election's,
+//! `queue/` the delay queue's. The
 //! functions several scripts share are fragments in `fragments/`, put in front of a
 //! script when it is loaded, as [`Lua::parts`] lists: that table says which fragments
 //! a script gets. A script with a fast path lists some of them after a `LATER` mark:
@@ -135,6 +136,8 @@ pub(crate) enum Lua {
     SemaphoreResize,
     ReadAcquire,
     ReadRelease,
+    Campaign,
+    Resign,
     Inspect,
     Break,
     Wake,
@@ -149,7 +152,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 25] = [
+    const ALL: [Lua; 27] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -164,6 +167,8 @@ impl Lua {
         Lua::SemaphoreResize,
         Lua::ReadAcquire,
         Lua::ReadRelease,
+        Lua::Campaign,
+        Lua::Resign,
         Lua::Inspect,
         Lua::Break,
         Lua::Wake,
@@ -204,6 +209,8 @@ impl Lua {
             SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH, WAKES]),
             ReadAcquire => lua!("rwlock/read_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
+            Campaign => lua!("election/campaign.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, PUBLISH]),
+            Resign => lua!("election/resign.lua", [TYPES, HOLDER, CLOCK, PUBLISH, WAKES]),
             Inspect => lua!("lock/inspect.lua", [TYPES, HOLDER, CLOCK, FENCE]),
             Break => lua!("lock/break.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
             Wake => lua!("lock/wake.lua", [CLOCK, PUBLISH, WAKES]),
@@ -277,6 +284,7 @@ impl Lua {
                 | Lua::FairAcquire
                 | Lua::SemaphoreAcquire
                 | Lua::ReadAcquire
+                | Lua::Campaign
         )
     }
 
@@ -426,6 +434,7 @@ impl Call {
                     | Lua::ReentrantRelease
                     | Lua::SemaphoreRelease
                     | Lua::ReadRelease
+                    | Lua::Resign
             )
     }
 
