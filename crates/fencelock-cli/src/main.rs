@@ -197,9 +197,16 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
     fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
     // Lazily: a Redis down now is retried by the campaign, for ever.
     let connecting = ops::builder(&args.connection)?.connect_lazy();
-    let client = tokio::select! {
-        result = connecting => result.map_err(Failure::Lock)?,
-        signal = signals.recv() => return Err(Failure::Interrupted(signal)),
+    tokio::pin!(connecting);
+    let client = loop {
+        tokio::select! {
+            result = &mut connecting => break result.map_err(Failure::Lock)?,
+            signal = signals.recv() => match signal {
+                BeforeCommand::Forward(signal) => return Err(Failure::Interrupted(signal)),
+                // Ctrl-Z before leading: the job stops; `fg` or `bg` goes on.
+                BeforeCommand::Stop => suspend_self(),
+            },
+        }
     };
     let election = client
         .election(args.name.as_str())
@@ -210,14 +217,24 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
             Level::Notice,
             format_args!("campaigning for {:?}", args.name),
         );
-        let campaign = election.campaign();
-        let leadership = tokio::select! {
-            result = campaign => result.map_err(Failure::Lock)?,
-            signal = signals.recv() => {
-                // The dropped campaign takes back, in the background, a win whose reply
-                // was under way: let that finish before the runtime goes away.
-                client.flush().await;
-                return Err(Failure::Interrupted(signal));
+        // Boxed, so that a signal can drop it before the flush below.
+        let mut campaign = Box::pin(election.campaign());
+        let leadership = loop {
+            tokio::select! {
+                result = &mut campaign => break result.map_err(Failure::Lock)?,
+                signal = signals.recv() => match signal {
+                    BeforeCommand::Forward(signal) => {
+                        // The dropped campaign takes back, in the background, a win
+                        // whose reply was under way: let that finish before the
+                        // runtime goes away.
+                        drop(campaign);
+                        client.flush().await;
+                        return Err(Failure::Interrupted(signal));
+                    }
+                    // Ctrl-Z while campaigning: the job stops (its campaign with it, as
+                    // a waiting `run`'s acquire); `fg` or `bg` goes on campaigning.
+                    BeforeCommand::Stop => suspend_self(),
+                },
             }
         };
         tell(
