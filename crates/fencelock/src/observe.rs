@@ -36,7 +36,7 @@
 //!
 //! | label | values |
 //! |---|---|
-//! | `mode` | `plain`, `fair` ([`LockBuilder::fair`](crate::LockBuilder::fair)), `reentrant` ([`LockBuilder::reentrant`](crate::LockBuilder::reentrant)), `semaphore` ([`SemaphoreBuilder`](crate::SemaphoreBuilder)), `read` (a read-write lock's reader, [`ReadLockBuilder`](crate::ReadLockBuilder); its writer counts as `plain` or `reentrant`) |
+//! | `mode` | `plain`, `fair` ([`LockBuilder::fair`](crate::LockBuilder::fair)), `reentrant` ([`LockBuilder::reentrant`](crate::LockBuilder::reentrant)), `semaphore` ([`SemaphoreBuilder`](crate::SemaphoreBuilder)), `read` (a read-write lock's reader, [`ReadLockBuilder`](crate::ReadLockBuilder); its writer counts as `plain` or `reentrant`), `multi` (one attempt at a [multi-lock](crate::MultiLockBuilder)'s names, or at one slot group of them; its wait for one name counts as `plain`) |
 //! | `outcome` of an acquire | `acquired`; `held` ([`Error::Held`]: the wait ran out, or a single attempt found it held); `unavailable` ([`Error::Unavailable`], [`Error::NoQuorum`]); `error` (any other error from Redis: [`Error::Rejected`], [`Error::WrongType`]); `cancelled` (the acquire's future was dropped before an outcome) |
 //! | `outcome` of a release | `released`; `lost` ([`Error::LeaseLost`]: the lease had already ended); `unavailable`; `error` |
 //! | `kind` of a release | `release` ([`LockGuard::release`](crate::LockGuard::release)); `drop` (a guard dropped unreleased, released in the background: its `outcome` is `released` once a node answered, whatever it found, else `unavailable` or `error`) |
@@ -216,6 +216,7 @@ pub(crate) enum ModeLabel {
     Reentrant = 2,
     Semaphore = 3,
     Read = 4,
+    Multi = 5,
 }
 
 impl ModeLabel {
@@ -226,6 +227,7 @@ impl ModeLabel {
             Self::Reentrant => "reentrant",
             Self::Semaphore => "semaphore",
             Self::Read => "read",
+            Self::Multi => "multi",
         }
     }
 }
@@ -448,10 +450,10 @@ macro_rules! key_table {
 }
 
 // Indexed by the enums' discriminants; the tests check every entry against `as_str`.
-static MODE: [[Label; 1]; 5] =
-    label_table!("mode": ["plain", "fair", "reentrant", "semaphore", "read"]);
-static MODE_OUTCOME: [[[Label; 2]; 5]; 5] = label_table!(
-    "mode": ["plain", "fair", "reentrant", "semaphore", "read"],
+static MODE: [[Label; 1]; 6] =
+    label_table!("mode": ["plain", "fair", "reentrant", "semaphore", "read", "multi"]);
+static MODE_OUTCOME: [[[Label; 2]; 5]; 6] = label_table!(
+    "mode": ["plain", "fair", "reentrant", "semaphore", "read", "multi"],
     "outcome": ["acquired", "held", "unavailable", "error", "cancelled"]
 );
 static WAKE: [[Label; 1]; 2] = label_table!("by": ["notification", "timer"]);
@@ -465,16 +467,20 @@ static RENEWAL_OUTCOME: [[Label; 1]; 3] = label_table!("outcome": ["renewed", "l
 static CAUSE: [[Label; 1]; 4] =
     label_table!("cause": ["expired", "taken_by_other", "unconfirmed", "max_hold"]);
 
-static ACQUIRE_DURATION_KEYS: [[Key; 5]; 5] = key_table!(
+static ACQUIRE_DURATION_KEYS: [[Key; 5]; 6] = key_table!(
     ACQUIRE_DURATION,
     MODE_OUTCOME,
-    [0, 1, 2, 3, 4],
+    [0, 1, 2, 3, 4, 5],
     [0, 1, 2, 3, 4]
 );
-static ACQUIRE_WAIT_KEYS: [[Key; 5]; 5] =
-    key_table!(ACQUIRE_WAIT, MODE_OUTCOME, [0, 1, 2, 3, 4], [0, 1, 2, 3, 4]);
-static ACQUIRE_CONTENDED_KEYS: [Key; 5] = key_table!(ACQUIRE_CONTENDED, MODE, [0, 1, 2, 3, 4]);
-static ACQUIRE_HANDOFFS_KEYS: [Key; 5] = key_table!(ACQUIRE_HANDOFFS, MODE, [0, 1, 2, 3, 4]);
+static ACQUIRE_WAIT_KEYS: [[Key; 5]; 6] = key_table!(
+    ACQUIRE_WAIT,
+    MODE_OUTCOME,
+    [0, 1, 2, 3, 4, 5],
+    [0, 1, 2, 3, 4]
+);
+static ACQUIRE_CONTENDED_KEYS: [Key; 6] = key_table!(ACQUIRE_CONTENDED, MODE, [0, 1, 2, 3, 4, 5]);
+static ACQUIRE_HANDOFFS_KEYS: [Key; 6] = key_table!(ACQUIRE_HANDOFFS, MODE, [0, 1, 2, 3, 4, 5]);
 static WAITER_WAKEUPS_KEYS: [Key; 2] = key_table!(WAITER_WAKEUPS, WAKE, [0, 1]);
 static RELEASES_KEYS: [[Key; 4]; 2] = key_table!(RELEASES, KIND_OUTCOME, [0, 1], [0, 1, 2, 3]);
 static RELEASE_DURATION_KEYS: [Key; 4] =
@@ -494,12 +500,13 @@ mod tests {
         key.labels().map(|l| (l.key(), l.value())).collect()
     }
 
-    const MODES: [ModeLabel; 5] = [
+    const MODES: [ModeLabel; 6] = [
         ModeLabel::Plain,
         ModeLabel::Fair,
         ModeLabel::Reentrant,
         ModeLabel::Semaphore,
         ModeLabel::Read,
+        ModeLabel::Multi,
     ];
     const OUTCOMES: [AcquireOutcome; 5] = [
         AcquireOutcome::Acquired,

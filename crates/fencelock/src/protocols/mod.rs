@@ -1,5 +1,6 @@
 //! One protocol per primitive: how a plain lock, a fair lock, a reentrant lock, a
-//! semaphore's permit and a read-write lock's read side are taken, released, renewed and
+//! semaphore's permit, a read-write lock's read side and several plain locks at once
+//! are taken, released, renewed and
 //! waited for.
 //!
 //! A [`Protocol`] says which script an acquire attempt calls and with what, which script
@@ -16,6 +17,7 @@
 //! its docs and its tests; [`from_text`] learns its name. docs/design.md has the steps.
 
 mod fair;
+mod multi;
 mod plain;
 mod protocol;
 mod read;
@@ -25,6 +27,7 @@ mod semaphore;
 use std::sync::Arc;
 
 pub(crate) use fair::Fair;
+pub(crate) use multi::Multi;
 pub(crate) use plain::Plain;
 pub(crate) use protocol::{Acquire, Listed, Protocol, Release, Undo, Wake, checked_owner};
 pub(crate) use read::Read;

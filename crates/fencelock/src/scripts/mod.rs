@@ -135,6 +135,8 @@ pub(crate) enum Lua {
     SemaphoreResize,
     ReadAcquire,
     ReadRelease,
+    MultiAcquire,
+    MultiRelease,
     Inspect,
     Break,
     Wake,
@@ -149,7 +151,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 25] = [
+    const ALL: [Lua; 27] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -164,6 +166,8 @@ impl Lua {
         Lua::SemaphoreResize,
         Lua::ReadAcquire,
         Lua::ReadRelease,
+        Lua::MultiAcquire,
+        Lua::MultiRelease,
         Lua::Inspect,
         Lua::Break,
         Lua::Wake,
@@ -204,6 +208,8 @@ impl Lua {
             SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH, WAKES]),
             ReadAcquire => lua!("rwlock/read_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
+            MultiAcquire => lua!("lock/multi_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE]),
+            MultiRelease => lua!("lock/multi_release.lua", [CLOCK, FENCE, PUBLISH, WAKES]),
             Inspect => lua!("lock/inspect.lua", [TYPES, HOLDER, CLOCK, FENCE]),
             Break => lua!("lock/break.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
             Wake => lua!("lock/wake.lua", [CLOCK, PUBLISH, WAKES]),
@@ -277,6 +283,7 @@ impl Lua {
                 | Lua::FairAcquire
                 | Lua::SemaphoreAcquire
                 | Lua::ReadAcquire
+                | Lua::MultiAcquire
         )
     }
 
@@ -426,6 +433,7 @@ impl Call {
                     | Lua::ReentrantRelease
                     | Lua::SemaphoreRelease
                     | Lua::ReadRelease
+                    | Lua::MultiRelease
             )
     }
 
