@@ -59,7 +59,18 @@ and the suspended job keeps the lock: a keeper process renews the lease (up to
 lock could not be kept meanwhile, the watcher has killed COMMAND's group when
 the lease ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelock gets
 are forwarded to COMMAND's group, each followed by SIGCONT. Processes that leave
-the group (setsid, setpgid) are not signalled.";
+the group (setsid, setpgid) are not signalled.
+
+Several names (run NAME... -- COMMAND): fencelock takes every lock or none, in
+one global order (sorted), so that runs over overlapping sets never deadlock;
+while it waits for one of them it holds none of the others. COMMAND then gets
+FENCELOCK_NAMES (the names, sorted, one per line) and FENCELOCK_TOKENS (one
+NAME=TOKEN per line, each name's own fencing token; split a line at its last
+'=') instead of FENCELOCK_NAME and FENCELOCK_TOKEN. Not with --fair, --shared
+or --permits (exit 64). Ctrl-Z suspends the job without a keeper: nobody renews
+the leases while it is suspended, so the watcher kills COMMAND's group when the
+first lease ends, and fencelock exits 76 when resumed (a job suspended for less
+than a lease goes on).";
 
 /// The top level's help after the options: where the rest is (the exit statuses and the
 /// supervision of COMMAND are `run`'s, on its help and on the fencelock(1) page).
@@ -94,12 +105,13 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Run COMMAND while holding the lock NAME, then release it.
+    /// Run COMMAND while holding the lock NAME (or every lock NAME...), then release it.
     ///
     /// COMMAND runs without a shell, in its own process group, with stdin, stdout and
     /// stderr inherited, and with FENCELOCK_NAME (the lock name) and FENCELOCK_TOKEN
     /// (the fencing token: a number higher than every earlier grant of NAME) in its
-    /// environment. The lease is renewed while COMMAND runs; if it is lost, or
+    /// environment (with several names, FENCELOCK_NAMES and FENCELOCK_TOKENS: see
+    /// below). The lease is renewed while COMMAND runs; if it is lost, or
     /// fencelock dies or stops, COMMAND's process group is stopped.
     #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
@@ -459,13 +471,24 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) replicas: u32,
 
-    /// The lock name.
-    #[arg(value_name = "NAME")]
-    pub(crate) name: String,
+    /// The lock name; several: all of them are taken, or none (at most 64).
+    #[arg(value_name = "NAME", required = true, num_args = 1..)]
+    pub(crate) names: Vec<String>,
 
     /// The command to run, and its arguments, after `--`.
     #[arg(value_name = "COMMAND", last = true, required = true)]
     pub(crate) command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// The lock names for messages: `"job"`, or `"a", "b"`.
+    pub(crate) fn label(&self) -> String {
+        self.names
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Squeezes a clap error (message, blank line, usage, hint) into its message, on one line.
@@ -483,6 +506,15 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
         .collect();
     let message = message.join(" ");
     let message = message.strip_prefix("error: ").unwrap_or(&message);
+    if error.kind() == clap::error::ErrorKind::MissingRequiredArgument
+        && message.contains("<COMMAND>")
+    {
+        // `run NAME COMMAND` without `--` takes COMMAND for a second lock name.
+        return format!(
+            "{message}: every word before '--' is a lock name; give COMMAND after '--' \
+             (see --help)"
+        );
+    }
     format!("{message} (see --help)")
 }
 
@@ -548,8 +580,17 @@ mod tests {
         assert_eq!(args.kill_grace, Duration::from_secs(10));
         assert_eq!(args.wait, Duration::ZERO);
         assert_eq!(args.connection.prefix, "fencelock");
-        assert_eq!(args.name, "job");
+        assert_eq!(args.names, ["job"]);
         assert_eq!(args.command, [OsString::from("true")]);
+    }
+
+    #[test]
+    fn every_name_before_the_double_dash_is_taken() {
+        let args = parse(&["c", "a", "b", "--", "true", "x"]).unwrap();
+        assert_eq!(args.names, ["c", "a", "b"]);
+        assert_eq!(args.command, [OsString::from("true"), OsString::from("x")]);
+        assert_eq!(args.label(), r#""c", "a", "b""#);
+        assert!(parse(&["--", "true"]).is_err());
     }
 
     #[test]
