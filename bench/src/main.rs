@@ -30,6 +30,7 @@ mod held;
 mod latency;
 mod launcher;
 mod many;
+mod multi;
 mod network;
 mod peers;
 mod plan;
@@ -109,8 +110,8 @@ struct Cli {
     font: Option<PathBuf>,
     /// Run one section alone and print only it; no charts. For working on that section:
     /// `semaphores` (a PING baseline first, for its ratios), `fencing` (what fencing
-    /// costs at the resource: PostgreSQL and Redis, fenced and not), or `many` (many
-    /// locks through one client).
+    /// costs at the resource: PostgreSQL and Redis, fenced and not), `many` (many
+    /// locks through one client), or `multi` (several locks at once).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -124,6 +125,8 @@ enum Only {
     Fencing,
     /// Many independent locks through one client.
     Many,
+    /// Several locks at once against the same locks taken in turn.
+    Multi,
     /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
     Network,
 }
@@ -234,6 +237,15 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 );
                 network::render(&mut s, &n, plan);
                 (s, n.failed())
+            }
+            Only::Multi => {
+                let m = multi::run(plan, &server).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, several locks at once only)\n\n",
+                    plan.name
+                );
+                multi::render(&mut s, &m, plan);
+                (s, m.failed())
             }
             Only::Many => {
                 let m = many::run(plan, &server).await;
@@ -537,6 +549,8 @@ async fn bench(
     failed |= semaphores.failed();
     let many = many::run(plan, server).await;
     failed |= many.failed();
+    let multi = multi::run(plan, server).await;
+    failed |= multi.failed();
     let network = network::run(plan, &launch, server, with_python, with_node).await;
     failed |= network.failed();
 
@@ -596,6 +610,7 @@ async fn bench(
         hot_key,
         semaphores,
         many,
+        multi,
         network,
         floor,
         fencing,

@@ -87,6 +87,8 @@ pub(crate) struct Results {
     pub(crate) semaphores: Semaphores,
     /// Many independent locks through one client.
     pub(crate) many: crate::many::Many,
+    /// Several locks at once against the same locks taken in turn.
+    pub(crate) multi: crate::multi::Multi,
     /// The uncontended and handoff rows through a 0.5 ms round trip.
     pub(crate) network: crate::network::Network,
     /// A bare PUBLISH to a subscriber in another process, around fencelock's handoff

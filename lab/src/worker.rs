@@ -93,6 +93,11 @@ pub struct WorkerArgs {
     /// worker of the same lock name is its writer.
     #[arg(long)]
     pub shared: bool,
+    /// Other lock names taken with `--lock`, all at once (`Client::lock_all`; a plain
+    /// lock only): the history, the token and the resource are `--lock`'s, the others
+    /// only make the sets of several workers overlap. Repeat it for more.
+    #[arg(long)]
+    pub also: Vec<String>,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -160,7 +165,28 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         }
         record(Event::now(p, Op::Acquire, Phase::Invoke))?;
         let waiter_timeout = args.fair_waiter_timeout_ms.map(Duration::from_millis);
+        // `--also`: the other names' guards, released after `--lock`'s.
+        let mut others: Vec<fencelock::LockGuard> = Vec::new();
         let acquire = match args.permits {
+            None if !args.also.is_empty() => {
+                let names = std::iter::once(&args.lock).chain(&args.also).cloned();
+                let all = client
+                    .lock_all(names)
+                    .wait(wait)
+                    .replicas(args.replicas)
+                    .lease(ttl)
+                    .renew(args.renewed)
+                    .acquire()
+                    .await;
+                all.map(|all| {
+                    let (mut main, rest): (Vec<_>, Vec<_>) = all
+                        .into_guards()
+                        .into_iter()
+                        .partition(|g| g.name() == args.lock);
+                    others = rest;
+                    main.remove(0)
+                })
+            }
             Some(n) => {
                 let builder = lease(client.semaphore(&args.lock, n), &args, wait, ttl);
                 match waiter_timeout {
@@ -233,6 +259,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                 }
             }
             release_recorded(&mut record, guard, p, token, &owner).await?;
+            release_all(others).await;
             continue;
         }
 
@@ -270,6 +297,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                         .with_owner(owner.as_str()),
                 )?;
                 let released = guard.release().await;
+                release_all(others).await;
                 record(
                     Event::now(p, Op::Release, Phase::Fail)
                         .with_token(token)
@@ -297,8 +325,17 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         }
 
         release_recorded(&mut record, guard, p, token, &owner).await?;
+        release_all(others).await;
     }
     Ok(())
+}
+
+/// Releases the other names of a `--also` acquire (not recorded: the history is
+/// `--lock`'s); a failure leaves the key to its lease.
+async fn release_all(guards: Vec<fencelock::LockGuard>) {
+    for guard in guards {
+        let _ = guard.release().await;
+    }
 }
 
 /// The lease settings of every kind of lock the worker takes.

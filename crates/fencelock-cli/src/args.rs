@@ -60,7 +60,18 @@ and the suspended job keeps the lock: a keeper process renews the lease (up to
 lock could not be kept meanwhile, the watcher has killed COMMAND's group when
 the lease ended, and fencelock exits 76. SIGINT, SIGTERM and SIGHUP that fencelock gets
 are forwarded to COMMAND's group, each followed by SIGCONT. Processes that leave
-the group (setsid, setpgid) are not signalled.";
+the group (setsid, setpgid) are not signalled.
+
+Several names (run NAME... -- COMMAND): fencelock takes every lock or none, in
+one global order (sorted), so that runs over overlapping sets never deadlock;
+while it waits for one of them it holds none of the others. COMMAND then gets
+FENCELOCK_NAMES (the names, sorted, one per line) and FENCELOCK_TOKENS (one
+NAME=TOKEN per line, each name's own fencing token; split a line at its last
+'=') instead of FENCELOCK_NAME and FENCELOCK_TOKEN. Not with --fair, --shared
+or --permits (exit 64). Ctrl-Z suspends the job without a keeper: nobody renews
+the leases while it is suspended, so the watcher kills COMMAND's group when the
+first lease ends, and fencelock exits 76 when resumed (a job suspended for less
+than a lease goes on).";
 
 /// `elect`'s help after the options: exit statuses, and what it does when.
 pub(crate) const ELECT_AFTER_HELP: &str = "\
@@ -134,12 +145,13 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Run COMMAND while holding the lock NAME, then release it.
+    /// Run COMMAND while holding the lock NAME (or every lock NAME...), then release it.
     ///
     /// COMMAND runs without a shell, in its own process group, with stdin, stdout and
     /// stderr inherited, and with FENCELOCK_NAME (the lock name) and FENCELOCK_TOKEN
     /// (the fencing token: a number higher than every earlier grant of NAME) in its
-    /// environment. The lease is renewed while COMMAND runs; if it is lost, or
+    /// environment (with several names, FENCELOCK_NAMES and FENCELOCK_TOKENS: see
+    /// below). The lease is renewed while COMMAND runs; if it is lost, or
     /// fencelock dies or stops, COMMAND's process group is stopped.
     #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
@@ -395,7 +407,7 @@ impl ElectArgs {
             shared: false,
             permits: None,
             replicas: 0,
-            name: self.name,
+            names: vec![self.name],
             command: self.command,
             election: true,
         }
@@ -594,9 +606,9 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub(crate) replicas: u32,
 
-    /// The lock name.
-    #[arg(value_name = "NAME")]
-    pub(crate) name: String,
+    /// The lock name; several: all of them are taken, or none (at most 64).
+    #[arg(value_name = "NAME", required = true, num_args = 1..)]
+    pub(crate) names: Vec<String>,
 
     /// The command to run, and its arguments, after `--`.
     #[arg(value_name = "COMMAND", last = true, required = true)]
@@ -605,6 +617,17 @@ pub(crate) struct RunArgs {
     /// Set by `elect`: COMMAND runs as a leader, with FENCELOCK_TERM.
     #[arg(skip)]
     pub(crate) election: bool,
+}
+
+impl RunArgs {
+    /// The lock names for messages: `"job"`, or `"a", "b"`.
+    pub(crate) fn label(&self) -> String {
+        self.names
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Squeezes a clap error (message, blank line, usage, hint) into its message, on one line.
@@ -626,27 +649,38 @@ pub(crate) fn one_line(error: &clap::Error) -> String {
 }
 
 /// `message` (from [`one_line`]), with a hint for the mistake behind `error` when it is
-/// a known one: `fencelock run NAME COMMAND` without the `--` that COMMAND comes after.
+/// a known one: `fencelock run NAME COMMAND` (or `elect`) without the `--` that COMMAND
+/// comes after.
 pub(crate) fn with_hint(message: String, error: &clap::Error, args: &[OsString]) -> String {
     use clap::error::ErrorKind;
     // The subcommand: the first word that is not an option.
-    let run = args
+    let subcommand = args
         .iter()
         .skip(1)
         .find(|a| !a.to_string_lossy().starts_with('-'))
-        .is_some_and(|a| a == "run");
+        .and_then(|a| a.to_str())
+        .filter(|a| matches!(*a, "run" | "elect"));
     let dashes = args.iter().any(|a| a == "--");
     let kind = error.kind();
-    if run
-        && !dashes
-        && matches!(
-            kind,
-            ErrorKind::UnknownArgument | ErrorKind::MissingRequiredArgument
-        )
-    {
-        format!("{message}; put COMMAND after --: fencelock run NAME -- COMMAND [ARGS...]")
-    } else {
-        message
+    match subcommand {
+        // `run` takes every word before `--` as a lock name; `elect` takes one.
+        Some(sub)
+            if !dashes
+                && matches!(
+                    kind,
+                    ErrorKind::UnknownArgument | ErrorKind::MissingRequiredArgument
+                ) =>
+        {
+            let names = if sub == "run" {
+                " (every word before -- is a lock name)"
+            } else {
+                ""
+            };
+            format!(
+                "{message}; put COMMAND after --: fencelock {sub} NAME -- COMMAND [ARGS...]{names}"
+            )
+        }
+        _ => message,
     }
 }
 
@@ -712,8 +746,17 @@ mod tests {
         assert_eq!(args.kill_grace, Duration::from_secs(10));
         assert_eq!(args.wait, Duration::ZERO);
         assert_eq!(args.connection.prefix, "fencelock");
-        assert_eq!(args.name, "job");
+        assert_eq!(args.names, ["job"]);
         assert_eq!(args.command, [OsString::from("true")]);
+    }
+
+    #[test]
+    fn every_name_before_the_double_dash_is_taken() {
+        let args = parse(&["c", "a", "b", "--", "true", "x"]).unwrap();
+        assert_eq!(args.names, ["c", "a", "b"]);
+        assert_eq!(args.command, [OsString::from("true"), OsString::from("x")]);
+        assert_eq!(args.label(), r#""c", "a", "b""#);
+        assert!(parse(&["--", "true"]).is_err());
     }
 
     #[test]

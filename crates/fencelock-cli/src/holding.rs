@@ -1,13 +1,22 @@
 //! The lock as `fencelock run` holds it, from the acquire (`main.rs`) through the
-//! supervision of COMMAND (`supervise.rs`) to the release.
+//! supervision of COMMAND (`supervise.rs`) to the release: one lock, or several taken at
+//! once (`run NAME... -- COMMAND`), one guard per name.
 
-use fencelock::{Client, LockGuard, LossCause};
+use std::time::{Duration, Instant};
+
+use fencelock::{Client, Error, LockGuard, LossCause};
+use futures_util::future::{join_all, select_all};
 
 /// The lock as fencelock holds it.
 pub(crate) struct Holding {
-    /// `None` only while fencelock is suspended and its keeper holds the lock (see
-    /// [`crate::keeper`]); the supervision takes it back before anything else uses it.
+    /// The first name's guard. `None` only while fencelock is suspended and its keeper
+    /// holds the lock (see [`crate::keeper`]); the supervision takes it back before
+    /// anything else uses it.
     pub(crate) guard: Option<LockGuard>,
+    /// The other names' guards, when several names were taken at once (in the global
+    /// order, after the first). A keeper never carries these: a run that holds them is
+    /// suspended without one.
+    pub(crate) others: Vec<LockGuard>,
     /// The client that took it, which takes it back from the keeper.
     pub(crate) client: Client,
 }
@@ -19,6 +28,47 @@ impl Holding {
         self.guard
             .as_ref()
             .expect("the guard is back from the keeper before fencelock goes on")
+    }
+
+    /// Every guard, the first name's first.
+    pub(crate) fn guards(&self) -> impl Iterator<Item = &LockGuard> {
+        std::iter::once(self.guard()).chain(&self.others)
+    }
+
+    /// Whether several names are held.
+    pub(crate) fn is_multi(&self) -> bool {
+        !self.others.is_empty()
+    }
+
+    /// The end of the first lease to end: until then every name is held.
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.guards()
+            .map(LockGuard::valid_until)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// How much of the first lease to end is left.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Why a lease was lost, if one was (the first name's in the global order).
+    pub(crate) fn loss_cause(&self) -> Option<LossCause> {
+        self.guards().find_map(LockGuard::loss_cause)
+    }
+
+    /// Completes when any lease is lost.
+    pub(crate) fn lost(&self) -> impl Future<Output = LossCause> + Send + 'static + use<> {
+        let each: Vec<_> = self.guards().map(|g| Box::pin(g.lost())).collect();
+        async move { select_all(each).await.0 }
+    }
+
+    /// Releases every guard at once: the first error (in the global order), if any.
+    pub(crate) async fn release(&mut self) -> Result<(), Error> {
+        let guards = self.guard.take().into_iter().chain(self.others.drain(..));
+        let results = join_all(guards.map(LockGuard::release)).await;
+        results.into_iter().collect()
     }
 
     /// Why the lease was lost, for messages.

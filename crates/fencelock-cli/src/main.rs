@@ -155,22 +155,20 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
     // Installed first: from here on no signal ends fencelock while it may hold the lock.
     let mut signals = Signals::install()?;
     let mut held = acquire(&args, &mut signals).await?;
+    let tokens: Vec<String> = held
+        .guards()
+        .map(|g| format!("{:?} (fencing token {})", g.name(), g.fencing_token()))
+        .collect();
     tell(
         Level::Notice,
-        format_args!(
-            "holding lock {:?} (fencing token {})",
-            held.guard().name(),
-            held.guard().fencing_token()
-        ),
+        format_args!("holding lock {}", tokens.join(", ")),
     );
     match run_command(&args, &mut held, &mut signals).await {
         Ok(Ended::Stopped) => {
             // Owner-checked: deletes the key only if it is still ours (at the maximum
             // hold, or with a renewal unconfirmed, it is, for a moment), so that the
             // next holder need not wait for it to expire. Nothing to report otherwise.
-            if let Some(guard) = held.guard.take() {
-                let _ = guard.release().await;
-            }
+            let _ = held.release().await;
             Ok(EX_LEASE_LOST)
         }
         Ok(Ended::Exited {
@@ -179,9 +177,7 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
             valid_until,
         }) => release_after(held, status, at, valid_until).await,
         Err(failure) => {
-            if let Some(guard) = held.guard.take() {
-                release(guard).await;
-            }
+            release(held).await;
             Err(failure)
         }
     }
@@ -193,8 +189,10 @@ async fn run_locked(args: RunArgs) -> Result<u8, Failure> {
 async fn elect(args: RunArgs) -> Result<u8, Failure> {
     // Installed first: from here on no signal ends fencelock while it may lead.
     let mut signals = Signals::install()?;
+    // `elect` takes one name (ElectArgs::into_run).
+    let name = args.names[0].as_str();
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
-    fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
+    fencelock::keys::validate_name(name).map_err(Failure::Lock)?;
     // Lazily: a Redis down now is retried by the campaign, for ever.
     let connecting = ops::builder(&args.connection)?.connect_lazy();
     tokio::pin!(connecting);
@@ -209,14 +207,11 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     let election = client
-        .election(args.name.as_str())
+        .election(name)
         .lease(args.ttl)
         .holder_info(ops::elector_info(&args.command));
     loop {
-        tell(
-            Level::Notice,
-            format_args!("campaigning for {:?}", args.name),
-        );
+        tell(Level::Notice, format_args!("campaigning for {:?}", name));
         // Boxed, so that a signal can drop it before the flush below.
         let mut campaign = Box::pin(election.campaign());
         let leadership = loop {
@@ -247,6 +242,7 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
         );
         let mut held = Holding {
             guard: Some(leadership.into_guard()),
+            others: Vec::new(),
             client: client.clone(),
         };
         match run_command(&args, &mut held, &mut signals).await {
@@ -259,7 +255,7 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
                 }
                 tell(
                     Level::Notice,
-                    format_args!("no longer leading {:?}; campaigning again", args.name),
+                    format_args!("no longer leading {:?}; campaigning again", name),
                 );
             }
             Ok(Ended::Exited {
@@ -268,9 +264,7 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
                 valid_until,
             }) => return release_after(held, status, at, valid_until).await,
             Err(failure) => {
-                if let Some(guard) = held.guard.take() {
-                    release(guard).await;
-                }
+                release(held).await;
                 return Err(failure);
             }
         }
@@ -280,7 +274,25 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
 /// Connects and takes the lock; a signal abandons the attempt.
 async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failure> {
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
-    fencelock::keys::validate_name(&args.name).map_err(Failure::Lock)?;
+    for name in &args.names {
+        fencelock::keys::validate_name(name).map_err(Failure::Lock)?;
+    }
+    let several = args.names.len() > 1;
+    if several && (args.fair || args.shared || args.permits.is_some()) {
+        return Err(Failure::Usage(
+            "several lock names are taken as plain locks: not with --fair, --shared or \
+             --permits"
+                .to_owned(),
+        ));
+    }
+    if args.names.len() > fencelock::limits::MAX_MULTI_NAMES {
+        return Err(Failure::Usage(format!(
+            "{} lock names; at most {} are taken at once",
+            args.names.len(),
+            fencelock::limits::MAX_MULTI_NAMES
+        )));
+    }
+    let name = args.names[0].as_str();
     let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
     let connection = &args.connection;
     let builder = ops::builder(connection)?.restart_protection(protection);
@@ -313,37 +325,43 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
     // What this run says about itself, by which the status line finds its place in line.
     let info = ops::holder_info(&args.command);
     // Boxed, so that a signal can drop it before the flush below.
-    let mut acquiring: Pin<Box<dyn Future<Output = _> + Send>> = match args.permits {
-        // A semaphore's many holders share one key, as readers do: no holder info (yet).
-        Some(permits) => {
-            let semaphore = lease_settings(client.semaphore(args.name.as_str(), permits), args);
-            let semaphore = if args.fair {
-                semaphore.fair()
-            } else {
-                semaphore
-            };
-            Box::pin(semaphore.acquire())
-        }
-        None if args.shared => {
-            Box::pin(lease_settings(client.read_lock(args.name.as_str()), args).acquire())
-        }
-        None => {
-            let lock = lease_settings(client.lock(args.name.as_str()), args);
-            let lock = lock.holder_info(info.clone());
-            let lock = if args.fair { lock.fair() } else { lock };
-            Box::pin(lock.acquire())
-        }
-    };
+    let mut acquiring: Pin<Box<dyn Future<Output = Result<Vec<LockGuard>, Error>> + Send>> =
+        match args.permits {
+            _ if several => {
+                let mut all = client
+                    .lock_all(args.names.iter().cloned())
+                    .lease(args.ttl)
+                    .wait(args.wait)
+                    .holder_info(info.clone());
+                if let Some(max_hold) = args.max_hold {
+                    all = all.max_hold(max_hold);
+                }
+                if args.replicas > 0 {
+                    all = all.replicas(args.replicas);
+                }
+                let acquire = all.acquire();
+                Box::pin(async move { acquire.await.map(fencelock::MultiGuard::into_guards) })
+            }
+            // A semaphore's many holders share one key, as readers do: no holder info (yet).
+            Some(permits) => one(lease_settings(client.semaphore(name, permits), args), |s| {
+                if args.fair { s.fair() } else { s }
+            }),
+            None if args.shared => one(lease_settings(client.read_lock(name), args), |r| r),
+            None => one(lease_settings(client.lock(name), args), |lock| {
+                let lock = lock.holder_info(info.clone());
+                if args.fair { lock.fair() } else { lock }
+            }),
+        };
     // On a terminal, a line that says what the wait is waiting for.
-    let own_info = (args.permits.is_none() && !args.shared).then_some(info);
-    let mut status_line = StatusLine::new(&client, &args.name, args.wait, own_info);
+    let own_info = (args.permits.is_none() && !args.shared && !several).then_some(info);
+    let mut status_line = StatusLine::new(&client, name, args.wait, own_info);
     let signal = loop {
         tokio::select! {
             result = &mut acquiring => {
                 status_line.clear();
-                let guard = result.map_err(Failure::Lock)?;
+                let mut guards = result.map_err(Failure::Lock)?.into_iter();
                 warn_eviction(eviction).await;
-                return Ok(Holding { guard: Some(guard), client });
+                return Ok(Holding { guard: guards.next(), others: guards.collect(), client });
             }
             signal = signals.recv() => match signal {
                 BeforeCommand::Forward(signal) => break signal,
@@ -364,6 +382,15 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
     drop(acquiring);
     client.flush().await;
     Err(Failure::Interrupted(signal))
+}
+
+/// The acquire of one lock (`builder`, finished by `finish`), as a list of one guard.
+fn one<K: Kind>(
+    builder: AcquireBuilder<K>,
+    finish: impl FnOnce(AcquireBuilder<K>) -> AcquireBuilder<K>,
+) -> Pin<Box<dyn Future<Output = Result<Vec<LockGuard>, Error>> + Send>> {
+    let acquire = finish(builder).acquire();
+    Box::pin(async move { acquire.await.map(|guard| vec![guard]) })
 }
 
 /// The settings every kind of lock takes from `run`'s arguments.
@@ -398,27 +425,31 @@ async fn warn_eviction(
 /// network) that finds the key gone says nothing about COMMAND's work, which ended
 /// inside the lease: a warning, and COMMAND's status.
 async fn release_after(
-    held: Holding,
+    mut held: Holding,
     status: u8,
     ended: std::time::Instant,
     valid_until: std::time::Instant,
 ) -> Result<u8, Failure> {
-    let name = held.guard().name().to_owned();
+    let mut name = held.guard().name().to_owned();
     // What the watchdog knew before the release stops it.
-    let known_loss = held
-        .guard()
-        .loss_cause()
-        .map(|cause| held.loss_reason(cause));
+    let known_loss = held.guards().find_map(|g| {
+        g.loss_cause()
+            .map(|cause| (g.name().to_owned(), held.loss_reason(cause)))
+    });
+    if let Some((lost, _)) = &known_loss {
+        name.clone_from(lost);
+    }
+    let known_loss = known_loss.map(|(_, reason)| reason);
+    let released = held.release().await;
+    if let Err(Error::LeaseLost { name: lost, .. }) = &released {
+        name.clone_from(lost);
+    }
     let lost = |reason: String| {
         Err(Failure::LostByExit {
             name: name.clone(),
             reason,
             status,
         })
-    };
-    let released = match held.guard {
-        Some(guard) => guard.release().await,
-        None => Ok(()),
     };
     let too_late = ended < valid_until && std::time::Instant::now() >= valid_until;
     match (released, known_loss) {
@@ -444,9 +475,9 @@ async fn release_after(
 
 /// Releases the lock after COMMAND could not run; a failure is a warning, since the
 /// error that stopped fencelock is what counts.
-async fn release(guard: LockGuard) {
-    let name = guard.name().to_owned();
-    match guard.release().await {
+async fn release(mut held: Holding) {
+    let name = held.guard().name().to_owned();
+    match held.release().await {
         Ok(()) => {}
         Err(e @ Error::LeaseLost { .. }) => warn(format_args!("{e}")),
         Err(e) => warn_unreleased(&name, &e),

@@ -243,7 +243,7 @@ mod tests {
         let expected: Vec<String> = codes.iter().map(|c| format!("\\fB{c}\\fR")).collect();
         assert_eq!(tags, expected, "{text}");
         assert!(text.contains("signal N killed it\n"), "{text}");
-        assert_eq!(text.matches(".PP").count(), 3, "{text}");
+        assert_eq!(text.matches(".PP").count(), 4, "{text}");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   hands it to a [keeper](crate::keeper) process, which renews it and tells the
 //!   watcher (Ctrl-Z does not stop the watcher), and takes it back when resumed; if it
 //!   could not be kept, the watcher has killed COMMAND's group when the lease ended,
-//!   and fencelock exits 76.
+//!   and fencelock exits 76. A keeper carries one lock: a job holding several is
+//!   suspended without one, so the first lease to end ends it that way.
 //! - A watcher killed by hand while COMMAND runs is replaced at once by a new one in the
 //!   group (one killed while the job is suspended, when fencelock is resumed).
 //! - SIGINT, SIGTERM and SIGHUP that fencelock gets are forwarded to the group, each
@@ -78,8 +79,8 @@ pub(crate) async fn run_command(
         }
     };
     say(format_args!(
-        "the lease on lock {:?} was lost ({}); stopping COMMAND",
-        args.name,
+        "the lease on lock {} was lost ({}); stopping COMMAND",
+        args.label(),
         held.loss_reason(cause)
     ));
     job.stop(signals).await;
@@ -119,7 +120,7 @@ impl<'a> Job<'a> {
         };
         // So that fencelock can take the terminal back from the background.
         ignore(libc::SIGTTOU);
-        let mut watcher = Watcher::start(held.guard().valid_until(), args.kill_grace, None)?;
+        let mut watcher = Watcher::start(held.valid_until(), args.kill_grace, None)?;
         let group = Group(watcher.pid);
         // When fencelock has the terminal, COMMAND's group gets it from COMMAND itself,
         // just before its exec: a COMMAND that reads the terminal at once must not find
@@ -152,8 +153,8 @@ impl<'a> Job<'a> {
             terminal,
             watcher,
             group,
-            lost: Box::pin(held.guard().lost()),
-            told: held.guard().valid_until(),
+            lost: Box::pin(held.lost()),
+            told: held.valid_until(),
             renewed_at: Instant::now(),
             silent: false,
         })
@@ -178,7 +179,7 @@ impl<'a> Job<'a> {
     /// COMMAND exited: dismisses the watcher, reaps COMMAND, takes the terminal back.
     fn exited(&mut self, held: &Holding) -> Ended {
         let at = Instant::now();
-        let valid_until = held.guard().valid_until();
+        let valid_until = held.valid_until();
         self.watcher.done();
         let status = reap(&mut self.command);
         self.terminal.take_back();
@@ -203,8 +204,19 @@ impl<'a> Job<'a> {
         // killed during the suspension is replaced only when fencelock is resumed).
         self.replace_watcher_if_gone(held);
         // The keeper renews the lease while fencelock is stopped: the guard is detached
-        // (nothing in this process renews it now).
-        let keeper = Keeper::start(&mut held.guard, self.watcher.pipe_for_keeper());
+        // (nothing in this process renews it now). It carries one lock: several are
+        // suspended without it, and their leases run out unless the job resumes first
+        // (the watcher, told the first lease's end, stops COMMAND then).
+        let keeper = if held.is_multi() {
+            crate::exit::warn(format_args!(
+                "several locks are not kept while the job is suspended: COMMAND is \
+                 stopped when the first lease ends, in {}",
+                HumanDuration(held.remaining())
+            ));
+            None
+        } else {
+            Keeper::start(&mut held.guard, self.watcher.pipe_for_keeper())
+        };
         suspend_self();
         // Resumed (fg or bg): take the lock back from the keeper, and go on only if it is
         // still ours.
@@ -222,23 +234,23 @@ impl<'a> Job<'a> {
         if let Some(keeper) = keeper {
             match keeper.take_back(&held.client).await {
                 Ok(guard) => {
-                    self.lost = Box::pin(guard.lost());
                     held.guard = Some(guard);
+                    self.lost = Box::pin(held.lost());
                 }
                 Err(lock) => {
                     say(format_args!(
-                        "the lock {:?} could not be kept while COMMAND was suspended \
+                        "the lock {} could not be kept while COMMAND was suspended \
                          ({lock}); stopping COMMAND",
-                        self.args.name
+                        self.args.label()
                     ));
                     return false;
                 }
             }
-        } else if held.guard().loss_cause().is_some() || held.guard().remaining().is_zero() {
+        } else if held.loss_cause().is_some() || held.remaining().is_zero() {
             say(format_args!(
-                "COMMAND was suspended longer than the lease on lock {:?}: the lock may be \
+                "COMMAND was suspended longer than the lease on lock {}: the lock may be \
                  someone else's now; stopping COMMAND",
-                self.args.name
+                self.args.label()
             ));
             return false;
         }
@@ -248,7 +260,7 @@ impl<'a> Job<'a> {
     /// Continues COMMAND under the lock taken back: the watcher told the lease's end,
     /// the terminal handed over again if fencelock has it, SIGCONT.
     fn resume(&mut self, held: &Holding) {
-        self.told = held.guard().valid_until();
+        self.told = held.valid_until();
         self.renewed_at = Instant::now();
         self.watcher.tell(self.told);
         if Terminal::is_foreground() {
@@ -260,7 +272,7 @@ impl<'a> Job<'a> {
     /// Passes a renewed end of the lease on to the watcher, and says when Redis stops
     /// answering (no renewal for half a lease) and when it answers again.
     fn pass_on_renewal(&mut self, held: &Holding) {
-        let valid_until = held.guard().valid_until();
+        let valid_until = held.valid_until();
         if valid_until != self.told {
             self.told = valid_until;
             self.renewed_at = Instant::now();
@@ -279,7 +291,7 @@ impl<'a> Job<'a> {
                 Level::Notice,
                 format_args!(
                     "Redis not answering; the lease ends in {} unless a renewal gets through",
-                    HumanDuration(held.guard().remaining())
+                    HumanDuration(held.remaining())
                 ),
             );
         }
@@ -333,15 +345,28 @@ fn spawn_command(
     take_terminal: bool,
     leader: bool,
 ) -> io::Result<Child> {
-    let guard = held.guard();
     let mut command = Command::new(program);
-    command
-        .args(program_args)
-        .env("FENCELOCK_NAME", guard.name())
-        .env("FENCELOCK_TOKEN", guard.fencing_token().to_string())
-        .process_group(group.0);
-    if leader {
-        command.env("FENCELOCK_TERM", guard.fencing_token().to_string());
+    command.args(program_args).process_group(group.0);
+    if held.is_multi() {
+        // Names have no control characters: one per line.
+        let names: Vec<&str> = held.guards().map(|g| g.name()).collect();
+        let tokens: Vec<String> = held
+            .guards()
+            .map(|g| format!("{}={}", g.name(), g.fencing_token()))
+            .collect();
+        command
+            .env("FENCELOCK_NAMES", names.join("\n"))
+            .env("FENCELOCK_TOKENS", tokens.join("\n"))
+            .env_remove("FENCELOCK_NAME")
+            .env_remove("FENCELOCK_TOKEN");
+    } else {
+        let guard = held.guard();
+        command
+            .env("FENCELOCK_NAME", guard.name())
+            .env("FENCELOCK_TOKEN", guard.fencing_token().to_string());
+        if leader {
+            command.env("FENCELOCK_TERM", guard.fencing_token().to_string());
+        }
     }
     // SAFETY: between fork and exec only async-signal-safe calls: tcsetpgrp(3),
     // getpgrp(2), signal(2). The child is in `group` already (std sets the process group
@@ -535,8 +560,7 @@ impl Watcher {
     /// last confirmed end `told`. If none can start, fencelock says so once and goes
     /// on: it still stops COMMAND itself when the lease is lost.
     fn replace_if_gone(&mut self, group: Group, held: &Holding, told: Instant, grace: Duration) {
-        let guard = held.guard();
-        if guard.loss_cause().is_some() || told <= Instant::now() {
+        if held.loss_cause().is_some() || told <= Instant::now() {
             return; // the group is (being) stopped; nothing left to watch for
         }
         if !matches!(peek(self.pid), State::Exited) {

@@ -369,7 +369,9 @@ fn bad_usage_exits_64_and_writes_nothing() {
         (&["--redis", "not a url", "bad", "--", "true"], "URL"),
         (&["--redis", url, "bad"], "COMMAND"),
         (&["--redis", url, "bad", "--"], "COMMAND"),
-        (&["--redis", url, "bad", "true"], "true"),
+        // Without `--`, every word is a lock name: COMMAND is missing, and the line says
+        // where it goes.
+        (&["--redis", url, "bad", "true"], "after '--'"),
         (
             &["--redis", url, "--frobnicate", "bad", "--", "true"],
             "--frobnicate",
@@ -1817,4 +1819,110 @@ fn a_fair_semaphore_runs_and_a_newcomer_does_not_pass_the_line() {
     server.cmd(&["DEL", &queue, &waiters]);
     let run = fencelock(&args);
     assert_eq!(run.code(), Some(0), "{run:#?}");
+}
+
+/// The command line of process `pid`, its arguments joined by spaces ("" once gone).
+fn process_cmdline(pid: u32) -> String {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// `run NAME... -- COMMAND` with three names: every lock taken, COMMAND given each
+/// name's token (FENCELOCK_NAMES, FENCELOCK_TOKENS; no FENCELOCK_TOKEN), all released
+/// after; with one of them held, none is taken and fencelock exits 75.
+#[test]
+fn runs_the_command_under_three_locks_with_every_token_then_releases_all() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let script = r#"printf '%s\n--\n%s\n--\n%s\n' "$FENCELOCK_NAMES" "$FENCELOCK_TOKENS" "${FENCELOCK_TOKEN-unset}""#;
+    let run = fencelock(&[
+        "run", "--redis", &url, "m c", "m:a", "m-b", "--", "sh", "-c", script,
+    ]);
+    assert_eq!(run.code(), Some(0), "{run:#?}");
+    assert_eq!(run.stderr, "", "{run:#?}");
+    let parts: Vec<&str> = run.stdout.split("--\n").collect();
+    assert_eq!(parts.len(), 3, "{run:#?}");
+    // Sorted: the global order.
+    assert_eq!(parts[0], "m c\nm-b\nm:a\n");
+    let mut names = Vec::new();
+    for line in parts[1].lines() {
+        let (name, token) = line.rsplit_once('=').expect("NAME=TOKEN");
+        // Each name's own token, as its counter holds it.
+        assert_eq!(
+            server.get(&fence_key(name)).as_deref(),
+            Some(token),
+            "{line}"
+        );
+        names.push(name);
+    }
+    assert_eq!(names, ["m c", "m-b", "m:a"]);
+    assert_eq!(parts[2], "unset\n");
+    for name in names {
+        assert!(!server.exists(&lock_key(name)), "{name} left behind");
+    }
+
+    // One of them held by another owner: nothing taken, exit 75.
+    server.cmd(&["SET", &lock_key("m-b"), "other-owner", "PX", "60000"]);
+    let run = fencelock(&["run", "--redis", &url, "m:a", "m-b", "m c", "--", "true"]);
+    let line = run.fails_with(75);
+    assert!(line.contains("m-b"), "{line}");
+    assert!(!server.exists(&lock_key("m:a")));
+    assert!(!server.exists(&lock_key("m c")));
+
+    // Several names are plain locks only; a name given twice is bad input.
+    for args in [
+        &["--fair", "x", "y"][..],
+        &["--shared", "x", "y"],
+        &["--permits", "2", "x", "y"],
+        &["x", "x"],
+    ] {
+        let mut argv = vec!["run", "--redis", &url];
+        argv.extend_from_slice(args);
+        argv.extend(["--", "true"]);
+        fencelock(&argv).fails_with(64);
+    }
+    assert!(!server.exists(&lock_key("x")));
+}
+
+/// A run holding several locks, suspended (`kill -TSTP`): no keeper carries them, so
+/// the leases run out, the watcher stops COMMAND's group at the first lease's end, and
+/// the resumed fencelock exits 76; another run gets the locks meanwhile.
+#[test]
+fn a_suspended_run_of_several_locks_is_stopped_when_the_first_lease_ends() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let log_path = log.to_str().unwrap();
+    let script = r#"i=0; while true; do i=$((i+1)); echo A$i >> "$0"; sleep 0.1; done"#;
+    let args = [
+        "run", "--redis", &url, "--ttl", "1s", "s1", "s2", "--", "sh", "-c", script, log_path,
+    ];
+    let (first, started) = spawn_until_ready(&args, &server, "s1", || {
+        fs::read_to_string(&log).is_ok_and(|l| l.contains("A1"))
+    });
+    let command_pid = descendants(first.id())
+        .into_iter()
+        .find(|&p| p != first.id() && process_cmdline(p).contains("while true"))
+        .expect("COMMAND runs");
+    kill(first.id(), "TSTP");
+    testkit::eventually("fencelock is stopped", EVENT_TIMEOUT, || {
+        process_state(first.id()) == Some('T')
+    });
+    // Nobody renews: the leases run out, and the watcher kills COMMAND's group.
+    testkit::eventually("COMMAND is stopped", EVENT_TIMEOUT, || {
+        process_gone(command_pid)
+    });
+    testkit::eventually("the leases ran out", EVENT_TIMEOUT, || {
+        !server.exists(&lock_key("s1")) && !server.exists(&lock_key("s2"))
+    });
+    let second = fencelock(&[
+        "run", "--redis", &url, "--wait", "5s", "s2", "s1", "--", "true",
+    ]);
+    assert_eq!(second.code(), Some(0), "{second:#?}");
+    kill(first.id(), "CONT");
+    let first = finish(first, started);
+    assert_eq!(first.code(), Some(76), "{first:#?}");
+    assert!(first.stderr.contains("not kept"), "{first:#?}");
 }

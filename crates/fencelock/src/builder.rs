@@ -92,18 +92,113 @@ pub struct AcquireBuilder<K: Kind> {
     kind: K,
 }
 
-/// The lease settings every kind shares.
+/// The lease settings every kind shares (and a multi-lock, `multi.rs`).
 #[derive(Clone, Copy, Debug)]
-struct Settings {
-    lease: Duration,
+pub(crate) struct Settings {
+    pub lease: Duration,
     /// Whether the watchdog renews the lease.
-    renew: bool,
-    max_hold: Option<Duration>,
+    pub renew: bool,
+    pub max_hold: Option<Duration>,
     /// `None`: wait for ever.
-    wait: Option<Duration>,
-    retry: Retry,
+    pub wait: Option<Duration>,
+    pub retry: Retry,
     /// Replicas that must acknowledge a grant.
-    replicas: u32,
+    pub replicas: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            lease: DEFAULT_LEASE,
+            renew: true,
+            max_hold: None,
+            wait: Some(Duration::ZERO),
+            retry: Retry::default(),
+            replicas: 0,
+        }
+    }
+}
+
+/// The leases an acquire asks for, once its [`Settings`] were checked.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Leases {
+    /// Each renewal's lease.
+    pub ttl: Duration,
+    /// The first lease (no longer than the maximum hold).
+    pub acquire_ttl: Duration,
+    /// Whether the maximum hold shortened the first lease.
+    pub capped: bool,
+}
+
+impl Settings {
+    /// Checks the settings and the holder info before anything is sent: typed errors.
+    pub(crate) fn check(&self, shared: &Shared, info: &str) -> Result<Leases, Error> {
+        let ttl = checked_ttl(self.lease)?;
+        if let Some(max_hold) = self.max_hold {
+            Error::check_range("maximum hold", max_hold, MIN_LEASE, MAX_HOLD)?;
+        }
+        self.retry.validate()?;
+        if self.replicas > 0 && shared.backend.is_redlock() {
+            return Err(Error::invalid(
+                "replicas",
+                "replica acknowledgement is for one node (a master with replicas); Redlock \
+                 nodes are independent masters",
+            ));
+        }
+        if info.len() > 4096 {
+            return Err(Error::invalid(
+                "holder info",
+                format!("it is {} bytes long; the limit is 4096", info.len()),
+            ));
+        }
+        // The first lease may not outlast the maximum hold either.
+        let (acquire_ttl, capped) = match self.max_hold {
+            Some(h) => {
+                let cap = Duration::from_millis(h.as_millis() as u64).max(MIN_LEASE);
+                (ttl.min(cap), cap <= ttl)
+            }
+            None => (ttl, false),
+        };
+        Ok(Leases {
+            ttl,
+            acquire_ttl,
+            capped,
+        })
+    }
+
+    /// The guard of a grant of `keys` (`granted`'s, or one name of a multi-lock's grant)
+    /// under `protocol`. No await: a grant becomes its guard in the poll it arrives in.
+    pub(crate) fn guard(
+        &self,
+        shared: &Arc<Shared>,
+        name: String,
+        keys: LockKeys,
+        protocol: Arc<dyn crate::protocols::Protocol>,
+        granted: &acquire::Granted,
+        leases: Leases,
+    ) -> LockGuard {
+        LockGuard::watched(
+            shared.clone(),
+            name,
+            Holding {
+                keys,
+                token: granted.token.clone(),
+                protocol,
+                fence: granted.fence,
+                asked_ttl: leases.acquire_ttl,
+                ttl: leases.ttl,
+                renew: self.renew,
+                hold_until: self.max_hold.map(|h| granted.sent_at + h),
+            },
+            Grant {
+                sent_at: granted.sent_at,
+                ttl: granted.ttl,
+                // A handover's lease may end before the maximum hold does.
+                capped: leases.capped && granted.ttl == leases.acquire_ttl,
+                valid_until: granted.valid_until,
+            },
+        )
+    }
 }
 
 /// What an [`AcquireBuilder`] takes: [`LockKind`](crate::LockKind),
@@ -149,14 +244,7 @@ impl<K: Kind> AcquireBuilder<K> {
         Self {
             shared,
             name,
-            settings: Settings {
-                lease: DEFAULT_LEASE,
-                renew: true,
-                max_hold: None,
-                wait: Some(Duration::ZERO),
-                retry: Retry::default(),
-                replicas: 0,
-            },
+            settings: Settings::default(),
             kind,
         }
     }
@@ -427,38 +515,13 @@ impl<K: Kind> AcquireBuilder<K> {
     }
 
     async fn run_acquire(&self, wait: Option<Duration>) -> Result<LockGuard, Error> {
-        let ttl = checked_ttl(self.settings.lease)?;
-        if let Some(max_hold) = self.settings.max_hold {
-            Error::check_range("maximum hold", max_hold, MIN_LEASE, MAX_HOLD)?;
-        }
-        self.settings.retry.validate()?;
-        if self.settings.replicas > 0 && self.shared.backend.is_redlock() {
-            return Err(Error::invalid(
-                "replicas",
-                "replica acknowledgement is for one node (a master with replicas); Redlock \
-                 nodes are independent masters",
-            ));
-        }
         let info = self.kind.info();
-        if info.len() > 4096 {
-            return Err(Error::invalid(
-                "holder info",
-                format!("it is {} bytes long; the limit is 4096", info.len()),
-            ));
-        }
-        // The first lease may not outlast the maximum hold either.
-        let (acquire_ttl, capped) = match self.settings.max_hold {
-            Some(h) => {
-                let cap = Duration::from_millis(h.as_millis() as u64).max(MIN_LEASE);
-                (ttl.min(cap), cap <= ttl)
-            }
-            None => (ttl, false),
-        };
+        let leases = self.settings.check(&self.shared, info)?;
         let request = Request {
             name: &self.name,
             keys: LockKeys::new(&self.shared.prefix, &self.name)?,
             protocol: self.kind.protocol(self.shared.backend.is_redlock())?.0,
-            ttl: acquire_ttl,
+            ttl: leases.acquire_ttl,
             wait,
             retry: self.settings.retry,
             info,
@@ -468,26 +531,14 @@ impl<K: Kind> AcquireBuilder<K> {
         let granted = acquire::acquire(&self.shared.backend, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped
         // future cannot lose it in between.
-        Ok(LockGuard::watched(
-            self.shared.clone(),
+        let (keys, protocol) = (granted.keys.clone(), granted.protocol.clone());
+        Ok(self.settings.guard(
+            &self.shared,
             self.name.clone(),
-            Holding {
-                keys: granted.keys,
-                token: granted.token,
-                protocol: granted.protocol,
-                fence: granted.fence,
-                asked_ttl: acquire_ttl,
-                ttl,
-                renew: self.settings.renew,
-                hold_until: self.settings.max_hold.map(|h| granted.sent_at + h),
-            },
-            Grant {
-                sent_at: granted.sent_at,
-                ttl: granted.ttl,
-                // A handover's lease may end before the maximum hold does.
-                capped: capped && granted.ttl == acquire_ttl,
-                valid_until: granted.valid_until,
-            },
+            keys,
+            protocol,
+            &granted,
+            leases,
         ))
     }
 }

@@ -22,6 +22,7 @@ use crate::limits::{
     MAX_TIMEOUT,
 };
 use crate::lock::{LockBuilder, LockKind};
+use crate::multi::MultiLockBuilder;
 use crate::rwlock::{ReadLockBuilder, ReadLockKind};
 use crate::semaphore::{SemaphoreBuilder, SemaphoreKind};
 use crate::shared::Shared;
@@ -125,6 +126,22 @@ impl Client {
     /// other names.
     pub fn election(&self, name: impl Into<String>) -> Election {
         Election::new(self.inner.clone(), name.into())
+    }
+
+    /// Starts configuring several locks taken at once, every one or none
+    /// ([`MultiLockBuilder`]): one guard holds them all, each name with its own
+    /// fencing token. Callers may give the names in any order: they are taken in one
+    /// global order, so overlapping sets never deadlock. Nothing is sent until
+    /// [`MultiLockBuilder::acquire`] or [`MultiLockBuilder::try_acquire`].
+    pub fn lock_all<I>(&self, names: I) -> MultiLockBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        MultiLockBuilder::new(
+            self.inner.clone(),
+            names.into_iter().map(Into::into).collect(),
+        )
     }
 
     /// Takes over a lock another guard let go of with [`LockGuard::detach`], in this

@@ -138,6 +138,7 @@ mod guard;
 pub mod keys;
 pub mod limits;
 mod lock;
+mod multi;
 pub mod observe;
 mod protocols;
 mod rwlock;
@@ -163,6 +164,7 @@ pub use error::{
 };
 pub use guard::LockGuard;
 pub use lock::{LockBuilder, LockKind};
+pub use multi::{LostLock, MultiGuard, MultiLockBuilder};
 pub use rwlock::{ReadLockBuilder, ReadLockKind};
 pub use scripts::lua_scripts;
 pub use semaphore::{SemaphoreBuilder, SemaphoreKind};

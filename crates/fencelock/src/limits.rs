@@ -50,6 +50,12 @@ pub const DEFAULT_RESTART_PROTECTION: Duration = Duration::from_secs(30);
 /// The longest lock name (and key prefix) accepted, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 
+/// The most names one multi-lock takes
+/// ([`Client::lock_all`](crate::Client::lock_all)): 64. On one node they are taken in
+/// one script call, which holds the server while it checks and writes three keys per
+/// name; a larger set is better split into coarser locks.
+pub const MAX_MULTI_NAMES: usize = 64;
+
 /// The key prefix when none is given.
 pub const DEFAULT_PREFIX: &str = "fencelock";
 

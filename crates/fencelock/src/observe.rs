@@ -36,7 +36,7 @@
 //!
 //! | label | values |
 //! |---|---|
-//! | `mode` | `plain`, `fair` ([`LockBuilder::fair`](crate::LockBuilder::fair)), `reentrant` ([`LockBuilder::reentrant`](crate::LockBuilder::reentrant)), `semaphore` ([`SemaphoreBuilder`](crate::SemaphoreBuilder)), `read` (a read-write lock's reader, [`ReadLockBuilder`](crate::ReadLockBuilder); its writer counts as `plain` or `reentrant`), `election` (a campaign, [`Election`](crate::Election)) |
+//! | `mode` | `plain`, `fair` ([`LockBuilder::fair`](crate::LockBuilder::fair)), `reentrant` ([`LockBuilder::reentrant`](crate::LockBuilder::reentrant)), `semaphore` ([`SemaphoreBuilder`](crate::SemaphoreBuilder)), `read` (a read-write lock's reader, [`ReadLockBuilder`](crate::ReadLockBuilder); its writer counts as `plain` or `reentrant`), `election` (a campaign, [`Election`](crate::Election)), `multi` (one attempt at a [multi-lock](crate::MultiLockBuilder)'s names, or at one slot group of them; its wait for one name counts as `plain`) |
 //! | `outcome` of an acquire | `acquired`; `held` ([`Error::Held`]: the wait ran out, or a single attempt found it held); `unavailable` ([`Error::Unavailable`], [`Error::NoQuorum`]); `error` (any other error from Redis: [`Error::Rejected`], [`Error::WrongType`]); `cancelled` (the acquire's future was dropped before an outcome) |
 //! | `outcome` of a release | `released`; `lost` ([`Error::LeaseLost`]: the lease had already ended); `unavailable`; `error` |
 //! | `kind` of a release | `release` ([`LockGuard::release`](crate::LockGuard::release)); `drop` (a guard dropped unreleased, released in the background: its `outcome` is `released` once a node answered, whatever it found, else `unavailable` or `error`) |
@@ -217,6 +217,7 @@ pub(crate) enum ModeLabel {
     Semaphore = 3,
     Read = 4,
     Election = 5,
+    Multi = 6,
 }
 
 impl ModeLabel {
@@ -228,6 +229,7 @@ impl ModeLabel {
             Self::Semaphore => "semaphore",
             Self::Read => "read",
             Self::Election => "election",
+            Self::Multi => "multi",
         }
     }
 }
@@ -454,10 +456,10 @@ macro_rules! key_table {
 }
 
 // Indexed by the enums' discriminants; the tests check every entry against `as_str`.
-static MODE: [[Label; 1]; 6] =
-    label_table!("mode": ["plain", "fair", "reentrant", "semaphore", "read", "election"]);
-static MODE_OUTCOME: [[[Label; 2]; 5]; 6] = label_table!(
-    "mode": ["plain", "fair", "reentrant", "semaphore", "read", "election"],
+static MODE: [[Label; 1]; 7] =
+    label_table!("mode": ["plain", "fair", "reentrant", "semaphore", "read", "election", "multi"]);
+static MODE_OUTCOME: [[[Label; 2]; 5]; 7] = label_table!(
+    "mode": ["plain", "fair", "reentrant", "semaphore", "read", "election", "multi"],
     "outcome": ["acquired", "held", "unavailable", "error", "cancelled"]
 );
 static WAKE: [[Label; 1]; 2] = label_table!("by": ["notification", "timer"]);
@@ -472,20 +474,21 @@ static CAUSE: [[Label; 1]; 6] = label_table!(
     "cause": ["expired", "taken_by_other", "unconfirmed", "max_hold", "deleted", "broken"]
 );
 
-static ACQUIRE_DURATION_KEYS: [[Key; 5]; 6] = key_table!(
+static ACQUIRE_DURATION_KEYS: [[Key; 5]; 7] = key_table!(
     ACQUIRE_DURATION,
     MODE_OUTCOME,
-    [0, 1, 2, 3, 4, 5],
+    [0, 1, 2, 3, 4, 5, 6],
     [0, 1, 2, 3, 4]
 );
-static ACQUIRE_WAIT_KEYS: [[Key; 5]; 6] = key_table!(
+static ACQUIRE_WAIT_KEYS: [[Key; 5]; 7] = key_table!(
     ACQUIRE_WAIT,
     MODE_OUTCOME,
-    [0, 1, 2, 3, 4, 5],
+    [0, 1, 2, 3, 4, 5, 6],
     [0, 1, 2, 3, 4]
 );
-static ACQUIRE_CONTENDED_KEYS: [Key; 6] = key_table!(ACQUIRE_CONTENDED, MODE, [0, 1, 2, 3, 4, 5]);
-static ACQUIRE_HANDOFFS_KEYS: [Key; 6] = key_table!(ACQUIRE_HANDOFFS, MODE, [0, 1, 2, 3, 4, 5]);
+static ACQUIRE_CONTENDED_KEYS: [Key; 7] =
+    key_table!(ACQUIRE_CONTENDED, MODE, [0, 1, 2, 3, 4, 5, 6]);
+static ACQUIRE_HANDOFFS_KEYS: [Key; 7] = key_table!(ACQUIRE_HANDOFFS, MODE, [0, 1, 2, 3, 4, 5, 6]);
 static WAITER_WAKEUPS_KEYS: [Key; 2] = key_table!(WAITER_WAKEUPS, WAKE, [0, 1]);
 static RELEASES_KEYS: [[Key; 4]; 2] = key_table!(RELEASES, KIND_OUTCOME, [0, 1], [0, 1, 2, 3]);
 static RELEASE_DURATION_KEYS: [Key; 4] =
@@ -505,13 +508,14 @@ mod tests {
         key.labels().map(|l| (l.key(), l.value())).collect()
     }
 
-    const MODES: [ModeLabel; 6] = [
+    const MODES: [ModeLabel; 7] = [
         ModeLabel::Plain,
         ModeLabel::Fair,
         ModeLabel::Reentrant,
         ModeLabel::Semaphore,
         ModeLabel::Read,
         ModeLabel::Election,
+        ModeLabel::Multi,
     ];
     const OUTCOMES: [AcquireOutcome; 5] = [
         AcquireOutcome::Acquired,

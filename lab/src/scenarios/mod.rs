@@ -27,6 +27,7 @@
 //! - [`wakes`]: plain mode and a semaphore, whose release wakes one listed client by
 //!   name; listed clients paused and killed;
 //! - [`semaphore`]: a semaphore of 2 permits, its holders at once, paused and killed;
+//! - [`multi`]: several locks at once, sets overlapping in a cycle;
 //! - [`rwlock`]: a read-write lock's readers and writers; readers paused, killed and
 //!   removed, a waiting writer killed;
 //! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
@@ -43,6 +44,7 @@ mod clock;
 mod failover;
 mod fair;
 mod lock_state;
+mod multi;
 mod nemesis;
 mod network;
 mod pauses_kills;
@@ -139,6 +141,7 @@ pub const ALL: &[Scenario] = &[
     fair::FAIR_HANDOVER,
     wakes::PLAIN_NAMED_WAKES,
     semaphore::SEMAPHORE_STEADY,
+    multi::OVERLAPPING_SETS,
     wakes::SEMAPHORE_NAMED_WAKES,
     semaphore::SEMAPHORE_PAUSED_RENEWED,
     semaphore::SEMAPHORE_PAUSED_FIXED,

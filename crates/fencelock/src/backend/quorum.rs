@@ -84,6 +84,8 @@ pub(crate) enum Attempt {
         /// Fair mode: the fencing counter when the node refused (a handover with a
         /// higher token came after the refusal).
         fence_seen: Option<FencingToken>,
+        /// A multi-lock: which of its call's names is held (from 0).
+        at: Option<usize>,
     },
 }
 
@@ -197,11 +199,13 @@ impl Quorum {
             Answer::Held {
                 blocked_by,
                 fence_seen,
+                at,
             } => {
                 let held = Attempt::Held {
                     blocked_by,
                     nodes: Vec::new(),
                     fence_seen,
+                    at,
                 };
                 (Ok(held), false)
             }
@@ -226,6 +230,7 @@ impl Quorum {
             fence: 0,
             held: None,
             held_nodes: 0,
+            held_at: None,
             report: vec![None; nodes.len()],
             voters: Vec::new(),
             fatal: None,
@@ -342,6 +347,8 @@ pub(crate) struct AcquireTally<'a> {
     fence: u64,
     held: Option<Blocker>,
     held_nodes: usize,
+    /// A multi-lock: the held name a node named first.
+    held_at: Option<usize>,
     /// What each node answered, by node index; `None` while it has not.
     report: Vec<Option<NodeOutcome>>,
     /// The servers whose grant counted (run id, the node index that voted): answers
@@ -371,7 +378,10 @@ impl AcquireTally<'_> {
                         self.granted += 1;
                         self.fence = self.fence.max(fence.get());
                     }
-                    (NodeOutcome::Held { blocked_by }, _) => {
+                    (NodeOutcome::Held { blocked_by }, answer) => {
+                        if let Answer::Held { at: Some(at), .. } = answer {
+                            self.held_at.get_or_insert(at);
+                        }
                         let b = *blocked_by;
                         self.held = Some(self.held.map_or(b, |h| h.sooner(b)));
                         self.held_nodes += 1;
@@ -459,6 +469,7 @@ impl AcquireTally<'_> {
                 blocked_by,
                 nodes: report,
                 fence_seen: None,
+                at: self.held_at,
             }),
             _ => Err(Error::NoQuorum {
                 name: name.to_owned(),

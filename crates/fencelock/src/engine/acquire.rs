@@ -179,6 +179,8 @@ struct Acquiring<'a, N: Nodes> {
     refused: Option<(Instant, Option<FencingToken>)>,
     calls: AcquireCalls,
     report: &'a mut Report,
+    /// A multi-lock: which of its names the last refusal named ([`Protocol::name_at`]).
+    held_at: Option<usize>,
 }
 
 impl<'a, N: Nodes> Acquiring<'a, N> {
@@ -208,6 +210,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             refused: None,
             calls: AcquireCalls::default(),
             report,
+            held_at: None,
         }
     }
 
@@ -296,7 +299,11 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
                 blocked_by,
                 nodes,
                 fence_seen,
-            }) => self.held(sent, blocked_by, nodes, fence_seen).await,
+                at,
+            }) => {
+                self.held_at = at;
+                self.held(sent, blocked_by, nodes, fence_seen).await
+            }
             Err(e) => self.failed(e),
         }
     }
@@ -385,7 +392,11 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
     /// Transition *timed out*: the wait ran out with the lock held.
     fn timed_out(&self, blocked_by: Blocker, nodes: Vec<NodeReport>, now: Instant) -> Error {
         Error::Held {
-            name: self.name.to_owned(),
+            name: self
+                .held_at
+                .and_then(|at| self.pending.protocol.name_at(at))
+                .unwrap_or(self.name)
+                .to_owned(),
             blocked_by,
             waited: if self.waits {
                 now - self.started

@@ -290,6 +290,7 @@ pub(crate) fn held_by(blocked_by: Blocker, fence_seen: Option<u64>) -> Result<At
         blocked_by,
         nodes: Vec::new(),
         fence_seen: fence_seen.map(FencingToken::new),
+        at: None,
     })
 }
 

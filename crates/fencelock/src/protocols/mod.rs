@@ -1,6 +1,6 @@
 //! One protocol per primitive: how a plain lock, a fair lock, a reentrant lock, a
-//! semaphore's permit, a read-write lock's read side and a leader election's leadership
-//! are taken, released, renewed and waited for.
+//! semaphore's permit, a read-write lock's read side, several plain locks at once and a
+//! leader election's leadership are taken, released, renewed and waited for.
 //!
 //! A [`Protocol`] says which script an acquire attempt calls and with what, which script
 //! releases (or, for an acquire that ends without the lock, withdraws), what the lock key
@@ -17,6 +17,7 @@
 
 mod election;
 mod fair;
+mod multi;
 mod plain;
 mod protocol;
 mod read;
@@ -27,6 +28,7 @@ use std::sync::Arc;
 
 pub(crate) use election::Election;
 pub(crate) use fair::Fair;
+pub(crate) use multi::Multi;
 pub(crate) use plain::Plain;
 pub(crate) use protocol::{Acquire, Listed, Protocol, Release, Undo, Wake, checked_owner};
 pub(crate) use read::Read;

@@ -50,6 +50,12 @@ pub(crate) trait Protocol: fmt::Debug + Send + Sync {
         None
     }
 
+    /// A protocol that takes several names in one call (a multi-lock): the name at
+    /// place `at` of its call, which a refusal names ([`Error::Held`]'s `name`).
+    fn name_at(&self, _at: usize) -> Option<&str> {
+        None
+    }
+
     /// Its `mode=` line in a detached lock (read back by [`from_text`]).
     fn to_text(&self) -> String;
 }

@@ -138,6 +138,8 @@ pub(crate) enum Lua {
     ReadRelease,
     Campaign,
     Resign,
+    MultiAcquire,
+    MultiRelease,
     Inspect,
     Break,
     Wake,
@@ -152,7 +154,7 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 27] = [
+    const ALL: [Lua; 29] = [
         Lua::Acquire,
         Lua::Release,
         Lua::Renew,
@@ -169,6 +171,8 @@ impl Lua {
         Lua::ReadRelease,
         Lua::Campaign,
         Lua::Resign,
+        Lua::MultiAcquire,
+        Lua::MultiRelease,
         Lua::Inspect,
         Lua::Break,
         Lua::Wake,
@@ -211,6 +215,8 @@ impl Lua {
             ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
             Campaign => lua!("election/campaign.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, PUBLISH]),
             Resign => lua!("election/resign.lua", [TYPES, HOLDER, CLOCK, PUBLISH, WAKES]),
+            MultiAcquire => lua!("lock/multi_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE]),
+            MultiRelease => lua!("lock/multi_release.lua", [CLOCK, FENCE, PUBLISH, WAKES]),
             Inspect => lua!("lock/inspect.lua", [TYPES, HOLDER, CLOCK, FENCE]),
             Break => lua!("lock/break.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
             Wake => lua!("lock/wake.lua", [CLOCK, PUBLISH, WAKES]),
@@ -285,6 +291,7 @@ impl Lua {
                 | Lua::SemaphoreAcquire
                 | Lua::ReadAcquire
                 | Lua::Campaign
+                | Lua::MultiAcquire
         )
     }
 
@@ -435,6 +442,7 @@ impl Call {
                     | Lua::SemaphoreRelease
                     | Lua::ReadRelease
                     | Lua::Resign
+                    | Lua::MultiRelease
             )
     }
 

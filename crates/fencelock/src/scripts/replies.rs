@@ -68,6 +68,9 @@ pub(crate) enum Answer {
     Held {
         blocked_by: Blocker,
         fence_seen: Option<FencingToken>,
+        /// Which name of a multi-lock's call is held (its place in the call, from 0;
+        /// `multi_acquire.lua` only).
+        at: Option<usize>,
     },
 }
 
@@ -80,7 +83,7 @@ impl FromRedisValue for AcquireReply {
         let code = fields.int(0)?;
         let answer = fields.answer(code)?;
         // With a count (codes 3, 5, 6), the identity comes after it.
-        let identity_at = if matches!(code, 3 | 5 | 6) { 3 } else { 2 };
+        let identity_at = if matches!(code, 3 | 5 | 6 | 7) { 3 } else { 2 };
         let identity = match &items[identity_at.min(items.len())..] {
             [] | [Value::Int(_)] if code == 0 => None,
             [] => None,
@@ -131,6 +134,7 @@ impl Fields<'_> {
         let held = |blocked_by| Answer::Held {
             blocked_by,
             fence_seen: None,
+            at: None,
         };
         Ok(match code {
             1 | 2 | 4 => Answer::Granted {
@@ -149,6 +153,22 @@ impl Fields<'_> {
                     [_, _, Value::Int(_)] => Some(FencingToken::new(self.unsigned(2)?)),
                     _ => None,
                 },
+                at: None,
+            },
+            // A multi-lock's name held by another holder: its PTTL (-1: no expiry), and
+            // the name's place in the call, from 1.
+            7 => Answer::Held {
+                blocked_by: match self.int(1)? {
+                    -1 => Blocker::NoExpiry,
+                    _ => Blocker::Lease(self.ms(1)?),
+                },
+                fence_seen: None,
+                at: Some(
+                    usize::try_from(self.int(2)?)
+                        .ok()
+                        .and_then(|i| i.checked_sub(1))
+                        .ok_or_else(|| self.bad())?,
+                ),
             },
             // A semaphore whose permits are all held: ms until the first lease ends, and
             // the permit count.
@@ -555,6 +575,7 @@ mod tests {
             Answer::Held {
                 blocked_by: Blocker::Lease(Duration::ZERO),
                 fence_seen: None,
+                at: None,
             },
             "a lease ending now is a lease, not a queue"
         );
@@ -563,6 +584,7 @@ mod tests {
             Answer::Held {
                 blocked_by: Blocker::Queue,
                 fence_seen: None,
+                at: None,
             }
         );
         assert_eq!(
@@ -570,6 +592,7 @@ mod tests {
             Answer::Held {
                 blocked_by: Blocker::NoExpiry,
                 fence_seen: None,
+                at: None,
             }
         );
         assert_eq!(
@@ -579,9 +602,22 @@ mod tests {
             Answer::Held {
                 blocked_by: Blocker::Queue,
                 fence_seen: Some(FencingToken::new(42)),
+                at: None,
             },
             "fair_acquire.lua says the counter with a refusal"
         );
+        assert_eq!(
+            a(vec![Value::Int(7), Value::Int(1500), Value::Int(2)])
+                .unwrap()
+                .answer,
+            Answer::Held {
+                blocked_by: Blocker::Lease(Duration::from_millis(1500)),
+                fence_seen: None,
+                at: Some(1),
+            },
+            "multi_acquire.lua names the held name's place, from 1"
+        );
+        assert!(a(vec![Value::Int(7), Value::Int(10), Value::Int(0)]).is_err());
         let with_id = a(vec![
             Value::Int(2),
             Value::Int(7),

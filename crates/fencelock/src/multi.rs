@@ -1,0 +1,536 @@
+//! Several locks at once: [`MultiLockBuilder`] (from [`Client::lock_all`]) and the
+//! guard of all of them, [`MultiGuard`].
+//!
+//! How it takes them (the protocol is `protocols/multi.rs`):
+//! - The names are sorted (byte order): that is the global order every caller uses,
+//!   whatever order it gave them in.
+//! - On one node (a standalone server, a Sentinel-managed master) every name is taken
+//!   in one script call, all or none; with Redlock, that call goes to every node and a
+//!   majority decides, as for one lock. On a Redis Cluster the names are grouped by the
+//!   slot of their keys (the name is the key's hash tag), and the groups are taken one
+//!   call each, in the global order; a refusal takes back the groups granted before it.
+//! - A refusal names the held name. A waiting acquire first gives back whatever it
+//!   holds (owner-checked releases), then waits for that one name as a plain waiter
+//!   does (its release channel and wake list, bounded by its holder's lease), takes
+//!   it, and then tries the others again with single attempts. It never waits for a
+//!   name while it holds another, so callers cannot deadlock whatever sets they take.
+//!
+//! A held multi-lock is one plain lock per name, all granted to one holder token: the
+//! client's watchdog renews each lease, [`MultiGuard::release`] releases each
+//! (owner-checked), and each name has its own fencing token.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::{join_all, select_all};
+
+use crate::builder::{Leases, Settings};
+use crate::engine::acquire::{self, Granted, Request};
+use crate::engine::retry::Retry;
+use crate::error::{Error, LossCause};
+use crate::guard::LockGuard;
+use crate::keys::LockKeys;
+use crate::limits::MAX_MULTI_NAMES;
+use crate::protocols::{Multi, Plain, Protocol};
+use crate::shared::Shared;
+use crate::token::FencingToken;
+
+/// How to take several locks at once: from [`Client::lock_all`](crate::Client::lock_all).
+/// The lease settings are a lock's ([`LockBuilder`](crate::LockBuilder)'s) and hold for
+/// every name; nothing is sent until [`acquire`](Self::acquire) or
+/// [`try_acquire`](Self::try_acquire).
+///
+/// What it guarantees:
+/// - **All or none**: the guard holds every name; an acquire that fails holds none of
+///   them when it returns (what it took on the way is released, owner-checked, before it
+///   waits or fails; a release that cannot reach Redis is sent again in the background,
+///   and the key expires with its lease otherwise).
+/// - **No deadlock**: it never waits for a name while it holds another, and every caller
+///   takes the names in one global order (sorted), so overlapping sets taken by many
+///   callers in any order are all served.
+/// - **One token per name**: each name's [fencing token](MultiGuard::fencing_token)
+///   is higher than every token handed out for that name before (by a multi-lock or a
+///   single lock), so a resource checks the token of the name that guards it. The names
+///   taken in one call share one token value.
+///
+/// Limits:
+/// - On one node and with Redlock the names are taken in one atomic call per attempt. On
+///   a Redis Cluster, names in different slots are taken one slot group after the
+///   other: not one atomic call. Another caller may see some of them taken for the time
+///   of the calls, and a client killed between its calls leaves the groups it took until
+///   their lease runs out (they are never renewed).
+/// - A waiting acquire is not fair: it waits for one name at a time and may find
+///   another taken once it has it; it is served as soon as all are free at once, and a
+///   steady stream of single-lock holders of one of its names can keep it waiting.
+/// - Fair and reentrant multi-locks are not supported: [`fair`](Self::fair) and
+///   [`reentrant`](Self::reentrant) make the acquire fail with
+///   [`Error::InvalidArgument`]. Each name must be held as a plain lock (or free); a
+///   semaphore or data fencelock did not write under one of the names gives
+///   [`Error::WrongType`].
+/// - At most [`MAX_MULTI_NAMES`] names, none twice, each a valid lock name; the list
+///   may not be empty. Each is [`Error::InvalidArgument`] with nothing sent.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), fencelock::Error> {
+/// # let redis = testkit::RedisServer::start();
+/// # let client = fencelock::Client::connect(&redis.url()).await?;
+/// use std::time::Duration;
+///
+/// let guard = client
+///     .lock_all(["account:7", "account:3"])
+///     .wait(Duration::from_secs(5))
+///     .acquire()
+///     .await?;
+/// let from = guard.fencing_token("account:7").expect("held");
+/// let to = guard.fencing_token("account:3").expect("held");
+/// # let _ = (from, to);
+/// // ... write to each account with its own token ...
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MultiLockBuilder {
+    shared: Arc<Shared>,
+    names: Vec<String>,
+    settings: Settings,
+    info: String,
+    /// A mode asked for that a multi-lock refuses.
+    refused: Option<&'static str>,
+}
+
+impl std::fmt::Debug for MultiLockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiLockBuilder")
+            .field("client", &self.shared)
+            .field("names", &self.names)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MultiLockBuilder {
+    pub(crate) fn new(shared: Arc<Shared>, names: Vec<String>) -> Self {
+        Self {
+            shared,
+            names,
+            settings: Settings::default(),
+            info: String::new(),
+            refused: None,
+        }
+    }
+
+    /// Every name's lease, as [`AcquireBuilder::lease`](crate::AcquireBuilder::lease)
+    /// (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.settings.lease = lease;
+        self
+    }
+
+    /// Whether the watchdog renews the leases while the guard lives (default `true`), as
+    /// [`AcquireBuilder::renew`](crate::AcquireBuilder::renew).
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.settings.renew = renew;
+        self
+    }
+
+    /// The longest the locks may be held, counted from each name's grant, as
+    /// [`AcquireBuilder::max_hold`](crate::AcquireBuilder::max_hold).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.settings.max_hold = Some(max_hold);
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) waits for all the names before giving up with
+    /// [`Error::Held`] (default zero: one attempt).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.settings.wait = Some(wait);
+        self
+    }
+
+    /// Makes [`acquire`](Self::acquire) wait until it holds every name, however long
+    /// that takes. Cancel the future to stop.
+    pub fn wait_forever(mut self) -> Self {
+        self.settings.wait = None;
+        self
+    }
+
+    /// How to pace attempts while waiting, as
+    /// [`AcquireBuilder::retry`](crate::AcquireBuilder::retry).
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.settings.retry = retry;
+        self
+    }
+
+    /// Replicas that must acknowledge each call's grant, as
+    /// [`AcquireBuilder::replicas`](crate::AcquireBuilder::replicas) (one node only).
+    pub fn replicas(mut self, replicas: u32) -> Self {
+        self.settings.replicas = replicas;
+        self
+    }
+
+    /// What the holder says about itself, stored beside every name, as
+    /// [`LockBuilder::holder_info`](crate::LockBuilder::holder_info).
+    pub fn holder_info(mut self, info: impl Into<String>) -> Self {
+        self.info = info.into();
+        self
+    }
+
+    /// Not supported: a fair multi-lock would have to queue for every name at once. The
+    /// acquire fails with [`Error::InvalidArgument`], with nothing sent.
+    pub fn fair(mut self) -> Self {
+        self.refused = Some("a multi-lock is not fair (take fair locks one by one)");
+        self
+    }
+
+    /// Not supported: reentering a set of locks is not defined when the sets differ.
+    /// The acquire fails with [`Error::InvalidArgument`], with nothing sent.
+    pub fn reentrant(mut self, _owner: impl Into<String>) -> Self {
+        self.refused = Some("a multi-lock is not reentrant");
+        self
+    }
+
+    /// The names, as given.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Makes one attempt at every name: all taken, or none.
+    ///
+    /// # Errors
+    /// [`Error::Held`] naming a held name; [`Error::InvalidArgument`] for the names or
+    /// the settings (nothing sent); [`Error::WrongType`], [`Error::Unavailable`],
+    /// [`Error::Rejected`], [`Error::NoQuorum`] as for one lock.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropped, it releases in the background whatever it took.
+    pub fn try_acquire(
+        &self,
+    ) -> impl Future<Output = Result<MultiGuard, Error>> + Send + 'static + use<> {
+        let this = self.clone();
+        async move { this.run(Some(Duration::ZERO)).await }
+    }
+
+    /// Takes every name, waiting as configured with [`wait`](Self::wait) or
+    /// [`wait_forever`](Self::wait_forever); see the type's docs for how it waits.
+    ///
+    /// # Errors
+    /// [`Error::Held`] naming the name it last waited for, when the wait runs out, and
+    /// the errors of [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire).
+    pub fn acquire(
+        &self,
+    ) -> impl Future<Output = Result<MultiGuard, Error>> + Send + 'static + use<> {
+        let this = self.clone();
+        async move { this.run(this.settings.wait).await }
+    }
+
+    /// The names sorted into the global order, each with its keys; typed errors for the
+    /// list.
+    fn sorted(&self) -> Result<Vec<(String, LockKeys)>, Error> {
+        if self.names.is_empty() {
+            return Err(Error::invalid("lock names", "the list is empty".to_owned()));
+        }
+        if self.names.len() > MAX_MULTI_NAMES {
+            return Err(Error::invalid(
+                "lock names",
+                format!(
+                    "{} names; a multi-lock takes at most {MAX_MULTI_NAMES}",
+                    self.names.len()
+                ),
+            ));
+        }
+        let mut names = self.names.clone();
+        names.sort_unstable();
+        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::invalid(
+                "lock names",
+                format!("{:?} is named twice", twice[0]),
+            ));
+        }
+        names
+            .into_iter()
+            .map(|name| {
+                let keys = LockKeys::new(&self.shared.prefix, &name)?;
+                Ok((name, keys))
+            })
+            .collect()
+    }
+
+    /// The indexes of `names` grouped into the calls that take them: one group on one
+    /// node or Redlock, one per slot on a Cluster, in the global order.
+    fn groups(&self, names: &[(String, LockKeys)]) -> Vec<Vec<usize>> {
+        let cluster = self.shared.backend.nodes().iter().any(|n| n.is_cluster());
+        if !cluster {
+            return vec![(0..names.len()).collect()];
+        }
+        let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+        for (i, (_, keys)) in names.iter().enumerate() {
+            let slot = redis::cluster_routing::Slot::for_key(&keys.lock);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// One request of this acquire: `keys` under `protocol`, waiting `wait`.
+    fn request<'a>(
+        &'a self,
+        name: &'a str,
+        keys: LockKeys,
+        protocol: Arc<dyn Protocol>,
+        leases: Leases,
+        wait: Option<Duration>,
+    ) -> Request<'a> {
+        Request {
+            name,
+            keys,
+            protocol,
+            ttl: leases.acquire_ttl,
+            wait,
+            retry: self.settings.retry,
+            info: &self.info,
+            replicas: self.settings.replicas,
+            renew: self.settings.renew,
+        }
+    }
+
+    async fn run(&self, wait: Option<Duration>) -> Result<MultiGuard, Error> {
+        if let Some(reason) = self.refused {
+            return Err(Error::invalid("multi-lock mode", reason.to_owned()));
+        }
+        let names = self.sorted()?;
+        let leases = self.settings.check(&self.shared, &self.info)?;
+        let groups = self.groups(&names);
+        let started = Instant::now();
+        let deadline = wait.map(|w| started + w);
+        // What is held, by index into `names`. Dropped (a cancelled acquire, an error),
+        // each guard releases in the background.
+        let mut held: Vec<Option<LockGuard>> = names.iter().map(|_| None).collect();
+        loop {
+            let mut blocked = None;
+            for group in &groups {
+                let todo: Vec<usize> = group
+                    .iter()
+                    .copied()
+                    .filter(|&i| held[i].is_none())
+                    .collect();
+                let Some(&first) = todo.first() else {
+                    continue;
+                };
+                let keys: Vec<LockKeys> = todo.iter().map(|&i| names[i].1.clone()).collect();
+                let request = self.request(
+                    &names[first].0,
+                    keys[0].clone(),
+                    Arc::new(Multi::new(keys)),
+                    leases,
+                    Some(Duration::ZERO),
+                );
+                match acquire::acquire(&self.shared.backend, request).await {
+                    // No await until every name of the grant has its guard.
+                    Ok(granted) => {
+                        for &i in &todo {
+                            held[i] = Some(self.guard(&names[i], &granted, leases));
+                        }
+                    }
+                    Err(e @ Error::Held { .. }) => {
+                        blocked = Some(e);
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let Some(mut refusal) = blocked else {
+                let guards = held.into_iter().flatten().collect();
+                return Ok(MultiGuard { guards });
+            };
+            // Give back what is held before waiting or failing: never hold one name
+            // while waiting for another.
+            release_all(held.iter_mut().filter_map(Option::take).collect()).await?;
+            let Error::Held { name, waited, .. } = &mut refusal else {
+                unreachable!("only a refusal breaks the loop")
+            };
+            let left = match deadline {
+                None => None,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        if wait != Some(Duration::ZERO) {
+                            *waited = started.elapsed();
+                        }
+                        return Err(refusal);
+                    }
+                    Some(left)
+                }
+            };
+            let Some(at) = names.iter().position(|(n, _)| n == name) else {
+                return Err(refusal);
+            };
+            let request = self.request(
+                &names[at].0,
+                names[at].1.clone(),
+                Arc::new(Plain),
+                leases,
+                left,
+            );
+            match acquire::acquire(&self.shared.backend, request).await {
+                Ok(granted) => held[at] = Some(self.guard(&names[at], &granted, leases)),
+                Err(mut e) => {
+                    if let Error::Held { waited, .. } = &mut e {
+                        *waited = started.elapsed();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The plain guard of one name of `granted`.
+    fn guard(
+        &self,
+        (name, keys): &(String, LockKeys),
+        granted: &Granted,
+        leases: Leases,
+    ) -> LockGuard {
+        self.settings.guard(
+            &self.shared,
+            name.clone(),
+            keys.clone(),
+            Arc::new(Plain),
+            granted,
+            leases,
+        )
+    }
+}
+
+/// Releases every guard at once; the first error other than a lease already lost.
+async fn release_all(guards: Vec<LockGuard>) -> Result<(), Error> {
+    for result in join_all(guards.into_iter().map(LockGuard::release)).await {
+        match result {
+            Ok(()) | Err(Error::LeaseLost { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Several held locks, from [`MultiLockBuilder`]: one plain lock per name, each with its
+/// own lease (renewed by the client's watchdog while the guard lives) and its own
+/// fencing token. Release it with [`release`](Self::release); dropped unreleased, it
+/// releases every name in the background.
+///
+/// Its `Debug` shows each name's guard (no holder token).
+#[derive(Debug)]
+#[must_use = "the locks are released when the guard is dropped"]
+pub struct MultiGuard {
+    /// One per name, in the global order (sorted by name).
+    guards: Vec<LockGuard>,
+}
+
+/// Which lock of a [`MultiGuard`] lost its lease, and why: what
+/// [`MultiGuard::lost`] completes with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LostLock {
+    /// The name whose lease was lost.
+    pub name: String,
+    /// Why.
+    pub cause: LossCause,
+}
+
+impl MultiGuard {
+    /// The names held, in the global order (sorted).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.guards.iter().map(LockGuard::name)
+    }
+
+    /// The fencing token of `name` (`None` if this guard does not hold it): higher than
+    /// every token handed out for that name before. Send it with every write to the
+    /// resource `name` guards.
+    pub fn fencing_token(&self, name: &str) -> Option<FencingToken> {
+        self.guard(name).map(LockGuard::fencing_token)
+    }
+
+    /// Every name with its fencing token, in the global order.
+    pub fn fencing_tokens(&self) -> impl Iterator<Item = (&str, FencingToken)> {
+        self.guards.iter().map(|g| (g.name(), g.fencing_token()))
+    }
+
+    /// The guard of `name`, if held: its own lease, [`lost`](LockGuard::lost) signal and
+    /// [`extend`](LockGuard::extend) live there.
+    pub fn guard(&self, name: &str) -> Option<&LockGuard> {
+        self.guards.iter().find(|g| g.name() == name)
+    }
+
+    /// The end of the first lease to end ([`LockGuard::valid_until`]): until then every
+    /// name is held.
+    pub fn valid_until(&self) -> Instant {
+        self.guards
+            .iter()
+            .map(LockGuard::valid_until)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// How much of the shortest lease is left by the local clock.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Completes when any name's lease is lost ([`LockGuard::lost`]), saying which and
+    /// why. The other names are still held until [`release`](Self::release) or the drop.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    pub fn lost(&self) -> impl Future<Output = LostLock> + Send + 'static + use<> {
+        let each: Vec<_> = self
+            .guards
+            .iter()
+            .map(|g| {
+                let (name, lost) = (g.name().to_owned(), g.lost());
+                Box::pin(async move {
+                    let cause = lost.await;
+                    LostLock { name, cause }
+                })
+            })
+            .collect();
+        async move { select_all(each).await.0 }
+    }
+
+    /// A lease lost already, if any: the first name (in the global order) whose loss
+    /// signal fired.
+    pub fn loss(&self) -> Option<LostLock> {
+        self.guards.iter().find_map(|g| {
+            g.loss_cause().map(|cause| LostLock {
+                name: g.name().to_owned(),
+                cause,
+            })
+        })
+    }
+
+    /// Releases every name at once ([`LockGuard::release`] each: renewal stops, each key
+    /// deleted if it still holds this grant's token).
+    ///
+    /// # Errors
+    /// The first error in the global order: [`Error::LeaseLost`] naming a name whose
+    /// lease had ended (the others are released all the same), and the errors of
+    /// [`LockGuard::release`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the names not released yet are released in the background.
+    pub async fn release(self) -> Result<(), Error> {
+        let results = join_all(self.guards.into_iter().map(LockGuard::release)).await;
+        results.into_iter().collect()
+    }
+
+    /// The guard of each name, in the global order, to hold, release or
+    /// [`detach`](LockGuard::detach) one by one.
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+}
