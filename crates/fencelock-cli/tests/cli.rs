@@ -371,7 +371,7 @@ fn bad_usage_exits_64_and_writes_nothing() {
         (&["--redis", url, "bad", "--"], "COMMAND"),
         // Without `--`, every word is a lock name: COMMAND is missing, and the line says
         // where it goes.
-        (&["--redis", url, "bad", "true"], "after '--'"),
+        (&["--redis", url, "bad", "true"], "put COMMAND after --"),
         (
             &["--redis", url, "--frobnicate", "bad", "--", "true"],
             "--frobnicate",
