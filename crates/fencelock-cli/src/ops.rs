@@ -462,10 +462,8 @@ fn remaining(holder: &Holder) -> Option<Duration> {
 /// A holder in words: what kind, and what is left of its lease.
 fn holder_text(holder: &Holder) -> String {
     match holder {
-        Holder::Plain { remaining } => format!(
-            "one holder, which says nothing about itself; {}",
-            lease_text(*remaining)
-        ),
+        // Who it is, when it said, is the `held by` line (its holder info).
+        Holder::Plain { remaining } => format!("one holder; {}", lease_text(*remaining)),
         Holder::Reentrant {
             owner,
             holds,
