@@ -7,6 +7,10 @@
 //! not know its lease's end: its hold lasts until its release, or, when it was killed,
 //! until its last recorded step (the harness records that release for it, see
 //! [`close_history`]). So C1 judges what matters here: no two COMMANDs ever act at once.
+//!
+//! `fencelock elect` runs a COMMAND each time it leads: a second COMMAND of one elector
+//! continues its history (the first one's hold closed as the harness would, then an
+//! acquire of its own), with `--again-iterations` writes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,6 +39,10 @@ pub struct CommandArgs {
     /// History file (JSON Lines) to append to.
     #[arg(long)]
     pub history: PathBuf,
+    /// Writes of a COMMAND that continues a history (its elector leads again; default:
+    /// `--iterations`).
+    #[arg(long)]
+    pub again_iterations: Option<u32>,
     /// Escape supervision: do the work in a child in a session of its own (as a
     /// daemonizing program would), which fencelock's watcher cannot stop, and wait for it.
     #[arg(long)]
@@ -74,6 +82,11 @@ pub fn main(args: CommandArgs) -> Result<(), String> {
         .ok_or("FENCELOCK_TOKEN missing or not a number: not run by fencelock?")?;
     let p = args.process;
     let owner = format!("command-p{p}-{token}");
+    let again = continue_history(&args.history, p)?;
+    let iterations = match args.again_iterations {
+        Some(n) if again => n,
+        _ => args.iterations,
+    };
     let mut hist = HistoryWriter::create(&args.history)
         .map_err(|e| format!("{}: {e}", args.history.display()))?;
     let mut record = |e: Event| {
@@ -94,7 +107,7 @@ pub fn main(args: CommandArgs) -> Result<(), String> {
         &args.prefix,
         Some(Duration::from_secs(60)),
     ))?;
-    for i in 0..args.iterations {
+    for i in 0..iterations {
         record(Event::now(p, Op::Read, Phase::Invoke))?;
         let current = rt
             .block_on(store.read())
@@ -116,6 +129,23 @@ pub fn main(args: CommandArgs) -> Result<(), String> {
     }
     record(Event::now(p, Op::Release, Phase::Invoke))?;
     record(Event::now(p, Op::Release, Phase::Ok))
+}
+
+/// Before a COMMAND records its grant: when the history already holds an earlier
+/// COMMAND's (its elector leads again), closes that hold ([`close_history`]) and records
+/// this one's acquire as begun now (later than the campaign began: C1 and C4 judge the
+/// grant, not its start). Returns whether it continued an earlier COMMAND's history.
+fn continue_history(path: &Path, process: u32) -> Result<bool, String> {
+    let events = read_history(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fresh = matches!(events.as_slice(), [e] if e.op == Op::Acquire && e.phase == Phase::Invoke);
+    if fresh || events.is_empty() {
+        return Ok(false);
+    }
+    close_history(path)?;
+    HistoryWriter::create(path)
+        .and_then(|mut w| w.append(&Event::now(process, Op::Acquire, Phase::Invoke)))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(true)
 }
 
 /// Ends the hold of a COMMAND that did not record its release (it was killed): a release

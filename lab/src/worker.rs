@@ -98,6 +98,17 @@ pub struct WorkerArgs {
     /// only make the sets of several workers overlap. Repeat it for more.
     #[arg(long)]
     pub also: Vec<String>,
+    /// Lead instead of lock: campaign in the election named `--lock`
+    /// (`Client::election`, up to `--wait-ms`, with `--replicas`), the term as the
+    /// token, resign as the release. A leadership's lease is always renewed: as
+    /// `--renewed`, the write is skipped once it is reported lost.
+    #[arg(long)]
+    pub election: bool,
+    /// A renewed lease's holder writes without checking first that it was not reported
+    /// lost (as one paused between its check and its write would): only the fence stands
+    /// between a stale holder's write and the resource.
+    #[arg(long)]
+    pub unchecked: bool,
     /// Seed of the random 0-5 ms waits.
     #[arg(long)]
     pub seed: u64,
@@ -151,6 +162,8 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         StdRng::seed_from_u64(args.seed ^ u64::from(p).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let ttl = Duration::from_millis(args.ttl_ms);
     let wait = Duration::from_millis(args.wait_ms);
+    // A leadership's lease is renewed, as `--renewed` asks of a lock's.
+    let renewed = args.renewed || args.election;
 
     if args.stop_before_first_acquire {
         // SAFETY: raise(3) only sends a signal to this process; SIGSTOP stops it until
@@ -168,6 +181,14 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         // `--also`: the other names' guards, released after `--lock`'s.
         let mut others: Vec<fencelock::LockGuard> = Vec::new();
         let acquire = match args.permits {
+            None if args.election => client
+                .election(&args.lock)
+                .wait(wait)
+                .replicas(args.replicas)
+                .lease(ttl)
+                .campaign()
+                .await
+                .map(fencelock::Leadership::into_guard),
             None if !args.also.is_empty() => {
                 let names = std::iter::once(&args.lock).chain(&args.also).cloned();
                 let all = client
@@ -239,7 +260,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         if args.shared {
             // A reader: its read is what it holds the lock for, so it comes last. A
             // careful reader reads only while its lease lasts (as a writer writes).
-            let in_time = args.renewed || guard.remaining() > pause + WRITE_MARGIN;
+            let in_time = renewed || guard.remaining() > pause + WRITE_MARGIN;
             if in_time {
                 if i == 0 && args.stop_after_first_read {
                     // SAFETY: as below.
@@ -248,8 +269,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
                     }
                 }
                 tokio::time::sleep(pause).await;
-                if !(args.renewed
-                    && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN))
+                if !(renewed && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN))
                 {
                     record(Event::now(p, Op::Read, Phase::Invoke))?;
                     record(match store.read().await {
@@ -278,7 +298,7 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
         // A careful holder writes only while its lease lasts: a fixed lease must outlast
         // the wait before the write (with a margin for the write itself); a renewed one
         // must not be reported lost (checked again right before the write).
-        let in_time = args.renewed || guard.remaining() > pause + WRITE_MARGIN;
+        let in_time = renewed || guard.remaining() > pause + WRITE_MARGIN;
         if let Some(current) = current.filter(|_| in_time) {
             if i == 0 && args.stop_after_first_read {
                 // SAFETY: raise(3) only sends a signal to this process; SIGSTOP stops it
@@ -290,7 +310,10 @@ async fn run(args: WorkerArgs) -> Result<(), String> {
             tokio::time::sleep(pause).await;
             // A renewed lease: not reported lost, and not about to end (a renewal held
             // up by a paused server or a slow link ends it without a loss report yet).
-            if args.renewed && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN) {
+            if renewed
+                && !args.unchecked
+                && (guard.loss_cause().is_some() || guard.remaining() <= WRITE_MARGIN)
+            {
                 record(
                     Event::now(p, Op::Release, Phase::Invoke)
                         .with_token(token)

@@ -61,6 +61,17 @@ pub const ELECT_KILLED: Scenario = Scenario {
     run: |lab, tag, _| lab.cli_fault_as(tag, CliFault::Killed, Cli::Elect),
 };
 
+pub const ELECT_STOPPED: Scenario = Scenario {
+    name: "elect-stopped",
+    what: "`fencelock elect --ttl 1s` A leads and its COMMAND writes; A SIGSTOPped past its \
+        lease until `fencelock elect` B has led, written and resigned, then SIGCONTed: A \
+        campaigns again and leads a second term; then C",
+    expected: "A's COMMAND stopped (by its watcher) at the end of A's lease, before B's \
+        COMMAND starts; A's second term higher than B's: C1-C5 hold; A (after its second \
+        COMMAND), B and C exit 0",
+    run: |lab, tag, _| lab.cli_fault_as(tag, CliFault::Stopped, Cli::Elect),
+};
+
 /// Which subcommand the scenario runs: `run --wait`, or `elect` (which waits to lead).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cli {
@@ -87,8 +98,9 @@ impl Lab {
         self.cli_fault_as(tag, fault, Cli::Run)
     }
 
-    /// [`Self::cli_fault`] with `fencelock run` or `fencelock elect` (SIGKILL only: a
-    /// resumed `elect` campaigns again and runs a second COMMAND).
+    /// [`Self::cli_fault`] with `fencelock run` or `fencelock elect` (SIGKILL or SIGSTOP:
+    /// a resumed `elect` campaigns again and runs a second COMMAND, which continues A's
+    /// history).
     fn cli_fault_as(&self, tag: &str, fault: CliFault, cli: Cli) -> Result<Outcome, String> {
         let fencelock = fencelock_binary()?;
         let hist_a = self.dir.join(format!("{tag}-p1.jsonl"));
@@ -219,6 +231,28 @@ impl Lab {
                         .push("A's COMMAND ran to its end: the kill came too late".into());
                 }
             }
+            CliFault::Stopped if cli == Cli::Elect => {
+                o.expect_clean(&[1, 2, 3, 4, 5]);
+                if !a_status.as_ref().is_ok_and(ExitStatus::success) {
+                    o.failed.push(format!(
+                        "fencelock elect A, leading again after B: expected exit 0, got \
+                         {a_status:?}"
+                    ));
+                }
+                // A's two terms, B's between them.
+                let terms = |p: u32| -> Vec<u64> {
+                    h.iter()
+                        .filter(|e| e.process == p && e.op == Op::Acquire && e.phase == Phase::Ok)
+                        .filter_map(|e| e.token)
+                        .collect()
+                };
+                match (terms(1).as_slice(), terms(2).as_slice()) {
+                    ([first, second], [b]) if first < b && b < second => {}
+                    (a, b) => o.failed.push(format!(
+                        "expected A's two terms around B's: A {a:?}, B {b:?}"
+                    )),
+                }
+            }
             CliFault::Stopped => {
                 o.expect_clean(&[1, 2, 3, 4, 5]);
                 if a_status.as_ref().ok().and_then(ExitStatus::code) != Some(76) {
@@ -296,6 +330,7 @@ impl Lab {
             .arg(format!("--resource-url={}", self.resource.url()))
             .arg(format!("--prefix=res:{tag}"))
             .arg(format!("--iterations={iterations}"))
+            .arg("--again-iterations=20")
             .arg(format!("--history={}", history.display()));
         if fault == CliFault::Unsupervised {
             cmd.arg("--escape");

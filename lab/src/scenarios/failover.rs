@@ -44,7 +44,7 @@ pub const SENTINEL_FAILOVER: Scenario = Scenario {
         (C1 counts the double grants, at least one per failover); the fence rejects \
         every stale holder's write; C2-C4 hold, the counter equals the acknowledged \
         writes (C5 not judged: the lock key changes servers)",
-    run: |lab, tag, scale| lab.failover(tag, scale, 0, &mut SentinelRig::start()),
+    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Lock, &mut SentinelRig::start()),
 };
 
 pub const SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
@@ -57,7 +57,34 @@ pub const SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
         one rejoins as its replica, and none is reported between the kill and the \
         promotion; zero double grants, C2-C4 hold, the counter equals the \
         acknowledged writes",
-    run: |lab, tag, scale| lab.failover(tag, scale, 1, &mut SentinelRig::start()),
+    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Lock, &mut SentinelRig::start()),
+};
+
+pub const ELECT_SENTINEL_FAILOVER: Scenario = Scenario {
+    name: "elect-sentinel-failover",
+    what: "sentinel-failover with electors instead of lockers: p1, p2 campaign, write \
+        with their term and resign, steady; per failover a fresh elector wins (an 8 s \
+        lease) as the replica is isolated and is SIGSTOPped before its write, the master \
+        kill -9ed, the replica promoted, the elector resumed once another one led and \
+        wrote on the new master, writing without a look at its loss signal (as one paused \
+        between that look and its write)",
+    expected: "**positive control**: every stale leader's leadership is lost with the \
+        master, and another elector leads within its lease (C1 counts the two leaders, at \
+        least one per failover); the fence rejects every stale leader's write, its term \
+        lower; C2-C4 hold (terms strictly increase), the counter equals the acknowledged \
+        writes",
+    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Election, &mut SentinelRig::start()),
+};
+
+pub const ELECT_SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
+    name: "elect-sentinel-failover-replicas",
+    what: "the same with `--replicas 1` (`Election::replicas`: a win counts once the \
+        replica acknowledged it, waiting up to a tenth of the lease)",
+    expected: "never two leaders: the isolated replica acknowledges nothing, so every \
+        campaign in the fault (the stale leader's included) fails as Unreplicated, as do \
+        campaigns on the new master until the old one rejoins as its replica; zero double \
+        grants, C2-C4 hold, the counter equals the acknowledged writes",
+    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Election, &mut SentinelRig::start()),
 };
 
 pub const CLUSTER_FAILOVER: Scenario = Scenario {
@@ -72,7 +99,7 @@ pub const CLUSTER_FAILOVER: Scenario = Scenario {
         within its lease (C1 counts the double grants, at least one per failover); the \
         fence rejects every stale holder's write; C2-C4 hold, the counter equals the \
         acknowledged writes (C5 not judged: the lock key changes servers)",
-    run: |lab, tag, scale| lab.failover(tag, scale, 0, &mut ClusterRig::start(tag)),
+    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Lock, &mut ClusterRig::start(tag)),
 };
 
 pub const CLUSTER_FAILOVER_REPLICAS: Scenario = Scenario {
@@ -85,8 +112,16 @@ pub const CLUSTER_FAILOVER_REPLICAS: Scenario = Scenario {
         one rejoins as its replica, and none is reported between the kill and the \
         promotion; zero double grants, C2-C4 hold, the counter equals the \
         acknowledged writes",
-    run: |lab, tag, scale| lab.failover(tag, scale, 1, &mut ClusterRig::start(tag)),
+    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Lock, &mut ClusterRig::start(tag)),
 };
+
+/// What the workers of a failover scenario take: a lock, or the leadership of an
+/// election of the same name (the worker's `--election`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Take {
+    Lock,
+    Election,
+}
 
 /// The servers behind the lock of a failover scenario, and the faults the harness
 /// stages on them: each method waits for what it does to have happened.
@@ -221,13 +256,14 @@ struct Failover {
 
 impl Lab {
     /// Runs `scale.failovers` staged failovers of a fresh `rig` under two steady
-    /// workers and one stale holder per failover, all taking the lock with `replicas`
-    /// acknowledgements.
+    /// workers and one stale holder per failover, all taking the lock (or leading the
+    /// election, as `take` says) with `replicas` acknowledgements.
     fn failover(
         &self,
         tag: &str,
         scale: Scale,
         replicas: u32,
+        take: Take,
         rig: &mut impl Rig,
     ) -> Result<Outcome, String> {
         let url = rig.url();
@@ -243,6 +279,9 @@ impl Lab {
                 std::slice::from_ref(&url),
             );
             args.push(format!("--replicas={replicas}"));
+            if take == Take::Election {
+                args.push("--election".into());
+            }
             args.extend_from_slice(extra);
             workers.spawn(&self.exe, &args).map(|pid| (pid, path))
         };
@@ -266,6 +305,9 @@ impl Lab {
                     "--stop-after-first-read".into(),
                     format!("--ttl-ms={}", STALE_LEASE.as_millis()),
                     format!("--wait-ms={}", STALE_WAIT.as_millis()),
+                    // A leader's lease is renewed: resumed, it would see the loss before
+                    // its write; one that checked just before its pause does not.
+                    "--unchecked".into(),
                 ],
             )?;
             histories.push(path.clone());

@@ -19,7 +19,8 @@
 //!   back (keys live longer; tokens hold through the counter, not without it);
 //! - [`cli`]: `fencelock run` itself SIGKILLed, SIGSTOPped, sent SIGTSTP while its
 //!   COMMAND works, judged from COMMAND's history (and a COMMAND escaping supervision);
-//!   the leader of `fencelock elect` SIGKILLed, its standby taking over;
+//!   the leader of `fencelock elect` SIGKILLed or SIGSTOPped past its lease, its standby
+//!   taking over;
 //! - [`redlock_restart`]: Redlock, a node crashing and restarting under a holder;
 //! - [`redlock`]: Redlock, a minority or majority of nodes failing, split clients;
 //! - [`fair`]: fair mode, whose release hands the lock to the next waiter; waiters
@@ -32,7 +33,7 @@
 //!   removed, a waiting writer killed;
 //! - [`failover`]: a Sentinel group's master, or a cluster's master of the lock's slot,
 //!   killed right after a grant its replica missed, with and without replica
-//!   acknowledgement;
+//!   acknowledgement; and the same under leader election;
 //! - [`nemesis`]: a schedule of faults of every kind drawn from the seed, each violation
 //!   explained by a fault or reported with the seed and a shortened history.
 //!
@@ -162,6 +163,7 @@ pub const ALL: &[Scenario] = &[
     cli::CLI_SUSPENDED,
     cli::CLI_UNSUPERVISED,
     cli::ELECT_KILLED,
+    cli::ELECT_STOPPED,
     redlock_restart::REDLOCK_RESTART_PROTECTED,
     redlock_restart::REDLOCK_RESTART_UNPROTECTED,
     redlock_restart::REDLOCK_RESTART_PERSISTENT,
@@ -172,6 +174,8 @@ pub const ALL: &[Scenario] = &[
     redlock::REDLOCK_PARTITIONED,
     failover::SENTINEL_FAILOVER,
     failover::SENTINEL_FAILOVER_REPLICAS,
+    failover::ELECT_SENTINEL_FAILOVER,
+    failover::ELECT_SENTINEL_FAILOVER_REPLICAS,
     failover::CLUSTER_FAILOVER,
     failover::CLUSTER_FAILOVER_REPLICAS,
     nemesis::NEMESIS,
