@@ -32,15 +32,17 @@ type Busy = Arc<Mutex<HashSet<u64>>>;
 
 /// The handler: the order's work under the order's lock, as an HTTP status and body.
 async fn reserve(client: &Client, order_id: u64, busy: &Busy) -> (u16, String) {
-    let lock = client.lock(format!("orders:{order_id}")).wait(LOCK_WAIT);
-    let work = lock.run(|token| async move {
-        if !busy.lock().unwrap().insert(order_id) {
-            return format!("order {order_id}: OVERLAP under token {token}");
-        }
-        tokio::time::sleep(work_time()).await; // read, decide, write with the token
-        busy.lock().unwrap().remove(&order_id);
-        format!("order {order_id} reserved under fencing token {token}")
-    });
+    let work = client
+        .lock(format!("orders:{order_id}"))
+        .wait(LOCK_WAIT)
+        .run(|token| async move {
+            if !busy.lock().unwrap().insert(order_id) {
+                return format!("order {order_id}: OVERLAP under token {token}");
+            }
+            tokio::time::sleep(work_time()).await; // read, decide, write with the token
+            busy.lock().unwrap().remove(&order_id);
+            format!("order {order_id} reserved under fencing token {token}")
+        });
     match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
         Ok(Ok(body)) => (200, body),
         // Still held when the wait ran out: the client may retry.

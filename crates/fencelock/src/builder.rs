@@ -419,21 +419,30 @@ impl<K: Kind> AcquireBuilder<K> {
     /// The lock is released before this returns (the release awaited, not left to a
     /// background task), so a program that returns from `main` right after leaves no key
     /// behind. For work that can fail, see [`try_run`](Self::try_run).
-    pub async fn run<F, Fut, T>(&self, work: F) -> Result<T, Error>
+    ///
+    /// The returned future owns a copy of the settings (as [`acquire`](Self::acquire)'s),
+    /// so `client.lock(name).run(work)` can be kept and awaited later.
+    pub fn run<F, Fut, T>(
+        &self,
+        work: F,
+    ) -> impl Future<Output = Result<T, Error>> + use<K, F, Fut, T>
     where
         F: FnOnce(FencingToken) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.acquire().await?;
-        let lost = guard.lost();
-        let output = tokio::select! {
-            output = work(guard.fencing_token()) => output,
-            cause = lost => {
-                return Err(Error::LeaseLost { name: self.name.clone(), cause });
-            }
-        };
-        self.release_after_work(guard).await?;
-        Ok(output)
+        let this = self.clone();
+        async move {
+            let guard = this.acquire().await?;
+            let lost = guard.lost();
+            let output = tokio::select! {
+                output = work(guard.fencing_token()) => output,
+                cause = lost => {
+                    return Err(Error::LeaseLost { name: this.name.clone(), cause });
+                }
+            };
+            this.release_after_work(guard).await?;
+            Ok(output)
+        }
     }
 
     /// [`run`](Self::run) for work that can fail: `work` returns a `Result`, and its
@@ -480,24 +489,30 @@ impl<K: Kind> AcquireBuilder<K> {
     ///
     /// # Cancel safety
     /// As [`run`](Self::run).
-    pub async fn try_run<F, Fut, T, E>(&self, work: F) -> Result<T, E>
+    pub fn try_run<F, Fut, T, E>(
+        &self,
+        work: F,
+    ) -> impl Future<Output = Result<T, E>> + use<K, F, Fut, T, E>
     where
         F: FnOnce(FencingToken) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: From<Error>,
     {
-        let guard = self.acquire().await?;
-        let lost = guard.lost();
-        let output = tokio::select! {
-            output = work(guard.fencing_token()) => output,
-            cause = lost => {
-                return Err(Error::LeaseLost { name: self.name.clone(), cause }.into());
-            }
-        };
-        let released = self.release_after_work(guard).await;
-        let output = output?;
-        released?;
-        Ok(output)
+        let this = self.clone();
+        async move {
+            let guard = this.acquire().await?;
+            let lost = guard.lost();
+            let output = tokio::select! {
+                output = work(guard.fencing_token()) => output,
+                cause = lost => {
+                    return Err(Error::LeaseLost { name: this.name.clone(), cause }.into());
+                }
+            };
+            let released = this.release_after_work(guard).await;
+            let output = output?;
+            released?;
+            Ok(output)
+        }
     }
 
     /// Releases the lock after [`run`](Self::run)'s work: `Err` only when the lease had

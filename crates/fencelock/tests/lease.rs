@@ -598,3 +598,18 @@ async fn try_run_returns_the_works_error_after_releasing() {
     assert!(ok.unwrap() > 0);
     assert!(!r.exists("fencelock:{try}"));
 }
+
+#[tokio::test]
+async fn run_from_a_temporary_builder_can_be_kept_and_spawned() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // The builder is a temporary: the futures own their settings.
+    let kept = c.lock("kept").run(|token| async move { token.get() });
+    let spawned = tokio::spawn(
+        c.lock("spawned")
+            .try_run(|token| async move { Ok::<_, Error>(token.get()) }),
+    );
+    assert!(kept.await.unwrap() > 0);
+    assert!(spawned.await.unwrap().unwrap() > 0);
+    assert!(!r.exists("fencelock:{kept}") && !r.exists("fencelock:{spawned}"));
+}
