@@ -9,8 +9,8 @@
 //! as the report shows them, and how to run one round) sits next to the code that runs
 //! it, grouped by fault:
 //! - [`baseline`]: no faults;
-//! - [`pauses_kills`]: one lock server; a worker paused or killed holding the lock, the
-//!   resource server killed, the lock server paused;
+//! - [`pauses_kills`]: one lock server; a worker paused or killed holding the lock (or
+//!   leading an election), the resource server killed, the lock server paused;
 //! - [`network`]: one lock server; a worker's link delayed or its replies dropped;
 //! - [`lock_state`]: one lock server, the harness as the clients; the fencing counter
 //!   set back, a lease expiring under its holder, the lock key evicted under memory
@@ -131,6 +131,7 @@ pub const ALL: &[Scenario] = &[
     pauses_kills::PAUSED_WORKER_POSTGRES,
     pauses_kills::PAUSED_WORKER_POSTGRES_UNFENCED,
     pauses_kills::PAUSED_WORKER_POSTGRES_RENEWED,
+    pauses_kills::ELECT_PAUSED_LEADER,
     pauses_kills::HOLDER_KILLED,
     pauses_kills::HOLDER_KILLED_POSTGRES,
     pauses_kills::HOLDER_KILLED_LONG_LEASE,

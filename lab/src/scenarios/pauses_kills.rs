@@ -17,7 +17,7 @@ pub const PAUSED_WORKER_FENCED: Scenario = Scenario {
     name: "paused-worker-fenced",
     what: "p1 SIGSTOPs itself between read and write, for 3 TTLs; p2 works meanwhile",
     expected: "the fenced resource rejects p1's late write; every checker holds",
-    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, false),
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, Hold::Fixed),
 };
 
 pub const PAUSED_WORKER_UNFENCED: Scenario = Scenario {
@@ -25,7 +25,7 @@ pub const PAUSED_WORKER_UNFENCED: Scenario = Scenario {
     what: "the same on an unfenced resource",
     expected: "**positive control**: C1 and C2 flag the late write, the counter shows the \
         lost update",
-    run: |lab, tag, _| lab.paused_worker(tag, Resource::Unfenced, false),
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Unfenced, Hold::Fixed),
 };
 
 pub const PAUSED_WORKER_RENEWED: Scenario = Scenario {
@@ -33,7 +33,7 @@ pub const PAUSED_WORKER_RENEWED: Scenario = Scenario {
     what: "the same with a watchdog-renewed lease (renewals stop while p1 is stopped)",
     expected: "p1's guard reports the loss before the write (or the fence rejects it); its \
         renewals never touch p2's key",
-    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, true),
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, Hold::Renewed),
 };
 
 pub const PAUSED_WORKER_POSTGRES: Scenario = Scenario {
@@ -41,14 +41,14 @@ pub const PAUSED_WORKER_POSTGRES: Scenario = Scenario {
     what: "paused-worker-fenced with the resource in PostgreSQL, checked by \
         `fencelock_check` in each write's transaction",
     expected: "PostgreSQL rolls back p1's late write; every checker holds",
-    run: |lab, tag, _| lab.paused_worker(tag, Resource::FencedPostgres, false),
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::FencedPostgres, Hold::Fixed),
 };
 
 pub const PAUSED_WORKER_POSTGRES_RENEWED: Scenario = Scenario {
     name: "paused-worker-postgres-renewed",
     what: "paused-worker-renewed with the resource in PostgreSQL",
     expected: "p1's guard reports the loss before the write, or PostgreSQL rolls it back",
-    run: |lab, tag, _| lab.paused_worker(tag, Resource::FencedPostgres, true),
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::FencedPostgres, Hold::Renewed),
 };
 
 pub const PAUSED_WORKER_POSTGRES_UNFENCED: Scenario = Scenario {
@@ -56,27 +56,52 @@ pub const PAUSED_WORKER_POSTGRES_UNFENCED: Scenario = Scenario {
     what: "paused-worker-postgres without the check",
     expected: "**positive control**: C1 and C2 flag the late write, the counter in \
         PostgreSQL shows the lost update",
-    run: |lab, tag, _| lab.paused_worker(tag, Resource::UnfencedPostgres, false),
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::UnfencedPostgres, Hold::Fixed),
 };
+
+pub const ELECT_PAUSED_LEADER: Scenario = Scenario {
+    name: "elect-paused-leader",
+    what: "p1 and p2 elect (`Client::election`, a renewed 500 ms lease): p1 leads and \
+        SIGSTOPs itself between read and write, for 3 TTLs; p2 leads and writes \
+        meanwhile; p1 resumes and writes with its old term without a look at its loss \
+        signal (as one paused between that look and its write)",
+    expected: "the fenced resource refuses p1's late write (its term lower than p2's); \
+        every checker holds",
+    run: |lab, tag, _| lab.paused_worker(tag, Resource::Fenced, Hold::Leader),
+};
+
+/// What the paused worker holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// A lock with a fixed lease.
+    Fixed,
+    /// A lock with a watchdog-renewed lease.
+    Renewed,
+    /// Leadership (both workers elect); the paused leader writes without checking its
+    /// loss signal.
+    Leader,
+}
 
 impl Lab {
     /// Worker 1 takes the lock and stops itself (SIGSTOP) between its read and its write
     /// for 3 TTLs; worker 2 acquires and writes meanwhile; worker 1 then writes late with
-    /// its old token. `renewed`: worker 1 holds a watchdog-renewed lease, whose renewals
-    /// stop while it is stopped (and must not touch worker 2's key when it resumes).
-    fn paused_worker(
-        &self,
-        tag: &str,
-        resource: Resource,
-        renewed: bool,
-    ) -> Result<Outcome, String> {
+    /// its old token. `Hold::Renewed`: worker 1 holds a watchdog-renewed lease, whose
+    /// renewals stop while it is stopped (and must not touch worker 2's key when it
+    /// resumes); `Hold::Leader`: both lead an election instead, worker 1's write unchecked.
+    fn paused_worker(&self, tag: &str, resource: Resource, hold: Hold) -> Result<Outcome, String> {
         let mut workers = Workers::default();
         let (mut args_a, hist_a) = self.worker_args(tag, 1, resource, 3);
+        let (mut args_b, hist_b) = self.worker_args(tag, 2, resource, 10);
         args_a.push("--stop-after-first-read".into());
-        if renewed {
-            args_a.push("--renewed".into());
+        match hold {
+            Hold::Fixed => {}
+            Hold::Renewed => args_a.push("--renewed".into()),
+            Hold::Leader => {
+                args_a.extend(["--election".into(), "--unchecked".into()]);
+                args_b.push("--election".into());
+            }
         }
-        let (args_b, hist_b) = self.worker_args(tag, 2, resource, 10);
+        let renewed = hold != Hold::Fixed;
         let pid_a = workers.spawn(&self.exe, &args_a)?;
         // A stops itself inside its lease: wait until the kernel shows it stopped.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -97,7 +122,11 @@ impl Lab {
         let faults = format!(
             "SIGSTOP p1 for {} ms holding a {} lease{}",
             (3 * TTL).as_millis(),
-            if renewed { "renewed" } else { "fixed" },
+            match hold {
+                Hold::Fixed => "fixed",
+                Hold::Renewed => "renewed",
+                Hold::Leader => "leader's",
+            },
             if resource.store() == crate::store::StoreKind::Postgres {
                 " (resource in PostgreSQL)"
             } else {
@@ -130,7 +159,7 @@ impl Lab {
             o.failed
                 .push("p2 did not acquire while p1 was paused (no fault exercised)".into());
         }
-        match (resource.fenced(), renewed) {
+        match (resource.fenced(), renewed && hold != Hold::Leader) {
             (true, false) => {
                 if late_write.map(|e| e.phase) != Some(Phase::Fail) {
                     o.failed
