@@ -68,10 +68,9 @@ while it waits for one of them it holds none of the others. COMMAND then gets
 FENCELOCK_NAMES (the names, sorted, one per line) and FENCELOCK_TOKENS (one
 NAME=TOKEN per line, each name's own fencing token; split a line at its last
 '=') instead of FENCELOCK_NAME and FENCELOCK_TOKEN. Not with --fair, --shared
-or --permits (exit 64). Ctrl-Z suspends the job without a keeper: nobody renews
-the leases while it is suspended, so the watcher kills COMMAND's group when the
-first lease ends, and fencelock exits 76 when resumed (a job suspended for less
-than a lease goes on).";
+or --permits (exit 64). Ctrl-Z keeps every lock, as it keeps one: the keeper
+renews all the leases until `fg` or `bg`; if one could not be kept, fencelock
+exits 76 and releases the others once COMMAND is stopped.";
 
 /// `elect`'s help after the options: exit statuses, and what it does when.
 pub(crate) const ELECT_AFTER_HELP: &str = "\

@@ -9,35 +9,25 @@ use futures_util::future::{join_all, select_all};
 
 /// The lock as fencelock holds it.
 pub(crate) struct Holding {
-    /// The first name's guard. `None` only while fencelock is suspended and its keeper
-    /// holds the lock (see [`crate::keeper`]); the supervision takes it back before
-    /// anything else uses it.
-    pub(crate) guard: Option<LockGuard>,
-    /// The other names' guards, when several names were taken at once (in the global
-    /// order, after the first). A keeper never carries these: a run that holds them is
-    /// suspended without one.
-    pub(crate) others: Vec<LockGuard>,
-    /// The client that took it, which takes it back from the keeper.
+    /// Every name's guard, in the global order (one guard for one name). Empty only
+    /// while fencelock is suspended and its keeper holds them (see [`crate::keeper`]):
+    /// the supervision takes them back before anything else uses them.
+    pub(crate) guards: Vec<LockGuard>,
+    /// The client that took them, which takes them back from the keeper.
     pub(crate) client: Client,
 }
 
 impl Holding {
-    /// The guard, which is there whenever fencelock runs (it is away only while
-    /// fencelock is stopped).
-    pub(crate) fn guard(&self) -> &LockGuard {
-        self.guard
-            .as_ref()
-            .expect("the guard is back from the keeper before fencelock goes on")
-    }
-
-    /// Every guard, the first name's first.
+    /// Every guard, in the global order.
     pub(crate) fn guards(&self) -> impl Iterator<Item = &LockGuard> {
-        std::iter::once(self.guard()).chain(&self.others)
+        self.guards.iter()
     }
 
-    /// Whether several names are held.
-    pub(crate) fn is_multi(&self) -> bool {
-        !self.others.is_empty()
+    /// The first name, for messages (empty if no guard is here).
+    pub(crate) fn first_name(&self) -> String {
+        self.guards
+            .first()
+            .map_or_else(String::new, |g| g.name().to_owned())
     }
 
     /// The end of the first lease to end: until then every name is held.
@@ -66,8 +56,7 @@ impl Holding {
 
     /// Releases every guard at once: the first error (in the global order), if any.
     pub(crate) async fn release(&mut self) -> Result<(), Error> {
-        let guards = self.guard.take().into_iter().chain(self.others.drain(..));
-        let results = join_all(guards.map(LockGuard::release)).await;
+        let results = join_all(self.guards.drain(..).map(LockGuard::release)).await;
         results.into_iter().collect()
     }
 

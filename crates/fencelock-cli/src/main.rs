@@ -241,8 +241,7 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
             ),
         );
         let mut held = Holding {
-            guard: Some(leadership.into_guard()),
-            others: Vec::new(),
+            guards: vec![leadership.into_guard()],
             client: client.clone(),
         };
         match run_command(&args, &mut held, &mut signals).await {
@@ -250,9 +249,7 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
                 // Owner-checked: resigns only if the lease is still ours (a renewal
                 // unconfirmed: it may be, for a moment), so that a standby need not wait
                 // for it to expire.
-                if let Some(guard) = held.guard.take() {
-                    let _ = guard.release().await;
-                }
+                let _ = held.release().await;
                 tell(
                     Level::Notice,
                     format_args!("no longer leading {:?}; campaigning again", name),
@@ -359,9 +356,9 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
         tokio::select! {
             result = &mut acquiring => {
                 status_line.clear();
-                let mut guards = result.map_err(Failure::Lock)?.into_iter();
+                let guards = result.map_err(Failure::Lock)?;
                 warn_eviction(eviction).await;
-                return Ok(Holding { guard: guards.next(), others: guards.collect(), client });
+                return Ok(Holding { guards, client });
             }
             signal = signals.recv() => match signal {
                 BeforeCommand::Forward(signal) => break signal,
@@ -430,7 +427,7 @@ async fn release_after(
     ended: std::time::Instant,
     valid_until: std::time::Instant,
 ) -> Result<u8, Failure> {
-    let mut name = held.guard().name().to_owned();
+    let mut name = held.first_name();
     // What the watchdog knew before the release stops it.
     let known_loss = held.guards().find_map(|g| {
         g.loss_cause()
@@ -476,7 +473,7 @@ async fn release_after(
 /// Releases the lock after COMMAND could not run; a failure is a warning, since the
 /// error that stopped fencelock is what counts.
 async fn release(mut held: Holding) {
-    let name = held.guard().name().to_owned();
+    let name = held.first_name();
     match held.release().await {
         Ok(()) => {}
         Err(e @ Error::LeaseLost { .. }) => warn(format_args!("{e}")),

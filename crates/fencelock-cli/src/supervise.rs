@@ -7,12 +7,11 @@
 //!   (as a shell does for its jobs) and gives it back when it stops or exits, so COMMAND
 //!   can read the terminal and Ctrl-C and Ctrl-Z reach it.
 //! - Ctrl-Z (COMMAND stopped by SIGTSTP, SIGTTIN or SIGTTOU, or fencelock sent SIGTSTP)
-//!   suspends COMMAND and fencelock together, and the job keeps the lock: fencelock
-//!   hands it to a [keeper](crate::keeper) process, which renews it and tells the
-//!   watcher (Ctrl-Z does not stop the watcher), and takes it back when resumed; if it
-//!   could not be kept, the watcher has killed COMMAND's group when the lease ended,
-//!   and fencelock exits 76. A keeper carries one lock: a job holding several is
-//!   suspended without one, so the first lease to end ends it that way.
+//!   suspends COMMAND and fencelock together, and the job keeps its locks: fencelock
+//!   hands every one to a [keeper](crate::keeper) process, which renews them and tells
+//!   the watcher (Ctrl-Z does not stop the watcher), and takes them back when resumed;
+//!   if one could not be kept, the watcher has killed COMMAND's group when its lease
+//!   ended, and fencelock exits 76.
 //! - A watcher killed by hand while COMMAND runs is replaced at once by a new one in the
 //!   group (one killed while the job is suspended, when fencelock is resumed).
 //! - SIGINT, SIGTERM and SIGHUP that fencelock gets are forwarded to the group, each
@@ -195,31 +194,21 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// COMMAND stopped (Ctrl-Z): suspends fencelock too, with a keeper holding the lock,
-    /// and on resume goes on only if the lock is still ours. `Some` when the job is over.
+    /// COMMAND stopped (Ctrl-Z): suspends fencelock too, with a keeper holding every
+    /// lock, and on resume goes on only if they are all still ours. `Some` when the job
+    /// is over.
     async fn suspend(&mut self, held: &mut Holding, signals: &mut Signals) -> Option<Ended> {
         consume_stop(self.pid);
         self.terminal.take_back();
         // A watcher killed just before: its replacement watches the suspended job (one
         // killed during the suspension is replaced only when fencelock is resumed).
         self.replace_watcher_if_gone(held);
-        // The keeper renews the lease while fencelock is stopped: the guard is detached
-        // (nothing in this process renews it now). It carries one lock: several are
-        // suspended without it, and their leases run out unless the job resumes first
-        // (the watcher, told the first lease's end, stops COMMAND then).
-        let keeper = if held.is_multi() {
-            crate::exit::warn(format_args!(
-                "several locks are not kept while the job is suspended: COMMAND is \
-                 stopped when the first lease ends, in {}",
-                HumanDuration(held.remaining())
-            ));
-            None
-        } else {
-            Keeper::start(&mut held.guard, self.watcher.pipe_for_keeper())
-        };
+        // The keeper renews the leases while fencelock is stopped: the guards are
+        // detached (nothing in this process renews them now).
+        let keeper = Keeper::start(&mut held.guards, self.watcher.pipe_for_keeper());
         suspend_self();
-        // Resumed (fg or bg): take the lock back from the keeper, and go on only if it is
-        // still ours.
+        // Resumed (fg or bg): take the locks back from the keeper, and go on only if they
+        // are all still ours.
         if !self.take_lock_back(keeper, held).await {
             self.stop(signals).await;
             return Some(Ended::Stopped);
@@ -228,24 +217,24 @@ impl<'a> Job<'a> {
         None
     }
 
-    /// After a suspension: puts the lock back in `held` from `keeper` (when one kept
-    /// it). False, once fencelock said why, when the lock may be someone else's now.
+    /// After a suspension: puts the locks back in `held` from `keeper` (when one kept
+    /// them). False, once fencelock said why, when a lock may be someone else's now: the
+    /// others taken back are in `held` then, to be released once COMMAND is stopped.
     async fn take_lock_back(&mut self, keeper: Option<Keeper>, held: &mut Holding) -> bool {
         if let Some(keeper) = keeper {
-            match keeper.take_back(&held.client).await {
-                Ok(guard) => {
-                    held.guard = Some(guard);
-                    self.lost = Box::pin(held.lost());
-                }
-                Err(lock) => {
-                    say(format_args!(
-                        "the lock {} could not be kept while COMMAND was suspended \
-                         ({lock}); stopping COMMAND",
-                        self.args.label()
-                    ));
-                    return false;
-                }
+            if let Err(lock) = keeper.take_back(&held.client, &mut held.guards).await {
+                let which = match self.args.names.len() {
+                    1 => "the lock",
+                    _ => "one of the locks",
+                };
+                say(format_args!(
+                    "{which} {} could not be kept while COMMAND was suspended ({lock}); \
+                     stopping COMMAND",
+                    self.args.label()
+                ));
+                return false;
             }
+            self.lost = Box::pin(held.lost());
         } else if held.loss_cause().is_some() || held.remaining().is_zero() {
             say(format_args!(
                 "COMMAND was suspended longer than the lease on lock {}: the lock may be \
@@ -347,7 +336,14 @@ fn spawn_command(
 ) -> io::Result<Child> {
     let mut command = Command::new(program);
     command.args(program_args).process_group(group.0);
-    if held.is_multi() {
+    if let [guard] = held.guards.as_slice() {
+        command
+            .env("FENCELOCK_NAME", guard.name())
+            .env("FENCELOCK_TOKEN", guard.fencing_token().to_string());
+        if leader {
+            command.env("FENCELOCK_TERM", guard.fencing_token().to_string());
+        }
+    } else {
         // Names have no control characters: one per line.
         let names: Vec<&str> = held.guards().map(|g| g.name()).collect();
         let tokens: Vec<String> = held
@@ -359,14 +355,6 @@ fn spawn_command(
             .env("FENCELOCK_TOKENS", tokens.join("\n"))
             .env_remove("FENCELOCK_NAME")
             .env_remove("FENCELOCK_TOKEN");
-    } else {
-        let guard = held.guard();
-        command
-            .env("FENCELOCK_NAME", guard.name())
-            .env("FENCELOCK_TOKEN", guard.fencing_token().to_string());
-        if leader {
-            command.env("FENCELOCK_TERM", guard.fencing_token().to_string());
-        }
     }
     // SAFETY: between fork and exec only async-signal-safe calls: tcsetpgrp(3),
     // getpgrp(2), signal(2). The child is in `group` already (std sets the process group

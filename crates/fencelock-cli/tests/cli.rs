@@ -1828,6 +1828,68 @@ fn process_cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// The pids of the keepers of `fencelock run --redis URL ...` runs.
+fn keepers(url: &str) -> Vec<u32> {
+    let keeper = format!("__keep -- run --redis {url} ");
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| process_cmdline(pid).contains(&keeper))
+        .collect()
+}
+
+/// A run of several locks, one of them broken while it is suspended: its keeper lets go
+/// of all, and resumed, fencelock cannot take that one back, stops COMMAND and exits
+/// 76, and releases the others it took back (gone at once, long before their lease
+/// would end).
+#[test]
+fn a_lock_broken_while_a_run_of_several_is_suspended_ends_it_and_frees_the_others() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let args = [
+        "run",
+        "--redis",
+        &url,
+        "--ttl",
+        "20s",
+        "a",
+        "b",
+        "c",
+        "--",
+        "sh",
+        "-c",
+        RUN_UNTIL_GO,
+        go.to_str().unwrap(),
+    ];
+    let (first, started) = spawn_until_ready(&args, &server, "a", commands_started(dir.path(), 1));
+    kill(first.id(), "TSTP");
+    testkit::eventually("the keeper runs", EVENT_TIMEOUT, || {
+        !keepers(&url).is_empty()
+    });
+    let broke = fencelock(&["break", "--redis", &url, "--yes", "b"]);
+    assert_eq!(broke.code(), Some(0), "{broke:#?}");
+    // At its next renewal (a third of the lease) the keeper finds b lost, and lets go.
+    testkit::eventually("the keeper is gone", EVENT_TIMEOUT, || {
+        keepers(&url).is_empty()
+    });
+    assert!(server.exists(&lock_key("a")) && server.exists(&lock_key("c")));
+    kill(first.id(), "CONT");
+    let first = finish(first, started);
+    assert_eq!(first.code(), Some(76), "{first:#?}");
+    assert!(
+        first
+            .stderr
+            .contains("could not be kept while COMMAND was suspended"),
+        "{first:#?}"
+    );
+    assert!(!go.exists(), "COMMAND never went on");
+    for name in ["a", "b", "c"] {
+        assert!(!server.exists(&lock_key(name)), "{name} left behind");
+    }
+}
+
 /// `run NAME... -- COMMAND` with three names: every lock taken, COMMAND given each
 /// name's token (FENCELOCK_NAMES, FENCELOCK_TOKENS; no FENCELOCK_TOKEN), all released
 /// after; with one of them held, none is taken and fencelock exits 75.
@@ -1885,44 +1947,70 @@ fn runs_the_command_under_three_locks_with_every_token_then_releases_all() {
     assert!(!server.exists(&lock_key("x")));
 }
 
-/// A run holding several locks, suspended (`kill -TSTP`): no keeper carries them, so
-/// the leases run out, the watcher stops COMMAND's group at the first lease's end, and
-/// the resumed fencelock exits 76; another run gets the locks meanwhile.
+/// A run holding several locks, suspended (`kill -TSTP`) for three leases: its keeper
+/// keeps every one (each key keeps its holder and its lease is renewed, COMMAND stays
+/// suspended, another run is refused), and resumed, COMMAND goes on to its end and
+/// every lock is released.
 #[test]
-fn a_suspended_run_of_several_locks_is_stopped_when_the_first_lease_ends() {
+fn a_suspended_run_of_several_locks_keeps_them_all_and_goes_on_when_resumed() {
     let server = RedisServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("log");
-    let log_path = log.to_str().unwrap();
-    let script = r#"i=0; while true; do i=$((i+1)); echo A$i >> "$0"; sleep 0.1; done"#;
+    let go = dir.path().join("go");
+    let done = dir.path().join("done");
+    let go_path = go.to_str().unwrap();
+    let done_path = done.to_str().unwrap();
+    let script = format!(r#"{RUN_UNTIL_GO}; touch "$1""#);
     let args = [
-        "run", "--redis", &url, "--ttl", "1s", "s1", "s2", "--", "sh", "-c", script, log_path,
+        "run", "--redis", &url, "--ttl", "1s", "a", "b", "c", "--", "sh", "-c", &script, go_path,
+        done_path,
     ];
-    let (first, started) = spawn_until_ready(&args, &server, "s1", || {
-        fs::read_to_string(&log).is_ok_and(|l| l.contains("A1"))
-    });
-    let command_pid = descendants(first.id())
-        .into_iter()
-        .find(|&p| p != first.id() && process_cmdline(p).contains("while true"))
-        .expect("COMMAND runs");
+    let (first, started) = spawn_until_ready(&args, &server, "a", commands_started(dir.path(), 1));
+    let names = ["a", "b", "c"];
+    let holders = names.map(|name| server.get(&lock_key(name)).expect("held"));
+    // COMMAND's pid, from the file it touched (`go.PID`).
+    let command_pid: u32 = fs::read_dir(dir.path())
+        .unwrap()
+        .find_map(|e| {
+            e.unwrap()
+                .file_name()
+                .to_str()?
+                .strip_prefix("go.")?
+                .parse()
+                .ok()
+        })
+        .expect("COMMAND started");
     kill(first.id(), "TSTP");
     testkit::eventually("fencelock is stopped", EVENT_TIMEOUT, || {
         process_state(first.id()) == Some('T')
     });
-    // Nobody renews: the leases run out, and the watcher kills COMMAND's group.
-    testkit::eventually("COMMAND is stopped", EVENT_TIMEOUT, || {
-        process_gone(command_pid)
-    });
-    testkit::eventually("the leases ran out", EVENT_TIMEOUT, || {
-        !server.exists(&lock_key("s1")) && !server.exists(&lock_key("s2"))
-    });
-    let second = fencelock(&[
-        "run", "--redis", &url, "--wait", "5s", "s2", "s1", "--", "true",
-    ]);
-    assert_eq!(second.code(), Some(0), "{second:#?}");
+    // Three leases suspended: every lock still this run's, renewed by its keeper; COMMAND
+    // neither killed by its watcher nor going on.
+    let suspended = Instant::now();
+    let mut polls = 0;
+    while suspended.elapsed() < Duration::from_secs(3) {
+        for (name, holder) in names.iter().zip(&holders) {
+            let key = lock_key(name);
+            assert_eq!(server.get(&key).as_ref(), Some(holder), "{name}'s holder");
+            assert!(server.pttl(&key) > 0, "{name} kept while suspended");
+        }
+        assert_eq!(process_state(command_pid), Some('T'), "COMMAND suspended");
+        polls += 1;
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(polls >= 10, "{polls} polls");
+    let second = fencelock(&["run", "--redis", &url, "--wait", "0s", "b", "--", "true"]);
+    assert_eq!(second.code(), Some(75), "{second:#?}");
+    // Continued: COMMAND goes on under the same locks, to its end.
+    fs::write(&go, "").unwrap();
     kill(first.id(), "CONT");
     let first = finish(first, started);
-    assert_eq!(first.code(), Some(76), "{first:#?}");
-    assert!(first.stderr.contains("not kept"), "{first:#?}");
+    assert_eq!(first.code(), Some(0), "{first:#?}");
+    assert_eq!(first.stderr, "", "{first:#?}");
+    assert!(done.exists(), "COMMAND ran to its end");
+    for name in names {
+        assert!(!server.exists(&lock_key(name)), "{name} released after");
+    }
+    // The keeper let go and is gone (fencelock waited for it before going on).
+    assert_eq!(keepers(&url), Vec::<u32>::new(), "a keeper is left");
 }
