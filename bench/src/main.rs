@@ -2,7 +2,8 @@
 //! redlock, redis-py's `Lock`, python-redis-lock and node-redlock), on the same throwaway
 //! Redis in one run: uncontended acquire + release, release-to-waiter handoff, one hot
 //! key, Redlock vs single node; fencelock's semaphore against redis-semaphore's
-//! (throughput and handoff); many locks through one client; the uncontended and handoff
+//! (throughput and handoff); many locks through one client; an election's takeover after
+//! the leader's kill against a plain lock's waiter; the uncontended and handoff
 //! rows through a proxy adding a 0.5 ms round trip; the handoff floor (a bare `PUBLISH`
 //! to another process); what fencing costs at the resource (a PostgreSQL
 //! transaction and a Redis write, with and without the token's check); what keeping
@@ -18,11 +19,13 @@
 //! Contenders run in worker processes: this binary re-executed as the hidden `worker`
 //! subcommand, `bench/py/driver.py` for the Python peers, or `bench/js/driver.js` for
 //! node-redlock and redis-semaphore; each size of the held-leases growth run in this
-//! binary re-executed as the hidden `held` subcommand.
+//! binary re-executed as the hidden `held` subcommand; the election takeover's leaders
+//! and standbys as the hidden `elector` subcommand.
 
 mod affinity;
 mod chart;
 mod clock;
+mod election;
 mod fencing;
 mod floor;
 mod growth;
@@ -72,7 +75,8 @@ struct Cli {
     /// semaphores: 1.5 s per throughput row, 1 s per handoff row; fencing at the
     /// resource (PostgreSQL and Redis, fenced and not): 1,000 writes per variant one at a
     /// time, then 8 clients for 0.8 s per variant (about 10 s); many locks through one
-    /// client: 3 turns of 0.5 s per client; on a network: 200 cycles per client and the
+    /// client: 3 turns of 0.5 s per client; election takeover after a kill: 5 rounds
+    /// per way with a 1 s lease (about 11 s); on a network: 200 cycles per client and the
     /// 1-waiter handoff rows; the floor: 1,000 messages twice. Charts go to
     /// target/bench-img.
     #[arg(long, conflicts_with = "full")]
@@ -85,8 +89,10 @@ struct Cli {
     /// each; semaphores: 10 s per throughput row, 10 s per handoff row; fencing at the
     /// resource: 10,000 writes per variant one at a time, then 8 clients for 10 s per
     /// variant (about 90 s); many locks through one client: 3 turns of 3.3 s per
-    /// client; on a network: 2,000 cycles per client and the 1-waiter handoff rows; the
-    /// floor: 5,000 messages twice. Charts go to docs/img.
+    /// client; election takeover after a kill: 20 rounds per way with a 1 s lease and
+    /// 5 with a 3 s one (about 75 s); on a network: 2,000 cycles per client and
+    /// the 1-waiter handoff rows; the floor: 5,000 messages twice. Charts go to
+    /// docs/img.
     #[arg(long)]
     full: bool,
     /// Also write the markdown report to FILE.
@@ -111,7 +117,8 @@ struct Cli {
     /// Run one section alone and print only it; no charts. For working on that section:
     /// `semaphores` (a PING baseline first, for its ratios), `fencing` (what fencing
     /// costs at the resource: PostgreSQL and Redis, fenced and not), `many` (many
-    /// locks through one client), or `multi` (several locks at once).
+    /// locks through one client), `multi` (several locks at once), or `election`
+    /// (election takeover after a kill).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -127,6 +134,8 @@ enum Only {
     Many,
     /// Several locks at once against the same locks taken in turn.
     Multi,
+    /// Election takeover after the leader's kill, against a plain lock's waiter.
+    Election,
     /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
     Network,
 }
@@ -142,6 +151,9 @@ enum Command {
     /// Internal: the subscriber of the handoff floor (started by the harness).
     #[command(hide = true)]
     Floor(floor::FloorArgs),
+    /// Internal: a leader or standby of the election takeover (started by the harness).
+    #[command(hide = true)]
+    Elector(election::ElectorArgs),
 }
 
 fn main() {
@@ -150,6 +162,7 @@ fn main() {
         Some(Command::Worker(args)) => std::process::exit(worker::run(args)),
         Some(Command::Held(args)) => std::process::exit(growth::held_child(args)),
         Some(Command::Floor(args)) => std::process::exit(floor::subscriber(args)),
+        Some(Command::Elector(args)) => std::process::exit(election::elector(args)),
         None => {}
     }
     let plan = if cli.quick { &QUICK } else { &FULL };
@@ -246,6 +259,19 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 );
                 multi::render(&mut s, &m, plan);
                 (s, m.failed())
+            }
+            Only::Election => {
+                let t = election::run(plan, &server).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, election takeover only)\n\n",
+                    plan.name
+                );
+                s.push_str(&format!(
+                    "- redis-server {}\n\n",
+                    servers::redis_version(&server)
+                ));
+                election::render(&mut s, &t, plan);
+                (s, t.failed())
             }
             Only::Many => {
                 let m = many::run(plan, &server).await;
@@ -551,6 +577,8 @@ async fn bench(
     failed |= many.failed();
     let multi = multi::run(plan, server).await;
     failed |= multi.failed();
+    let election = election::run(plan, server).await;
+    failed |= election.failed();
     let network = network::run(plan, &launch, server, with_python, with_node).await;
     failed |= network.failed();
 
@@ -611,6 +639,7 @@ async fn bench(
         semaphores,
         many,
         multi,
+        election,
         network,
         floor,
         fencing,

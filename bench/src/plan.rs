@@ -72,6 +72,9 @@ pub(crate) struct Plan {
     pub(crate) fencing_ops: usize,
     pub(crate) fencing_run: Duration,
     pub(crate) fencing_window: Duration,
+    /// Election takeover after a kill: rounds per way (an election's standby, a plain
+    /// lock's waiter) at each lease.
+    pub(crate) election_rounds: &'static [(Duration, usize)],
     pub(crate) img_dir: &'static str,
 }
 
@@ -94,6 +97,7 @@ pub(crate) const QUICK: Plan = Plan {
     fencing_ops: 1_000,
     fencing_run: Duration::from_millis(800),
     fencing_window: Duration::from_millis(200),
+    election_rounds: &[(Duration::from_secs(1), 5)],
     img_dir: "target/bench-img",
 };
 
@@ -116,5 +120,6 @@ pub(crate) const FULL: Plan = Plan {
     fencing_ops: 10_000,
     fencing_run: Duration::from_secs(10),
     fencing_window: Duration::from_millis(500),
+    election_rounds: &[(Duration::from_secs(1), 20), (Duration::from_secs(3), 5)],
     img_dir: "docs/img",
 };

@@ -159,6 +159,7 @@ pub fn render(r: &Results, charts: &Charts) -> String {
     semaphores::render(&mut s, &r.semaphores, r.plan, ping_unit(r), unit_what);
     crate::many::render(&mut s, &r.many, r.plan);
     crate::multi::render(&mut s, &r.multi, r.plan);
+    crate::election::render(&mut s, &r.election, r.plan);
     crate::network::render(&mut s, &r.network, r.plan);
     fencing::render(&mut s, &r.fencing, r.plan);
     held::render(&mut s, &r.held, r.plan.held_locks, r.plan.held_window);

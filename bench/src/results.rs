@@ -89,6 +89,8 @@ pub(crate) struct Results {
     pub(crate) many: crate::many::Many,
     /// Several locks at once against the same locks taken in turn.
     pub(crate) multi: crate::multi::Multi,
+    /// Election takeover after a kill, against a plain lock's waiter.
+    pub(crate) election: crate::election::Takeover,
     /// The uncontended and handoff rows through a 0.5 ms round trip.
     pub(crate) network: crate::network::Network,
     /// A bare PUBLISH to a subscriber in another process, around fencelock's handoff
