@@ -306,10 +306,16 @@ fn break_asks_on_a_terminal_and_quiet_runs_say_nothing() {
 
     term.type_line("clear");
     term.type_line(&format!(r#"{BIN} run loud -- echo ran-loud"#));
-    term.wait_for("ran-loud");
     term.type_line(&format!(r#"{BIN} -q run quiet -- echo ran-quiet"#));
-    term.wait_for("ran-quiet");
+    // Printed only once both runs are over (the typed line says `$((40+2))`: the
+    // commands' own words are on screen as soon as they are typed).
+    term.type_line(r#"echo "both-done-$((40+2))""#);
+    term.wait_for("both-done-42");
     let screen = term.screen();
+    assert!(
+        screen.contains("\nran-loud") && screen.contains("\nran-quiet"),
+        "{screen}"
+    );
     assert!(screen.contains(r#"holding lock "loud""#), "{screen}");
     assert!(!screen.contains(r#"holding lock "quiet""#), "{screen}");
 }
