@@ -194,18 +194,7 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
     fencelock::keys::validate_name(name).map_err(Failure::Lock)?;
     // Lazily: a Redis down now is retried by the campaign, for ever.
-    let connecting = ops::builder(&args.connection)?.connect_lazy();
-    tokio::pin!(connecting);
-    let client = loop {
-        tokio::select! {
-            result = &mut connecting => break result.map_err(Failure::Lock)?,
-            signal = signals.recv() => match signal {
-                BeforeCommand::Forward(signal) => return Err(Failure::Interrupted(signal)),
-                // Ctrl-Z before leading: the job stops; `fg` or `bg` goes on.
-                BeforeCommand::Stop => suspend_self(),
-            },
-        }
-    };
+    let client = connected(ops::builder(&args.connection)?.connect_lazy(), &mut signals).await?;
     let election = client
         .election(name)
         .lease(args.ttl)
@@ -268,6 +257,24 @@ async fn elect(args: RunArgs) -> Result<u8, Failure> {
     }
 }
 
+/// Awaits `connecting`: a forwarded signal (Ctrl-C, SIGTERM, SIGHUP) abandons it, and
+/// Ctrl-Z stops the job meanwhile (`fg` or `bg` goes on connecting).
+async fn connected(
+    connecting: impl Future<Output = Result<fencelock::Client, Error>>,
+    signals: &mut Signals,
+) -> Result<fencelock::Client, Failure> {
+    tokio::pin!(connecting);
+    loop {
+        tokio::select! {
+            result = &mut connecting => return result.map_err(Failure::Lock),
+            signal = signals.recv() => match signal {
+                BeforeCommand::Forward(signal) => return Err(Failure::Interrupted(signal)),
+                BeforeCommand::Stop => suspend_self(),
+            },
+        }
+    }
+}
+
 /// Connects and takes the lock; a signal abandons the attempt.
 async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failure> {
     // Checked before connecting, so a bad name is bad input whatever state Redis is in.
@@ -303,16 +310,7 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
             _ => builder.connect().await,
         }
     };
-    tokio::pin!(connecting);
-    let client = loop {
-        tokio::select! {
-            result = &mut connecting => break result.map_err(Failure::Lock)?,
-            signal = signals.recv() => match signal {
-                BeforeCommand::Forward(signal) => return Err(Failure::Interrupted(signal)),
-                BeforeCommand::Stop => suspend_self(),
-            },
-        }
-    };
+    let client = connected(connecting, signals).await?;
     // Asked beside the acquire: a server that can evict lock keys gets a warning line
     // before COMMAND starts.
     let eviction = tokio::spawn({
