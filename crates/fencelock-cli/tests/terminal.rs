@@ -1,7 +1,15 @@
 //! `fencelock run` in a real terminal, driven through tmux as a person would use it: a
 //! COMMAND that reads the terminal, Ctrl-C, Ctrl-Z then `fg`, Ctrl-Z for longer than the
 //! lease. What the person sees is read from the screen.
+//!
+//! As a person would, a test types the next command line only once the last command has
+//! ended ([`Terminal::run`], [`Terminal::wait_end`]), and types a job's input only once
+//! the job asks for it or holds the terminal ([`Terminal::wait_foreground`]): a line
+//! typed while a command still prints is echoed into its output (a busy machine once
+//! showed `echo "both-done-$((40+2))"ran-loud`, and the test looking for a line
+//! `ran-loud` failed).
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -16,8 +24,15 @@ const SCREEN_TIMEOUT: Duration = Duration::from_secs(15);
 /// interactive bash with job control, with `FENCELOCK_REDIS` pointing at `redis`.
 struct Terminal {
     socket: PathBuf,
+    /// Commands started with [`Terminal::begin`] so far: each one's end marker is its own.
+    started: Cell<u32>,
     _dir: tempfile::TempDir,
 }
+
+/// A command line typed by [`Terminal::begin`]: the shell prints `ended-N-status=S` once
+/// it is over.
+#[must_use = "wait for the command's end before typing the next"]
+struct Started(u32);
 
 impl Terminal {
     fn start(redis: &RedisServer) -> Self {
@@ -29,7 +44,11 @@ impl Terminal {
             dir.path().display(),
             redis.url()
         );
-        let terminal = Self { socket, _dir: dir };
+        let terminal = Self {
+            socket,
+            started: Cell::new(0),
+            _dir: dir,
+        };
         terminal.tmux(
             &[
                 "-f",
@@ -65,6 +84,63 @@ impl Terminal {
         self.keys("Enter");
     }
 
+    /// Types `command` as a command line of its own, and has the shell print a marker
+    /// when it is over (with its exit status): wait for it with
+    /// [`wait_end`](Self::wait_end) before typing the next command. The marker's number
+    /// is computed by the shell, so the typed line does not show it. Not for a job that
+    /// will be suspended: bash goes on with the rest of the line when a job stops.
+    fn begin(&self, command: &str) -> Started {
+        let n = self.started.get() + 1;
+        self.started.set(n);
+        self.type_line(&format!(r#"{command}; echo "ended-$(({n}+0))-status=$?""#));
+        Started(n)
+    }
+
+    /// Waits until the command `started` is over; its exit status.
+    fn wait_end(&self, started: Started) -> i32 {
+        let marker = format!("ended-{}-status=", started.0);
+        let mut status = None;
+        testkit::eventually(
+            &format!("the screen shows {marker:?}"),
+            SCREEN_TIMEOUT,
+            || {
+                status = self.screen().lines().find_map(|line| {
+                    let (_, rest) = line.split_once(&marker)?;
+                    rest.trim().parse::<i32>().ok()
+                });
+                status.is_some()
+            },
+        );
+        status.expect("the marker")
+    }
+
+    /// Types `command`, waits until it is over; its exit status.
+    fn run(&self, command: &str) -> i32 {
+        let started = self.begin(command);
+        self.wait_end(started)
+    }
+
+    /// Waits until the process whose command line contains `needle` holds the terminal
+    /// and runs: its process group is the terminal's foreground group, and it is not
+    /// stopped. What is typed then is its input (typed before, say right after `fg`,
+    /// it may reach the shell instead).
+    fn wait_foreground(&self, needle: &str) {
+        testkit::eventually(
+            &format!("{needle:?} runs in the foreground"),
+            SCREEN_TIMEOUT,
+            || {
+                processes().iter().any(|(cmdline, stat)| {
+                    // After the command name: state, ppid, pgrp, session, tty, tpgid.
+                    let fields: Vec<&str> = stat.split_whitespace().collect();
+                    cmdline.contains(needle)
+                        && fields.len() > 5
+                        && fields[0] != "T"
+                        && fields[2] == fields[5]
+                })
+            },
+        );
+    }
+
     /// Presses keys by tmux name (`C-c`, `C-z`, `Enter`).
     fn keys(&self, keys: &str) {
         self.tmux(&["send-keys", "-t", "0"], keys);
@@ -82,6 +158,24 @@ impl Terminal {
             || self.screen().contains(text),
         );
     }
+}
+
+/// Every process's command line (arguments joined by spaces) and the fields of its
+/// `/proc/PID/stat` after the command name.
+fn processes() -> Vec<(String, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let after_name = stat.get(stat.rfind(')')? + 1..)?.to_owned();
+            Some((
+                String::from_utf8_lossy(&cmdline).replace('\0', " "),
+                after_name,
+            ))
+        })
+        .collect()
 }
 
 impl Drop for Terminal {
@@ -103,14 +197,14 @@ fn a_command_reads_the_terminal_and_the_lock_is_released_after() {
     let term = Terminal::start(&redis);
     // The prompt is printed from its parts, so that the typed command line does not
     // show it.
-    term.type_line(&format!(
-        r#"{BIN} run ask -- sh -c 'printf "%s? " name; read a; echo "hello $a"'; echo "exit=$?""#
+    let ask = term.begin(&format!(
+        r#"{BIN} run ask -- sh -c 'printf "%s? " name; read a; echo "hello $a"'"#
     ));
     term.wait_for("name?"); // the screen shows no trailing space
     assert!(redis.exists("fencelock:{ask}"), "held while COMMAND asks");
     term.type_line("world");
     term.wait_for("hello world");
-    term.wait_for("exit=0");
+    assert_eq!(term.wait_end(ask), 0);
     assert!(!redis.exists("fencelock:{ask}"), "released after");
 }
 
@@ -118,12 +212,12 @@ fn a_command_reads_the_terminal_and_the_lock_is_released_after() {
 fn ctrl_c_stops_command_and_releases_the_lock() {
     let redis = RedisServer::start();
     let term = Terminal::start(&redis);
-    term.type_line(&format!(r#"{BIN} run int -- sleep 100; echo "exit=$?""#));
+    let run = term.begin(&format!("{BIN} run int -- sleep 100"));
     testkit::eventually("the lock is taken", SCREEN_TIMEOUT, || {
         redis.exists("fencelock:{int}")
     });
     term.keys("C-c");
-    term.wait_for("exit=130");
+    assert_eq!(term.wait_end(run), 130);
     assert!(!redis.exists("fencelock:{int}"));
 }
 
@@ -143,11 +237,11 @@ fn ctrl_z_suspends_the_job_and_fg_resumes_it_under_the_lock() {
         redis.exists("fencelock:{sus}"),
         "still held while suspended"
     );
-    term.type_line("fg");
+    let fg = term.begin("fg");
+    term.wait_foreground("got $a");
     term.type_line("yes");
     term.wait_for("got yes");
-    term.type_line(r#"echo "exit=$?""#);
-    term.wait_for("exit=0");
+    assert_eq!(term.wait_end(fg), 0, "fg: the job's exit status");
     assert!(!redis.exists("fencelock:{sus}"));
 }
 
@@ -179,18 +273,16 @@ fn ctrl_z_for_longer_than_the_lease_keeps_the_lock_and_fg_goes_on() {
         .output()
         .unwrap();
     assert_eq!(other.status.code(), Some(75), "{other:?}");
-    term.type_line("fg");
+    let fg = term.begin("fg");
+    term.wait_foreground("got $a");
     term.type_line("yes");
     term.wait_for("got yes");
-    term.type_line(r#"echo "exit=$?""#);
-    term.wait_for("exit=0");
+    assert_eq!(term.wait_end(fg), 0);
     assert!(!redis.exists("fencelock:{long}"), "released after");
     // The keeper let go and is gone (fencelock waited for it before going on).
-    let keepers: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
-        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+    let keepers: Vec<String> = processes()
+        .into_iter()
+        .map(|(cmdline, _)| cmdline)
         .filter(|cmdline| cmdline.contains("__keep -- run --ttl 1s long"))
         .collect();
     assert!(keepers.is_empty(), "a keeper is left: {keepers:?}");
@@ -217,10 +309,9 @@ fn a_lock_broken_while_suspended_ends_the_job_on_fg() {
         .unwrap();
     assert!(broke.status.success(), "{broke:?}");
     term.wait_for("the lease ran out without a renewal");
-    term.type_line("fg");
+    let fg = term.begin("fg");
     term.wait_for("could not be kept while COMMAND was suspended");
-    term.type_line(r#"echo "exit=$?""#);
-    term.wait_for("exit=76");
+    assert_eq!(term.wait_end(fg), 76);
     assert!(
         !term.screen().lines().any(|l| l.starts_with("got")),
         "COMMAND never went on"
@@ -242,12 +333,10 @@ fn a_waiting_run_shows_who_holds_the_lock_and_its_place_in_line() {
         redis.exists("fencelock:{line}")
     });
     let term = Terminal::start(&redis);
-    term.type_line(&format!(
-        r#"{BIN} run --fair --wait 20s line -- echo done; echo "exit=$?""#
-    ));
+    let run = term.begin(&format!("{BIN} run --fair --wait 20s line -- echo done"));
     term.wait_for(&format!("held by sleep 4 (pid {} on ", holder.id()));
     term.wait_for("1st of 1 in line");
-    term.wait_for("exit=0");
+    assert_eq!(term.wait_end(run), 0);
     assert!(term.screen().contains("done"));
     assert!(holder.wait().unwrap().success());
 }
@@ -262,12 +351,12 @@ fn a_wait_through_restart_protection_says_so() {
         .iter()
         .map(|n| format!("--redis {}", n.url()))
         .collect();
-    term.type_line(&format!(
-        r#"{BIN} run {} --ttl 2s --restart-protection 4s --wait 20s quarantined -- echo done; echo "exit=$?""#,
+    let run = term.begin(&format!(
+        "{BIN} run {} --ttl 2s --restart-protection 4s --wait 20s quarantined -- echo done",
         redis.join(" ")
     ));
     term.wait_for("restart protection leaves out 3 nodes that restarted recently");
-    term.wait_for("exit=0");
+    assert_eq!(term.wait_end(run), 0);
     assert!(term.screen().contains("done"));
 }
 
@@ -286,17 +375,17 @@ fn break_asks_on_a_terminal_and_quiet_runs_say_nothing() {
         redis.exists("fencelock:{held}")
     });
     let term = Terminal::start(&redis);
-    term.type_line(&format!(r#"{BIN} break held; echo "exit=$?""#));
+    let ask = term.begin(&format!("{BIN} break held"));
     term.wait_for("held by sleep 30");
     term.wait_for("[y/N]");
     term.type_line("n");
-    term.wait_for("exit=");
+    assert_eq!(term.wait_end(ask), 1, "not broken");
     assert!(redis.exists("fencelock:{held}"), "not broken without a yes");
-    term.type_line("clear");
-    term.type_line(&format!(r#"{BIN} break held; echo "broke=$?""#));
+    assert_eq!(term.run("clear"), 0);
+    let ask = term.begin(&format!("{BIN} break held"));
     term.wait_for("[y/N]");
     term.type_line("y");
-    term.wait_for("broke=0");
+    assert_eq!(term.wait_end(ask), 0);
     assert!(!redis.exists("fencelock:{held}"));
     assert_eq!(
         holder.wait().unwrap().code(),
@@ -304,13 +393,12 @@ fn break_asks_on_a_terminal_and_quiet_runs_say_nothing() {
         "the holder hears it"
     );
 
-    term.type_line("clear");
-    term.type_line(&format!(r#"{BIN} run loud -- echo ran-loud"#));
-    term.type_line(&format!(r#"{BIN} -q run quiet -- echo ran-quiet"#));
-    // Printed only once both runs are over (the typed line says `$((40+2))`: the
-    // commands' own words are on screen as soon as they are typed).
-    term.type_line(r#"echo "both-done-$((40+2))""#);
-    term.wait_for("both-done-42");
+    assert_eq!(term.run("clear"), 0);
+    assert_eq!(term.run(&format!("{BIN} run loud -- echo ran-loud")), 0);
+    assert_eq!(
+        term.run(&format!("{BIN} -q run quiet -- echo ran-quiet")),
+        0
+    );
     let screen = term.screen();
     assert!(
         screen.contains("\nran-loud") && screen.contains("\nran-quiet"),
@@ -348,13 +436,12 @@ fn ctrl_z_while_waiting_stops_the_job_and_fg_goes_on_waiting() {
     // COMMAND's output, a line of its own (the typed line has "echo done" in it).
     let ran = |screen: String| screen.lines().any(|l| l.trim() == "done");
     assert!(!ran(term.screen()), "COMMAND ran while stopped");
-    term.type_line("fg");
+    let fg = term.begin("fg");
     testkit::eventually(
         "COMMAND ran after fg",
         SCREEN_TIMEOUT,
         || ran(term.screen()),
     );
-    term.type_line(r#"echo "exit=$?""#);
-    term.wait_for("exit=0");
+    assert_eq!(term.wait_end(fg), 0);
     assert!(!redis.exists("fencelock:{zwait}"), "released after COMMAND");
 }
