@@ -23,6 +23,7 @@
 //! and standbys as the hidden `elector` subcommand.
 
 mod affinity;
+mod builds;
 mod chart;
 mod clock;
 mod election;
@@ -117,8 +118,9 @@ struct Cli {
     /// Run one section alone and print only it; no charts. For working on that section:
     /// `semaphores` (a PING baseline first, for its ratios), `fencing` (what fencing
     /// costs at the resource: PostgreSQL and Redis, fenced and not), `many` (many
-    /// locks through one client), `multi` (several locks at once), or `election`
-    /// (election takeover after a kill).
+    /// locks through one client), `multi` (several locks at once), `election`
+    /// (election takeover after a kill), or `servers` (fencelock on Redis 6.2, 7.0 and
+    /// Valkey 9.1, whose builds `scripts/servers` fetches).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -138,6 +140,9 @@ enum Only {
     Election,
     /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
     Network,
+    /// fencelock on each server build: Redis 6.2, Redis 7.0, Valkey 9.1 (I/O threads off
+    /// and on).
+    Servers,
 }
 
 #[derive(Subcommand, Debug)]
@@ -272,6 +277,16 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 ));
                 election::render(&mut s, &t, plan);
                 (s, t.failed())
+            }
+            Only::Servers => {
+                let launch = Launcher::new(Err("not needed".to_owned()), node);
+                let b = builds::run(plan, &launch).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, server builds only)\n\n",
+                    plan.name
+                );
+                builds::render(&mut s, &b, plan);
+                (s, b.failed())
             }
             Only::Many => {
                 let m = many::run(plan, &server).await;

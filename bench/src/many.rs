@@ -87,7 +87,7 @@ impl Many {
 }
 
 /// A connected client.
-enum Client {
+pub(crate) enum Client {
     Fence(fencelock::Client),
     Rslock(Arc<rslock::LockManager>),
     Raw(redis::aio::MultiplexedConnection, Arc<redis::Script>),
@@ -139,7 +139,7 @@ impl Client {
 
 /// Runs [`TASKS`] tasks of `client` for `window`: acquisitions, and the errors (each
 /// ends its task).
-async fn round(client: &Arc<Client>, who: Who, window: Duration) -> (u64, Vec<String>) {
+pub(crate) async fn round(client: &Arc<Client>, who: Who, window: Duration) -> (u64, Vec<String>) {
     let count = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + window;
     let mut tasks = tokio::task::JoinSet::new();
