@@ -39,6 +39,10 @@ use std::sync::{Arc, Mutex};
 
 use tempfile::TempDir;
 
+/// How long [`ServerClock::step_ms`] waits after a step: longer than the
+/// millisecond for which Valkey 9 goes on using the time it read last.
+pub const STEP_SETTLE: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The environment variable naming the offset file, for the shim.
 pub(crate) const OFFSET_FILE_ENV: &str = "TESTKIT_CLOCK_OFFSET_FILE";
 
@@ -187,11 +191,23 @@ impl ServerClock {
     }
 
     /// Steps the clock by `ms` milliseconds (negative: back); the servers
-    /// see it on their next reading of the time.
+    /// see it on their next reading of the time, and every command sent
+    /// after this returns runs at the new time.
+    ///
+    /// Redis reads the clock for every command. Valkey 9 reads it again only
+    /// once its monotonic clock has moved on by about a millisecond: commands
+    /// within 0.3-0.9 ms of a step still saw the old time (an expired key
+    /// still there), and none did 1.1 ms after it (40 steps). So this returns
+    /// [`STEP_SETTLE`] after the write.
     ///
     /// # Panics
     /// If the offset file cannot be written (its directory was removed).
     pub fn step_ms(&self, ms: i64) {
+        self.write_offset(ms);
+        std::thread::sleep(STEP_SETTLE);
+    }
+
+    fn write_offset(&self, ms: i64) {
         let mut offset = self.inner.offset.lock().unwrap_or_else(|e| e.into_inner());
         let ns = offset.1.saturating_add(ms.saturating_mul(1_000_000));
         // One 8-byte write at offset 0 of a file that keeps its size: the

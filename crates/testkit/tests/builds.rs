@@ -179,3 +179,27 @@ fn tls_on_a_build_without_it_is_refused_with_a_clear_message() {
     }
     assert!(ServerBuild::Redis7.has_tls());
 }
+
+/// A server's wall clock steps under each build: a key's lease ends early when the clock
+/// jumps ahead, `TIME` goes back when it steps back.
+#[test]
+fn a_server_clock_steps_each_build() {
+    for build in ServerBuild::all() {
+        let clock = testkit::ServerClock::new().expect("cc builds the clock shim");
+        let server = RedisServer::builder()
+            .server(build.clone())
+            .clock(&clock)
+            .start();
+        server.cmd(&["SET", "k", "v", "PX", "10000"]);
+        clock.step_ms(20_000);
+        assert!(!server.exists("k"), "{build}: expired by the stepped clock");
+        clock.step_ms(-3_620_000);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        assert!(
+            (now - server.server_time()).as_secs() >= 3_599,
+            "{build}: TIME an hour behind"
+        );
+    }
+}
