@@ -196,9 +196,8 @@ macro_rules! case {
     };
     ($name:literal, $f:ident, measures) => {
         Case {
-            name: $name,
-            run: |cx| Box::pin($f(cx)),
             measures: true,
+            ..case!($name, $f)
         }
     };
 }
