@@ -20,7 +20,7 @@ use testkit::history::{
     Event, HistoryWriter, Op, Phase, monotonic_ns, read_histories, read_history,
 };
 use testkit::monitor::{self, Monitor};
-use testkit::{Postgres, RedisServer, ServerClock};
+use testkit::{Postgres, RedisServer, ServerBuild, ServerClock};
 
 use crate::outcomes::Outcome;
 use crate::store::{POSTGRES_TABLES, Store, StoreKind};
@@ -190,18 +190,28 @@ pub struct Lab {
     pub monitors: RefCell<Vec<Monitor>>,
     pub dir: PathBuf,
     pub seed: u64,
+    /// What every Redis server of the run runs (`--server`), the scenarios' own
+    /// Sentinel groups and clusters included.
+    pub server: ServerBuild,
 }
 
 impl Lab {
     /// Starts the lock server, the Redlock nodes, the persistent node and a MONITOR
     /// recorder on each of them, then the resource server and PostgreSQL (with
-    /// fencelock's check installed); histories go to `dir`.
-    pub fn start(exe: PathBuf, dir: PathBuf, seed: u64) -> Result<Self, String> {
-        let lock = RedisServer::start();
-        let nodes = RedisServer::start_many(REDLOCK_NODES);
-        let persistent = RedisServer::builder().persistence(true).start();
+    /// fencelock's check installed), every Redis server running `server`; histories go
+    /// to `dir`.
+    pub fn start(
+        exe: PathBuf,
+        dir: PathBuf,
+        seed: u64,
+        server: ServerBuild,
+    ) -> Result<Self, String> {
+        let redis = || RedisServer::builder().server(server.clone());
+        let lock = redis().start();
+        let nodes = (0..REDLOCK_NODES).map(|_| redis().start()).collect();
+        let persistent = redis().persistence(true).start();
         let clock = ServerClock::new().map_err(|e| format!("server clock: {e}"))?;
-        let clocked = RedisServer::builder().clock(&clock).start();
+        let clocked = redis().clock(&clock).start();
         let monitors = [&lock, &persistent, &clocked]
             .into_iter()
             .chain(&nodes)
@@ -215,7 +225,7 @@ impl Lab {
         Ok(Self {
             exe,
             lock,
-            resource: RedisServer::start(),
+            resource: redis().start(),
             postgres,
             postgres_tags: RefCell::default(),
             nodes,
@@ -225,6 +235,7 @@ impl Lab {
             monitors: RefCell::new(monitors),
             dir,
             seed,
+            server,
         })
     }
 

@@ -87,6 +87,16 @@ struct RunArgs {
     /// Also write the report (markdown) to FILE, e.g. docs/safety.md.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// The server build every Redis server of the run runs: `redis-7` (Debian's
+    /// redis-server, or $REDIS_SERVER), `redis-6.2` or `valkey-9.1` (fetched by
+    /// scripts/servers), or the path of a server binary.
+    #[arg(
+        long,
+        value_name = "BUILD",
+        env = "FENCELOCK_LAB_SERVER",
+        default_value = "redis-7"
+    )]
+    server: testkit::ServerBuild,
 }
 
 fn main() -> ExitCode {
@@ -132,7 +142,10 @@ fn run(args: &RunArgs) -> Result<bool, String> {
             args.only.join(" or ")
         ));
     }
-    eprintln!("fencelock-lab run --{} --seed {seed}", scale.name);
+    eprintln!(
+        "fencelock-lab run --{} --seed {seed} --server {}",
+        scale.name, args.server
+    );
     let started = Instant::now();
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let temp = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -155,7 +168,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         }
         None => temp.path().to_path_buf(),
     };
-    let mut lab = Lab::start(exe, dir, seed)?;
+    let mut lab = Lab::start(exe, dir, seed, args.server.clone())?;
 
     let mut outcomes: Vec<Outcome> = Vec::new();
     for round in 1..=scale.rounds {
@@ -196,6 +209,7 @@ fn run(args: &RunArgs) -> Result<bool, String> {
         &chosen(&args.only),
         scale,
         seed,
+        &args.server,
         started.elapsed(),
         ok,
     );

@@ -2,9 +2,10 @@
 //! (docs/safety.md for the long run): the table of outcomes, what the checkers judge,
 //! what each scenario does and expects, and the first violations found.
 
-use std::process::Command;
 use std::thread;
 use std::time::Duration;
+
+use testkit::ServerBuild;
 
 use crate::outcomes::Outcome;
 use crate::scenarios::{Scale, Scenario};
@@ -21,6 +22,7 @@ pub fn report(
     scenarios: &[&Scenario],
     scale: Scale,
     seed: u64,
+    server: &ServerBuild,
     took: Duration,
     ok: bool,
 ) -> String {
@@ -33,7 +35,7 @@ pub fn report(
     let _ = writeln!(
         out,
         "# Safety lab: {} mode\n\n\
-         `./scripts/lab run --{} --seed {seed}{}`: {} scenarios × {} round(s), {total} \
+         `./scripts/lab run --{} --seed {seed}{}{}`: {} scenarios × {} round(s), {total} \
          acquisitions in {:.0} s ({in_fault_scenarios} in the scenarios with faults, \
          {under_faults} of them while a fault was active), **{}**. Machine: {}; {}.\n",
         scale.name,
@@ -42,6 +44,10 @@ pub fn report(
             " --report docs/safety.md"
         } else {
             ""
+        },
+        match server {
+            ServerBuild::Redis7 => String::new(),
+            other => format!(" --server {other}"),
         },
         outcomes.len(),
         scale.rounds,
@@ -52,7 +58,7 @@ pub fn report(
             "EXPECTATIONS FAILED"
         },
         machine(),
-        redis_version()
+        server.version()
     );
     let _ = writeln!(
         out,
@@ -187,18 +193,4 @@ fn machine() -> String {
         .map_or("unknown CPU", |(_, m)| m.trim());
     let cores = thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cores} cores, {model}")
-}
-
-/// `redis-server X.Y.Z` (best effort).
-fn redis_version() -> String {
-    Command::new(std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|v| {
-            v.split_whitespace()
-                .find_map(|w| w.strip_prefix("v=").map(|v| format!("redis-server {v}")))
-        })
-        .unwrap_or_else(|| "redis-server (version unknown)".into())
 }

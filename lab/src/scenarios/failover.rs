@@ -44,7 +44,7 @@ pub const SENTINEL_FAILOVER: Scenario = Scenario {
         (C1 counts the double grants, at least one per failover); the fence rejects \
         every stale holder's write; C2-C4 hold, the counter equals the acknowledged \
         writes (C5 not judged: the lock key changes servers)",
-    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Lock, &mut SentinelRig::start()),
+    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Lock, &mut SentinelRig::start(lab)),
 };
 
 pub const SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
@@ -57,7 +57,7 @@ pub const SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
         one rejoins as its replica, and none is reported between the kill and the \
         promotion; zero double grants, C2-C4 hold, the counter equals the \
         acknowledged writes",
-    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Lock, &mut SentinelRig::start()),
+    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Lock, &mut SentinelRig::start(lab)),
 };
 
 pub const ELECT_SENTINEL_FAILOVER: Scenario = Scenario {
@@ -73,7 +73,9 @@ pub const ELECT_SENTINEL_FAILOVER: Scenario = Scenario {
         least one per failover); the fence rejects every stale leader's write, its term \
         lower; C2-C4 hold (terms strictly increase), the counter equals the acknowledged \
         writes",
-    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Election, &mut SentinelRig::start()),
+    run: |lab, tag, scale| {
+        lab.failover(tag, scale, 0, Take::Election, &mut SentinelRig::start(lab))
+    },
 };
 
 pub const ELECT_SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
@@ -84,7 +86,9 @@ pub const ELECT_SENTINEL_FAILOVER_REPLICAS: Scenario = Scenario {
         campaign in the fault (the stale leader's included) fails as Unreplicated, as do \
         campaigns on the new master until the old one rejoins as its replica; zero double \
         grants, C2-C4 hold, the counter equals the acknowledged writes",
-    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Election, &mut SentinelRig::start()),
+    run: |lab, tag, scale| {
+        lab.failover(tag, scale, 1, Take::Election, &mut SentinelRig::start(lab))
+    },
 };
 
 pub const CLUSTER_FAILOVER: Scenario = Scenario {
@@ -99,7 +103,9 @@ pub const CLUSTER_FAILOVER: Scenario = Scenario {
         within its lease (C1 counts the double grants, at least one per failover); the \
         fence rejects every stale holder's write; C2-C4 hold, the counter equals the \
         acknowledged writes (C5 not judged: the lock key changes servers)",
-    run: |lab, tag, scale| lab.failover(tag, scale, 0, Take::Lock, &mut ClusterRig::start(tag)),
+    run: |lab, tag, scale| {
+        lab.failover(tag, scale, 0, Take::Lock, &mut ClusterRig::start(lab, tag))
+    },
 };
 
 pub const CLUSTER_FAILOVER_REPLICAS: Scenario = Scenario {
@@ -112,7 +118,9 @@ pub const CLUSTER_FAILOVER_REPLICAS: Scenario = Scenario {
         one rejoins as its replica, and none is reported between the kill and the \
         promotion; zero double grants, C2-C4 hold, the counter equals the \
         acknowledged writes",
-    run: |lab, tag, scale| lab.failover(tag, scale, 1, Take::Lock, &mut ClusterRig::start(tag)),
+    run: |lab, tag, scale| {
+        lab.failover(tag, scale, 1, Take::Lock, &mut ClusterRig::start(lab, tag))
+    },
 };
 
 /// What the workers of a failover scenario take: a lock, or the leadership of an
@@ -144,8 +152,14 @@ trait Rig {
 struct SentinelRig(SentinelGroup);
 
 impl SentinelRig {
-    fn start() -> Self {
-        Self(SentinelGroup::builder().down_after(DOWN_AFTER).start())
+    /// On the lab's server build.
+    fn start(lab: &Lab) -> Self {
+        Self(
+            SentinelGroup::builder()
+                .server(lab.server.clone())
+                .down_after(DOWN_AFTER)
+                .start(),
+        )
     }
 }
 
@@ -188,8 +202,12 @@ struct ClusterRig {
 }
 
 impl ClusterRig {
-    fn start(tag: &str) -> Self {
-        let cluster = Cluster::builder().node_timeout(NODE_TIMEOUT).start();
+    /// On the lab's server build.
+    fn start(lab: &Lab, tag: &str) -> Self {
+        let cluster = Cluster::builder()
+            .server(lab.server.clone())
+            .node_timeout(NODE_TIMEOUT)
+            .start();
         let key = format!("fencelock:{{lab:{tag}}}");
         let slot = cluster.slot_of(&key);
         Self { cluster, key, slot }
