@@ -25,6 +25,7 @@
 mod affinity;
 mod chart;
 mod clock;
+mod cost;
 mod election;
 mod fencing;
 mod floor;
@@ -118,7 +119,8 @@ struct Cli {
     /// `semaphores` (a PING baseline first, for its ratios), `fencing` (what fencing
     /// costs at the resource: PostgreSQL and Redis, fenced and not), `many` (many
     /// locks through one client), `multi` (several locks at once), or `election`
-    /// (election takeover after a kill).
+    /// (election takeover after a kill), or `cost` (where Redis's work per lock goes:
+    /// callgrind on the build `scripts/servers --symbols` makes).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -138,6 +140,9 @@ enum Only {
     Election,
     /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
     Network,
+    /// Where Redis's work per lock goes: each kind of lock and its peers, broken down
+    /// inside redis-server (callgrind on a build with symbols; commandstats, SLOWLOG).
+    Cost,
 }
 
 #[derive(Subcommand, Debug)]
@@ -272,6 +277,15 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 ));
                 election::render(&mut s, &t, plan);
                 (s, t.failed())
+            }
+            Only::Cost => {
+                let c = cost::run(plan, &server).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, Redis's work per lock only)\n\n",
+                    plan.name
+                );
+                cost::render(&mut s, &c);
+                (s, c.failed())
             }
             Only::Many => {
                 let m = many::run(plan, &server).await;
