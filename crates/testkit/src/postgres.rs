@@ -57,7 +57,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::server::{die_with_parent_by, free_port, is_executable, owns_listener, process_state};
+use crate::build::is_executable;
+use crate::server::{die_with_parent_by, free_port, owns_listener, process_state};
 
 /// How long `start` waits for a freshly spawned server to answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);

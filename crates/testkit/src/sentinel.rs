@@ -8,6 +8,7 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::build::ServerBuild;
 use crate::resp::Reply;
 use crate::server::{RedisServer, ServerBuilder, TlsConfig, info_value, start_all};
 use crate::tls::{ClientAuth, TlsFiles};
@@ -27,7 +28,8 @@ const POLL: Duration = Duration::from_millis(10);
 /// [`SentinelGroup::builder`].
 ///
 /// Defaults: 1 replica, 3 sentinels, service `"mymaster"`, quorum 2,
-/// `down-after-milliseconds` 1000, `failover-timeout` 3000, no passwords, no TLS.
+/// `down-after-milliseconds` 1000, `failover-timeout` 3000, no passwords, no TLS,
+/// [`ServerBuild::Redis7`].
 #[derive(Clone, Debug)]
 #[must_use = "a builder does nothing until .start() is called"]
 pub struct SentinelBuilder {
@@ -40,6 +42,7 @@ pub struct SentinelBuilder {
     password: Option<String>,
     sentinel_password: Option<String>,
     tls: Option<TlsConfig>,
+    build: ServerBuild,
 }
 
 impl Default for SentinelBuilder {
@@ -54,6 +57,7 @@ impl Default for SentinelBuilder {
             password: None,
             sentinel_password: None,
             tls: None,
+            build: ServerBuild::Redis7,
         }
     }
 }
@@ -110,6 +114,25 @@ impl SentinelBuilder {
     /// [`password`](Self::password). Default: none.
     pub fn sentinel_password(mut self, pw: impl Into<String>) -> Self {
         self.sentinel_password = Some(pw.into());
+        self
+    }
+
+    /// Which server binary the data nodes and the sentinels run (default
+    /// [`ServerBuild::Redis7`]); a sentinel is the same binary with `--sentinel`
+    /// (`valkey-server sentinel.conf --sentinel` for Valkey).
+    ///
+    /// ```
+    /// use testkit::{SentinelGroup, ServerBuild};
+    ///
+    /// let group = SentinelGroup::builder().server(ServerBuild::Valkey91).start();
+    /// assert_eq!(group.master().version(), "Valkey 9.1.2");
+    /// ```
+    ///
+    /// # Panics
+    /// [`start`](Self::start) panics as [`ServerBuilder::server`] does: a missing
+    /// binary, or [`tls`](Self::tls) on a build without TLS.
+    pub fn server(mut self, build: ServerBuild) -> Self {
+        self.build = build;
         self
     }
 
@@ -210,8 +233,9 @@ impl SentinelBuilder {
             self.quorum,
             self.sentinels
         );
-        // TLS ports, and TLS for replication and the sentinels' links.
+        // The build, TLS ports, and TLS for replication and the sentinels' links.
         let tls_args = |b: ServerBuilder| -> ServerBuilder {
+            let b = b.server(self.build.clone());
             match &self.tls {
                 Some(tls) => b.tls_config(tls.clone()).args(["--tls-replication", "yes"]),
                 None => b,
@@ -250,6 +274,7 @@ impl SentinelBuilder {
             sentinel_password: self.sentinel_password.clone(),
             tls: self.tls.is_some(),
             paused_master: None,
+            build: self.build.clone(),
         };
         let deadline = Instant::now() + START_TIMEOUT;
         group.settle("replicas online", deadline, SentinelGroup::replication_gap);
@@ -362,6 +387,8 @@ pub struct SentinelGroup {
     /// Whether the nodes and sentinels are named by their TLS ports.
     tls: bool,
     paused_master: Option<String>,
+    /// What the nodes and sentinels run.
+    build: ServerBuild,
 }
 
 impl SentinelGroup {
@@ -373,6 +400,11 @@ impl SentinelGroup {
     /// A builder for a group with other sizes, timings or passwords.
     pub fn builder() -> SentinelBuilder {
         SentinelBuilder::default()
+    }
+
+    /// The build the nodes and sentinels run ([`SentinelBuilder::server`]).
+    pub fn build(&self) -> &ServerBuild {
+        &self.build
     }
 
     /// The service (master) name the sentinels monitor.
@@ -955,6 +987,7 @@ mod tests {
             sentinel_password: None,
             tls: false,
             paused_master: None,
+            build: ServerBuild::Redis7,
         };
         let conf = builder.sentinel_config(&group);
         let (m, r) = (group.nodes[0].port(), group.nodes[1].port());

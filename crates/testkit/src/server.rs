@@ -5,7 +5,6 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -16,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+use crate::build::{NOT_FOUND, ServerBuild};
 use crate::clock::ServerClock;
 use crate::resp::{Reply, encode_command, read_reply};
 use crate::tls::{ClientAuth, TlsFiles};
@@ -47,9 +47,6 @@ const CONFIG_FILE: &str = "redis.conf";
 const TLS_DIR: &str = "tls";
 /// Redis Cluster's bus listens on the client port plus this offset.
 const CLUSTER_BUS_OFFSET: u16 = 10000;
-
-const NOT_FOUND: &str =
-    "redis-server not found: install it (apt-get install -y redis-server) or set REDIS_SERVER";
 
 /// Returns a TCP port on 127.0.0.1 that was free a moment ago: binds
 /// `127.0.0.1:0`, reads the port the kernel chose, and closes the socket.
@@ -167,6 +164,8 @@ struct Config {
     tls: Option<TlsConfig>,
     /// A wall clock the test steps.
     clock: Option<ServerClock>,
+    /// The server binary.
+    build: ServerBuild,
 }
 
 /// What [`ServerBuilder::tls_with`] asked for: the files are copied into the
@@ -338,6 +337,25 @@ impl ServerBuilder {
         self
     }
 
+    /// Which server binary to run (default [`ServerBuild::Redis7`]): Redis 6.2,
+    /// Valkey 9.1 or a binary of the user's own; see [`ServerBuild`].
+    ///
+    /// ```
+    /// use testkit::{RedisServer, ServerBuild};
+    ///
+    /// let server = RedisServer::builder().server(ServerBuild::Valkey91).start();
+    /// assert_eq!(server.version(), "Valkey 9.1.2");
+    /// ```
+    ///
+    /// # Panics
+    /// [`start`](Self::start) panics if the binary is missing (for the fetched builds
+    /// the message says to run `scripts/servers`), and with [`tls`](Self::tls) on a
+    /// build without TLS ([`ServerBuild::has_tls`]).
+    pub fn server(mut self, build: ServerBuild) -> Self {
+        self.config.build = build;
+        self
+    }
+
     /// [`tls_with`](Self::tls_with), from what it was given.
     pub(crate) fn tls_config(mut self, tls: TlsConfig) -> Self {
         self.config.tls = Some(tls);
@@ -353,13 +371,16 @@ impl ServerBuilder {
     /// If `redis-server` cannot be found, or does not come up (the message
     /// includes the tail of its log file).
     pub fn start(self) -> RedisServer {
-        self.launch(redis_binary()).finish()
+        self.launch().finish()
     }
 
     /// Spawns the server without waiting for it.
-    fn launch(self, binary: PathBuf) -> Launch {
+    fn launch(self) -> Launch {
+        if self.config.tls.is_some() {
+            self.config.build.require_tls();
+        }
         let next_port = self.config.port_source.unwrap_or(free_port);
-        Launch::begin(binary, self.config, next_port)
+        Launch::begin(self.config.build.binary(), self.config, next_port)
     }
 }
 
@@ -368,11 +389,7 @@ impl ServerBuilder {
 /// boot concurrently, then each is waited for. If one fails, the panic drops
 /// (kills) all the others.
 pub(crate) fn start_all(builders: Vec<ServerBuilder>) -> Vec<RedisServer> {
-    let binary = redis_binary();
-    let launches: Vec<Launch> = builders
-        .into_iter()
-        .map(|b| b.launch(binary.clone()))
-        .collect();
+    let launches: Vec<Launch> = builders.into_iter().map(ServerBuilder::launch).collect();
     launches.into_iter().map(Launch::finish).collect()
 }
 
@@ -474,6 +491,27 @@ impl RedisServer {
     /// `IP:127.0.0.1`, for clients that check addresses).
     pub fn tls_url(&self) -> Option<String> {
         self.tls_port.map(|p| format!("rediss://localhost:{p}"))
+    }
+
+    /// The build the server runs ([`ServerBuilder::server`]).
+    pub fn build(&self) -> &ServerBuild {
+        &self.config.build
+    }
+
+    /// The server's name and version as it reports them in `INFO server`:
+    /// `"Redis 6.2.14"`, `"Redis 7.0.15"`, `"Valkey 9.1.2"` (Valkey's own version
+    /// from `valkey_version`, not the Redis version it claims compatibility with).
+    ///
+    /// # Panics
+    /// As [`info_field`](Self::info_field), and if `INFO server` has no version.
+    pub fn version(&self) -> String {
+        let info = self.info("server");
+        version_from_info(&info).unwrap_or_else(|| {
+            panic!(
+                "testkit: INFO server on port {} names no version:\n{info}",
+                self.port
+            )
+        })
     }
 
     /// Process id of the current (or, after [`kill`](Self::kill), the last)
@@ -1474,6 +1512,20 @@ pub(crate) fn process_state(pid: u32) -> Option<char> {
     after.trim_start().chars().next()
 }
 
+/// `"Valkey 9.1.2"` or `"Redis 7.0.15"` from the text of `INFO server`.
+fn version_from_info(info: &str) -> Option<String> {
+    match info_value(info, "server_name").map(str::trim) {
+        Some("valkey") => Some(format!(
+            "Valkey {}",
+            info_value(info, "valkey_version")?.trim()
+        )),
+        _ => Some(format!(
+            "Redis {}",
+            info_value(info, "redis_version")?.trim()
+        )),
+    }
+}
+
 /// The value of `field` in the text of an `INFO` reply: what follows
 /// `field:` on its line (`# Section` headers and blank lines never match).
 pub(crate) fn info_value<'a>(info: &'a str, field: &str) -> Option<&'a str> {
@@ -1507,92 +1559,19 @@ fn log_tail(dir: &Path) -> String {
     out
 }
 
-/// `$REDIS_SERVER` if set, else `redis-server` on `$PATH`; panics if missing.
-fn redis_binary() -> PathBuf {
-    find_redis_server(std::env::var_os("REDIS_SERVER"), std::env::var_os("PATH"))
-        .unwrap_or_else(|msg| panic!("{msg}"))
-}
-
-/// `$REDIS_CLI` if set, else the `redis-cli` next to the `redis-server` in
-/// use, else `redis-cli` on `$PATH`; panics if missing.
-pub(crate) fn redis_cli_binary() -> PathBuf {
-    const CLI_NOT_FOUND: &str =
-        "redis-cli not found: install it (apt-get install -y redis-tools) or set REDIS_CLI";
-    if let Some(p) = std::env::var_os("REDIS_CLI").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        assert!(
-            is_executable(&p),
-            "{CLI_NOT_FOUND} (REDIS_CLI={} is not an executable file)",
-            p.display()
-        );
-        return p;
-    }
-    let sibling = redis_binary().with_file_name("redis-cli");
-    if is_executable(&sibling) {
-        return sibling;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("redis-cli"))
-        .find(|p| is_executable(p))
-        .unwrap_or_else(|| panic!("{CLI_NOT_FOUND}"))
-}
-
-fn find_redis_server(
-    env_override: Option<OsString>,
-    path: Option<OsString>,
-) -> Result<PathBuf, String> {
-    if let Some(p) = env_override.filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        return if is_executable(&p) {
-            Ok(p)
-        } else {
-            Err(format!(
-                "{NOT_FOUND} (REDIS_SERVER={} is not an executable file)",
-                p.display()
-            ))
-        };
-    }
-    path.iter()
-        .flat_map(std::env::split_paths)
-        .map(|dir| dir.join("redis-server"))
-        .find(|p| is_executable(p))
-        .ok_or_else(|| NOT_FOUND.to_owned())
-}
-
-pub(crate) fn is_executable(p: &Path) -> bool {
-    fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Mutex;
 
     #[test]
-    fn finds_redis_server_via_env_then_path() {
-        let tmp = tempfile::tempdir().unwrap();
-        let fake = tmp.path().join("redis-server");
-        fs::write(&fake, "#!/bin/sh\n").unwrap();
-        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
-
-        assert_eq!(
-            find_redis_server(Some(fake.clone().into()), None).unwrap(),
-            fake
-        );
-        assert_eq!(
-            find_redis_server(
-                None,
-                Some(std::env::join_paths(["/nonexistent", tmp.path().to_str().unwrap()]).unwrap())
-            )
-            .unwrap(),
-            fake
-        );
-        let err = find_redis_server(None, Some("/nonexistent".into())).unwrap_err();
-        assert_eq!(err, NOT_FOUND);
-        let err = find_redis_server(Some("/nonexistent/redis".into()), None).unwrap_err();
-        assert!(err.starts_with(NOT_FOUND), "{err}");
+    fn the_version_is_valkeys_own_on_valkey() {
+        let valkey =
+            "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\n";
+        assert_eq!(version_from_info(valkey).as_deref(), Some("Valkey 9.1.2"));
+        let redis = "# Server\r\nredis_version:6.2.14\r\nredis_git_sha1:0\r\n";
+        assert_eq!(version_from_info(redis).as_deref(), Some("Redis 6.2.14"));
+        assert_eq!(version_from_info("# Server\r\n"), None);
     }
 
     #[test]
@@ -1620,7 +1599,12 @@ mod tests {
         other.cmd(&["SET", "owner", "other"]);
         *SCRIPT.lock().unwrap() = vec![other.port(), taken];
 
-        let server = Launch::begin(redis_binary(), Config::default(), scripted_port).finish();
+        let server = Launch::begin(
+            ServerBuild::Redis7.binary(),
+            Config::default(),
+            scripted_port,
+        )
+        .finish();
         assert_ne!(server.port(), taken);
         assert_ne!(server.port(), other.port());
         assert!(server.cmd(&["GET", "owner"]).is_nil());
