@@ -24,7 +24,7 @@ use crate::held::{self, HeldRun, LEASE, TICK};
 use crate::launcher::{self, Launcher, MAX_PROCS};
 use crate::peers::Peer;
 use crate::plan::{HANDOFF_HOLD, Plan, WAITERS};
-use crate::report::{chart_link, fmt_dur, fmt_ns, yes_no};
+use crate::report::{chart_link, fmt_dur, fmt_ns, thousands, yes_no};
 use crate::results::{HandoffRow, Results};
 
 /// Leases per `renew.lua` call (the library's `limits::RENEWAL_BATCH`).
@@ -354,19 +354,6 @@ fn held_figures(r: &Results) -> Vec<HeldFigures> {
         .filter_map(|p| p.run.as_ref().ok())
         .map(HeldFigures::of)
         .collect()
-}
-
-/// `1,000`, `1,000,000`.
-fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// `123 MiB`.

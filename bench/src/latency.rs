@@ -117,6 +117,10 @@ pub struct LatencyRun {
 /// One client of the rotation.
 pub(crate) enum Cycler {
     Fence(fencelock::LockBuilder),
+    /// A permit of fencelock's semaphore.
+    Semaphore(fencelock::SemaphoreBuilder),
+    /// The read side of fencelock's read-write lock.
+    Read(fencelock::ReadLockBuilder),
     Rslock(rslock::LockManager, String),
     Redlock(redlock::RedLock, String),
     Ping(MultiplexedConnection),
@@ -168,6 +172,20 @@ impl Cycler {
         match self {
             Cycler::Fence(lock) => {
                 let guard = lock
+                    .try_acquire()
+                    .await
+                    .map_err(|e| format!("acquire: {e}"))?;
+                guard.release().await.map_err(|e| format!("release: {e}"))?;
+            }
+            Cycler::Semaphore(permit) => {
+                let guard = permit
+                    .try_acquire()
+                    .await
+                    .map_err(|e| format!("acquire: {e}"))?;
+                guard.release().await.map_err(|e| format!("release: {e}"))?;
+            }
+            Cycler::Read(read) => {
+                let guard = read
                     .try_acquire()
                     .await
                     .map_err(|e| format!("acquire: {e}"))?;

@@ -26,6 +26,7 @@ mod affinity;
 mod builds;
 mod chart;
 mod clock;
+mod cost;
 mod election;
 mod fencing;
 mod floor;
@@ -119,8 +120,10 @@ struct Cli {
     /// `semaphores` (a PING baseline first, for its ratios), `fencing` (what fencing
     /// costs at the resource: PostgreSQL and Redis, fenced and not), `many` (many
     /// locks through one client), `multi` (several locks at once), `election`
-    /// (election takeover after a kill), or `servers` (fencelock on Redis 6.2, 7.0 and
-    /// Valkey 9.1, whose builds `scripts/servers` fetches).
+    /// (election takeover after a kill), `cost` (where Redis's work per lock goes:
+    /// callgrind on the build `scripts/servers --symbols` makes), or `servers`
+    /// (fencelock on Redis 6.2, 7.0 and Valkey 9.1, whose builds `scripts/servers`
+    /// fetches).
     #[arg(long, value_enum, hide = true, value_name = "SECTION")]
     only: Option<Only>,
 }
@@ -140,6 +143,9 @@ enum Only {
     Election,
     /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
     Network,
+    /// Where Redis's work per lock goes: each kind of lock and its peers, broken down
+    /// inside redis-server (callgrind on a build with symbols; commandstats, SLOWLOG).
+    Cost,
     /// fencelock on each server build: Redis 6.2, Redis 7.0, Valkey 9.1 (I/O threads off
     /// and on).
     Servers,
@@ -277,6 +283,15 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 ));
                 election::render(&mut s, &t, plan);
                 (s, t.failed())
+            }
+            Only::Cost => {
+                let c = cost::run(plan, &server).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, Redis's work per lock only)\n\n",
+                    plan.name
+                );
+                cost::render(&mut s, &c);
+                (s, c.failed())
             }
             Only::Servers => {
                 let launch = Launcher::new(Err("not needed".to_owned()), node);

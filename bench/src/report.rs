@@ -974,6 +974,19 @@ fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {
     );
 }
 
+/// `1,000`, `1,000,000`.
+pub(crate) fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
