@@ -29,6 +29,12 @@
 //! server sees the new time on its next call. `CLOCK_MONOTONIC` and every
 //! other clock are untouched, as is every process other than the servers
 //! started with [`ServerBuilder::clock`](crate::ServerBuilder::clock).
+//!
+//! [`ServerClock::freeze`] stops the wall clock instead: the servers read
+//! the same instant (to the nanosecond) until the test steps it, so that
+//! `TIME`, every TTL and every expiry are exact (a model that runs beside
+//! the server on its own logical clock compares equal). The second 8 bytes
+//! of the file hold that instant (0: not frozen).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -36,6 +42,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
@@ -63,7 +70,8 @@ const SHIM_SOURCE: &str = r#"
 static volatile const int64_t *offset_ns_at = 0;
 static volatile int unavailable = 0;
 
-static int64_t offset_ns(void) {
+/* The offset, and (the next 8 bytes) the frozen instant or 0. */
+static int map_file(void) {
     if (offset_ns_at == 0 && !unavailable) {
         const char *path = getenv("TESTKIT_CLOCK_OFFSET_FILE");
         long fd = path ? syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC) : -1;
@@ -71,7 +79,7 @@ static int64_t offset_ns(void) {
             unavailable = 1;
             return 0;
         }
-        long at = syscall(SYS_mmap, 0, sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
+        long at = syscall(SYS_mmap, 0, 2 * sizeof(int64_t), PROT_READ, MAP_SHARED, fd, 0);
         syscall(SYS_close, fd);
         if (at == -1) {
             unavailable = 1;
@@ -79,11 +87,15 @@ static int64_t offset_ns(void) {
         }
         offset_ns_at = (const int64_t *)at;
     }
-    return offset_ns_at ? *offset_ns_at : 0;
+    return offset_ns_at != 0;
 }
 
 static void shift(struct timespec *ts) {
-    int64_t ns = (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec + offset_ns();
+    int64_t ns = (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+    if (map_file()) {
+        int64_t frozen = offset_ns_at[1];
+        ns = frozen != 0 ? frozen : ns + offset_ns_at[0];
+    }
     ts->tv_sec = ns / 1000000000;
     ts->tv_nsec = ns % 1000000000;
     if (ts->tv_nsec < 0) {
@@ -139,8 +151,26 @@ pub struct ServerClock {
 
 struct Inner {
     dir: TempDir,
-    /// The offset file, open for writing; the offset itself (ns).
-    offset: Mutex<(File, i64)>,
+    offset: Mutex<Offset>,
+}
+
+/// The offset file, open for writing, and what it holds.
+struct Offset {
+    file: File,
+    /// The offset from the real time (ns).
+    ns: i64,
+    /// The instant the clock stands at (ns since the epoch), when frozen.
+    frozen_ns: Option<i64>,
+}
+
+impl Offset {
+    /// One 8-byte write at `at` of a file that keeps its size: the shim's
+    /// aligned read sees the old value or the new one.
+    fn write(&self, at: u64, value: i64) {
+        self.file
+            .write_all_at(&value.to_ne_bytes(), at)
+            .unwrap_or_else(|e| panic!("testkit: cannot step the server clock: {e}"));
+    }
 }
 
 impl std::fmt::Debug for ServerClock {
@@ -181,18 +211,23 @@ impl ServerClock {
             .read(true)
             .write(true)
             .open(dir.path().join(OFFSET_FILE))?;
-        file.write_all_at(&0i64.to_ne_bytes(), 0)?;
+        file.write_all_at(&[0u8; 16], 0)?;
         Ok(ServerClock {
             inner: Arc::new(Inner {
                 dir,
-                offset: Mutex::new((file, 0)),
+                offset: Mutex::new(Offset {
+                    file,
+                    ns: 0,
+                    frozen_ns: None,
+                }),
             }),
         })
     }
 
     /// Steps the clock by `ms` milliseconds (negative: back); the servers
     /// see it on their next reading of the time, and every command sent
-    /// after this returns runs at the new time.
+    /// after this returns runs at the new time. A frozen clock stays frozen,
+    /// at the instant stepped to.
     ///
     /// Redis reads the clock for every command. Valkey 9 reads it again only
     /// once its monotonic clock has moved on by about a millisecond: commands
@@ -203,35 +238,101 @@ impl ServerClock {
     /// # Panics
     /// If the offset file cannot be written (its directory was removed).
     pub fn step_ms(&self, ms: i64) {
-        self.write_offset(ms);
+        self.step_us(ms.saturating_mul(1_000));
+    }
+
+    /// [`step_ms`](Self::step_ms) in microseconds (it returns
+    /// [`STEP_SETTLE`] after the write too).
+    ///
+    /// # Panics
+    /// If the offset file cannot be written (its directory was removed).
+    pub fn step_us(&self, us: i64) {
+        {
+            let mut offset = self.lock();
+            let by = us.saturating_mul(1_000);
+            match offset.frozen_ns {
+                Some(at) => {
+                    let at = at.saturating_add(by).max(1);
+                    offset.write(8, at);
+                    offset.frozen_ns = Some(at);
+                }
+                None => {
+                    let ns = offset.ns.saturating_add(by);
+                    offset.write(0, ns);
+                    offset.ns = ns;
+                }
+            }
+        }
         std::thread::sleep(STEP_SETTLE);
     }
 
-    fn write_offset(&self, ms: i64) {
-        let mut offset = self.inner.offset.lock().unwrap_or_else(|e| e.into_inner());
-        let ns = offset.1.saturating_add(ms.saturating_mul(1_000_000));
-        // One 8-byte write at offset 0 of a file that keeps its size: the
-        // shim's aligned read sees the old value or the new one.
-        offset
-            .0
-            .write_all_at(&ns.to_ne_bytes(), 0)
-            .unwrap_or_else(|e| panic!("testkit: cannot step the server clock: {e}"));
-        offset.1 = ns;
+    /// Stops the clock at `at` (since the Unix epoch): every reading of the
+    /// servers' wall clock gives exactly that instant until the test steps
+    /// it ([`step_ms`](Self::step_ms) moves the frozen instant), freezes it
+    /// again, or [`thaw`](Self::thaw)s it. A server's `TIME`, `PTTL` and
+    /// expiries then follow only the test's steps. Returns [`STEP_SETTLE`]
+    /// after the write, as [`step_ms`](Self::step_ms) does.
+    ///
+    /// # Panics
+    /// If `at` is before the epoch's first nanosecond or after 2262, or the
+    /// offset file cannot be written.
+    pub fn freeze(&self, at: Duration) {
+        let ns = i64::try_from(at.as_nanos())
+            .ok()
+            .filter(|ns| *ns > 0)
+            .expect("testkit: a frozen instant between 1970 and 2262");
+        {
+            let mut offset = self.lock();
+            offset.write(8, ns);
+            offset.frozen_ns = Some(ns);
+        }
+        std::thread::sleep(STEP_SETTLE);
     }
 
-    /// Sets the offset back to zero: the servers see the real time again.
+    /// Lets a frozen clock run again, at the real time plus the offset.
+    ///
+    /// # Panics
+    /// If the offset file cannot be written.
+    pub fn thaw(&self) {
+        {
+            let mut offset = self.lock();
+            offset.write(8, 0);
+            offset.frozen_ns = None;
+        }
+        std::thread::sleep(STEP_SETTLE);
+    }
+
+    /// The instant a frozen clock stands at (since the Unix epoch), or
+    /// `None` when it runs.
+    pub fn frozen_at(&self) -> Option<Duration> {
+        self.lock()
+            .frozen_ns
+            .map(|ns| Duration::from_nanos(u64::try_from(ns).unwrap_or(0)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Offset> {
+        self.inner.offset.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the offset back to zero and thaws a frozen clock: the servers
+    /// see the real time again.
+    ///
+    /// # Panics
+    /// If the offset file cannot be written.
     pub fn reset(&self) {
-        self.step_ms(-self.offset_ms());
+        {
+            let mut offset = self.lock();
+            offset.write(8, 0);
+            offset.frozen_ns = None;
+            offset.write(0, 0);
+            offset.ns = 0;
+        }
+        std::thread::sleep(STEP_SETTLE);
     }
 
     /// The clock's offset from the real time, ms.
     pub fn offset_ms(&self) -> i64 {
-        self.inner
-            .offset
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            / 1_000_000
+        self.lock().ns / 1_000_000
     }
 
     /// The environment a server needs to run on this clock.
