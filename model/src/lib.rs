@@ -1,0 +1,14 @@
+//! fencelock's shipped Lua scripts, model-checked.
+//!
+//! - [`keyspace`]: one Redis server in memory (the commands the scripts send, Redis's
+//!   replies and errors, expiry by a logical clock);
+//! - [`lua`]: the scripts' exact text run by a real Lua 5.1, as Redis runs them, with
+//!   `redis.call` served by a [`keyspace::Server`];
+//! - [`scripts`]: the library's script registry, and textual mutations of it for the
+//!   checker's controls.
+//!
+//! The keyspace is proven against real servers by `tests/differential.rs`.
+
+pub mod keyspace;
+pub mod lua;
+pub mod scripts;

@@ -1,0 +1,121 @@
+//! The shipped scripts run on the model's keyspace: a plain lock's acquire, refusal
+//! and release, and the conversions Redis applies.
+
+use model::keyspace::{Reply, Server};
+use model::lua::eval;
+use model::scripts::Scripts;
+
+fn b(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|s| s.as_bytes().to_vec()).collect()
+}
+
+#[test]
+fn a_plain_lock_is_taken_refused_and_released() {
+    let scripts = Scripts::shipped();
+    let mut server = Server::new(1_800_000_000_000_000, "a".repeat(40));
+    let keys = b(&["l", "l:fence", "l:info", "l:writers", "l:wakes"]);
+    let acquire = scripts.get("lock/acquire.lua");
+    let first = eval(
+        &mut server,
+        acquire,
+        &keys,
+        &b(&["t1", "1000", "0", "", "0", "0", "0"]),
+    );
+    assert_eq!(
+        first,
+        Reply::Array(Some(vec![Reply::Int(1), Reply::Int(1_800_000_000_000_000)])),
+    );
+    server.advance_us(250_000);
+    let second = eval(
+        &mut server,
+        acquire,
+        &keys,
+        &b(&["t2", "1000", "1", "", "0", "0", "0"]),
+    );
+    let Reply::Array(Some(items)) = &second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(items[..2], [Reply::Int(0), Reply::Int(750)]);
+    assert_eq!(items[2], Reply::Bulk(Some(b"a".repeat(40))), "run id");
+    assert_eq!(items[3], Reply::Int(0), "uptime");
+    let release = scripts.get("lock/release.lua");
+    let keys = b(&["l", "l:fence", "l:info", "l:wakes"]);
+    assert_eq!(
+        eval(&mut server, release, &keys, &b(&["t2", "ch", "0", "0"])),
+        Reply::Int(-1)
+    );
+    assert_eq!(
+        eval(&mut server, release, &keys, &b(&["t1", "ch", "0", "0"])),
+        Reply::Int(1)
+    );
+    assert_eq!(server.call(&b(&["EXISTS", "l"])), Reply::Int(0));
+}
+
+#[test]
+fn values_convert_as_redis_converts_them() {
+    let mut server = Server::new(1_000_000, "r");
+    let run = |s: &mut Server, text: &str| eval(s, text, &[], &[]);
+    assert_eq!(
+        run(&mut server, "return {1, 2, nil, 3}"),
+        Reply::Array(Some(vec![Reply::Int(1), Reply::Int(2)]))
+    );
+    assert_eq!(run(&mut server, "return 3.99"), Reply::Int(3));
+    assert_eq!(run(&mut server, "return -3.99"), Reply::Int(-3));
+    assert_eq!(run(&mut server, "return true"), Reply::Int(1));
+    assert_eq!(run(&mut server, "return false"), Reply::Bulk(None));
+    assert_eq!(
+        run(&mut server, "return {ok='FINE'}"),
+        Reply::Status("FINE".into())
+    );
+    assert_eq!(
+        run(&mut server, "return redis.error_reply('FOO bar')"),
+        Reply::Error("FOO bar".into())
+    );
+    run(&mut server, "redis.call('SET', 'k', 0.1)");
+    assert_eq!(
+        server.call(&b(&["GET", "k"])),
+        Reply::Bulk(Some(b"0.10000000000000001".to_vec()))
+    );
+    let e = run(&mut server, "return redis.call('HGET', 'k', 'f')");
+    assert!(
+        matches!(&e, Reply::Error(m) if m.starts_with("WRONGTYPE")),
+        "{e:?}"
+    );
+    let e = run(&mut server, "return redis.pcall('HGET', 'k', 'f').err");
+    assert!(
+        matches!(&e, Reply::Bulk(Some(m)) if m.starts_with(b"WRONGTYPE")),
+        "{e:?}"
+    );
+    let e = run(&mut server, "x = 1");
+    assert!(
+        matches!(&e, Reply::Error(m) if m.contains("readonly")),
+        "{e:?}"
+    );
+    let e = run(&mut server, "return y");
+    assert!(
+        matches!(&e, Reply::Error(m) if m.contains("nonexistent global")),
+        "{e:?}"
+    );
+    let e = run(&mut server, "return nil + 1");
+    assert!(
+        matches!(&e, Reply::Error(m) if m.starts_with("ERR user_script:1: attempt to perform arithmetic")),
+        "{e:?}"
+    );
+    assert_eq!(
+        run(
+            &mut server,
+            "#!lua flags=no-writes\nreturn redis.call('GET', 'k')"
+        ),
+        Reply::Bulk(Some(b"0.10000000000000001".to_vec()))
+    );
+    let e = run(
+        &mut server,
+        "#!lua flags=no-writes\nreturn redis.call('SET', 'k', 'v')",
+    );
+    assert!(e.is_error(), "{e:?}");
+    let e = run(&mut server, "#!lua flags=bogus\nreturn 1");
+    assert!(
+        matches!(&e, Reply::Error(m) if m.contains("Unexpected flag")),
+        "{e:?}"
+    );
+}
