@@ -855,9 +855,6 @@ impl Server {
     }
 
     fn zrange_by_score(&mut self, name: &str, a: &[Bytes]) -> Reply {
-        let (Some(min), Some(max)) = (Bound::parse(&a[1]), Bound::parse(&a[2])) else {
-            return err(RANGE_NOT_FLOAT);
-        };
         let (mut scores, mut limit) = (false, None);
         let mut i = 3;
         while i < a.len() {
@@ -874,6 +871,10 @@ impl Server {
                 return err(SYNTAX);
             }
         }
+        // The options are read before the range.
+        let (Some(min), Some(max)) = (Bound::parse(&a[1]), Bound::parse(&a[2])) else {
+            return err(RANGE_NOT_FLOAT);
+        };
         let z = match self.typed(&a[0], |v| {
             if let Value::ZSet(z) = v {
                 Some(z)
@@ -961,24 +962,23 @@ impl Server {
                 Err(e) => e,
                 Ok(l) => Reply::Int(l.map_or(0, |l| l.len() as i64)),
             },
-            ("LINDEX", 2) => {
-                let Some(index) = parse_int(&a[1]) else {
-                    return err(NOT_INTEGER);
-                };
-                match self.typed(&a[0], pick) {
-                    Err(e) => e,
-                    Ok(None) => NIL,
-                    Ok(Some(l)) => {
-                        let len = l.len() as i64;
-                        let at = if index < 0 { len + index } else { index };
-                        usize::try_from(at)
-                            .ok()
-                            .and_then(|at| l.get(at))
-                            .cloned()
-                            .map_or(NIL, bulk)
-                    }
+            ("LINDEX", 2) => match self.typed(&a[0], pick) {
+                // The key is looked up before the index is read.
+                Err(e) => e,
+                Ok(None) => NIL,
+                Ok(Some(l)) => {
+                    let Some(index) = parse_int(&a[1]) else {
+                        return err(NOT_INTEGER);
+                    };
+                    let len = l.len() as i64;
+                    let at = if index < 0 { len + index } else { index };
+                    usize::try_from(at)
+                        .ok()
+                        .and_then(|at| l.get(at))
+                        .cloned()
+                        .map_or(NIL, bulk)
                 }
-            }
+            },
             ("LRANGE", 3) => {
                 let (Some(start), Some(stop)) = (parse_int(&a[1]), parse_int(&a[2])) else {
                     return err(NOT_INTEGER);

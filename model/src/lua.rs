@@ -318,7 +318,13 @@ fn from_lua(value: &Value) -> mlua::Result<Reply> {
     })
 }
 
-/// C's `(long long)` of a double: toward zero, saturating where C's cast is undefined.
+/// C's `(long long)` of a double as x86-64 computes it: toward zero, and the "integer
+/// indefinite" value (`i64::MIN`) for NaN and whatever is out of range (an infinite
+/// score returned as a number, say).
 fn truncate(n: f64) -> i64 {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+    if n.is_nan() || !(-LIMIT..LIMIT).contains(&n) {
+        return i64::MIN;
+    }
     n.trunc() as i64
 }
