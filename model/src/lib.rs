@@ -5,10 +5,17 @@
 //! - [`lua`]: the scripts' exact text run by a real Lua 5.1, as Redis runs them, with
 //!   `redis.call` served by a [`keyspace::Server`];
 //! - [`scripts`]: the library's script registry, and textual mutations of it for the
-//!   checker's controls.
+//!   checker's controls;
+//! - [`world`]: the checker's worlds (servers, clients, messages, clock, faults) and
+//!   their properties, driven by [`standin`]'s scripted client until the library's
+//!   engine can drive them;
+//! - [`controls`]: the mutations each property must be caught violated by.
 //!
 //! The keyspace is proven against real servers by `tests/differential.rs`.
 
+pub mod controls;
 pub mod keyspace;
 pub mod lua;
 pub mod scripts;
+pub mod standin;
+pub mod world;

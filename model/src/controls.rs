@@ -1,0 +1,44 @@
+//! The controls: mutations of the shipped scripts that a property must catch, each a
+//! textual patch of the script as the library ships it ([`Patch`]: a patch that no
+//! longer applies fails loudly).
+
+use crate::scripts::Patch;
+
+/// A mutation and the property that must catch it.
+#[derive(Clone, Copy, Debug)]
+pub struct Control {
+    /// What the mutation breaks, for reports.
+    pub name: &'static str,
+    /// The patches.
+    pub patches: &'static [Patch],
+    /// The property that must be violated.
+    pub caught_by: &'static str,
+}
+
+/// The property every lock world checks first.
+pub const ONE_HOLDER: &str = "at most one holder with an unexpired lease";
+
+/// Release without the owner check: a release deletes the lock whoever holds it.
+pub const RELEASE_WITHOUT_OWNER_CHECK: Control = Control {
+    name: "release without the owner check",
+    patches: &[Patch {
+        script: "lock/release.lua",
+        find: "local own = found == ARGV[1] and not KEYS[5]",
+        replace: "local own = found and not KEYS[5]",
+    }],
+    caught_by: ONE_HOLDER,
+};
+
+/// Acquire without NX: an acquire overwrites the holder.
+pub const ACQUIRE_WITHOUT_NX: Control = Control {
+    name: "acquire without NX",
+    patches: &[Patch {
+        script: "lock/acquire.lua",
+        find: "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+        replace: "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+    }],
+    caught_by: ONE_HOLDER,
+};
+
+/// Every control of the plain lock world.
+pub const PLAIN: [Control; 2] = [RELEASE_WITHOUT_OWNER_CHECK, ACQUIRE_WITHOUT_NX];
