@@ -40,5 +40,32 @@ pub const ACQUIRE_WITHOUT_NX: Control = Control {
     caught_by: ONE_HOLDER,
 };
 
+/// A fencing counter not raised: a grant mints the counter's value again, not above it.
+pub const TOKEN_NOT_RAISED: Control = Control {
+    name: "a grant that does not raise the fencing counter",
+    patches: &[Patch {
+        script: "lock/acquire.lua",
+        find: "local fence = math.max((value or 0) + 1, now_us or server_us())",
+        replace: "local fence = math.max(value or 0, now_us or server_us())",
+    }],
+    caught_by: "fencing tokens strictly increase",
+};
+
+/// A fenced write that skips the token check: the resource takes an older token.
+pub const FENCE_CHECK_SKIPPED: Control = Control {
+    name: "a fenced write without the token check",
+    patches: &[Patch {
+        script: "fence/write.lua",
+        find: "  if lower(token, highest) then",
+        replace: "  if false then",
+    }],
+    caught_by: "the resource accepts no lower token",
+};
+
 /// Every control of the plain lock world.
-pub const PLAIN: [Control; 2] = [RELEASE_WITHOUT_OWNER_CHECK, ACQUIRE_WITHOUT_NX];
+pub const PLAIN: [Control; 4] = [
+    RELEASE_WITHOUT_OWNER_CHECK,
+    ACQUIRE_WITHOUT_NX,
+    TOKEN_NOT_RAISED,
+    FENCE_CHECK_SKIPPED,
+];

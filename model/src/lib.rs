@@ -9,10 +9,12 @@
 //! - [`world`]: the checker's worlds (servers, clients, messages, clock, faults) and
 //!   their properties, driven by [`standin`]'s scripted client until the library's
 //!   engine can drive them;
-//! - [`controls`]: the mutations each property must be caught violated by.
+//! - [`controls`]: the mutations each property must be caught violated by;
+//! - [`catalogue`]: the worlds `scripts/model` checks and what each must show.
 //!
 //! The keyspace is proven against real servers by `tests/differential.rs`.
 
+pub mod catalogue;
 pub mod controls;
 pub mod keyspace;
 pub mod lua;
