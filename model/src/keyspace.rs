@@ -36,6 +36,30 @@ pub enum Value {
     Stream(Vec<(StreamId, Vec<(Bytes, Bytes)>)>, StreamId),
 }
 
+/// Picks a collection of one kind out of a value (`None`: another kind).
+macro_rules! pickers {
+    ($($variant:ident: $by_ref:ident, $by_mut:ident -> $t:ty;)*) => {
+        impl Value {
+            $(
+                /// The collection, if the value is of this kind.
+                pub fn $by_ref(&self) -> Option<&$t> {
+                    if let Value::$variant(c) = self { Some(c) } else { None }
+                }
+                /// The collection, if the value is of this kind, for a write.
+                pub fn $by_mut(&mut self) -> Option<&mut $t> {
+                    if let Value::$variant(c) = self { Some(c) } else { None }
+                }
+            )*
+        }
+    };
+}
+
+pickers! {
+    Hash: as_hash, as_hash_mut -> BTreeMap<Bytes, Bytes>;
+    ZSet: as_zset, as_zset_mut -> BTreeMap<Bytes, Score>;
+    List: as_list, as_list_mut -> VecDeque<Bytes>;
+}
+
 impl Value {
     /// The name `TYPE` answers.
     pub fn type_name(&self) -> &'static str {
@@ -606,34 +630,20 @@ impl Server {
     }
 
     fn hash(&mut self, name: &str, a: &[Bytes]) -> Reply {
-        fn pick(v: &Value) -> Option<&BTreeMap<Bytes, Bytes>> {
-            if let Value::Hash(h) = v {
-                Some(h)
-            } else {
-                None
-            }
-        }
-        fn pick_mut(v: &mut Value) -> Option<&mut BTreeMap<Bytes, Bytes>> {
-            if let Value::Hash(h) = v {
-                Some(h)
-            } else {
-                None
-            }
-        }
         match (name, a.len()) {
-            ("HGET", 2) => match self.typed(&a[0], pick) {
+            ("HGET", 2) => match self.typed(&a[0], Value::as_hash) {
                 Err(e) => e,
                 Ok(h) => h.and_then(|h| h.get(&a[1])).cloned().map_or(NIL, bulk),
             },
-            ("HLEN", 1) => match self.typed(&a[0], pick) {
+            ("HLEN", 1) => match self.typed(&a[0], Value::as_hash) {
                 Err(e) => e,
                 Ok(h) => Reply::Int(h.map_or(0, |h| h.len() as i64)),
             },
-            ("HEXISTS", 2) => match self.typed(&a[0], pick) {
+            ("HEXISTS", 2) => match self.typed(&a[0], Value::as_hash) {
                 Err(e) => e,
                 Ok(h) => Reply::Int(i64::from(h.is_some_and(|h| h.contains_key(&a[1])))),
             },
-            ("HGETALL", 1) => match self.typed(&a[0], pick) {
+            ("HGETALL", 1) => match self.typed(&a[0], Value::as_hash) {
                 Err(e) => e,
                 Ok(h) => array(
                     h.into_iter()
@@ -643,7 +653,7 @@ impl Server {
                 ),
             },
             ("HSET", n) if n >= 3 && n % 2 == 1 => {
-                match self.typed_mut(&a[0], || Value::Hash(BTreeMap::new()), pick_mut) {
+                match self.typed_mut(&a[0], || Value::Hash(BTreeMap::new()), Value::as_hash_mut) {
                     Err(e) => e,
                     Ok(h) => {
                         let added = a[1..]
@@ -670,13 +680,6 @@ impl Server {
     }
 
     fn zset(&mut self, name: &str, a: &[Bytes]) -> Reply {
-        fn pick(v: &Value) -> Option<&BTreeMap<Bytes, Score>> {
-            if let Value::ZSet(z) = v {
-                Some(z)
-            } else {
-                None
-            }
-        }
         let min_args = match name {
             "ZADD" => 3,
             "ZREM" | "ZSCORE" => 2,
@@ -702,13 +705,13 @@ impl Server {
                 self.drop_if_empty(&a[0]);
                 Reply::Int(removed as i64)
             }
-            "ZSCORE" => match self.typed(&a[0], pick) {
+            "ZSCORE" => match self.typed(&a[0], Value::as_zset) {
                 Err(e) => e,
                 Ok(z) => z
                     .and_then(|z| z.get(&a[1]))
                     .map_or(NIL, |s| bulk(format_double(s.0))),
             },
-            "ZCARD" => match self.typed(&a[0], pick) {
+            "ZCARD" => match self.typed(&a[0], Value::as_zset) {
                 Err(e) => e,
                 Ok(z) => Reply::Int(z.map_or(0, |z| z.len() as i64)),
             },
@@ -779,17 +782,7 @@ impl Server {
         if self.live(&a[0]).is_none() && !creates {
             return if incr { NIL } else { Reply::Int(0) };
         }
-        let set = match self.typed_mut(
-            &a[0],
-            || Value::ZSet(BTreeMap::new()),
-            |v| {
-                if let Value::ZSet(z) = v {
-                    Some(z)
-                } else {
-                    None
-                }
-            },
-        ) {
+        let set = match self.typed_mut(&a[0], || Value::ZSet(BTreeMap::new()), Value::as_zset_mut) {
             Ok(z) => z,
             Err(e) => return e,
         };
@@ -836,13 +829,7 @@ impl Server {
         let (Some(start), Some(stop)) = (parse_int(&a[1]), parse_int(&a[2])) else {
             return err(NOT_INTEGER);
         };
-        let z = match self.typed(&a[0], |v| {
-            if let Value::ZSet(z) = v {
-                Some(z)
-            } else {
-                None
-            }
-        }) {
+        let z = match self.typed(&a[0], Value::as_zset) {
             Err(e) => return e,
             Ok(None) => return array(vec![]),
             Ok(Some(z)) => z,
@@ -875,13 +862,7 @@ impl Server {
         let (Some(min), Some(max)) = (Bound::parse(&a[1]), Bound::parse(&a[2])) else {
             return err(RANGE_NOT_FLOAT);
         };
-        let z = match self.typed(&a[0], |v| {
-            if let Value::ZSet(z) = v {
-                Some(z)
-            } else {
-                None
-            }
-        }) {
+        let z = match self.typed(&a[0], Value::as_zset) {
             Err(e) => return e,
             Ok(z) => z,
         };
@@ -926,25 +907,12 @@ impl Server {
     }
 
     fn list(&mut self, name: &str, a: &[Bytes]) -> Reply {
-        fn pick(v: &Value) -> Option<&VecDeque<Bytes>> {
-            if let Value::List(l) = v {
-                Some(l)
-            } else {
-                None
-            }
-        }
         match (name, a.len()) {
             ("RPUSH" | "LPUSH", n) if n >= 2 => {
                 let list = match self.typed_mut(
                     &a[0],
                     || Value::List(VecDeque::new()),
-                    |v| {
-                        if let Value::List(l) = v {
-                            Some(l)
-                        } else {
-                            None
-                        }
-                    },
+                    Value::as_list_mut,
                 ) {
                     Ok(l) => l,
                     Err(e) => return e,
@@ -958,11 +926,11 @@ impl Server {
                 }
                 Reply::Int(list.len() as i64)
             }
-            ("LLEN", 1) => match self.typed(&a[0], pick) {
+            ("LLEN", 1) => match self.typed(&a[0], Value::as_list) {
                 Err(e) => e,
                 Ok(l) => Reply::Int(l.map_or(0, |l| l.len() as i64)),
             },
-            ("LINDEX", 2) => match self.typed(&a[0], pick) {
+            ("LINDEX", 2) => match self.typed(&a[0], Value::as_list) {
                 // The key is looked up before the index is read.
                 Err(e) => e,
                 Ok(None) => NIL,
@@ -983,7 +951,7 @@ impl Server {
                 let (Some(start), Some(stop)) = (parse_int(&a[1]), parse_int(&a[2])) else {
                     return err(NOT_INTEGER);
                 };
-                match self.typed(&a[0], pick) {
+                match self.typed(&a[0], Value::as_list) {
                     Err(e) => e,
                     Ok(None) => array(vec![]),
                     Ok(Some(l)) => match index_range(start, stop, l.len()) {
@@ -994,7 +962,7 @@ impl Server {
                     },
                 }
             }
-            ("LPOS", 2) => match self.typed(&a[0], pick) {
+            ("LPOS", 2) => match self.typed(&a[0], Value::as_list) {
                 Err(e) => e,
                 Ok(l) => l
                     .and_then(|l| l.iter().position(|v| *v == a[1]))

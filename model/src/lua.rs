@@ -11,7 +11,7 @@
 //! `redis.pcall` returns, `redis.error_reply` and `redis.status_reply`. What is not:
 //! `cjson`, `bit`, `struct`, `cmsgpack` and `redis.sha1hex` (no shipped script uses
 //! them), the debug library, and the text Redis adds to an error that ends a script
-//! (" script: <sha>, on @user_script:<line>."): errors compare by their first word.
+//! (`" script: <sha>, on @user_script:<line>."`): the model gives the message alone.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
