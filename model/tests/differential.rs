@@ -25,8 +25,8 @@
 //! same, and against the other builds, which word some errors their own way, the kind
 //! (the first word; `ERR` for a Lua runtime error).
 //!
-//! Against every build of `$FENCELOCK_TEST_SERVERS` (default: Redis 6.2 and Redis 7;
-//! `scripts/servers` fetches 6.2; Valkey 9.1 only when named, see [`builds`]). On Redis 6.2, scripts
+//! Against every build of `$FENCELOCK_TEST_SERVERS` (default: Redis 6.2, Redis 7 and
+//! Valkey 9.1; `scripts/servers` fetches the first and the last). On Redis 6.2, scripts
 //! with a `#!lua` line and `SPUBLISH` are left out (6.2 has neither).
 //!
 //! Seeded: `MODEL_SEED=<n>` replays a run; `MODEL_CASES` and `MODEL_STEPS` size it. A
@@ -824,24 +824,9 @@ fn differential(build: &ServerBuild) {
     );
 }
 
-/// The builds compared: those `$FENCELOCK_TEST_SERVERS` names, else Redis 6.2 and
-/// Redis 7. Valkey only when named: its clock cannot be frozen, and the tolerant
-/// comparison still fails now and then at an expiry's edge (see [`Dialect::drifts`]).
-fn builds() -> Vec<ServerBuild> {
-    let named = std::env::var_os(ServerBuild::ENV).is_some_and(|v| !v.is_empty());
-    let all = ServerBuild::from_env();
-    if named {
-        all
-    } else {
-        all.into_iter()
-            .filter(|b| *b != ServerBuild::Valkey91)
-            .collect()
-    }
-}
-
 #[test]
 fn the_keyspace_and_the_scripts_answer_as_real_servers_do() {
-    for build in builds() {
+    for build in ServerBuild::from_env() {
         differential(&build);
     }
 }
