@@ -74,18 +74,61 @@ pub(crate) enum Answer {
     },
 }
 
+/// The first field of an acquire script's reply: what it says, as the scripts' headers
+/// number it. Parsed here only ([`Code::parse`]); the fields after it follow from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Code {
+    /// 0: another holder has it: its PTTL (-1: no expiry; -2, `fair_acquire.lua` only:
+    /// free, another waiter first in line), and in fair mode the fencing counter.
+    Held,
+    /// 1: acquired now: the new fencing token.
+    Granted,
+    /// 2: the key already held this token (a retry whose first reply was lost): the
+    /// same grant, and its fencing token.
+    Regranted,
+    /// 3: a semaphore's permits are all held: ms until the first lease ends, and the
+    /// permit count.
+    PermitsTaken,
+    /// 4: `read_acquire.lua`: the read side granted as one more hold of the owner's
+    /// reentrant write lock, and its fencing token.
+    OwnerHold,
+    /// 5: a reader finds writers waiting: ms until the first deadline or lease ends, and
+    /// how many.
+    WritersWaiting,
+    /// 6: a writer finds readers: ms until the first of their leases ends, and how many.
+    Readers,
+    /// 7: `multi_acquire.lua`: a name is held by another holder: its PTTL (-1: no
+    /// expiry), and the name's place in the call, from 1.
+    NameHeld,
+}
+
+impl Code {
+    /// The code a reply's first field says; `None` for a number no script answers.
+    pub(crate) fn parse(code: i64) -> Option<Self> {
+        Some(match code {
+            0 => Self::Held,
+            1 => Self::Granted,
+            2 => Self::Regranted,
+            3 => Self::PermitsTaken,
+            4 => Self::OwnerHold,
+            5 => Self::WritersWaiting,
+            6 => Self::Readers,
+            7 => Self::NameHeld,
+            _ => return None,
+        })
+    }
+}
+
 impl FromRedisValue for AcquireReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let Value::Array(items) = &v else {
             return Err(Fields(&[], &v).bad());
         };
         let fields = Fields(items, &v);
-        let code = fields.int(0)?;
-        let answer = fields.answer(code)?;
-        // With a count (codes 3, 5, 6), the identity comes after it.
-        let identity_at = if matches!(code, 3 | 5 | 6 | 7) { 3 } else { 2 };
-        let identity = match &items[identity_at.min(items.len())..] {
-            [] | [Value::Int(_)] if code == 0 => None,
+        let code = Code::parse(fields.int(0)?).ok_or_else(|| fields.bad())?;
+        let (answer, used) = fields.answer(code)?;
+        // What the node said about itself, when asked, comes after the code's fields.
+        let identity = match &items[used.min(items.len())..] {
             [] => None,
             [Value::BulkString(id), Value::Int(up)] => Some(Identity {
                 run_id: String::from_utf8_lossy(id).into_owned(),
@@ -97,7 +140,7 @@ impl FromRedisValue for AcquireReply {
         Ok(Self {
             answer,
             identity,
-            owner_hold: code == 4,
+            owner_hold: code == Code::OwnerHold,
         })
     }
 }
@@ -129,64 +172,79 @@ impl Fields<'_> {
         u32::try_from(self.int(i)?).map_err(|_| self.bad())
     }
 
-    /// The answer for the reply's first field, `code`.
-    fn answer(&self, code: i64) -> Result<Answer, ParsingError> {
+    /// A holder's PTTL as what blocks: -1 no expiry; -2 (`fair_acquire.lua` only) free,
+    /// another waiter first in line.
+    fn lease(&self, i: usize) -> Result<Blocker, ParsingError> {
+        Ok(match self.int(i)? {
+            -2 => Blocker::Queue,
+            -1 => Blocker::NoExpiry,
+            _ => Blocker::Lease(self.ms(i)?),
+        })
+    }
+
+    /// The answer the fields after `code` give, and how many fields it took (the code
+    /// included).
+    fn answer(&self, code: Code) -> Result<(Answer, usize), ParsingError> {
         let held = |blocked_by| Answer::Held {
             blocked_by,
             fence_seen: None,
             at: None,
         };
         Ok(match code {
-            1 | 2 | 4 => Answer::Granted {
-                fence: FencingToken::new(self.unsigned(1)?),
-                fresh: code != 2,
+            Code::Granted | Code::Regranted | Code::OwnerHold => {
+                let fence = FencingToken::new(self.unsigned(1)?);
+                let fresh = code != Code::Regranted;
+                (Answer::Granted { fence, fresh }, 2)
+            }
+            // A fair refusal says the fencing counter too (and never who the node is).
+            Code::Held => match self.0 {
+                [_, _, Value::Int(_)] => {
+                    let answer = Answer::Held {
+                        blocked_by: self.lease(1)?,
+                        fence_seen: Some(FencingToken::new(self.unsigned(2)?)),
+                        at: None,
+                    };
+                    (answer, 3)
+                }
+                _ => (held(self.lease(1)?), 2),
             },
-            // The holder's PTTL; -1: no expiry; -2 (only fair_acquire.lua says it): free,
-            // with another waiter first in line.
-            0 => Answer::Held {
-                blocked_by: match self.int(1)? {
-                    -2 => Blocker::Queue,
-                    -1 => Blocker::NoExpiry,
-                    _ => Blocker::Lease(self.ms(1)?),
-                },
-                fence_seen: match self.0 {
-                    [_, _, Value::Int(_)] => Some(FencingToken::new(self.unsigned(2)?)),
-                    _ => None,
-                },
-                at: None,
-            },
-            // A multi-lock's name held by another holder: its PTTL (-1: no expiry), and
-            // the name's place in the call, from 1.
-            7 => Answer::Held {
-                blocked_by: match self.int(1)? {
-                    -1 => Blocker::NoExpiry,
-                    _ => Blocker::Lease(self.ms(1)?),
-                },
-                fence_seen: None,
-                at: Some(
-                    usize::try_from(self.int(2)?)
-                        .ok()
-                        .and_then(|i| i.checked_sub(1))
-                        .ok_or_else(|| self.bad())?,
-                ),
-            },
-            // A semaphore whose permits are all held: ms until the first lease ends, and
-            // the permit count.
-            3 => held(Blocker::Permits {
-                permits: self.count(2)?,
-                frees_in: self.ms(1)?,
-            }),
-            // A read-write lock: a reader finds writers waiting (5), a writer finds
-            // readers (6); ms until the first deadline or lease ends, and how many.
-            5 => held(Blocker::WritersWaiting {
-                writers: self.count(2)?,
-                within: self.ms(1)?,
-            }),
-            6 => held(Blocker::Readers {
-                readers: self.count(2)?,
-                frees_in: self.ms(1)?,
-            }),
-            _ => return Err(self.bad()),
+            Code::NameHeld => {
+                let blocked_by = match self.lease(1)? {
+                    Blocker::Queue => return Err(self.bad()),
+                    other => other,
+                };
+                let at = usize::try_from(self.int(2)?)
+                    .ok()
+                    .and_then(|i| i.checked_sub(1))
+                    .ok_or_else(|| self.bad())?;
+                let answer = Answer::Held {
+                    blocked_by,
+                    fence_seen: None,
+                    at: Some(at),
+                };
+                (answer, 3)
+            }
+            Code::PermitsTaken => {
+                let blocked_by = Blocker::Permits {
+                    permits: self.count(2)?,
+                    frees_in: self.ms(1)?,
+                };
+                (held(blocked_by), 3)
+            }
+            Code::WritersWaiting => {
+                let blocked_by = Blocker::WritersWaiting {
+                    writers: self.count(2)?,
+                    within: self.ms(1)?,
+                };
+                (held(blocked_by), 3)
+            }
+            Code::Readers => {
+                let blocked_by = Blocker::Readers {
+                    readers: self.count(2)?,
+                    frees_in: self.ms(1)?,
+                };
+                (held(blocked_by), 3)
+            }
         })
     }
 }
@@ -640,6 +698,37 @@ mod tests {
             })
         );
         assert!(a(vec![Value::Int(5), Value::Int(1)]).is_err());
+        assert!(
+            a(vec![Value::Int(8), Value::Int(1)]).is_err(),
+            "no script says 8"
+        );
+        for (code, number) in [
+            (Code::Held, 0),
+            (Code::Granted, 1),
+            (Code::Regranted, 2),
+            (Code::PermitsTaken, 3),
+            (Code::OwnerHold, 4),
+            (Code::WritersWaiting, 5),
+            (Code::Readers, 6),
+            (Code::NameHeld, 7),
+        ] {
+            assert_eq!(Code::parse(number), Some(code));
+        }
+        let owner_hold = a(vec![Value::Int(4), Value::Int(9)]).unwrap();
+        assert!(owner_hold.owner_hold);
+        assert_eq!(
+            a(vec![Value::Int(6), Value::Int(250), Value::Int(3)])
+                .unwrap()
+                .answer,
+            Answer::Held {
+                blocked_by: Blocker::Readers {
+                    readers: 3,
+                    frees_in: Duration::from_millis(250)
+                },
+                fence_seen: None,
+                at: None,
+            }
+        );
         assert!(a(vec![Value::Int(1)]).is_err());
         assert!(a(vec![Value::Int(1), Value::Int(-3)]).is_err());
     }
