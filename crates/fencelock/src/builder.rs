@@ -6,9 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::delay_queue::{DelayQueue, ItemId};
-use crate::engine::acquire::{self, Request};
+use crate::engine::acquire::{self, Acquired, Request};
 use crate::engine::retry::Retry;
-use crate::engine::watchdog::Grant;
 use crate::error::Error;
 use crate::guard::{Holding, LockGuard, checked_ttl};
 use crate::keys::LockKeys;
@@ -166,37 +165,36 @@ impl Settings {
         })
     }
 
-    /// The guard of a grant of `keys` (`granted`'s, or one name of a multi-lock's grant)
-    /// under `protocol`. No await: a grant becomes its guard in the poll it arrives in.
+    /// The guard of `acquired` (an acquire's, or one name of a multi-lock's grant). No
+    /// await: a grant becomes its guard in the poll it arrives in.
     pub(crate) fn guard(
         &self,
         shared: &Arc<Shared>,
         name: String,
-        keys: LockKeys,
-        protocol: Arc<dyn crate::protocols::Protocol>,
-        granted: &acquire::Granted,
+        acquired: Acquired,
         leases: Leases,
     ) -> LockGuard {
+        let Acquired {
+            keys,
+            token,
+            protocol,
+            grant,
+        } = acquired;
         LockGuard::watched(
             shared.clone(),
             name,
             Holding {
                 keys,
-                token: granted.token.clone(),
+                token,
                 protocol,
-                fence: granted.fence,
                 asked_ttl: leases.acquire_ttl,
                 ttl: leases.ttl,
                 renew: self.renew,
-                hold_until: self.max_hold.map(|h| granted.sent_at + h),
+                hold_until: self.max_hold.map(|h| grant.sent_at + h),
             },
-            Grant {
-                sent_at: granted.sent_at,
-                ttl: granted.ttl,
-                // A handover's lease may end before the maximum hold does.
-                capped: leases.capped && granted.ttl == leases.acquire_ttl,
-                valid_until: granted.valid_until,
-            },
+            &grant,
+            // A handover's lease may end before the maximum hold does.
+            leases.capped && grant.ttl == leases.acquire_ttl,
         )
     }
 }
@@ -209,8 +207,8 @@ pub trait Kind: sealed::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static
 pub(crate) mod sealed {
     use std::sync::Arc;
 
+    use crate::engine::Protocol;
     use crate::error::Error;
-    use crate::protocols::Protocol;
 
     /// The protocol a kind's settings ask for.
     pub struct Chosen(pub(crate) Arc<dyn Protocol>);
@@ -543,18 +541,12 @@ impl<K: Kind> AcquireBuilder<K> {
             replicas: self.settings.replicas,
             renew: self.settings.renew,
         };
-        let granted = acquire::acquire(&self.shared.backend, request).await?;
+        let acquired = acquire::acquire(&self.shared.backend, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped
         // future cannot lose it in between.
-        let (keys, protocol) = (granted.keys.clone(), granted.protocol.clone());
-        Ok(self.settings.guard(
-            &self.shared,
-            self.name.clone(),
-            keys,
-            protocol,
-            &granted,
-            leases,
-        ))
+        Ok(self
+            .settings
+            .guard(&self.shared, self.name.clone(), acquired, leases))
     }
 }
 

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::admin::{self, Broken, Eviction, Listing, LockStatus, Resize};
-use crate::engine::watchdog::{Grant, Watchdog};
+use crate::engine::Grant;
+use crate::engine::watchdog::Watchdog;
 
 use crate::backend::{Access, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
@@ -707,6 +708,12 @@ async fn attach(shared: &Arc<Shared>, lock: DetachedLock) -> Result<LockGuard, E
         .backend
         .extend(&lock.name, &keys, &holder, ttl)
         .await?;
+    let grant = Grant {
+        fence: lock.fence,
+        sent_at,
+        ttl,
+        valid_until,
+    };
     Ok(LockGuard::watched(
         shared.clone(),
         lock.name,
@@ -714,17 +721,12 @@ async fn attach(shared: &Arc<Shared>, lock: DetachedLock) -> Result<LockGuard, E
             keys,
             token: lock.token,
             protocol: lock.protocol,
-            fence: lock.fence,
             asked_ttl: ttl,
             ttl: lock.ttl,
             renew: lock.renew,
             hold_until,
         },
-        Grant {
-            sent_at,
-            ttl,
-            capped,
-            valid_until,
-        },
+        &grant,
+        capped,
     ))
 }

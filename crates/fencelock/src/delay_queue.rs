@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use crate::backend::quorum::lease_end;
+use crate::engine::lease_end;
 use crate::error::Error;
 use crate::keys::QueueKeys;
 use crate::limits::{MAX_DELAY, MAX_PAYLOAD, MAX_VISIBILITY, MIN_VISIBILITY};

@@ -7,10 +7,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::engine::Protocol;
 use crate::error::Error;
 use crate::keys;
 use crate::limits::{MAX_LEASE, MIN_LEASE};
-use crate::protocols::{self, Protocol};
+use crate::protocols;
 use crate::token::{FencingToken, HolderToken};
 
 /// The first line of [`DetachedLock::to_text`]: the format and its version.

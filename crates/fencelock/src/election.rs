@@ -9,10 +9,11 @@ use crate::admin::{Holder, LockState};
 use crate::backend::subscriber::{Subscription, next_waiter_id};
 use crate::builder::sealed::{Chosen, Sealed};
 use crate::builder::{AcquireBuilder, Kind};
+use crate::engine::protocol::Wake;
 use crate::error::{Error, LossCause};
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
-use crate::protocols::{self, Wake};
+use crate::protocols;
 use crate::shared::Shared;
 use crate::token::FencingToken;
 

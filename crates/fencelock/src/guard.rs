@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::Withdrawn;
-use crate::engine::watchdog::{Grant, Registration};
+use crate::engine::Grant;
+use crate::engine::Protocol;
+use crate::engine::watchdog::Registration;
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::limits::{MAX_LEASE, MIN_LEASE};
 use crate::observe::{self, ModeLabel, ReleaseKind, ReleaseOutcome};
-use crate::protocols::Protocol;
 use crate::shared::Shared;
 use crate::token::{FencingToken, HolderToken};
 
@@ -19,7 +20,6 @@ pub(crate) struct Holding {
     pub keys: LockKeys,
     pub token: HolderToken,
     pub protocol: Arc<dyn Protocol>,
-    pub fence: FencingToken,
     /// The TTL the grant asked for (a Redlock release gives each node a share of it).
     pub asked_ttl: Duration,
     /// The lease each renewal asks for.
@@ -94,12 +94,14 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    /// A guard of `holding`, granted (or confirmed) by `grant`, its lease watched from now.
+    /// A guard of `holding`, granted (or confirmed) by `grant` (whose TTL was shortened to
+    /// end at the maximum hold if `capped`), its lease watched from now.
     pub(crate) fn watched(
         shared: Arc<Shared>,
         name: String,
         holding: Holding,
-        grant: Grant,
+        grant: &Grant,
+        capped: bool,
     ) -> Self {
         let exclusive = matches!(
             holding.protocol.label(),
@@ -108,11 +110,12 @@ impl LockGuard {
         let registration = shared.watchdog.watch(
             holding.keys.lock.clone(),
             holding.protocol.holder_id(&holding.token).into_owned(),
-            exclusive.then_some(holding.fence.get()),
+            exclusive,
             holding.ttl,
             holding.renew,
             holding.hold_until,
             grant,
+            capped,
         );
         LockGuard {
             shared,
@@ -121,7 +124,7 @@ impl LockGuard {
             token: holding.token,
             protocol: holding.protocol,
             ttl: holding.asked_ttl,
-            fence: holding.fence,
+            fence: grant.fence,
             lease: Some(registration),
             owes_release: true,
         }
@@ -273,12 +276,13 @@ impl LockGuard {
         match extended {
             Ok((sent_at, valid_until)) => {
                 if let Some(r) = self.lease() {
-                    r.extended(Grant {
+                    let grant = Grant {
+                        fence: self.fence,
                         sent_at,
                         ttl,
-                        capped,
                         valid_until,
-                    });
+                    };
+                    r.extended(&grant, capped);
                 }
                 Ok(())
             }

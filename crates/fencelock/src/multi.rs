@@ -25,13 +25,14 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join_all, select_all};
 
 use crate::builder::{Leases, Settings};
-use crate::engine::acquire::{self, Granted, Request};
+use crate::engine::Protocol;
+use crate::engine::acquire::{self, Acquired, Request};
 use crate::engine::retry::Retry;
 use crate::error::{Error, LossCause};
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
 use crate::limits::MAX_MULTI_NAMES;
-use crate::protocols::{Multi, Plain, Protocol};
+use crate::protocols::{Multi, Plain};
 use crate::shared::Shared;
 use crate::token::FencingToken;
 
@@ -390,21 +391,21 @@ impl MultiLockBuilder {
         }
     }
 
-    /// The plain guard of one name of `granted`.
+    /// The plain guard of one name of `acquired`.
     fn guard(
         &self,
         (name, keys): &(String, LockKeys),
-        granted: &Granted,
+        acquired: &Acquired,
         leases: Leases,
     ) -> LockGuard {
-        self.settings.guard(
-            &self.shared,
-            name.clone(),
-            keys.clone(),
-            Arc::new(Plain),
-            granted,
-            leases,
-        )
+        let held = Acquired {
+            keys: keys.clone(),
+            token: acquired.token.clone(),
+            protocol: Arc::new(Plain),
+            grant: acquired.grant,
+        };
+        self.settings
+            .guard(&self.shared, name.clone(), held, leases)
     }
 }
 

@@ -32,12 +32,12 @@ use redis::FromRedisValue;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
+pub(crate) use crate::engine::protocol::Undo;
+use crate::engine::protocol::{self, Protocol, Wake};
+use crate::engine::{Outcome, lease_end};
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::observe::{self, ReleaseKind, ReleaseOutcome};
-pub(crate) use crate::protocols::Undo;
-use crate::protocols::Wake;
-use crate::protocols::{self, Protocol};
 pub(crate) use crate::scripts::Listing;
 use crate::scripts::{
     self, Call,
@@ -47,8 +47,7 @@ use crate::token::HolderToken;
 pub(crate) use access::{Access, Timeouts};
 pub(crate) use errors::redact;
 pub(crate) use node::{Node, is_cluster_url};
-pub(crate) use quorum::Attempt;
-use quorum::{Confirmation, Quorum, lease_end};
+use quorum::{Confirmation, Quorum};
 use subscriber::Subscription;
 
 /// One acquire attempt, as the backend is asked for it.
@@ -402,7 +401,7 @@ impl Backend {
     /// withdraw later); for Redlock, [`Error::NoQuorum`] once the take-back of
     /// everything written was sent (its answers come in the background). Cancel safety:
     /// as [`Node::run`].
-    pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Attempt, Error> {
+    pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Outcome, Error> {
         let earlier = req.calls.take_back.lock().map_or(None, |mut t| t.take());
         if let Some(take_back) = earlier {
             // Bounded: each node's call ends within its timeout.
@@ -410,7 +409,7 @@ impl Backend {
         }
         let q = &self.quorum;
         let invocation = |identify| {
-            req.protocol.acquire(&protocols::Acquire {
+            req.protocol.acquire(&protocol::Acquire {
                 keys: req.keys,
                 token: req.token,
                 ttl: req.ttl,
@@ -633,8 +632,8 @@ impl Backend {
         token: &'a HolderToken,
         fence: u64,
         undo: Undo,
-    ) -> protocols::Release<'a> {
-        protocols::Release {
+    ) -> protocol::Release<'a> {
+        protocol::Release {
             keys,
             token,
             fence: if self.is_redlock() { fence } else { 0 },

@@ -36,20 +36,10 @@
 use std::time::{Duration, Instant};
 
 use super::node::Node;
+use crate::engine::{Grant, Outcome, Refusal, lease_end};
 use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
 use crate::scripts::replies::{AcquireReply, Answer, Owned};
 use crate::token::FencingToken;
-
-/// How much of a lease the client gives up to clock-rate drift between itself and
-/// Redis: 1% of the TTL plus 2 ms, as in Redlock.
-pub(crate) fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-/// The end of a lease that Redis started no earlier than `sent_at`.
-pub(crate) fn lease_end(sent_at: Instant, ttl: Duration) -> Instant {
-    sent_at + ttl.saturating_sub(drift(ttl))
-}
 
 /// The decision rules of a client's nodes.
 #[derive(Clone, Debug)]
@@ -62,31 +52,6 @@ pub(crate) struct Quorum {
     /// Redlock restart protection: the shortest quarantine; `None`: off.
     quarantine: Option<Duration>,
     response_timeout: Duration,
-}
-
-/// The outcome of one acquire attempt that the nodes answered.
-#[derive(Debug)]
-pub(crate) enum Attempt {
-    Acquired {
-        fence: FencingToken,
-        /// When the request that got the grant was sent.
-        sent_at: Instant,
-        valid_until: Instant,
-        /// A reader's grant that is one more hold of its owner's reentrant write lock:
-        /// it is released and renewed as that from now on
-        /// ([`Protocol::owner_hold`]).
-        owner_hold: bool,
-    },
-    Held {
-        blocked_by: Blocker,
-        /// Redlock: what each node answered; empty for one node.
-        nodes: Vec<NodeReport>,
-        /// Fair mode: the fencing counter when the node refused (a handover with a
-        /// higher token came after the refusal).
-        fence_seen: Option<FencingToken>,
-        /// A multi-lock: which of its call's names is held (from 0).
-        at: Option<usize>,
-    },
 }
 
 /// What the nodes said about one lease (an extend, a renewal) or a release.
@@ -167,9 +132,8 @@ impl Quorum {
         answer: Result<AcquireReply, Error>,
         sent_at: Instant,
         ttl: Duration,
-    ) -> (Result<Attempt, Error>, bool) {
+    ) -> (Result<Outcome, Error>, bool) {
         let now = Instant::now();
-        let valid_until = lease_end(sent_at, ttl);
         let reply = match answer {
             Ok(reply) => reply,
             Err(e) => return (Err(e), false),
@@ -179,11 +143,10 @@ impl Quorum {
                 if !fresh {
                     tracing::debug!("acquire retry found our own token");
                 }
-                if valid_until > now {
-                    let granted = Attempt::Acquired {
-                        fence,
-                        sent_at,
-                        valid_until,
+                let grant = Grant::new(fence, sent_at, ttl);
+                if grant.valid_until > now {
+                    let granted = Outcome::Granted {
+                        grant,
                         owner_hold: reply.owner_hold,
                     };
                     (Ok(granted), false)
@@ -196,16 +159,10 @@ impl Quorum {
                     (Err(late_grant(node, sent_at, now, ttl)), true)
                 }
             }
-            Answer::Held {
-                blocked_by,
-                fence_seen,
-                at,
-            } => {
-                let held = Attempt::Held {
-                    blocked_by,
+            Answer::Held(refusal) => {
+                let held = Outcome::Held {
+                    refusal,
                     nodes: Vec::new(),
-                    fence_seen,
-                    at,
                 };
                 (Ok(held), false)
             }
@@ -253,8 +210,10 @@ impl Quorum {
             node.health()
                 .observe(&id.run_id, id.uptime, generation, now);
         }
-        if let Answer::Held { blocked_by, .. } = reply.answer {
-            return NodeOutcome::Held { blocked_by };
+        if let Answer::Held(refusal) = reply.answer {
+            return NodeOutcome::Held {
+                blocked_by: refusal.blocked_by,
+            };
         }
         // Two names of one server: the tally counts its vote once (AcquireTally::add).
         if self.quarantine.is_some() {
@@ -379,7 +338,7 @@ impl AcquireTally<'_> {
                         self.fence = self.fence.max(fence.get());
                     }
                     (NodeOutcome::Held { blocked_by }, answer) => {
-                        if let Answer::Held { at: Some(at), .. } = answer {
+                        if let Answer::Held(Refusal { at: Some(at), .. }) = answer {
                             self.held_at.get_or_insert(at);
                         }
                         let b = *blocked_by;
@@ -439,16 +398,19 @@ impl AcquireTally<'_> {
     /// The attempt's outcome from the answers added, and whether what it may have
     /// written must be taken back now. A node that has not answered yet counts as not
     /// granting.
-    pub fn verdict(self, name: &str) -> (Result<Attempt, Error>, bool) {
+    pub fn verdict(self, name: &str) -> (Result<Outcome, Error>, bool) {
         if let Some(e) = self.fatal {
             return (Err(e), true);
         }
         let needed = self.quorum.needed();
         if self.granted >= needed && self.valid_until > Instant::now() {
-            let granted = Attempt::Acquired {
-                fence: FencingToken::new(self.fence),
-                sent_at: self.sent_at,
-                valid_until: self.valid_until,
+            let granted = Outcome::Granted {
+                grant: Grant {
+                    fence: FencingToken::new(self.fence),
+                    sent_at: self.sent_at,
+                    ttl: self.ttl,
+                    valid_until: self.valid_until,
+                },
                 owner_hold: false,
             };
             return (Ok(granted), false);
@@ -465,11 +427,12 @@ impl AcquireTally<'_> {
             })
             .collect();
         let outcome = match self.held {
-            Some(blocked_by) if self.held_nodes >= needed => Ok(Attempt::Held {
-                blocked_by,
+            Some(blocked_by) if self.held_nodes >= needed => Ok(Outcome::Held {
+                refusal: Refusal {
+                    at: self.held_at,
+                    ..Refusal::by(blocked_by)
+                },
                 nodes: report,
-                fence_seen: None,
-                at: self.held_at,
             }),
             _ => Err(Error::NoQuorum {
                 name: name.to_owned(),

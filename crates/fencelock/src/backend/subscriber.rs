@@ -61,8 +61,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::access::Timeouts;
+use crate::engine::protocol::Wake;
 use crate::keys::LockKeys;
-use crate::protocols::Wake;
 
 /// The shared pub/sub connection of one client to one node.
 #[derive(Clone)]

@@ -57,14 +57,14 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::nodes::Nodes;
+use super::protocol::{Listed, Protocol};
 use super::retry::Retry;
-use crate::backend::quorum::drift;
+use super::{Grant, Outcome, Refusal};
 use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
-use crate::backend::{AcquireCalls, AcquireRequest, Attempt, Listing, Undo};
+use crate::backend::{AcquireCalls, AcquireRequest, Listing, Undo};
 use crate::error::{Blocker, Error, NodeList, NodeOutcome, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
-use crate::protocols::{Listed, Protocol};
 use crate::token::{FencingToken, HolderToken};
 
 /// What to acquire, and how long to wait for it.
@@ -86,19 +86,14 @@ pub(crate) struct Request<'a> {
     pub renew: bool,
 }
 
-/// A lock that was granted.
+/// A lock that was granted: its keys, the holder token that holds it, the protocol it
+/// is held under (a reader's grant may be its owner's write lock's), and the grant.
 #[derive(Debug)]
-pub(crate) struct Granted {
+pub(crate) struct Acquired {
     pub keys: LockKeys,
     pub token: HolderToken,
     pub protocol: Arc<dyn Protocol>,
-    pub fence: FencingToken,
-    /// When the request that got the grant was sent (for a handover: the last attempt
-    /// Redis refused, which came before it).
-    pub sent_at: std::time::Instant,
-    /// The lease the grant set (the request's TTL, or a handover's shorter one).
-    pub ttl: Duration,
-    pub valid_until: std::time::Instant,
+    pub grant: Grant,
 }
 
 /// Takes the lock as `req` says, inside an `acquire` span, and reports the outcome
@@ -110,7 +105,7 @@ pub(crate) struct Granted {
 ///
 /// Cancel safety: dropping the future withdraws in the background whatever it may have
 /// written ([`Pending`]), and reports the acquire as cancelled.
-pub(crate) async fn acquire<N: Nodes>(nodes: &N, req: Request<'_>) -> Result<Granted, Error> {
+pub(crate) async fn acquire<N: Nodes>(nodes: &N, req: Request<'_>) -> Result<Acquired, Error> {
     let waits = req.wait != Some(Duration::ZERO);
     let span = tracing::debug_span!(
         "acquire",
@@ -141,18 +136,11 @@ enum Step {
     Wait(Found),
     /// The outcome; an error once whatever is owed was withdrawn (but for a take-back
     /// already sent: its backup goes in the background).
-    Done(Result<Granted, Error>),
+    Done(Result<Acquired, Error>),
     /// An error at once, whatever is still owed withdrawn in the background: the grant
     /// was taken back already, and a take-back that failed is not tried twice in front
     /// of the caller.
     GaveUp(Error),
-}
-
-/// A grant as an attempt reported it.
-struct Grant {
-    fence: FencingToken,
-    sent_at: std::time::Instant,
-    valid_until: std::time::Instant,
 }
 
 /// One acquire on its way: its state between steps.
@@ -216,7 +204,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
 
     /// Runs the steps to the outcome; whatever only a withdrawal undoes is withdrawn
     /// before an error (see [`Step`]).
-    async fn run(mut self) -> Result<Granted, Error> {
+    async fn run(mut self) -> Result<Acquired, Error> {
         let mut step = Step::Attempt;
         loop {
             step = match step {
@@ -282,25 +270,13 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             w.settle(marks);
         }
         match outcome {
-            Ok(Attempt::Acquired {
-                fence,
-                sent_at,
-                valid_until,
-                owner_hold,
-            }) => self.granted(
-                Grant {
-                    fence,
-                    sent_at,
-                    valid_until,
-                },
-                owner_hold,
-            ),
-            Ok(Attempt::Held {
-                blocked_by,
-                nodes,
-                fence_seen,
-                at,
-            }) => {
+            Ok(Outcome::Granted { grant, owner_hold }) => self.granted(grant, owner_hold),
+            Ok(Outcome::Held { refusal, nodes }) => {
+                let Refusal {
+                    blocked_by,
+                    fence_seen,
+                    at,
+                } = refusal;
                 self.held_at = at;
                 self.held(sent, blocked_by, nodes, fence_seen).await
             }
@@ -317,7 +293,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
         if self.replicas > 0 {
             Step::Replicas(grant)
         } else {
-            Step::Done(Ok(self.pending.granted(grant, self.ttl)))
+            Step::Done(Ok(self.pending.granted(grant)))
         }
     }
 
@@ -333,7 +309,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             )
             .await;
         if matches!(acked, Ok((n, _)) if n >= self.replicas) {
-            return Step::Done(Ok(self.pending.granted(grant, self.ttl)));
+            return Step::Done(Ok(self.pending.granted(grant)));
         }
         self.pending.withdraw(Undo::TakeBack).await;
         match acked {
@@ -471,7 +447,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
     /// its lease is the one asked for, or the watchdog will renew it to that; with
     /// replicas asked for, the next attempt confirms it and waits for them, as it does
     /// when the reply says the key is ours.
-    fn handed_over(&mut self) -> Option<Granted> {
+    fn handed_over(&mut self) -> Option<Acquired> {
         let h = self.waiter.as_ref().and_then(Waiter::handover)?;
         let (refused_at, Some(seen)) = self.refused? else {
             return None;
@@ -480,10 +456,10 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             return None;
         }
         let ttl = Duration::from_millis(h.px);
-        // As `quorum::lease_end`, on the engine's clock.
-        let valid_until = refused_at + ttl.saturating_sub(drift(ttl));
-        let usable =
-            self.replicas == 0 && (ttl >= self.ttl || self.renew) && valid_until > Instant::now();
+        let grant = Grant::new(FencingToken::new(h.fence), refused_at.into_std(), ttl);
+        let usable = self.replicas == 0
+            && (ttl >= self.ttl || self.renew)
+            && grant.valid_until > Instant::now().into_std();
         if !usable {
             return None;
         }
@@ -492,12 +468,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             lease_ms = h.px,
             "handed the lock by the release"
         );
-        let grant = Grant {
-            fence: FencingToken::new(h.fence),
-            sent_at: refused_at.into_std(),
-            valid_until: valid_until.into_std(),
-        };
-        Some(self.pending.granted(grant, ttl))
+        Some(self.pending.granted(grant))
     }
 }
 
@@ -627,7 +598,7 @@ impl Report {
     }
 
     /// The acquire ended with `result`.
-    fn finish(&mut self, result: &Result<Granted, Error>) {
+    fn finish(&mut self, result: &Result<Acquired, Error>) {
         self.done = true;
         self.report(
             AcquireOutcome::of(result),
@@ -636,7 +607,7 @@ impl Report {
         );
     }
 
-    fn report(&self, outcome: AcquireOutcome, error: Option<&Error>, granted: Option<&Granted>) {
+    fn report(&self, outcome: AcquireOutcome, error: Option<&Error>, granted: Option<&Acquired>) {
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(self.started);
         let waited = self.waiting_since.map(|t| now.saturating_duration_since(t));
@@ -652,10 +623,10 @@ impl Report {
         let outcome = outcome.as_str();
         match (granted, error) {
             (Some(g), _) => {
-                span.record("fencing_token", g.fence.get());
+                span.record("fencing_token", g.grant.fence.get());
                 tracing::debug!(
                     outcome,
-                    fencing_token = g.fence.get(),
+                    fencing_token = g.grant.fence.get(),
                     attempts,
                     elapsed_ms,
                     waited_ms,
@@ -930,21 +901,18 @@ struct Pending<'a, N: Nodes> {
 }
 
 impl<N: Nodes> Pending<'_, N> {
-    /// The grant: nothing is owed any more. `ttl`: the lease it set.
-    fn granted(&mut self, grant: Grant, ttl: Duration) -> Granted {
+    /// The grant: nothing is owed any more.
+    fn granted(&mut self, grant: Grant) -> Acquired {
         self.owed = Owed::default();
         // Nothing is owed, so the drop needs none of them.
         let token = std::mem::replace(&mut self.token, HolderToken::from_stored(String::new()));
-        Granted {
+        Acquired {
             keys: LockKeys {
                 lock: std::mem::take(&mut self.keys.lock),
             },
             token,
             protocol: self.protocol.clone(),
-            fence: grant.fence,
-            sent_at: grant.sent_at,
-            ttl,
-            valid_until: grant.valid_until,
+            grant,
         }
     }
 

@@ -11,11 +11,12 @@ use tokio::time::Instant;
 
 use super::acquire::{Request, acquire};
 use super::fake::{FakeNodes, ListingSent, Scripted, Sent, granted, held, held_by, unavailable};
+use super::protocol::Protocol;
 use super::retry::Retry;
 use crate::backend::Undo;
 use crate::error::{Blocker, Error, UnavailableReason};
 use crate::keys::LockKeys;
-use crate::protocols::{Fair, Plain, Protocol};
+use crate::protocols::{Fair, Plain};
 
 const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
@@ -67,7 +68,7 @@ fn withdrawals(sent: &[Sent]) -> Vec<Sent> {
 async fn granted_at_once_one_attempt_nothing_owed() {
     let nodes = FakeNodes::new([Scripted::Now(granted(7, 30 * S))]);
     let g = acquire(&nodes, plain(Some(Duration::ZERO))).await.unwrap();
-    assert_eq!(g.fence.get(), 7);
+    assert_eq!(g.grant.fence.get(), 7);
     assert_eq!(nodes.attempts(), 1);
     assert!(withdrawals(&nodes.sent()).is_empty(), "{:?}", nodes.sent());
 }
@@ -129,7 +130,7 @@ async fn a_grant_found_by_the_retry_after_a_lost_reply_owes_nothing() {
         Scripted::Now(granted(11, 30 * S)),
     ]);
     let g = acquire(&nodes, plain(Some(5 * S))).await.unwrap();
-    assert_eq!(g.fence.get(), 11);
+    assert_eq!(g.grant.fence.get(), 11);
     assert!(withdrawals(&nodes.sent()).is_empty(), "{:?}", nodes.sent());
 }
 
@@ -237,7 +238,11 @@ async fn a_release_message_wakes_the_waiter_long_before_the_holders_lease_ends()
     let channel = LockKeys::new("fl", "stock").unwrap().channel();
     let waiting = tokio::spawn({
         let nodes = nodes.clone();
-        async move { acquire(&*nodes, plain(Some(60 * S))).await.map(|g| g.fence) }
+        async move {
+            acquire(&*nodes, plain(Some(60 * S)))
+                .await
+                .map(|g| g.grant.fence)
+        }
     });
     until("asleep after its second attempt", || nodes.attempts() == 2).await;
     tokio::time::sleep(S).await;
@@ -277,8 +282,8 @@ async fn a_fair_handover_grants_without_an_attempt_of_its_own() {
     );
     nodes.publish(&own, format!("G {token} 11 30000").as_bytes());
     let g = waiting.await.unwrap().unwrap();
-    assert_eq!(g.fence.get(), 11);
-    assert_eq!(g.ttl, 30 * S);
+    assert_eq!(g.grant.fence.get(), 11);
+    assert_eq!(g.grant.ttl, 30 * S);
     assert_eq!(nodes.attempts(), 2, "no attempt after the handover");
     assert!(withdrawals(&nodes.sent()).is_empty(), "{:?}", nodes.sent());
 }
@@ -309,7 +314,7 @@ async fn a_handover_older_than_the_last_refusal_is_not_trusted() {
     );
     nodes.publish(&own, format!("G {token} 9 30000").as_bytes());
     let g = waiting.await.unwrap().unwrap();
-    assert_eq!(g.fence.get(), 12, "from its own attempt");
+    assert_eq!(g.grant.fence.get(), 12, "from its own attempt");
     assert_eq!(nodes.attempts(), 3);
 }
 

@@ -10,23 +10,22 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::nodes::Nodes;
+use super::protocol::{Protocol, Wake};
+use super::{Grant, Outcome, Refusal};
 use crate::backend::subscriber::{Subscriber, Subscription};
-use crate::backend::{AcquireRequest, Attempt, Undo};
+use crate::backend::{AcquireRequest, Undo};
 use crate::error::{Blocker, Error, UnavailableReason};
 use crate::keys::LockKeys;
-use crate::protocols::Protocol;
-use crate::protocols::Wake;
 use crate::scripts::Listing;
 use crate::token::{FencingToken, HolderToken};
-
-use super::nodes::Nodes;
 
 /// The next answer of an attempt.
 pub(crate) enum Scripted {
     /// Answered at once.
-    Now(Result<Attempt, Error>),
+    Now(Result<Outcome, Error>),
     /// Answered after this long.
-    After(Duration, Result<Attempt, Error>),
+    After(Duration, Result<Outcome, Error>),
     /// Never answered (a reply lost: the attempt hangs until dropped).
     Never,
 }
@@ -155,7 +154,7 @@ impl Nodes for FakeNodes {
     fn acquire(
         &self,
         req: &AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Attempt, Error>> + Send {
+    ) -> impl Future<Output = Result<Outcome, Error>> + Send {
         self.log(Sent::Attempt {
             token: req.token.as_str().to_owned(),
             join: req.join,
@@ -269,33 +268,37 @@ impl Nodes for FakeNodes {
 }
 
 /// A grant with `fence`, valid for `ttl` from now.
-pub(crate) fn granted(fence: u64, ttl: Duration) -> Result<Attempt, Error> {
+pub(crate) fn granted(fence: u64, ttl: Duration) -> Result<Outcome, Error> {
     let now = Instant::now().into_std();
-    Ok(Attempt::Acquired {
-        fence: FencingToken::new(fence),
-        sent_at: now,
-        valid_until: now + ttl,
+    Ok(Outcome::Granted {
+        grant: Grant {
+            fence: FencingToken::new(fence),
+            sent_at: now,
+            ttl,
+            valid_until: now + ttl,
+        },
         owner_hold: false,
     })
 }
 
 /// Held by another owner for `left`.
-pub(crate) fn held(left: Duration) -> Result<Attempt, Error> {
+pub(crate) fn held(left: Duration) -> Result<Outcome, Error> {
     held_by(Blocker::Lease(left), None)
 }
 
 /// Held by `blocked_by`; `fence_seen`: the counter a fair refusal reports.
-pub(crate) fn held_by(blocked_by: Blocker, fence_seen: Option<u64>) -> Result<Attempt, Error> {
-    Ok(Attempt::Held {
-        blocked_by,
+pub(crate) fn held_by(blocked_by: Blocker, fence_seen: Option<u64>) -> Result<Outcome, Error> {
+    Ok(Outcome::Held {
+        refusal: Refusal {
+            fence_seen: fence_seen.map(FencingToken::new),
+            ..Refusal::by(blocked_by)
+        },
         nodes: Vec::new(),
-        fence_seen: fence_seen.map(FencingToken::new),
-        at: None,
     })
 }
 
 /// The node did not answer in time (or, `reason`, otherwise could not be asked).
-pub(crate) fn unavailable(reason: UnavailableReason) -> Result<Attempt, Error> {
+pub(crate) fn unavailable(reason: UnavailableReason) -> Result<Outcome, Error> {
     Err(Error::Unavailable {
         node: "fake:1".to_owned(),
         reason,
@@ -306,7 +309,7 @@ pub(crate) fn unavailable(reason: UnavailableReason) -> Result<Attempt, Error> {
 
 /// A Redlock quorum missed: two of five nodes granted (and took it back), three timed
 /// out, so their take-back may not have been heard.
-pub(crate) fn no_quorum_with_nodes_timed_out() -> Result<Attempt, Error> {
+pub(crate) fn no_quorum_with_nodes_timed_out() -> Result<Outcome, Error> {
     use crate::error::{NodeOutcome, NodeReport};
     let report = |i: usize, outcome| NodeReport {
         node: format!("fake:{i}"),

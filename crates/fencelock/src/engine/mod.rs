@@ -3,6 +3,10 @@
 //! waiting acquire, and the watchdog that renews held leases. The acquire engine sees
 //! the nodes only through [`nodes::Nodes`], which the backend implements and the tests'
 //! scripted fake (`fake.rs`) does too.
+//!
+//! The engine owns the types it is driven with: what a primitive must answer
+//! ([`Protocol`], `protocol.rs`), what an attempt came to ([`Outcome`]) and the one
+//! [`Grant`] that goes from the tally of a script's reply to the guard.
 
 pub(crate) mod acquire;
 #[cfg(test)]
@@ -10,5 +14,72 @@ mod engine_tests;
 #[cfg(test)]
 mod fake;
 pub(crate) mod nodes;
+pub(crate) mod protocol;
 pub(crate) mod retry;
 pub(crate) mod watchdog;
+
+use std::time::{Duration, Instant};
+
+pub(crate) use protocol::Protocol;
+
+use crate::error::NodeReport;
+pub(crate) use crate::scripts::replies::Refusal;
+use crate::token::FencingToken;
+
+/// A grant of a lock: made by the tally of a script's reply (or by a fair release's
+/// handover), and carried as it is to the guard and its watched lease. A confirmed
+/// extend is a grant too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// Its fencing token.
+    pub fence: FencingToken,
+    /// When the request that got it was sent: Redis set the lease no earlier (for a
+    /// handover, the last attempt Redis refused, which came before it).
+    pub sent_at: Instant,
+    /// The lease it set.
+    pub ttl: Duration,
+    /// The end of that lease, less the drift allowance ([`lease_end`]).
+    pub valid_until: Instant,
+}
+
+impl Grant {
+    /// The grant of a `ttl` lease with `fence`, asked for at `sent_at`.
+    pub(crate) fn new(fence: FencingToken, sent_at: Instant, ttl: Duration) -> Self {
+        Self {
+            fence,
+            sent_at,
+            ttl,
+            valid_until: lease_end(sent_at, ttl),
+        }
+    }
+}
+
+/// What one acquire attempt came to, once the nodes' answers were tallied: the engine's
+/// reply. (An attempt that could not be decided is an error instead.)
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The lock is the caller's.
+    Granted {
+        grant: Grant,
+        /// A reader's grant that is one more hold of its owner's reentrant write lock:
+        /// released and renewed as that from now on ([`Protocol::owner_hold`]).
+        owner_hold: bool,
+    },
+    /// Another holder (or a queue ahead) stands in the way.
+    Held {
+        refusal: Refusal,
+        /// Redlock: what each node answered; empty for one node.
+        nodes: Vec<NodeReport>,
+    },
+}
+
+/// How much of a lease the client gives up to clock-rate drift between itself and
+/// Redis: 1% of the TTL plus 2 ms, as in Redlock.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// The end of a lease that Redis started no earlier than `sent_at`.
+pub(crate) fn lease_end(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(drift(ttl))
+}

@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::Outcome;
+use super::protocol::{Protocol, Wake};
 use crate::backend::subscriber::Subscription;
-use crate::backend::{AcquireRequest, Attempt, Backend, Undo};
+use crate::backend::{AcquireRequest, Backend, Undo};
 use crate::error::Error;
 use crate::keys::LockKeys;
-use crate::protocols::Protocol;
-use crate::protocols::Wake;
 use crate::token::HolderToken;
 
 /// What the acquire engine asks of the nodes of a lock. Every method acts on every node
@@ -21,7 +21,7 @@ pub(crate) trait Nodes: Send + Sync + 'static {
     fn acquire(
         &self,
         req: &AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Attempt, Error>> + Send;
+    ) -> impl Future<Output = Result<Outcome, Error>> + Send;
 
     /// Withdraws what `token` may hold ([`Backend::abandon`]).
     fn abandon(
@@ -83,7 +83,7 @@ impl Nodes for Backend {
     fn acquire(
         &self,
         req: &AcquireRequest<'_>,
-    ) -> impl Future<Output = Result<Attempt, Error>> + Send {
+    ) -> impl Future<Output = Result<Outcome, Error>> + Send {
         Backend::acquire(self, req)
     }
 

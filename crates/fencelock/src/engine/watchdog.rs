@@ -37,6 +37,7 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::Grant;
 use crate::backend::{Backend, Renewal};
 use crate::error::LossCause;
 use crate::keys::name_in;
@@ -145,32 +146,33 @@ impl Watchdog {
         }
     }
 
-    /// Starts watching a lease of `ttl` (renewed to that length if `renew`), whose
-    /// grant of `granted` (the TTL actually asked for, shortened to the maximum hold if
-    /// `capped`) was requested at `sent_at` and holds until `valid_until`. `fence`: the
-    /// grant's fencing token if the lock has one holder at a time.
+    /// Starts watching a lease of `ttl` (renewed to that length if `renew`) from its
+    /// `grant` (whose TTL was shortened to end at the maximum hold if `capped`).
+    /// `exclusive`: the lock has one holder at a time, so a key found gone early is told
+    /// broken from deleted by its fencing counter.
     #[allow(clippy::too_many_arguments)]
     pub fn watch(
         &self,
         key: String,
         token: String,
-        fence: Option<u64>,
+        exclusive: bool,
         ttl: Duration,
         renew: bool,
         hold_until: Option<Instant>,
-        grant: Grant,
+        grant: &Grant,
+        capped: bool,
     ) -> Registration {
         let lease = Arc::new(Lease {
             key,
             token,
-            fence,
+            fence: exclusive.then_some(grant.fence.get()),
             ttl,
             renew,
             hold_until,
             state: Mutex::new(State {
                 valid_until: grant.valid_until,
                 granted: grant.ttl,
-                capped: grant.capped,
+                capped,
                 next_renewal: grant.sent_at + ttl.min(grant.ttl) / 3,
                 in_flight: false,
             }),
@@ -216,19 +218,6 @@ impl Inner {
     }
 }
 
-/// A grant that Redis confirmed: the acquire, or a manual extend.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Grant {
-    /// When the request was sent.
-    pub sent_at: Instant,
-    /// The TTL it asked for.
-    pub ttl: Duration,
-    /// Whether that TTL was shortened to end at the maximum hold.
-    pub capped: bool,
-    /// The end of the lease it gave, less the drift allowance.
-    pub valid_until: Instant,
-}
-
 impl Registration {
     pub fn lease(&self) -> &Lease {
         &self.lease
@@ -249,16 +238,16 @@ impl Registration {
         self.lease.hold_until
     }
 
-    /// Records an extend that Redis confirmed (a manual one). A renewed lease is renewed
-    /// again to its own length within a third of the extend's TTL, and the loss margin
-    /// follows the extend's TTL: the watchdog is woken if that comes before its next
-    /// wake.
-    pub fn extended(&self, grant: Grant) {
+    /// Records an extend that Redis confirmed (a manual one; `capped`: its TTL was
+    /// shortened to end at the maximum hold). A renewed lease is renewed again to its
+    /// own length within a third of the extend's TTL, and the loss margin follows the
+    /// extend's TTL: the watchdog is woken if that comes before its next wake.
+    pub fn extended(&self, grant: &Grant, capped: bool) {
         let first_event = {
             let mut st = lock(&self.lease.state);
             st.valid_until = grant.valid_until;
             st.granted = grant.ttl;
-            st.capped = grant.capped;
+            st.capped = capped;
             st.next_renewal = grant.sent_at + self.lease.ttl.min(grant.ttl) / 3;
             st.first_event(self.lease.renew)
         };

@@ -4,8 +4,7 @@
 //! grant's fencing token; the leader record (term, when, who) is the lock's holder info,
 //! renewed and deleted with the lease.
 
-use super::protocol::Wake;
-use super::protocol::{Acquire, Listed, Protocol, Release, Waiting};
+use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, flag, ms};
 use crate::token::HolderToken;

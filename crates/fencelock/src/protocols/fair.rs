@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::protocol::Wake;
-use super::protocol::{Acquire, Listed, Protocol, Release, Waiting, bad, ms};
+use super::{bad, ms};
+use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::error::Error;
 use crate::observe::ModeLabel;
 use crate::scripts::{self, Call, Lua, flag};

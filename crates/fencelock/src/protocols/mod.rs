@@ -19,24 +19,23 @@ mod election;
 mod fair;
 mod multi;
 mod plain;
-mod protocol;
 mod read;
 mod reentrant;
 mod semaphore;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 pub(crate) use election::Election;
 pub(crate) use fair::Fair;
 pub(crate) use multi::Multi;
 pub(crate) use plain::Plain;
-pub(crate) use protocol::{Acquire, Listed, Protocol, Release, Undo, Wake, checked_owner};
 pub(crate) use read::Read;
 pub(crate) use reentrant::Reentrant;
 pub(crate) use semaphore::Semaphore;
 
+use crate::engine::Protocol;
 use crate::error::Error;
-use protocol::bad;
 
 /// The protocol a detached lock's `mode=` line names ([`Protocol::to_text`]).
 ///
@@ -55,10 +54,31 @@ pub(crate) fn from_text(mode: &str) -> Result<Arc<dyn Protocol>, Error> {
     }
 }
 
+/// A detached lock's field that does not read back.
+pub(crate) fn bad(reason: &str) -> Error {
+    Error::invalid("detached lock", reason.to_owned())
+}
+
+/// Milliseconds written by [`Protocol::to_text`].
+pub(crate) fn ms(text: &str) -> Result<Duration, Error> {
+    text.parse()
+        .map(Duration::from_millis)
+        .map_err(|_| bad("the mode's duration is not a number"))
+}
+
+/// A reentrant owner id, if it is 1 to 256 bytes without control characters.
+pub(crate) fn checked_owner(owner: &str) -> Result<String, Error> {
+    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            "owner id",
+            format!("{owner:?} must be 1 to 256 bytes without control characters"),
+        ));
+    }
+    Ok(owner.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]

@@ -10,8 +10,7 @@
 //! lock per name (renewed, released and detached as such): only an attempt's take-back
 //! and withdrawal go through [`Multi::release`].
 
-use super::protocol::Wake;
-use super::protocol::{Acquire, Protocol, Release};
+use crate::engine::protocol::{Acquire, Protocol, Release, Wake};
 use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, flag, ms};

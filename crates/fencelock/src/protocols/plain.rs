@@ -2,8 +2,7 @@
 //! `lock/release.lua`). Its waiters are woken one client at a time, by name, through the
 //! lock's wake list. It is also a read-write lock's writer.
 
-use super::protocol::Wake;
-use super::protocol::{Acquire, Listed, Protocol, Release, Undo, Waiting};
+use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Undo, Waiting, Wake};
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, flag, ms};
 use crate::token::HolderToken;

@@ -6,9 +6,9 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::protocol::Wake;
-use super::protocol::{Acquire, Listed, Protocol, Release, Waiting, checked_owner};
+use super::checked_owner;
 use super::reentrant::Reentrant;
+use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::error::Error;
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, ms};

@@ -63,15 +63,31 @@ pub(crate) enum Answer {
     /// retry).
     Granted { fence: FencingToken, fresh: bool },
     /// Another holder has it, or in fair mode it is free but another waiter is first.
-    /// `fence_seen`: the fencing counter when it said so (`fair_acquire.lua` only): a
-    /// handover with a higher token came after this answer.
-    Held {
-        blocked_by: Blocker,
-        fence_seen: Option<FencingToken>,
-        /// Which name of a multi-lock's call is held (its place in the call, from 0;
-        /// `multi_acquire.lua` only).
-        at: Option<usize>,
-    },
+    Held(Refusal),
+}
+
+/// A refusal, as an acquire script says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// What stands in the way.
+    pub blocked_by: Blocker,
+    /// The fencing counter when it said so (`fair_acquire.lua` only): a handover with a
+    /// higher token came after this answer.
+    pub fence_seen: Option<FencingToken>,
+    /// Which name of a multi-lock's call is held (its place in the call, from 0;
+    /// `multi_acquire.lua` only).
+    pub at: Option<usize>,
+}
+
+impl Refusal {
+    /// A refusal by `blocked_by` that says nothing more.
+    pub(crate) fn by(blocked_by: Blocker) -> Self {
+        Self {
+            blocked_by,
+            fence_seen: None,
+            at: None,
+        }
+    }
 }
 
 /// The first field of an acquire script's reply: what it says, as the scripts' headers
@@ -185,11 +201,7 @@ impl Fields<'_> {
     /// The answer the fields after `code` give, and how many fields it took (the code
     /// included).
     fn answer(&self, code: Code) -> Result<(Answer, usize), ParsingError> {
-        let held = |blocked_by| Answer::Held {
-            blocked_by,
-            fence_seen: None,
-            at: None,
-        };
+        let held = |blocked_by| Answer::Held(Refusal::by(blocked_by));
         Ok(match code {
             Code::Granted | Code::Regranted | Code::OwnerHold => {
                 let fence = FencingToken::new(self.unsigned(1)?);
@@ -199,11 +211,10 @@ impl Fields<'_> {
             // A fair refusal says the fencing counter too (and never who the node is).
             Code::Held => match self.0 {
                 [_, _, Value::Int(_)] => {
-                    let answer = Answer::Held {
-                        blocked_by: self.lease(1)?,
+                    let answer = Answer::Held(Refusal {
                         fence_seen: Some(FencingToken::new(self.unsigned(2)?)),
-                        at: None,
-                    };
+                        ..Refusal::by(self.lease(1)?)
+                    });
                     (answer, 3)
                 }
                 _ => (held(self.lease(1)?), 2),
@@ -217,11 +228,10 @@ impl Fields<'_> {
                     .ok()
                     .and_then(|i| i.checked_sub(1))
                     .ok_or_else(|| self.bad())?;
-                let answer = Answer::Held {
-                    blocked_by,
-                    fence_seen: None,
+                let answer = Answer::Held(Refusal {
                     at: Some(at),
-                };
+                    ..Refusal::by(blocked_by)
+                });
                 (answer, 3)
             }
             Code::PermitsTaken => {
@@ -630,49 +640,49 @@ mod tests {
         let held = |pttl| a(vec![Value::Int(0), Value::Int(pttl)]).unwrap().answer;
         assert_eq!(
             held(0),
-            Answer::Held {
+            Answer::Held(Refusal {
                 blocked_by: Blocker::Lease(Duration::ZERO),
                 fence_seen: None,
                 at: None,
-            },
+            }),
             "a lease ending now is a lease, not a queue"
         );
         assert_eq!(
             held(-2),
-            Answer::Held {
+            Answer::Held(Refusal {
                 blocked_by: Blocker::Queue,
                 fence_seen: None,
                 at: None,
-            }
+            })
         );
         assert_eq!(
             held(-1),
-            Answer::Held {
+            Answer::Held(Refusal {
                 blocked_by: Blocker::NoExpiry,
                 fence_seen: None,
                 at: None,
-            }
+            })
         );
         assert_eq!(
             a(vec![Value::Int(0), Value::Int(-2), Value::Int(42)])
                 .unwrap()
                 .answer,
-            Answer::Held {
+            Answer::Held(Refusal {
                 blocked_by: Blocker::Queue,
                 fence_seen: Some(FencingToken::new(42)),
                 at: None,
-            },
+            }),
             "fair_acquire.lua says the counter with a refusal"
         );
         assert_eq!(
             a(vec![Value::Int(7), Value::Int(1500), Value::Int(2)])
                 .unwrap()
                 .answer,
-            Answer::Held {
+            Answer::Held(Refusal {
                 blocked_by: Blocker::Lease(Duration::from_millis(1500)),
                 fence_seen: None,
                 at: Some(1),
-            },
+            }),
             "multi_acquire.lua names the held name's place, from 1"
         );
         assert!(a(vec![Value::Int(7), Value::Int(10), Value::Int(0)]).is_err());
@@ -720,14 +730,10 @@ mod tests {
             a(vec![Value::Int(6), Value::Int(250), Value::Int(3)])
                 .unwrap()
                 .answer,
-            Answer::Held {
-                blocked_by: Blocker::Readers {
-                    readers: 3,
-                    frees_in: Duration::from_millis(250)
-                },
-                fence_seen: None,
-                at: None,
-            }
+            Answer::Held(Refusal::by(Blocker::Readers {
+                readers: 3,
+                frees_in: Duration::from_millis(250)
+            }))
         );
         assert!(a(vec![Value::Int(1)]).is_err());
         assert!(a(vec![Value::Int(1), Value::Int(-3)]).is_err());

@@ -1,12 +1,12 @@
-//! What every protocol answers ([`Protocol`]), and what the engine and the backend hand
-//! it: an attempt's [`Acquire`], a release's [`Release`].
+//! What the engine asks of a primitive ([`Protocol`]), and what it and the backend hand
+//! a protocol: an attempt's [`Acquire`], a release's [`Release`]. The primitives
+//! themselves are `src/protocols/`, one module each: the engine never names one.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Error;
 use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Listing};
@@ -56,7 +56,7 @@ pub(crate) trait Protocol: fmt::Debug + Send + Sync {
         None
     }
 
-    /// Its `mode=` line in a detached lock (read back by [`from_text`]).
+    /// Its `mode=` line in a detached lock (read back by `protocols::from_text`).
     fn to_text(&self) -> String;
 }
 
@@ -114,7 +114,7 @@ pub(crate) enum Undo {
 impl Release<'_> {
     /// Marks `call` as undoing this token's writes (see
     /// [`Call::undoing`](crate::scripts::Call::undoing)).
-    pub(super) fn undoing(&self, call: Call) -> Call {
+    pub(crate) fn undoing(&self, call: Call) -> Call {
         call.undoing(self.token, self.undo != Undo::TakeBack)
     }
 }
@@ -146,29 +146,6 @@ pub(crate) enum Listed {
     /// (waiting readers, reentrant owners and fair waiters: a release that finds
     /// nobody listed publishes nothing).
     Everyone,
-}
-
-/// A detached lock's field that does not read back.
-pub(super) fn bad(reason: &str) -> Error {
-    Error::invalid("detached lock", reason.to_owned())
-}
-
-/// Milliseconds written by [`Protocol::to_text`].
-pub(super) fn ms(text: &str) -> Result<Duration, Error> {
-    text.parse()
-        .map(Duration::from_millis)
-        .map_err(|_| bad("the mode's duration is not a number"))
-}
-
-/// A reentrant owner id, if it is 1 to 256 bytes without control characters.
-pub(crate) fn checked_owner(owner: &str) -> Result<String, Error> {
-    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
-        return Err(Error::invalid(
-            "owner id",
-            format!("{owner:?} must be 1 to 256 bytes without control characters"),
-        ));
-    }
-    Ok(owner.to_owned())
 }
 
 /// Which release messages wake a waiter.
