@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::delay_queue::{DelayQueue, ItemId};
-use crate::engine::acquire::{self, Acquired, Request};
+use crate::engine::acquire::{Acquired, Request};
+use crate::engine::driver;
 use crate::engine::retry::Retry;
 use crate::error::Error;
 use crate::guard::{Holding, LockGuard, checked_ttl};
@@ -541,7 +542,7 @@ impl<K: Kind> AcquireBuilder<K> {
             replicas: self.settings.replicas,
             renew: self.settings.renew,
         };
-        let acquired = acquire::acquire(&self.shared.backend, request).await?;
+        let acquired = driver::acquire(&self.shared.backend, request).await?;
         // No await from here on: the grant becomes a guard in this poll, so a dropped
         // future cannot lose it in between.
         Ok(self

@@ -6,9 +6,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::admin;
 use crate::admin::{Holder, LockState};
-use crate::backend::subscriber::{Subscription, next_waiter_id};
+use crate::backend::subscriber::Subscription;
 use crate::builder::sealed::{Chosen, Sealed};
 use crate::builder::{AcquireBuilder, Kind};
+use crate::engine::driver::next_waiter_id;
+use crate::engine::nodes::Listener;
 use crate::engine::protocol::Wake;
 use crate::error::{Error, LossCause};
 use crate::guard::LockGuard;

@@ -26,7 +26,8 @@ use futures_util::future::{join_all, select_all};
 
 use crate::builder::{Leases, Settings};
 use crate::engine::Protocol;
-use crate::engine::acquire::{self, Acquired, Request};
+use crate::engine::acquire::{Acquired, Request};
+use crate::engine::driver;
 use crate::engine::retry::Retry;
 use crate::error::{Error, LossCause};
 use crate::guard::LockGuard;
@@ -332,7 +333,7 @@ impl MultiLockBuilder {
                     leases,
                     Some(Duration::ZERO),
                 );
-                match acquire::acquire(&self.shared.backend, request).await {
+                match driver::acquire(&self.shared.backend, request).await {
                     // No await until every name of the grant has its guard.
                     Ok(granted) => {
                         for &i in &todo {
@@ -379,7 +380,7 @@ impl MultiLockBuilder {
                 leases,
                 left,
             );
-            match acquire::acquire(&self.shared.backend, request).await {
+            match driver::acquire(&self.shared.backend, request).await {
                 Ok(granted) => held[at] = Some(self.guard(&names[at], &granted, leases)),
                 Err(mut e) => {
                     if let Error::Held { waited, .. } = &mut e {

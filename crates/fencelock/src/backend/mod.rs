@@ -22,7 +22,7 @@ pub(crate) mod sentinel;
 pub(crate) mod stall;
 pub(crate) mod subscriber;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -32,13 +32,13 @@ use redis::FromRedisValue;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-pub(crate) use crate::engine::protocol::Undo;
-use crate::engine::protocol::{self, Protocol, Wake};
+use crate::engine::acquire::Request;
+use crate::engine::nodes::Nodes;
+use crate::engine::protocol::{self, Protocol, Undo, Wake};
 use crate::engine::{Outcome, lease_end};
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
 use crate::observe::{self, ReleaseKind, ReleaseOutcome};
-pub(crate) use crate::scripts::Listing;
 use crate::scripts::{
     self, Call,
     replies::{AcquireReply, Broke, Inspected, Owned, Renewed, Resized},
@@ -50,56 +50,14 @@ pub(crate) use node::{Node, is_cluster_url};
 use quorum::{Confirmation, Quorum};
 use subscriber::Subscription;
 
-/// One acquire attempt, as the backend is asked for it.
-pub(crate) struct AcquireRequest<'a> {
-    pub name: &'a str,
-    pub keys: &'a LockKeys,
-    pub token: &'a HolderToken,
-    pub ttl: Duration,
-    pub protocol: &'a dyn Protocol,
-    /// A waiting acquire: it takes a place in line where one is kept.
-    pub join: bool,
-    /// What the holder says about itself, stored with the grant ("" for nothing).
-    pub info: &'a str,
-    /// Whether an earlier attempt may have put the token among a read-write lock's
-    /// waiting writers, which a grant then leaves (the first attempt never has: its
-    /// grant skips that write).
-    pub queued: bool,
-    /// The client's place on the lock's wake list, kept by a refusal: a plain waiter's
-    /// (whose client then hears a release by name), or a waiting reader's or reentrant
-    /// owner's (which a plain holder's refusal lists as `*`, so that its release wakes
-    /// every client; only the margin counts).
-    pub listing: Option<Listing<'a>>,
-    /// The calls built by the first attempt, sent again by the later ones.
-    pub calls: &'a AcquireCalls,
-}
-
-impl AcquireRequest<'_> {
-    /// Which of [`AcquireCalls`]'s calls this attempt sends.
-    fn variant(&self) -> usize {
-        let listed = match self.listing {
-            None => 0,
-            Some(l) => 1 + usize::from(l.stays) + 2 * usize::from(l.front),
-        };
-        usize::from(self.queued) * 5 + listed
-    }
-}
-
-/// The script calls of one acquire: built by the attempt that first needs each and sent
-/// again by the later ones, since nothing in them changes between attempts but whether
-/// it may be among waiting writers ([`AcquireRequest::queued`]) and whether and how its
-/// client is listed ([`AcquireRequest::listing`]).
+/// What one acquire keeps on the backend's side between its attempts.
 #[derive(Default)]
-pub(crate) struct AcquireCalls {
-    /// The call every node gets (a Redlock node that has said who it is, every other).
-    anonymous: [OnceLock<Arc<Call>>; 10],
-    /// A Redlock node that has not said who it is yet: the call that asks it.
-    identified: [OnceLock<Arc<Call>>; 10],
+pub(crate) struct Session {
     /// The take-back of the last attempt, if its answers are still awaited: the next
     /// attempt waits for them, so that the take-back, which undoes the same token,
     /// cannot reach a node after it (a reconnect, a script loaded again, a master that
     /// moved could reorder them).
-    take_back: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    take_back: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// What a renewal batch did for one lease.
@@ -395,92 +353,93 @@ impl Backend {
         self.quorum.is_redlock()
     }
 
-    /// One acquire attempt on every node.
+    /// One acquire attempt of `req` by `token` on every node: `call`, or to a Redlock
+    /// node that must say who it is first, `identified`.
     ///
     /// Errors: for one node, its own ([`Error::Unavailable`] leaves the outcome unknown:
     /// withdraw later); for Redlock, [`Error::NoQuorum`] once the take-back of
     /// everything written was sent (its answers come in the background). Cancel safety:
     /// as [`Node::run`].
-    pub async fn acquire(&self, req: &AcquireRequest<'_>) -> Result<Outcome, Error> {
-        let earlier = req.calls.take_back.lock().map_or(None, |mut t| t.take());
-        if let Some(take_back) = earlier {
+    pub async fn attempt(
+        &self,
+        req: &Request<'_>,
+        token: &HolderToken,
+        call: &Arc<Call>,
+        identified: Option<&Arc<Call>>,
+        session: &mut Session,
+    ) -> Result<Outcome, Error> {
+        if let Some(take_back) = session.take_back.take() {
             // Bounded: each node's call ends within its timeout.
             let _ = take_back.await;
         }
         let q = &self.quorum;
-        let invocation = |identify| {
-            req.protocol.acquire(&protocol::Acquire {
-                keys: req.keys,
-                token: req.token,
-                ttl: req.ttl,
-                identify,
-                info: req.info,
-                counter_idle: self.counter_idle,
-                join: req.join,
-                queued: req.queued,
-                listing: req.listing,
-                client_tag: &self.client_tag,
-            })
-        };
-        let anonymous =
-            req.calls.anonymous[req.variant()].get_or_init(|| Arc::new(invocation(false)));
         let sent_at = Instant::now();
         let (outcome, take_back) = if let Some(node) = self.only_node() {
-            let answer: Result<AcquireReply, Error> = node.run(anonymous, q.within(req.ttl)).await;
+            let answer: Result<AcquireReply, Error> = node.run(call, q.within(req.ttl)).await;
             q.acquire_one(node, answer, sent_at, req.ttl)
         } else {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
             // future as large as a Redlock one's.
-            Box::pin(async {
-                let identified =
-                    req.calls.identified[req.variant()].get_or_init(|| Arc::new(invocation(true)));
-                // Each node's generation when its call went out: what it says about itself
-                // holds for that connection.
-                let generations: Vec<u64> = self.nodes.iter().map(Node::generation).collect();
-                let mut tally = q.tally(&self.nodes, sent_at, req.ttl);
-                let late = {
-                    let (q, nodes, generations, ttl) =
-                        (q.clone(), self.nodes.clone(), generations.clone(), req.ttl);
-                    move |i, answer: Result<AcquireReply, Error>| {
-                        q.judge_late(&nodes, i, &answer, generations[i], ttl);
-                    }
-                };
-                fan_out_until(
-                    &self.background,
-                    &self.nodes,
-                    q.within(req.ttl),
-                    |node| {
-                        if q.identify(node) {
-                            identified.clone()
-                        } else {
-                            anonymous.clone()
-                        }
-                    },
-                    |i, answer| tally.add(i, answer, generations[i]),
-                    late,
-                )
-                .await;
-                tally.verdict(req.name)
-            })
-            .await
+            let identified = identified.unwrap_or(call);
+            Box::pin(self.attempt_everywhere(req, call, identified, sent_at)).await
         };
         if take_back {
-            let under_way = Box::pin(self.take_back(req)).await;
-            if let Ok(mut slot) = req.calls.take_back.lock() {
-                *slot = under_way;
-            }
+            session.take_back = Box::pin(self.take_back(req, token)).await;
         }
         outcome
+    }
+
+    /// A Redlock attempt: every node at once, tallied as the answers come; whether what
+    /// it may have written must be taken back.
+    async fn attempt_everywhere(
+        &self,
+        req: &Request<'_>,
+        anonymous: &Arc<Call>,
+        identified: &Arc<Call>,
+        sent_at: Instant,
+    ) -> (Result<Outcome, Error>, bool) {
+        let q = &self.quorum;
+        // Each node's generation when its call went out: what it says about itself
+        // holds for that connection.
+        let generations: Vec<u64> = self.nodes.iter().map(Node::generation).collect();
+        let mut tally = q.tally(&self.nodes, sent_at, req.ttl);
+        let late = {
+            let (q, nodes, generations, ttl) =
+                (q.clone(), self.nodes.clone(), generations.clone(), req.ttl);
+            move |i, answer: Result<AcquireReply, Error>| {
+                q.judge_late(&nodes, i, &answer, generations[i], ttl);
+            }
+        };
+        fan_out_until(
+            &self.background,
+            &self.nodes,
+            q.within(req.ttl),
+            |node| {
+                if q.identify(node) {
+                    identified.clone()
+                } else {
+                    anonymous.clone()
+                }
+            },
+            |i, answer| tally.add(i, answer, generations[i]),
+            late,
+        )
+        .await;
+        tally.verdict(req.name)
     }
 
     /// Takes back what an attempt the tally refused may have written. The call is started
     /// on every node before this returns (see [`fan_out_sent`]) and its answers are
     /// awaited in the background, so that nodes that do not answer (a majority down) do
     /// not hold up the caller; the acquire's next attempt, if any, waits for them first
-    /// ([`AcquireCalls`]). A take-back that is lost leaves its key to the lease; the
+    /// ([`Session`]). A take-back that is lost leaves its key to the lease; the
     /// acquire's withdrawal when it ends without the lock is sent again as a release is.
-    async fn take_back(&self, req: &AcquireRequest<'_>) -> Option<tokio::task::JoinHandle<()>> {
-        let undo = self.release_args(req.keys, req.token, 0, Undo::TakeBack);
+    async fn take_back(
+        &self,
+        req: &Request<'_>,
+        token: &HolderToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let undo = self.release_args(&req.keys, token, 0, Undo::TakeBack);
         let call = Arc::new(req.protocol.withdraw(&undo));
         let name = req.name.to_owned();
         let complain = move |_, answer: Result<redis::Value, Error>| {
@@ -899,4 +858,87 @@ async fn refuse_one_server_twice(
             names.join(", ")
         ),
     ))
+}
+
+impl Nodes for Backend {
+    type Listener = Subscription;
+    type Session = Session;
+
+    fn attempt(
+        &self,
+        req: &Request<'_>,
+        token: &HolderToken,
+        call: &Arc<Call>,
+        identified: Option<&Arc<Call>>,
+        session: &mut Session,
+    ) -> impl Future<Output = Result<Outcome, Error>> + Send {
+        Backend::attempt(self, req, token, call, identified, session)
+    }
+
+    fn withdraw(
+        &self,
+        keys: &LockKeys,
+        token: &HolderToken,
+        protocol: &dyn Protocol,
+        ttl: Duration,
+        undo: Undo,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        self.abandon(keys, token, protocol, ttl, 0, undo)
+    }
+
+    fn withdraw_in_background(
+        &self,
+        keys: &LockKeys,
+        token: &HolderToken,
+        protocol: &Arc<dyn Protocol>,
+        ttl: Duration,
+    ) {
+        self.abandon_in_background(Withdrawn::Acquire, keys, token, protocol, ttl, 0);
+    }
+
+    fn unlist_in_background(&self, keys: &LockKeys) {
+        Backend::unlist_in_background(self, keys);
+    }
+
+    fn wait_replicas(
+        &self,
+        key: &str,
+        replicas: u32,
+        within: Duration,
+    ) -> impl Future<Output = Result<(u32, Duration), Error>> + Send {
+        Backend::wait_replicas(self, key, replicas, within)
+    }
+
+    fn subscribe(
+        &self,
+        channel: &str,
+        id: u64,
+        wake: Wake<'_>,
+    ) -> impl Future<Output = Vec<Subscription>> + Send {
+        Backend::subscribe(self, channel, id, wake)
+    }
+
+    fn subscribed_everywhere(&self, channel: &str) -> bool {
+        Backend::subscribed_everywhere(self, channel)
+    }
+
+    fn own_channel(&self, keys: &LockKeys) -> String {
+        Backend::own_channel(self, keys)
+    }
+
+    fn client_tag(&self) -> &str {
+        Backend::client_tag(self)
+    }
+
+    fn counter_idle(&self) -> Duration {
+        self.counter_idle
+    }
+
+    fn plain_waiters(&self, channel: &str) -> usize {
+        Backend::plain_waiters(self, channel)
+    }
+
+    fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
 }

@@ -61,6 +61,8 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::access::Timeouts;
+use crate::engine::acquire::Handover;
+use crate::engine::nodes::Listener;
 use crate::engine::protocol::Wake;
 use crate::keys::LockKeys;
 
@@ -189,15 +191,6 @@ impl Drop for Inner {
     }
 }
 
-/// Waiter ids, increasing in arrival order across every client and node of the process,
-/// so one acquire has the same place in line on every node of a Redlock client.
-static NEXT_WAITER: AtomicU64 = AtomicU64::new(0);
-
-/// A fresh waiter id: take one per waiting acquire, for all its subscriptions.
-pub(crate) fn next_waiter_id() -> u64 {
-    NEXT_WAITER.fetch_add(1, Ordering::Relaxed)
-}
-
 struct Channel {
     name: String,
     /// The connection epoch on which SUBSCRIBE was sent, and whether the server
@@ -219,29 +212,6 @@ enum Kind {
     Owner,
     /// A fair waiter's owner token.
     Turn(Vec<u8>),
-}
-
-/// A fair release handed the lock to a waiter: its fencing token, and the lease it set,
-/// in ms from the release.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Handover {
-    pub fence: u64,
-    pub px: u64,
-}
-
-impl Handover {
-    /// Reads `G TOKEN FENCE PX`: the token it is for, and the handover.
-    fn parse(payload: &[u8]) -> Option<(&[u8], Handover)> {
-        let mut parts = payload.strip_prefix(b"G ")?.split(|b| *b == b' ');
-        let token = parts.next()?;
-        let mut number =
-            || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
-        let handover = Handover {
-            fence: number()?,
-            px: number()?,
-        };
-        Some((token, handover))
-    }
 }
 
 struct Waiter {
@@ -362,7 +332,7 @@ impl Subscriber {
     }
 
     /// Registers a waiter on `channel`, not yet subscribed.
-    pub(crate) fn register(&self, channel: &str, id: u64, wake: Wake<'_>) -> Subscription {
+    fn register(&self, channel: &str, id: u64, wake: Wake<'_>) -> Subscription {
         let inner = &self.inner;
         let kind = match wake {
             Wake::Plain => Kind::Plain,
@@ -402,26 +372,6 @@ impl Subscriber {
         }
     }
 
-    /// A subscriber with no connection, for the engine's tests: waiters register
-    /// ([`register`](Self::register)) and are woken by [`deliver`](Self::deliver) as by
-    /// the server's messages.
-    #[cfg(test)]
-    pub(crate) fn offline() -> Self {
-        Self::new(
-            Source::Node(Arc::new(|| None)),
-            Timeouts {
-                connect: Duration::from_secs(1),
-                response: Duration::from_secs(1),
-            },
-        )
-    }
-
-    /// Delivers a release message on `channel`, as the connection's dispatcher does.
-    #[cfg(test)]
-    pub(crate) fn deliver(&self, channel: &str, payload: &[u8]) {
-        self.inner.deliver(channel, payload);
-    }
-
     /// How many plain waiters of this client wait on `channel`.
     pub fn plain_waiters(&self, channel: &str) -> usize {
         let Some(ch) = lock(&self.inner.channels).get(channel).cloned() else {
@@ -456,31 +406,24 @@ impl Subscriber {
     }
 }
 
-impl Subscription {
-    /// Waits for a message meant for this waiter (or returns at once if one came since
-    /// the last call).
-    pub async fn notified(&self) {
+impl Listener for Subscription {
+    async fn notified(&self) {
         self.notify.notified().await;
     }
 
-    /// The handover delivered to this (fair) waiter, if one came: taken, so it is
-    /// returned once.
-    pub fn handover(&self) -> Option<Handover> {
+    fn handover(&self) -> Option<Handover> {
         lock(&self.channel.waiters)
             .get_mut(&self.id)
             .and_then(|w| w.handover.take())
     }
 
-    /// The wakes delivered to this waiter so far: read it before sending an attempt.
-    pub fn wake_mark(&self) -> u64 {
+    fn wake_mark(&self) -> u64 {
         lock(&self.channel.waiters)
             .get(&self.id)
             .map_or(0, |w| w.wakes)
     }
 
-    /// Redis answered an attempt sent after [`Self::wake_mark`] returned `mark`: the wakes
-    /// up to `mark` are used, and dropping this waiter no longer passes them on.
-    pub fn settle(&self, mark: u64) {
+    fn settle(&self, mark: u64) {
         if let Some(w) = lock(&self.channel.waiters).get_mut(&self.id) {
             w.settled = w.settled.max(mark);
         }
@@ -860,6 +803,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::driver::next_waiter_id;
     use testkit::RedisServer;
 
     const WITHIN: Duration = Duration::from_secs(5);
@@ -874,32 +818,6 @@ mod tests {
         // A name that looks like a tag inside its hash tag is still the lock's channel.
         let odd = LockKeys::new("fencelock", "a:released:0123456789abcdef").unwrap();
         assert_eq!(own_channel_lock(&odd.channel()), None);
-    }
-
-    #[test]
-    fn a_handover_message_names_its_waiter_its_token_and_its_lease() {
-        let token = [b'a'; 32];
-        let message = [b"G ".as_slice(), &token, b" 1795462274400006 2999"].concat();
-        assert_eq!(
-            Handover::parse(&message),
-            Some((
-                token.as_slice(),
-                Handover {
-                    fence: 1_795_462_274_400_006,
-                    px: 2999
-                }
-            ))
-        );
-        // A bare token (its turn, to take by its own call), and anything malformed.
-        for other in [
-            &token[..],
-            b"G",
-            b"G aaaa 12",
-            b"G aaaa x 5",
-            b"G aaaa 1 -5",
-        ] {
-            assert_eq!(Handover::parse(other), None, "{other:?}");
-        }
     }
 
     fn subscriber(r: &RedisServer) -> Subscriber {

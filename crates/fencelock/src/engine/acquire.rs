@@ -1,23 +1,24 @@
 //! The acquire engine: a state machine of attempts, waits for a release, and the
-//! clean-up an acquire owes when it ends without the lock.
+//! clean-up an acquire owes when it ends without the lock. Sans I/O: each transition
+//! takes one [`Event`] (and the time) and gives the one [`Command`] to carry out next;
+//! it never awaits, reads a clock or draws a random number. `driver.rs` runs it on the
+//! nodes; the model checker of the scripts (`model/`) drives the same transitions.
 //!
 //! ```text
-//!              ┌───────────── woken, or the pause ran out ──────────────┐
-//!              v                                                        │
-//!   ──> Attempt ── granted ──> [Replicas] ── acknowledged ──> Done(granted)
-//!        │ ^  │                  ├── master unreachable, waiting ──> Wait
-//!        │ │  │                  └── too few, or an error ──> GaveUp(error)
-//!        │ │  ├── held, first refusal of a waiting acquire: subscribe ─┘ (to Attempt)
-//!        │ │  ├── held ──────────> Wait ──── handed over ──> Done(granted)
-//!        │ │  ├── held, wait over ─────> Done(Held)
-//!        │ │  ├── unreachable (a node timed out, a quorum failed) ──> Wait,
-//!        │ │  │                     or Done(error) once the wait is over
-//!        │ │  └── failed (anything else) ──> Done(error)
-//!        └─┴── Wait ──> Attempt
+//!            ┌──────────── Woken: a release message, or the pause ran out ────────────┐
+//!            v                                                                         │
+//!  start ─> Attempt ── Answered(granted) ─> [WaitReplicas ── Replicas] ──> Done(grant)  │
+//!    │        │ ^                               └── too few ─> Withdraw(take back) ─>    │
+//!    │        │ │                                  Done(error), or Sleep if unreachable  │
+//!    │        │ └─ Subscribed <─ Subscribe <── Answered(held): the first refusal of a    │
+//!    │        │                                  waiting acquire                        │
+//!    │        ├── Answered(held), or unreachable (a node timed out, a quorum failed) ─> Sleep
+//!    │        └── Answered(held, wait over), or any other error ─> [Withdraw] ─> Done(error)
+//!    └── a fair waiter: Subscribe (only if its channels are open), then Attempt
 //! ```
 //!
 //! The first attempt goes out at once, so an uncontended acquire costs one round trip. A
-//! waiting acquire that finds the lock held becomes a [`Waiter`]: it subscribes to the
+//! waiting acquire that finds the lock held becomes a waiter: it subscribes to the
 //! lock's release channel on every node and then tries again, so the refusal it waits on
 //! came after the subscription and no release after it can go unnoticed. (A fair waiter
 //! whose channels another waiter of its client keeps open joins them before its first
@@ -36,35 +37,27 @@
 //! lost and a later attempt that finds the token in Redis resolve to one grant with one
 //! fencing token. Whatever an acquire may have left in Redis when it ends without the
 //! lock ([`Owed`]: a grant whose reply was lost, a place in a queue, its client on the
-//! wake list) is withdrawn before it returns, or in the background if its future is
-//! dropped ([`Pending`]). Two things go to the background even so: the backup of a
-//! Redlock take-back already sent to nodes that did not answer (waiting for them again
-//! would only delay the error), and what a failed take-back after too few replicas left
-//! ([`Step::GaveUp`]); the wake list's listing always does.
+//! wake list) is withdrawn before it returns ([`Command::Withdraw`]), or in the
+//! background ([`Cleanup`]): when its caller drops it ([`Acquiring::cancel`]), for the
+//! backup of a Redlock take-back already sent to nodes that did not answer (waiting for
+//! them again would only delay the error), and for what a failed take-back after too
+//! few replicas left; the wake list's listing always goes to the background.
 //!
-//! The engine talks to the nodes through [`Nodes`] only, and to the primitive through
-//! its [`Protocol`]: it runs against a scripted fake in its tests.
+//! The machine knows the primitive only through its [`Protocol`], and the nodes not at
+//! all: what it needs of them comes in with the events.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures_util::future::select_all;
-// The engine's own clock: Tokio's, which its tests pause and advance (without Tokio's
-// test-util, exactly `std::time::Instant`). What it hands over is `std`'s: with time
-// paused by a user's test-util build, a handover's lease end is converted from the
-// paused clock, and may lie later than the real one.
-use tokio::time::Instant;
-use tracing::Instrument;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 
-use super::nodes::Nodes;
-use super::protocol::{Listed, Protocol};
+use super::protocol::{Listed, Protocol, Undo};
 use super::retry::Retry;
 use super::{Grant, Outcome, Refusal};
-use crate::backend::subscriber::{Handover, Subscription, next_waiter_id};
-use crate::backend::{AcquireCalls, AcquireRequest, Listing, Undo};
-use crate::error::{Blocker, Error, NodeList, NodeOutcome, NodeReport, UnavailableReason};
+use crate::error::{Blocker, Error, NodeOutcome, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
-use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
+use crate::observe::WokenBy;
 use crate::token::{FencingToken, HolderToken};
 
 /// What to acquire, and how long to wait for it.
@@ -96,273 +89,431 @@ pub(crate) struct Acquired {
     pub grant: Grant,
 }
 
-/// Takes the lock as `req` says, inside an `acquire` span, and reports the outcome
-/// (tracing event and metrics, see [`observe`](crate::observe)).
-///
-/// Errors: [`Error::Held`] when the wait ran out (at once with a zero wait), an
-/// unreachable node's error when the wait ran out while it was unreachable, and any
-/// other error at once.
-///
-/// Cancel safety: dropping the future withdraws in the background whatever it may have
-/// written ([`Pending`]), and reports the acquire as cancelled.
-pub(crate) async fn acquire<N: Nodes>(nodes: &N, req: Request<'_>) -> Result<Acquired, Error> {
-    let waits = req.wait != Some(Duration::ZERO);
-    let span = tracing::debug_span!(
-        "acquire",
-        lock = req.name,
-        mode = req.protocol.label().as_str(),
-        waits,
-        outcome = tracing::field::Empty,
-        fencing_token = tracing::field::Empty,
-        elapsed_ms = tracing::field::Empty,
-    );
-    let mut report = Report::new(req.protocol.label(), span.clone());
-    let result = Acquiring::new(nodes, req, waits, &mut report)
-        .run()
-        .instrument(span)
-        .await;
-    report.finish(&result);
-    result
+/// What happened, for the machine to take its next step on.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// The attempt's outcome; an error when the nodes could not decide it.
+    Answered(Result<Outcome, Error>),
+    /// The waiter's channels are subscribed; `None`: nothing was (a fair waiter's
+    /// channels were not open, [`Subscribe::only_if_open`]).
+    Subscribed(Option<Channels>),
+    /// How many replicas acknowledged the grant, and how long that took.
+    Replicas(Result<(u32, Duration), Error>),
+    /// The wait ended: a release message came, or the pause ran out.
+    Woken(Woken),
+    /// The withdrawal's result.
+    Withdrawn(Result<(), Error>),
 }
 
-/// Where an acquire stands.
-enum Step {
-    /// Send an attempt.
-    Attempt,
+/// A waiter's subscriptions, as made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Channels {
+    /// Whether the lock's channel is subscribed on every node.
+    pub everywhere: bool,
+    /// Whether its client's own channel of the lock is subscribed on every node (a
+    /// plain waiter is then woken by name).
+    pub own_everywhere: bool,
+    /// The wakes by name delivered so far (see [`Woken::named_wakes`]).
+    pub named_wakes: u64,
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Woken {
+    pub by: WokenBy,
+    /// The wakes by name (on its client's own channel) delivered to this waiter since it
+    /// subscribed: one since its last attempt sends the next to the head of the wake
+    /// list if refused.
+    pub named_wakes: u64,
+    /// The lock, if a fair release handed it to this waiter.
+    pub handover: Option<Handover>,
+}
+
+/// A fair release handed the lock to a waiter: its fencing token, and the lease it set,
+/// in ms from the release. Its message: `G TOKEN FENCE PX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Handover {
+    pub fence: u64,
+    pub px: u64,
+}
+
+impl Handover {
+    /// Reads `G TOKEN FENCE PX`: the token it is for, and the handover.
+    pub(crate) fn parse(payload: &[u8]) -> Option<(&[u8], Handover)> {
+        let mut parts = payload.strip_prefix(b"G ")?.split(|b| *b == b' ');
+        let token = parts.next()?;
+        let mut number =
+            || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
+        let handover = Handover {
+            fence: number()?,
+            px: number()?,
+        };
+        Some((token, handover))
+    }
+}
+
+/// What to do next.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Send one attempt, answer with [`Event::Answered`].
+    Attempt(Attempt),
+    /// Subscribe the waiter's channels, answer with [`Event::Subscribed`].
+    Subscribe(Subscribe),
+    /// Wait for `replicas` replicas, at most `within`; answer with [`Event::Replicas`].
+    WaitReplicas { replicas: u32, within: Duration },
+    /// Sleep until a release message reaches the waiter, or until `until`; answer with
+    /// [`Event::Woken`].
+    Sleep { until: Instant },
+    /// Withdraw what the acquire may have written, now; answer with
+    /// [`Event::Withdrawn`].
+    Withdraw(Undo),
+    /// The outcome: the machine is done.
+    Done(Done),
+}
+
+/// One attempt: what it sends beside the acquire's keys, token, lease and holder info.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attempt {
+    /// A waiting acquire: it takes a place in line where one is kept.
+    pub join: bool,
+    /// Whether an earlier attempt may have put the token among a read-write lock's
+    /// waiting writers, which a grant then leaves.
+    pub queued: bool,
+    /// How its client goes on the lock's wake list if refused: by name
+    /// ([`Listed::ByName`]), as `*` ([`Listed::Everyone`]), or not at all.
+    pub listed: Listed,
+    /// Listed by name: a release woke its client by name since its last attempt, so
+    /// refused it goes back to the head of the list.
+    pub front: bool,
+}
+
+/// Which channels to subscribe: the lock's, and for a protocol that listens there its
+/// client's own channel of the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Subscribe {
+    /// Only if every one is subscribed on every node already (then at no cost).
+    pub only_if_open: bool,
+}
+
+/// The end of an acquire.
+#[derive(Debug)]
+pub(crate) struct Done {
+    pub result: Result<Acquired, Error>,
+    /// What to withdraw in the background.
+    pub cleanup: Cleanup,
+}
+
+/// What an acquire that ended without the lock leaves to the background.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Cleanup {
+    /// Withdraw what the token may hold.
+    pub withdraw: bool,
+    /// Take its client off the lock's wake list, once none of its waiters waits for the
+    /// lock.
+    pub unlist: bool,
+}
+
+/// Where the machine stands.
+#[derive(Debug)]
+enum Phase {
+    Start,
+    /// An attempt sent at `sent` is on its way.
+    Attempting {
+        sent: Instant,
+    },
+    Subscribing,
     /// Granted; the replicas asked for must acknowledge it.
     Replicas(Grant),
-    /// Wait for a release, or for the pause [`next_pause`] gives what the last attempt
-    /// found.
-    Wait(Found),
-    /// The outcome; an error once whatever is owed was withdrawn (but for a take-back
-    /// already sent: its backup goes in the background).
-    Done(Result<Acquired, Error>),
-    /// An error at once, whatever is still owed withdrawn in the background: the grant
-    /// was taken back already, and a take-back that failed is not tried twice in front
-    /// of the caller.
-    GaveUp(Error),
+    /// Too few replicas acknowledged: the grant is being taken back.
+    TakingBack(Result<(u32, Duration), Error>),
+    /// Asleep between attempts.
+    Waiting,
+    /// Withdrawing before the error.
+    Withdrawing(Error),
+    Done,
 }
 
-/// One acquire on its way: its state between steps.
-struct Acquiring<'a, N: Nodes> {
-    nodes: &'a N,
-    name: &'a str,
-    info: &'a str,
-    ttl: Duration,
-    retry: Retry,
-    replicas: u32,
-    renew: bool,
+/// What the last attempt found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// Another holder, or a fair queue, stands in the way.
+    Held(Blocker),
+    /// A node could not be reached, or the quorum failed.
+    Unreachable,
+}
+
+/// A waiter's subscriptions, as the machine needs to know them.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    /// Whether release notifications come from every node.
+    everywhere: bool,
+    /// A plain waiter whose client's own channel is subscribed on every node: its
+    /// attempts list the client on the lock's wake list by name.
+    named: bool,
+}
+
+/// One acquire, from its request to its outcome.
+pub(crate) struct Acquiring<'a> {
+    req: Request<'a>,
+    token: HolderToken,
     waits: bool,
     started: Instant,
     /// `None`: waits for ever.
     deadline: Option<Instant>,
-    pending: Pending<'a, N>,
+    /// The retry schedule's jitter.
+    rng: SmallRng,
+    phase: Phase,
+    owed: Owed,
     waiter: Option<Waiter>,
+    /// The wakes by name delivered so far, and those the last listed attempt saw.
+    named_wakes: u64,
+    named_seen: u64,
     /// Attempts sent so far.
-    attempt: u32,
-    /// The last attempt Redis answered "not yours" (fair mode): when it was sent, and the
-    /// fencing counter it reported. A handover minted a higher token than that counter
-    /// only if it came after that answer, so its lease started after that send; one
-    /// with a lower token is older (its message read late) and is not trusted.
+    attempts: u32,
+    /// The last attempt Redis answered "not yours": when it was sent, and the fencing
+    /// counter it reported (fair mode). A handover minted a higher token than that
+    /// counter only if it came after that answer, so its lease started after that send;
+    /// one with a lower token is older (its message read late) and is not trusted.
     refused: Option<(Instant, Option<FencingToken>)>,
-    calls: AcquireCalls,
-    report: &'a mut Report,
     /// A multi-lock: which of its names the last refusal named ([`Protocol::name_at`]).
     held_at: Option<usize>,
+    /// When an attempt first found the lock held or a node unreachable, and the acquire
+    /// waited on.
+    waiting_since: Option<Instant>,
 }
 
-impl<'a, N: Nodes> Acquiring<'a, N> {
-    fn new(nodes: &'a N, req: Request<'a>, waits: bool, report: &'a mut Report) -> Self {
-        let started = report.started;
+impl<'a> Acquiring<'a> {
+    /// An acquire of `req` by `token`, asked for at `now`; `seed` draws the retry
+    /// schedule's jitter (the driver gives a random one, a model checker a fixed one).
+    pub(crate) fn new(req: Request<'a>, token: HolderToken, seed: u64, now: Instant) -> Self {
         Self {
-            nodes,
-            name: req.name,
-            info: req.info,
-            ttl: req.ttl,
-            retry: req.retry,
-            replicas: req.replicas,
-            renew: req.renew,
-            waits,
-            started,
-            deadline: req.wait.map(|w| started + w),
-            pending: Pending {
-                nodes,
-                keys: req.keys,
-                token: HolderToken::generate(),
-                protocol: req.protocol,
-                ttl: req.ttl,
-                owed: Owed::default(),
-            },
+            waits: req.wait != Some(Duration::ZERO),
+            started: now,
+            deadline: req.wait.map(|w| now + w),
+            req,
+            token,
+            rng: SmallRng::seed_from_u64(seed),
+            phase: Phase::Start,
+            owed: Owed::default(),
             waiter: None,
-            attempt: 0,
+            named_wakes: 0,
+            named_seen: 0,
+            attempts: 0,
             refused: None,
-            calls: AcquireCalls::default(),
-            report,
             held_at: None,
+            waiting_since: None,
         }
     }
 
-    /// Runs the steps to the outcome; whatever only a withdrawal undoes is withdrawn
-    /// before an error (see [`Step`]).
-    async fn run(mut self) -> Result<Acquired, Error> {
-        let mut step = Step::Attempt;
-        loop {
-            step = match step {
-                Step::Attempt => self.attempt().await,
-                Step::Replicas(grant) => self.replicas(grant).await,
-                Step::Wait(found) => self.wait(found).await,
-                Step::Done(Ok(granted)) => return Ok(granted),
-                Step::GaveUp(e) => return Err(e),
-                Step::Done(Err(e)) => {
-                    // A take-back that nodes did not answer in time was sent; the
-                    // withdrawal that backs it up goes in the background (the drop), so
-                    // that nodes that are down do not hold up the caller once more.
-                    if self.pending.owed.waits_for_withdrawal() {
-                        self.pending.withdraw(Undo::Withdraw).await;
-                    }
-                    return Err(e);
-                }
-            };
+    /// The first command. A fair waiter joins before its first attempt when that costs
+    /// no round trip (other waiters of this client keep its channels open): a refusal
+    /// then needs no second attempt to cover a release between it and the join.
+    pub(crate) fn start(&mut self, now: Instant) -> Command {
+        if self.waits && self.req.protocol.waiting().queue.is_some() {
+            self.phase = Phase::Subscribing;
+            return Command::Subscribe(Subscribe { only_if_open: true });
         }
+        self.attempt(now)
     }
 
-    /// Sends one attempt and takes the transition its answer calls for.
-    async fn attempt(&mut self) -> Step {
-        // A fair waiter joins before its first attempt when that costs no round trip
-        // (other waiters of this client keep its channels open): a refusal then needs no
-        // second attempt to cover a release between it and the join.
-        if self.waits && self.waiter.is_none() && self.attempt == 0 {
-            self.waiter = Waiter::join_if_open(self.nodes, &self.pending).await;
-        }
-        let sent = Instant::now();
-        // The wakes this attempt answers (see `Waiter::settle`).
-        let marks = self.waiter.as_ref().map(Waiter::marks);
-        let listing = self
-            .waiter
-            .as_mut()
-            .and_then(|w| w.listing(self.nodes, &self.pending));
-        self.pending
-            .owed
-            .sending(listing.is_some_and(|l| l.by_name()));
-        self.attempt = self.attempt.saturating_add(1);
-        self.report.attempts = self.attempt;
-        let outcome = self
-            .nodes
-            .acquire(&AcquireRequest {
-                name: self.name,
-                keys: &self.pending.keys,
-                token: &self.pending.token,
-                ttl: self.ttl,
-                protocol: &*self.pending.protocol,
-                join: self.waits,
-                info: self.info,
-                // A place among waiting writers: taken by a refusal that said so, or
-                // maybe by an attempt that was not answered.
-                queued: self.pending.owed.queued || (self.waits && self.pending.owed.unanswered),
-                listing,
-                calls: &self.calls,
-            })
-            .await;
-        // Answered: the wakes read before it are used, whatever it found, except an
-        // attempt that failed on an error (if the wait ends on that error, the wake passes
-        // on to the next waiter).
-        if let (Some(w), Some(marks), Ok(_)) = (&self.waiter, &marks, &outcome) {
-            w.settle(marks);
-        }
-        match outcome {
-            Ok(Outcome::Granted { grant, owner_hold }) => self.granted(grant, owner_hold),
-            Ok(Outcome::Held { refusal, nodes }) => {
-                let Refusal {
-                    blocked_by,
-                    fence_seen,
-                    at,
-                } = refusal;
-                self.held_at = at;
-                self.held(sent, blocked_by, nodes, fence_seen).await
+    /// The next command, on `event` at `now`.
+    pub(crate) fn on(&mut self, event: Event, now: Instant) -> Command {
+        match (std::mem::replace(&mut self.phase, Phase::Done), event) {
+            (Phase::Attempting { sent }, Event::Answered(outcome)) => match outcome {
+                Ok(Outcome::Granted { grant, owner_hold }) => self.granted(grant, owner_hold),
+                Ok(Outcome::Held { refusal, nodes }) => self.held(sent, refusal, nodes, now),
+                Err(e) => self.failed(e, now),
+            },
+            (Phase::Subscribing, Event::Subscribed(channels)) => self.subscribed(channels, now),
+            (Phase::Replicas(grant), Event::Replicas(acked)) => self.replicas(grant, acked),
+            (Phase::TakingBack(acked), Event::Withdrawn(result)) => {
+                self.taken_back(acked, result, now)
             }
-            Err(e) => self.failed(e),
+            (Phase::Waiting, Event::Woken(woken)) => self.woken(woken, now),
+            (Phase::Withdrawing(e), Event::Withdrawn(result)) => self.withdrawn(e, result),
+            (phase, event) => {
+                debug_assert!(false, "{event:?} in {phase:?}");
+                self.done(Err(Error::invalid(
+                    "acquire",
+                    format!("the engine got {event:?} while it stood at {phase:?}"),
+                )))
+            }
+        }
+    }
+
+    /// Transition *cancelled*: the caller dropped the acquire before its end. What it
+    /// owes goes to the background.
+    pub(crate) fn cancel(&mut self) -> Cleanup {
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Done => Cleanup::default(),
+            _ => self.owed.cleanup(),
+        }
+    }
+
+    /// What is acquired.
+    pub(crate) fn request(&self) -> &Request<'a> {
+        &self.req
+    }
+
+    /// The holder token every attempt uses.
+    pub(crate) fn token(&self) -> &HolderToken {
+        &self.token
+    }
+
+    /// Whether the acquire waits (its wait is not zero).
+    pub(crate) fn waits(&self) -> bool {
+        self.waits
+    }
+
+    /// Attempts sent so far.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// When an attempt first found the lock held or a node unreachable, and the acquire
+    /// waited on.
+    pub(crate) fn waiting_since(&self) -> Option<Instant> {
+        self.waiting_since
+    }
+
+    /// Sends an attempt.
+    fn attempt(&mut self, now: Instant) -> Command {
+        let listed = self.listed();
+        let front = listed == Listed::ByName && self.named_wakes > self.named_seen;
+        if listed == Listed::ByName {
+            self.named_seen = self.named_wakes;
+        }
+        let queued = self.owed.queued || (self.waits && self.owed.earlier == Earlier::Unanswered);
+        self.owed.sending(listed == Listed::ByName);
+        self.attempts = self.attempts.saturating_add(1);
+        self.phase = Phase::Attempting { sent: now };
+        Command::Attempt(Attempt {
+            join: self.waits,
+            queued,
+            listed,
+            front,
+        })
+    }
+
+    /// How the next attempt lists its client on the lock's wake list: a named plain
+    /// waiter by name (listed if refused, and after a grant if other plain waiters of
+    /// its client wait for the lock too); a waiting reader, reentrant owner or fair
+    /// waiter as `*` (listed when a plain holder refuses it, whose release then wakes
+    /// every client, these waiters among them), and so is a plain waiter that is not
+    /// named (its client's own channel is not subscribed on every node): a release that
+    /// finds nobody listed publishes nothing. Not listed before it waits.
+    fn listed(&self) -> Listed {
+        match (self.waiter, self.req.protocol.waiting().listing) {
+            (None, _) | (_, Listed::No) => Listed::No,
+            (Some(w), Listed::ByName) if w.named => Listed::ByName,
+            (Some(_), Listed::ByName | Listed::Everyone) => Listed::Everyone,
         }
     }
 
     /// Transition *granted*: the lock is ours, once the replicas asked for have it.
-    fn granted(&mut self, grant: Grant, owner_hold: bool) -> Step {
-        if owner_hold && let Some(hold) = self.pending.protocol.owner_hold() {
+    fn granted(&mut self, grant: Grant, owner_hold: bool) -> Command {
+        if owner_hold && let Some(hold) = self.req.protocol.owner_hold() {
             // The read side of the owner's write lock: one more hold of it.
-            self.pending.protocol = hold;
+            self.req.protocol = hold;
         }
-        if self.replicas > 0 {
-            Step::Replicas(grant)
-        } else {
-            Step::Done(Ok(self.pending.granted(grant)))
+        if self.req.replicas > 0 {
+            self.phase = Phase::Replicas(grant);
+            return Command::WaitReplicas {
+                replicas: self.req.replicas,
+                within: replica_wait(self.req.ttl),
+            };
         }
+        self.done(Ok(grant))
     }
 
     /// The grant counts only once enough replicas have it: a failover before that could
     /// lose it. Too few: taken back (another attempt may follow, with the same token).
-    async fn replicas(&mut self, grant: Grant) -> Step {
-        let acked = self
-            .nodes
-            .wait_replicas(
-                &self.pending.keys.lock,
-                self.replicas,
-                replica_wait(self.ttl),
-            )
-            .await;
-        if matches!(acked, Ok((n, _)) if n >= self.replicas) {
-            return Step::Done(Ok(self.pending.granted(grant)));
+    fn replicas(&mut self, grant: Grant, acked: Result<(u32, Duration), Error>) -> Command {
+        if matches!(acked, Ok((n, _)) if n >= self.req.replicas) {
+            return self.done(Ok(grant));
         }
-        self.pending.withdraw(Undo::TakeBack).await;
+        self.phase = Phase::TakingBack(acked);
+        Command::Withdraw(Undo::TakeBack)
+    }
+
+    /// The grant the replicas did not confirm was taken back (or not: what the take-back
+    /// did not undo is left to the background): the error, or for a waiting acquire whose
+    /// master went away before it said (a failover under way) another attempt, as after
+    /// any attempt that found a node unreachable.
+    fn taken_back(
+        &mut self,
+        acked: Result<(u32, Duration), Error>,
+        result: Result<(), Error>,
+        now: Instant,
+    ) -> Command {
+        self.owed.withdrawn(Undo::TakeBack, result);
         match acked {
-            Ok((acknowledged, within)) => Step::GaveUp(Error::Unreplicated {
-                name: self.name.to_owned(),
-                wanted: self.replicas,
+            Ok((acknowledged, within)) => self.gave_up(Error::Unreplicated {
+                name: self.req.name.to_owned(),
+                wanted: self.req.replicas,
                 acknowledged,
                 within,
             }),
-            // The master went away before it said (a failover under way): a waiting
-            // acquire tries again, as after any attempt that found a node unreachable.
             Err(e @ Error::Unavailable { reason, .. })
                 if reason != UnavailableReason::Tls
                     && self.waits
-                    && self.deadline.is_none_or(|d| Instant::now() < d) =>
+                    && self.deadline.is_none_or(|d| now < d) =>
             {
-                self.report.waiting_since.get_or_insert_with(Instant::now);
-                tracing::debug!(attempt = self.attempt, error = %e, "no answer from the replicas' master; retrying");
-                Step::Wait(Found::Unreachable)
+                self.waiting_since.get_or_insert(now);
+                tracing::debug!(attempt = self.attempts, error = %e, "no answer from the replicas' master; retrying");
+                self.wait(Found::Unreachable, now)
             }
-            Err(e) => Step::GaveUp(e),
+            Err(e) => self.gave_up(e),
         }
     }
 
     /// Transition *held*: another holder (or a queue ahead) stands in the way. A waiting
     /// acquire subscribes and tries once more, then waits; one whose wait ran out ends.
-    async fn held(
+    fn held(
         &mut self,
         sent: Instant,
-        blocked_by: Blocker,
+        refusal: Refusal,
         nodes: Vec<NodeReport>,
-        fence_seen: Option<FencingToken>,
-    ) -> Step {
+        now: Instant,
+    ) -> Command {
         // A definite answer (a failed Redlock quorum was already taken back everywhere);
         // only an earlier unanswered attempt is still a maybe.
-        self.pending.owed.answered(any_timed_out(&nodes));
-        self.refused = Some((sent, fence_seen));
-        self.report
-            .held(self.waits, self.attempt, blocked_by, &nodes);
+        self.owed.answered(any_timed_out(&nodes));
+        self.refused = Some((sent, refusal.fence_seen));
+        self.held_at = refusal.at;
+        let blocked_by = refusal.blocked_by;
         // A place in line to take back if this acquire ends without the lock: in a fair
         // queue, or among a read-write lock's waiting writers.
-        self.pending.owed.queued |= self.waits
-            && (self.pending.protocol.waiting().queue.is_some()
+        self.owed.queued |= self.waits
+            && (self.req.protocol.waiting().queue.is_some()
                 || matches!(blocked_by, Blocker::Readers { .. }));
+        if self.waits {
+            self.waiting_since.get_or_insert(now);
+        }
         if self.waits && self.waiter.is_none() {
-            self.waiter = Some(Waiter::join(self.nodes, &self.pending).await);
-            return Step::Attempt;
+            self.phase = Phase::Subscribing;
+            return Command::Subscribe(Subscribe {
+                only_if_open: false,
+            });
         }
-        let now = Instant::now();
         if self.deadline.is_some_and(|d| now >= d) {
-            return Step::Done(Err(self.timed_out(blocked_by, nodes, now)));
+            let timed_out = self.timed_out(blocked_by, nodes, now);
+            return self.finish(timed_out);
         }
-        Step::Wait(Found::Held(blocked_by))
+        self.wait(Found::Held(blocked_by), now)
+    }
+
+    /// The waiter's channels are subscribed (or, for a fair waiter before its first
+    /// attempt, were not open): the next attempt.
+    fn subscribed(&mut self, channels: Option<Channels>, now: Instant) -> Command {
+        if let Some(c) = channels {
+            self.waiter = Some(Waiter {
+                everywhere: c.everywhere,
+                named: self.req.protocol.waiting().listing == Listed::ByName && c.own_everywhere,
+            });
+            self.named_wakes = c.named_wakes;
+        }
+        self.attempt(now)
     }
 
     /// Transition *timed out*: the wait ran out with the lock held.
@@ -370,12 +521,12 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
         Error::Held {
             name: self
                 .held_at
-                .and_then(|at| self.pending.protocol.name_at(at))
-                .unwrap_or(self.name)
+                .and_then(|at| self.req.protocol.name_at(at))
+                .unwrap_or(self.req.name)
                 .to_owned(),
             blocked_by,
             waited: if self.waits {
-                now - self.started
+                now.saturating_duration_since(self.started)
             } else {
                 Duration::ZERO
             },
@@ -384,61 +535,61 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
     }
 
     /// An attempt that failed: a node that could not be reached is waited out (its
-    /// outcome unknown); anything else ends the acquire.
-    fn failed(&mut self, e: Error) -> Step {
+    /// outcome unknown); anything else ends the acquire, its outcome as unknown as the
+    /// error left it (withdrawn before the error).
+    fn failed(&mut self, e: Error, now: Instant) -> Command {
         match e {
             // A certificate problem is configuration: waiting will not fix it.
             Error::Unavailable {
                 reason: UnavailableReason::Tls,
                 ..
-            } => Step::Done(Err(e)),
-            Error::Unavailable { .. } | Error::NoQuorum { .. } => self.unreachable(e),
-            e => Step::Done(Err(e)),
+            } => self.finish(e),
+            Error::Unavailable { .. } | Error::NoQuorum { .. } => self.unreachable(e, now),
+            e => self.finish(e),
         }
     }
 
     /// Transition *unreachable*: a node did not answer (the attempt's outcome unknown,
     /// unless it was not sent), or the quorum failed (taken back everywhere already). A
     /// waiting acquire waits on until its deadline.
-    fn unreachable(&mut self, e: Error) -> Step {
-        self.pending.owed.unreachable(&e);
-        if !self.waits || self.deadline.is_some_and(|d| Instant::now() >= d) {
-            return Step::Done(Err(e));
+    fn unreachable(&mut self, e: Error, now: Instant) -> Command {
+        self.owed.unreachable(&e);
+        if !self.waits || self.deadline.is_some_and(|d| now >= d) {
+            return self.finish(e);
         }
-        self.report.waiting_since.get_or_insert_with(Instant::now);
-        tracing::debug!(attempt = self.attempt, error = %e, "acquire attempt failed; retrying");
-        Step::Wait(Found::Unreachable)
+        self.waiting_since.get_or_insert(now);
+        tracing::debug!(attempt = self.attempts, error = %e, "acquire attempt failed; retrying");
+        self.wait(Found::Unreachable, now)
     }
 
-    /// Sleeps until a release notification or the pause; then the lock if a release
-    /// handed it over, else another attempt.
-    async fn wait(&mut self, found: Found) -> Step {
+    /// Sleeps until a release notification or the pause [`next_pause`] gives.
+    fn wait(&mut self, found: Found, now: Instant) -> Command {
         // A writer waiting for readers is registered for one lease from each attempt.
         let keep_place = match found {
-            Found::Held(Blocker::Readers { .. }) => Some(self.ttl / 3),
-            _ => self.pending.protocol.waiting().queue.map(|t| t / 3),
+            Found::Held(Blocker::Readers { .. }) => Some(self.req.ttl / 3),
+            _ => self.req.protocol.waiting().queue.map(|t| t / 3),
         };
+        let backoff = self
+            .req
+            .retry
+            .delay(self.attempts.saturating_sub(1), &mut self.rng);
         let pause = next_pause(Pause {
             found,
-            backoff: self.retry.delay(self.attempt.saturating_sub(1)),
+            backoff,
             keep_place,
-            notified_everywhere: self.waiter.as_ref().is_some_and(|w| w.everywhere),
-            left: self
-                .deadline
-                .map(|d| d.saturating_duration_since(Instant::now())),
+            notified_everywhere: self.waiter.is_some_and(|w| w.everywhere),
+            left: self.deadline.map(|d| d.saturating_duration_since(now)),
         });
-        let woken_by = match &self.waiter {
-            Some(w) => w.wait(pause).await,
-            None => {
-                tokio::time::sleep(pause).await;
-                WokenBy::Timer
-            }
-        };
-        observe::woken(woken_by);
-        tracing::trace!(by = woken_by.as_str(), "woken");
-        match self.handed_over() {
-            Some(granted) => Step::Done(Ok(granted)),
-            None => Step::Attempt,
+        self.phase = Phase::Waiting;
+        Command::Sleep { until: now + pause }
+    }
+
+    /// The wait is over: the lock if a release handed it over, else another attempt.
+    fn woken(&mut self, woken: Woken, now: Instant) -> Command {
+        self.named_wakes = woken.named_wakes;
+        match woken.handover.and_then(|h| self.handed_over(h, now)) {
+            Some(grant) => self.done(Ok(grant)),
+            None => self.attempt(now),
         }
     }
 
@@ -447,8 +598,7 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
     /// its lease is the one asked for, or the watchdog will renew it to that; with
     /// replicas asked for, the next attempt confirms it and waits for them, as it does
     /// when the reply says the key is ours.
-    fn handed_over(&mut self) -> Option<Acquired> {
-        let h = self.waiter.as_ref().and_then(Waiter::handover)?;
+    fn handed_over(&self, h: Handover, now: Instant) -> Option<Grant> {
         let (refused_at, Some(seen)) = self.refused? else {
             return None;
         };
@@ -456,10 +606,10 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             return None;
         }
         let ttl = Duration::from_millis(h.px);
-        let grant = Grant::new(FencingToken::new(h.fence), refused_at.into_std(), ttl);
-        let usable = self.replicas == 0
-            && (ttl >= self.ttl || self.renew)
-            && grant.valid_until > Instant::now().into_std();
+        let grant = Grant::new(FencingToken::new(h.fence), refused_at, ttl);
+        let usable = self.req.replicas == 0
+            && (ttl >= self.req.ttl || self.req.renew)
+            && grant.valid_until > now;
         if !usable {
             return None;
         }
@@ -468,14 +618,60 @@ impl<'a, N: Nodes> Acquiring<'a, N> {
             lease_ms = h.px,
             "handed the lock by the release"
         );
-        Some(self.pending.granted(grant))
+        Some(grant)
+    }
+
+    /// The acquire ends on `e`, once what only a withdrawal undoes was withdrawn: a
+    /// take-back already sent is backed up in the background, so that nodes that are
+    /// down do not hold up the caller once more.
+    fn finish(&mut self, e: Error) -> Command {
+        if self.owed.waits_for_withdrawal() {
+            self.phase = Phase::Withdrawing(e);
+            return Command::Withdraw(Undo::Withdraw);
+        }
+        self.done(Err(e))
+    }
+
+    /// The withdrawal before the error is done (or failed: the rest goes to the
+    /// background).
+    fn withdrawn(&mut self, e: Error, result: Result<(), Error>) -> Command {
+        self.owed.withdrawn(Undo::Withdraw, result);
+        self.done(Err(e))
+    }
+
+    /// The acquire ends on `e` at once, whatever is still owed withdrawn in the
+    /// background: the grant was taken back already, and a take-back that failed is not
+    /// tried twice in front of the caller.
+    fn gave_up(&mut self, e: Error) -> Command {
+        self.done(Err(e))
+    }
+
+    /// The outcome.
+    fn done(&mut self, result: Result<Grant, Error>) -> Command {
+        self.phase = Phase::Done;
+        let result = result.map(|grant| {
+            // The grant: nothing is owed any more.
+            self.owed = Owed::default();
+            Acquired {
+                keys: LockKeys {
+                    lock: std::mem::take(&mut self.req.keys.lock),
+                },
+                token: std::mem::replace(&mut self.token, HolderToken::from_stored(String::new())),
+                protocol: self.req.protocol.clone(),
+                grant,
+            }
+        });
+        Command::Done(Done {
+            result,
+            cleanup: self.owed.cleanup(),
+        })
     }
 }
 
 /// How much longer than the lease that refused a listed attempt the lock's wake list is
 /// kept (`fragments/waiting.lua`): its waiters try again by themselves when that lease
 /// ends, and list their clients again if refused; the margin covers their wake-up.
-const LISTING_MARGIN: Duration = Duration::from_secs(1);
+pub(crate) const LISTING_MARGIN: Duration = Duration::from_secs(1);
 
 /// Whether a Redlock node got no answer in time (or none before the verdict).
 fn any_timed_out(nodes: &[NodeReport]) -> bool {
@@ -493,191 +689,104 @@ fn replica_wait(ttl: Duration) -> Duration {
     (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-/// What an acquire that ends without the lock owes Redis: whatever its attempts may have
-/// written, and whatever they did write that only a grant would have made good.
+/// What an acquire that ends without the lock owes Redis: a grant of its token that may
+/// be there (its latest attempt's, or an earlier one's), and what its attempts did write
+/// that only a grant would have made good (a place in line, its client on the wake
+/// list).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Owed {
-    /// An attempt is on its way: until it is answered, its grant may land.
-    in_flight: bool,
-    /// An earlier attempt got no definite answer (a timeout, a dropped connection): its
-    /// grant may still land.
-    unanswered: bool,
-    /// A Redlock take-back may have been lost on a node that did not answer in time
-    /// (the driver drops a request that times out before it is written).
-    take_back_unheard: bool,
+    /// The latest attempt may have granted: it is on its way, or it granted and the
+    /// grant was not delivered (replicas awaited, or a take-back failed). A definite
+    /// answer to a later attempt settles it.
+    latest: bool,
+    /// What earlier attempts may have left.
+    earlier: Earlier,
     /// A place in line: in a fair queue, or among a read-write lock's waiting writers.
     queued: bool,
-    /// The client is (or, not yet answered, may be) on the lock's wake list.
+    /// The client is (or, not yet answered, may be) on the lock's wake list by name.
     listed: bool,
 }
 
+/// What earlier attempts may have left, from the least to the most.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+enum Earlier {
+    /// Nothing: each was answered.
+    #[default]
+    Nothing,
+    /// A Redlock take-back may have been lost on a node that did not answer in time (the
+    /// driver drops a request that times out before it is written): withdrawn in the
+    /// background.
+    TakeBackLost,
+    /// One got no definite answer (a timeout, a dropped connection): its grant may still
+    /// land, so it is withdrawn before the acquire returns without the lock.
+    Unanswered,
+}
+
 impl Owed {
-    /// An attempt goes out; `listing`: it lists the client by name if refused.
-    fn sending(&mut self, listing: bool) {
-        self.in_flight = true;
-        self.listed |= listing;
+    /// An attempt goes out; `listed`: it lists the client by name if refused.
+    fn sending(&mut self, listed: bool) {
+        self.latest = true;
+        self.listed |= listed;
     }
 
-    /// A definite answer came; `take_back_unheard`: a node of a failed quorum did not
-    /// hear its take-back.
-    fn answered(&mut self, take_back_unheard: bool) {
-        self.in_flight = false;
-        self.take_back_unheard |= take_back_unheard;
+    /// A definite answer came; `take_back_lost`: a node of a failed quorum did not hear
+    /// its take-back.
+    fn answered(&mut self, take_back_lost: bool) {
+        self.latest = false;
+        if take_back_lost {
+            self.earlier = self.earlier.max(Earlier::TakeBackLost);
+        }
     }
 
     /// The attempt failed on `e`: one node's unavailability leaves its outcome unknown,
     /// unless it was not sent (a stalled node); a failed quorum was taken back already.
     fn unreachable(&mut self, e: &Error) {
-        self.in_flight = false;
-        self.unanswered |=
-            matches!(e, Error::Unavailable { reason, .. } if *reason != UnavailableReason::Stalled);
-        self.take_back_unheard |=
-            matches!(e, Error::NoQuorum { nodes, .. } if any_timed_out(nodes));
+        self.latest = false;
+        let left = match e {
+            Error::Unavailable { reason, .. } if *reason != UnavailableReason::Stalled => {
+                Earlier::Unanswered
+            }
+            Error::NoQuorum { nodes, .. } if any_timed_out(nodes) => Earlier::TakeBackLost,
+            _ => Earlier::Nothing,
+        };
+        self.earlier = self.earlier.max(left);
     }
 
-    /// Whether a withdrawal is owed.
-    fn withdrawal(&self) -> bool {
-        self.waits_for_withdrawal() || self.take_back_unheard
+    /// A withdrawal (`undo`) answered `result`. A take-back undoes the latest attempt's
+    /// grant and place; what earlier attempts may have left is still owed. A withdrawal
+    /// undoes all of it (the wake list's listing is not a withdrawal's). A failed one
+    /// leaves it all to the background.
+    fn withdrawn(&mut self, undo: Undo, result: Result<(), Error>) {
+        match result {
+            Ok(()) if undo == Undo::TakeBack => {
+                self.latest = false;
+                self.queued = false;
+            }
+            Ok(()) => {
+                *self = Owed {
+                    listed: self.listed,
+                    ..Owed::default()
+                };
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "withdrawing an acquire failed; retrying in the background");
+            }
+        }
     }
 
     /// Whether an acquire that ends without the lock withdraws before it returns: for
     /// what only its withdrawal undoes, not for a take-back already sent.
     fn waits_for_withdrawal(&self) -> bool {
-        self.in_flight || self.unanswered || self.queued
+        self.latest || self.earlier == Earlier::Unanswered || self.queued
     }
-}
 
-/// What an acquire tells about itself: its span, and at the end the outcome event and
-/// metrics. Dropped before [`finish`](Self::finish) (the acquire's future was dropped),
-/// it reports the acquire as cancelled.
-struct Report {
-    mode: ModeLabel,
-    started: Instant,
-    span: tracing::Span,
-    /// Attempts sent so far.
-    attempts: u32,
-    /// When an attempt first found the lock held or a node unreachable, and the acquire
-    /// waited on.
-    waiting_since: Option<Instant>,
-    /// Whether an attempt found the lock held.
-    contended: bool,
-    done: bool,
-}
-
-impl Report {
-    fn new(mode: ModeLabel, span: tracing::Span) -> Self {
-        Self {
-            mode,
-            started: Instant::now(),
-            span,
-            attempts: 0,
-            waiting_since: None,
-            contended: false,
-            done: false,
+    /// What is left to the background.
+    fn cleanup(&self) -> Cleanup {
+        Cleanup {
+            withdraw: self.waits_for_withdrawal() || self.earlier != Earlier::Nothing,
+            unlist: self.listed,
         }
     }
-
-    /// Attempt number `attempt` (from 1) found the lock held.
-    fn held(&mut self, waits: bool, attempt: u32, blocked_by: Blocker, nodes: &[NodeReport]) {
-        observe::contended(self.mode);
-        let first = !self.contended;
-        self.contended = true;
-        if !waits {
-            return;
-        }
-        if first {
-            self.waiting_since.get_or_insert_with(Instant::now);
-            if nodes.is_empty() {
-                tracing::debug!(%blocked_by, "waiting for the lock to be released");
-            } else {
-                tracing::debug!(%blocked_by, nodes = %NodeList(nodes), "waiting for the lock to be released");
-            }
-        } else {
-            tracing::trace!(attempt, %blocked_by, "lock still held");
-        }
-    }
-
-    /// The acquire ended with `result`.
-    fn finish(&mut self, result: &Result<Acquired, Error>) {
-        self.done = true;
-        self.report(
-            AcquireOutcome::of(result),
-            result.as_ref().err(),
-            result.as_ref().ok(),
-        );
-    }
-
-    fn report(&self, outcome: AcquireOutcome, error: Option<&Error>, granted: Option<&Acquired>) {
-        let now = Instant::now();
-        let elapsed = now.saturating_duration_since(self.started);
-        let waited = self.waiting_since.map(|t| now.saturating_duration_since(t));
-        // The lock was held when this acquire first asked, and it got it: handed over.
-        let handoff = granted.is_some() && self.contended;
-        observe::acquire_ended(self.mode, outcome, elapsed, waited, handoff);
-        let span = &self.span;
-        span.record("outcome", outcome.as_str());
-        span.record("elapsed_ms", observe::ms(elapsed));
-        let _in = span.enter();
-        let (attempts, elapsed_ms, waited_ms) =
-            (self.attempts, observe::ms(elapsed), waited.map(observe::ms));
-        let outcome = outcome.as_str();
-        match (granted, error) {
-            (Some(g), _) => {
-                span.record("fencing_token", g.grant.fence.get());
-                tracing::debug!(
-                    outcome,
-                    fencing_token = g.grant.fence.get(),
-                    attempts,
-                    elapsed_ms,
-                    waited_ms,
-                    handoff,
-                    "lock acquired"
-                );
-            }
-            (
-                None,
-                Some(Error::Held {
-                    blocked_by, nodes, ..
-                }),
-            ) => {
-                if nodes.is_empty() {
-                    tracing::debug!(outcome, attempts, elapsed_ms, waited_ms, %blocked_by, "lock not acquired");
-                } else {
-                    tracing::debug!(outcome, attempts, elapsed_ms, waited_ms, %blocked_by, nodes = %NodeList(nodes), "lock not acquired");
-                }
-            }
-            (None, Some(e)) => {
-                tracing::debug!(outcome, attempts, elapsed_ms, waited_ms, error = %e, "lock not acquired");
-            }
-            (None, None) => {
-                tracing::debug!(
-                    outcome,
-                    attempts,
-                    elapsed_ms,
-                    waited_ms,
-                    "acquire cancelled"
-                );
-            }
-        }
-    }
-}
-
-impl Drop for Report {
-    /// Transition *cancelled*: the acquire's future was dropped.
-    fn drop(&mut self) {
-        if !self.done {
-            self.report(AcquireOutcome::Cancelled, None, None);
-        }
-    }
-}
-
-/// What the last attempt found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Found {
-    /// Another holder, or a fair queue, stands in the way.
-    Held(Blocker),
-    /// A node could not be reached, or the quorum failed.
-    Unreachable,
 }
 
 /// What decides the pause before the next attempt.
@@ -727,240 +836,6 @@ pub(crate) fn next_pause(p: Pause) -> Duration {
     }
 }
 
-/// A waiting acquire's registration for release notifications, on every node with one
-/// place in line, and the wakes it has answered.
-struct Waiter {
-    subscriptions: Vec<Subscription>,
-    /// Whether every node's subscription was confirmed.
-    everywhere: bool,
-    /// A plain waiter whose client's own channel is subscribed on every node: its
-    /// attempts list the client on the lock's wake list, and a release wakes it by name.
-    named: bool,
-    /// Where the own channel's subscriptions start in `subscriptions`.
-    own_from: usize,
-    /// The wakes by name seen by the last attempt's listing.
-    named_seen: u64,
-}
-
-impl Waiter {
-    /// A fair waiter: joins as [`join`](Self::join) if every channel it listens on is
-    /// subscribed already (so it joins without a round trip); `None` otherwise, and for
-    /// the other modes. Its turn comes with a handover, which a second attempt right
-    /// after joining cannot hasten; a plain waiter's second attempt often finds a busy
-    /// key free, so plain waiters keep it (docs/design.md, "Measured choices").
-    async fn join_if_open<N: Nodes>(nodes: &N, pending: &Pending<'_, N>) -> Option<Self> {
-        let waiting = pending.protocol.waiting();
-        // A queue kept in Redis, whose turn comes by message: a fair lock (on the own
-        // channel) or a fair semaphore (on the lock's).
-        waiting.queue?;
-        let open = nodes.subscribed_everywhere(&pending.keys.channel())
-            && (!waiting.own_channel
-                || nodes.subscribed_everywhere(&nodes.own_channel(&pending.keys)));
-        if open {
-            Some(Self::join(nodes, pending).await)
-        } else {
-            None
-        }
-    }
-
-    /// Subscribes on every node; a node whose subscription fails is left to the lease
-    /// bound.
-    async fn join<N: Nodes>(nodes: &N, pending: &Pending<'_, N>) -> Self {
-        let channel = pending.keys.channel();
-        // One place in line on every node.
-        let id = next_waiter_id();
-        let wake = pending.protocol.wake(&pending.token);
-        let waiting = pending.protocol.waiting();
-        // A fair waiter also listens on its client's own channel, where the release that
-        // hands it the lock says so (only that client hears it); a plain waiter, where
-        // a release that woke its client by name says so.
-        let own = waiting
-            .own_channel
-            .then(|| nodes.own_channel(&pending.keys));
-        let (mut subscriptions, own) =
-            futures_util::future::join(nodes.subscribe(&channel, id, wake), async {
-                match &own {
-                    Some(own) => nodes.subscribe(own, id, wake).await,
-                    None => Vec::new(),
-                }
-            })
-            .await;
-        let count = nodes.node_count();
-        let everywhere = subscriptions.len() == count;
-        let named = waiting.listing == Listed::ByName && own.len() == count;
-        let own_from = subscriptions.len();
-        subscriptions.extend(own);
-        Self {
-            subscriptions,
-            everywhere,
-            named,
-            own_from,
-            named_seen: 0,
-        }
-    }
-
-    /// Where this waiter's client stands on the lock's wake list after its next
-    /// attempt: a named plain waiter's client is listed if refused, and after a grant if
-    /// other plain waiters of the client wait for the lock too; a waiting reader,
-    /// reentrant owner or fair waiter lists `*` when a plain holder refuses it (whose
-    /// release then wakes every client, these waiters among them), and so does a plain
-    /// waiter that is not named (its client's own channel is not subscribed on every
-    /// node): a release that finds nobody listed publishes nothing. `None`: not listed.
-    ///
-    /// A plain waiter woken by name since its last attempt goes back to the head of the
-    /// list if refused (another caller took the free lock first).
-    fn listing<'n, N: Nodes>(
-        &mut self,
-        nodes: &'n N,
-        pending: &Pending<'_, N>,
-    ) -> Option<Listing<'n>> {
-        match pending.protocol.waiting().listing {
-            Listed::ByName if self.named => {
-                let named: u64 = self.subscriptions[self.own_from..]
-                    .iter()
-                    .map(Subscription::wake_mark)
-                    .sum();
-                let front = named > self.named_seen;
-                self.named_seen = named;
-                Some(Listing {
-                    tag: nodes.client_tag(),
-                    margin: LISTING_MARGIN,
-                    stays: nodes.plain_waiters(&nodes.own_channel(&pending.keys)) > 1,
-                    front,
-                })
-            }
-            Listed::ByName | Listed::Everyone => Some(Listing {
-                tag: Listing::EVERYONE,
-                margin: LISTING_MARGIN,
-                stays: false,
-                front: false,
-            }),
-            Listed::No => None,
-        }
-    }
-
-    /// The wakes delivered so far: read them before sending an attempt.
-    fn marks(&self) -> Vec<u64> {
-        self.subscriptions
-            .iter()
-            .map(Subscription::wake_mark)
-            .collect()
-    }
-
-    /// Redis answered an attempt sent after `marks` were read: those wakes are used, and
-    /// dropping this waiter no longer passes them on.
-    fn settle(&self, marks: &[u64]) {
-        for (s, mark) in self.subscriptions.iter().zip(marks) {
-            s.settle(*mark);
-        }
-    }
-
-    /// The lock, if a release handed it to this waiter (fair mode, one node).
-    fn handover(&self) -> Option<Handover> {
-        self.subscriptions.iter().find_map(Subscription::handover)
-    }
-
-    /// Sleeps until a release notification from any node, or `pause`; says which.
-    async fn wait(&self, pause: Duration) -> WokenBy {
-        if self.subscriptions.is_empty() {
-            tokio::time::sleep(pause).await;
-            return WokenBy::Timer;
-        }
-        let any_release = async {
-            match self.subscriptions.as_slice() {
-                // The usual cases (one node: its channel, and its client's own for plain
-                // and fair waiters): no boxes to poll through.
-                [one] => one.notified().await,
-                [one, two] => {
-                    tokio::select! {
-                        () = one.notified() => {}
-                        () = two.notified() => {}
-                    }
-                }
-                many => {
-                    select_all(many.iter().map(|s| Box::pin(s.notified()))).await;
-                }
-            }
-        };
-        tokio::select! {
-            _ = any_release => WokenBy::Notification,
-            () = tokio::time::sleep(pause) => WokenBy::Timer,
-        }
-    }
-}
-
-/// An acquire in progress and what it owes ([`Owed`]): withdrawn before the acquire
-/// returns without the lock, or in the background if the acquire's future is dropped.
-struct Pending<'a, N: Nodes> {
-    nodes: &'a N,
-    keys: LockKeys,
-    token: HolderToken,
-    protocol: Arc<dyn Protocol>,
-    ttl: Duration,
-    owed: Owed,
-}
-
-impl<N: Nodes> Pending<'_, N> {
-    /// The grant: nothing is owed any more.
-    fn granted(&mut self, grant: Grant) -> Acquired {
-        self.owed = Owed::default();
-        // Nothing is owed, so the drop needs none of them.
-        let token = std::mem::replace(&mut self.token, HolderToken::from_stored(String::new()));
-        Acquired {
-            keys: LockKeys {
-                lock: std::mem::take(&mut self.keys.lock),
-            },
-            token,
-            protocol: self.protocol.clone(),
-            grant,
-        }
-    }
-
-    /// Withdraws what the acquire may have written, now, so the caller's error comes
-    /// after the cleanup; on failure (or if this future is dropped) the drop retries in
-    /// the background. `undo`: [`Undo::Withdraw`] when the acquire ends,
-    /// [`Undo::TakeBack`] when it may try again with the same token.
-    async fn withdraw(&mut self, undo: Undo) {
-        if !self.owed.withdrawal() {
-            return;
-        }
-        match self
-            .nodes
-            .abandon(&self.keys, &self.token, &*self.protocol, self.ttl, undo)
-            .await
-        {
-            // A take-back undoes this attempt's grant and place; what earlier attempts
-            // may have left is still owed. A withdrawal undoes all of it.
-            Ok(()) if undo == Undo::TakeBack => {
-                self.owed.in_flight = false;
-                self.owed.queued = false;
-            }
-            // (The wake list's listing is not a withdrawal's: the drop unlists.)
-            Ok(()) => {
-                self.owed = Owed {
-                    listed: self.owed.listed,
-                    ..Owed::default()
-                };
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "withdrawing an acquire failed; retrying in the background");
-            }
-        }
-    }
-}
-
-impl<N: Nodes> Drop for Pending<'_, N> {
-    fn drop(&mut self) {
-        if self.owed.listed {
-            self.nodes.unlist_in_background(&self.keys);
-        }
-        if self.owed.withdrawal() {
-            self.nodes
-                .abandon_in_background(&self.keys, &self.token, &self.protocol, self.ttl);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -974,6 +849,32 @@ mod tests {
             keep_place: None,
             notified_everywhere: true,
             left: None,
+        }
+    }
+
+    #[test]
+    fn a_handover_message_names_its_waiter_its_token_and_its_lease() {
+        let token = [b'a'; 32];
+        let message = [b"G ".as_slice(), &token, b" 1795462274400006 2999"].concat();
+        assert_eq!(
+            Handover::parse(&message),
+            Some((
+                token.as_slice(),
+                Handover {
+                    fence: 1_795_462_274_400_006,
+                    px: 2999
+                }
+            ))
+        );
+        // A bare token (its turn, to take by its own call), and anything malformed.
+        for other in [
+            &token[..],
+            b"G",
+            b"G aaaa 12",
+            b"G aaaa x 5",
+            b"G aaaa 1 -5",
+        ] {
+            assert_eq!(Handover::parse(other), None, "{other:?}");
         }
     }
 
@@ -1036,5 +937,152 @@ mod tests {
             ..pause(Found::Unreachable)
         };
         assert_eq!(next_pause(p), Duration::ZERO);
+    }
+
+    /// The machine driven by hand, as a model checker drives it: no driver, no nodes,
+    /// no clock but the times given.
+    mod by_hand {
+        use super::*;
+        use crate::protocols::Plain;
+
+        const S: Duration = Duration::from_secs(1);
+
+        fn request(wait: Option<Duration>) -> Request<'static> {
+            Request {
+                name: "stock",
+                keys: LockKeys::new("fl", "stock").unwrap(),
+                protocol: Arc::new(Plain),
+                ttl: 30 * S,
+                wait,
+                retry: Retry::default(),
+                info: "",
+                replicas: 0,
+                renew: true,
+            }
+        }
+
+        fn token() -> HolderToken {
+            HolderToken::from_stored("ab".repeat(16))
+        }
+
+        fn held(left: Duration) -> Event {
+            Event::Answered(Ok(Outcome::Held {
+                refusal: Refusal::by(Blocker::Lease(left)),
+                nodes: Vec::new(),
+            }))
+        }
+
+        #[test]
+        fn an_uncontended_acquire_is_one_attempt_then_its_grant() {
+            let t0 = Instant::now();
+            let mut m = Acquiring::new(request(Some(Duration::ZERO)), token(), 1, t0);
+            let Command::Attempt(attempt) = m.start(t0) else {
+                panic!("the first command is an attempt");
+            };
+            let alone = Attempt {
+                join: false,
+                queued: false,
+                listed: Listed::No,
+                front: false,
+            };
+            assert_eq!(attempt, alone);
+            let grant = Grant::new(FencingToken::new(7), t0, 30 * S);
+            let answered = Event::Answered(Ok(Outcome::Granted {
+                grant,
+                owner_hold: false,
+            }));
+            match m.on(answered, t0 + MS) {
+                Command::Done(Done {
+                    result: Ok(acquired),
+                    cleanup,
+                }) => {
+                    assert_eq!(acquired.grant, grant);
+                    assert_eq!(acquired.token, token());
+                    assert_eq!(cleanup, Cleanup::default());
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(m.cancel(), Cleanup::default(), "done: nothing owed");
+        }
+
+        #[test]
+        fn a_waiter_subscribes_tries_again_sleeps_to_the_lease_end_then_lists_by_name() {
+            let t0 = Instant::now();
+            let mut m = Acquiring::new(request(Some(60 * S)), token(), 1, t0);
+            assert!(matches!(m.start(t0), Command::Attempt(_)));
+            let subscribe = m.on(held(20 * S), t0);
+            assert!(
+                matches!(
+                    subscribe,
+                    Command::Subscribe(Subscribe {
+                        only_if_open: false
+                    })
+                ),
+                "{subscribe:?}"
+            );
+            let channels = Channels {
+                everywhere: true,
+                own_everywhere: true,
+                named_wakes: 0,
+            };
+            match m.on(Event::Subscribed(Some(channels)), t0) {
+                Command::Attempt(a) => {
+                    assert_eq!((a.join, a.listed, a.front), (true, Listed::ByName, false))
+                }
+                other => panic!("{other:?}"),
+            }
+            match m.on(held(20 * S), t0) {
+                Command::Sleep { until } => assert_eq!(until, t0 + 20 * S + MS),
+                other => panic!("{other:?}"),
+            }
+            // Woken by name: its next attempt goes to the head of the list if refused.
+            let woken = Event::Woken(Woken {
+                by: WokenBy::Notification,
+                named_wakes: 1,
+                handover: None,
+            });
+            match m.on(woken, t0 + S) {
+                Command::Attempt(a) => assert!(a.front, "{a:?}"),
+                other => panic!("{other:?}"),
+            }
+            // Dropped now: its attempt's grant may land, and its client is listed.
+            let owed = Cleanup {
+                withdraw: true,
+                unlist: true,
+            };
+            assert_eq!(m.cancel(), owed);
+        }
+
+        #[test]
+        fn the_same_seed_draws_the_same_pauses() {
+            let pauses = |seed| {
+                let t0 = Instant::now();
+                let mut m = Acquiring::new(request(None), token(), seed, t0);
+                let _ = m.start(t0);
+                (0..8)
+                    .map(|i| {
+                        let lost = Event::Answered(Err(Error::Unavailable {
+                            node: "n".to_owned(),
+                            reason: UnavailableReason::TimedOut,
+                            detail: String::new(),
+                            source: None,
+                        }));
+                        let now = t0 + i * S;
+                        let Command::Sleep { until } = m.on(lost, now) else {
+                            panic!("an unreachable node is waited out");
+                        };
+                        let timer = Event::Woken(Woken {
+                            by: WokenBy::Timer,
+                            named_wakes: 0,
+                            handover: None,
+                        });
+                        assert!(matches!(m.on(timer, until), Command::Attempt(_)));
+                        until - now
+                    })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(pauses(7), pauses(7));
+            assert_ne!(pauses(7), pauses(8), "the jitter comes from the seed");
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The acquire engine against a scripted fake of the nodes ([`FakeNodes`]), under paused
-//! time: the interleavings that real servers give only when the timing happens to fall
+//! The acquire engine, run by its driver against a scripted fake of the nodes
+//! ([`FakeNodes`]), under paused time: the interleavings that real servers give only when the timing happens to fall
 //! that way (a lost reply, a late grant, a handover racing a cancel, a release heard
 //! before the holder's lease ends). Each test names the interleaving it pins down; the
 //! real-server tests (`tests/`) and the lab cover the same ground end to end.
@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::acquire::{Request, acquire};
+use super::acquire::Request;
+use super::driver::acquire;
 use super::fake::{FakeNodes, ListingSent, Scripted, Sent, granted, held, held_by, unavailable};
-use super::protocol::Protocol;
+use super::protocol::{Protocol, Undo};
 use super::retry::Retry;
-use crate::backend::Undo;
 use crate::error::{Blocker, Error, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::protocols::{Fair, Plain};

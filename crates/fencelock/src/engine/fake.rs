@@ -1,23 +1,25 @@
-//! A scripted fake of [`Nodes`] for the engine's tests under paused time: each attempt
+//! A scripted fake of [`Nodes`] for the driver's tests under paused time: each attempt
 //! gets the next answer of a script (after a delay of its own, or never), and everything
-//! the engine sends is logged. Release notifications go through the real subscriber's
-//! logic, without a connection ([`Subscriber::offline`]).
+//! the driver sends is logged, the attempts as the calls their protocol built. Release
+//! messages are delivered by [`FakeNodes::publish`] to the fake's own listeners, woken as
+//! the client's subscriber wakes its waiters (one plain waiter per message, every
+//! reentrant one, the fair waiter a message names, with its handover).
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::nodes::Nodes;
-use super::protocol::{Protocol, Wake};
+use super::acquire::{Handover, Request};
+use super::nodes::{Listener, Nodes};
+use super::protocol::{Protocol, Undo, Wake};
 use super::{Grant, Outcome, Refusal};
-use crate::backend::subscriber::{Subscriber, Subscription};
-use crate::backend::{AcquireRequest, Undo};
 use crate::error::{Blocker, Error, UnavailableReason};
 use crate::keys::LockKeys;
-use crate::scripts::Listing;
+use crate::scripts::{Call, Flavor, Lua};
 use crate::token::{FencingToken, HolderToken};
 
 /// The next answer of an attempt.
@@ -30,14 +32,13 @@ pub(crate) enum Scripted {
     Never,
 }
 
-/// What the engine sent, in order.
+/// What the driver sent, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Sent {
-    /// An attempt, with what it said.
+    /// An attempt: its holder token, and how its call lists the client (a plain lock's
+    /// `acquire.lua` call; `None` for other scripts).
     Attempt {
         token: String,
-        join: bool,
-        queued: bool,
         listing: Option<ListingSent>,
     },
     /// A withdrawal (in the foreground).
@@ -52,28 +53,20 @@ pub(crate) enum Sent {
     WaitReplicas { replicas: u32 },
 }
 
-/// What an attempt's listing said.
+/// What an attempt's listing said (`acquire.lua`'s ARGV[10] and ARGV[11]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ListingSent {
     pub stays: bool,
     pub front: bool,
 }
 
-impl From<Listing<'_>> for ListingSent {
-    fn from(l: Listing<'_>) -> Self {
-        Self {
-            stays: l.stays,
-            front: l.front,
-        }
-    }
-}
-
-/// The fake: a script of answers, a log, one node (or `nodes` that answer alike).
+/// The fake: a script of answers, a log, one node.
 pub(crate) struct FakeNodes {
     answers: Mutex<VecDeque<Scripted>>,
     replicas: Mutex<VecDeque<Result<(u32, Duration), Error>>>,
     sent: Mutex<Vec<(Instant, Sent)>>,
-    subscriber: Subscriber,
+    /// Every listener registered, in arrival order (gone once dropped).
+    listeners: Mutex<Vec<Weak<Registered>>>,
     /// Whether subscriptions are confirmed (a node whose pub/sub is down: none).
     subscribes: bool,
     /// Whether foreground withdrawals fail (the node went away).
@@ -87,7 +80,7 @@ impl FakeNodes {
             answers: Mutex::new(answers.into_iter().collect()),
             replicas: Mutex::new(VecDeque::new()),
             sent: Mutex::new(Vec::new()),
-            subscriber: Subscriber::offline(),
+            listeners: Mutex::new(Vec::new()),
             subscribes: true,
             withdrawals_fail: false,
         }
@@ -140,9 +133,49 @@ impl FakeNodes {
         self.attempt_times().len()
     }
 
-    /// A release message on `channel`, as the server would publish it.
+    /// A release message on `channel`, as the server would publish it: an empty payload
+    /// wakes one plain waiter (the longest-waiting one that answered its earlier wakes,
+    /// else the longest-waiting), every reentrant waiter and every fair waiter; a token
+    /// (or a handover to it, `G TOKEN FENCE PX`) wakes the fair waiter of that token.
     pub fn publish(&self, channel: &str, payload: &[u8]) {
-        self.subscriber.deliver(channel, payload);
+        let on_channel: Vec<Arc<Registered>> = self
+            .live()
+            .into_iter()
+            .filter(|r| r.channel == channel)
+            .collect();
+        if !payload.is_empty() {
+            let (token, handover) = match Handover::parse(payload) {
+                Some((token, handover)) => (token, Some(handover)),
+                None => (payload, None),
+            };
+            for r in &on_channel {
+                if matches!(&r.kind, Kind::Turn(t) if t.as_bytes() == token) {
+                    r.state.lock().unwrap().handover = handover;
+                    r.wake();
+                }
+            }
+            return;
+        }
+        for r in on_channel.iter().filter(|r| r.kind != Kind::Plain) {
+            r.wake();
+        }
+        let plain: Vec<&Arc<Registered>> = on_channel
+            .iter()
+            .filter(|r| r.kind == Kind::Plain)
+            .collect();
+        let idle = plain.iter().find(|r| {
+            let st = r.state.lock().unwrap();
+            st.wakes == st.settled
+        });
+        if let Some(r) = idle.or(plain.first()) {
+            r.wake();
+        }
+    }
+
+    fn live(&self) -> Vec<Arc<Registered>> {
+        let mut listeners = self.listeners.lock().unwrap();
+        listeners.retain(|l| l.strong_count() > 0);
+        listeners.iter().filter_map(Weak::upgrade).collect()
     }
 
     fn log(&self, sent: Sent) {
@@ -150,17 +183,43 @@ impl FakeNodes {
     }
 }
 
+/// What the call's arguments say, for the log: its token (`ARGV[1]` of a plain or fair
+/// acquire), and a plain acquire's listing.
+fn attempt_sent(call: &Call) -> Sent {
+    let words: Vec<String> = call
+        .evalsha(Flavor::Standalone)
+        .args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            _ => String::new(),
+        })
+        .collect();
+    // EVALSHA, the hash, the key count, the keys, then ARGV.
+    let keys: usize = words[2].parse().unwrap();
+    let argv = &words[3 + keys..];
+    let listing = (call.lua() == Lua::Acquire && argv.len() >= 11).then(|| ListingSent {
+        stays: argv[9] == "1",
+        front: argv[10] == "1",
+    });
+    Sent::Attempt {
+        token: argv[0].clone(),
+        listing,
+    }
+}
+
 impl Nodes for FakeNodes {
-    fn acquire(
+    type Listener = FakeListener;
+    type Session = ();
+
+    fn attempt(
         &self,
-        req: &AcquireRequest<'_>,
+        _req: &Request<'_>,
+        _token: &HolderToken,
+        call: &Arc<Call>,
+        _identified: Option<&Arc<Call>>,
+        _session: &mut (),
     ) -> impl Future<Output = Result<Outcome, Error>> + Send {
-        self.log(Sent::Attempt {
-            token: req.token.as_str().to_owned(),
-            join: req.join,
-            queued: req.queued,
-            listing: req.listing.map(ListingSent::from),
-        });
+        self.log(attempt_sent(call));
         let next = self
             .answers
             .lock()
@@ -179,7 +238,7 @@ impl Nodes for FakeNodes {
         }
     }
 
-    fn abandon(
+    fn withdraw(
         &self,
         _keys: &LockKeys,
         token: &HolderToken,
@@ -197,7 +256,7 @@ impl Nodes for FakeNodes {
         })
     }
 
-    fn abandon_in_background(
+    fn withdraw_in_background(
         &self,
         _keys: &LockKeys,
         token: &HolderToken,
@@ -232,22 +291,35 @@ impl Nodes for FakeNodes {
     fn subscribe(
         &self,
         channel: &str,
-        id: u64,
+        _id: u64,
         wake: Wake<'_>,
-    ) -> impl Future<Output = Vec<Subscription>> + Send {
+    ) -> impl Future<Output = Vec<FakeListener>> + Send {
         self.log(Sent::Subscribe {
             channel: channel.to_owned(),
         });
-        let subscribed: Vec<Subscription> = if self.subscribes {
-            vec![self.subscriber.register(channel, id, wake)]
-        } else {
-            Vec::new()
-        };
+        let mut subscribed = Vec::new();
+        if self.subscribes {
+            let registered = Arc::new(Registered {
+                channel: channel.to_owned(),
+                kind: match wake {
+                    Wake::Plain => Kind::Plain,
+                    Wake::Owner => Kind::Owner,
+                    Wake::Turn(token) => Kind::Turn(token.to_owned()),
+                },
+                notify: Notify::new(),
+                state: Mutex::new(State::default()),
+            });
+            self.listeners
+                .lock()
+                .unwrap()
+                .push(Arc::downgrade(&registered));
+            subscribed.push(FakeListener(registered));
+        }
         std::future::ready(subscribed)
     }
 
     fn subscribed_everywhere(&self, channel: &str) -> bool {
-        self.subscriber.is_subscribed(channel)
+        self.live().iter().any(|r| r.channel == channel)
     }
 
     fn own_channel(&self, keys: &LockKeys) -> String {
@@ -258,12 +330,71 @@ impl Nodes for FakeNodes {
         "00000000000000aa"
     }
 
+    fn counter_idle(&self) -> Duration {
+        Duration::ZERO
+    }
+
     fn plain_waiters(&self, channel: &str) -> usize {
-        self.subscriber.plain_waiters(channel)
+        self.live()
+            .iter()
+            .filter(|r| r.channel == channel && r.kind == Kind::Plain)
+            .count()
     }
 
     fn node_count(&self) -> usize {
         1
+    }
+}
+
+/// How a fake listener is woken.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    Plain,
+    Owner,
+    Turn(String),
+}
+
+/// One registration of the fake.
+struct Registered {
+    channel: String,
+    kind: Kind,
+    notify: Notify,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    wakes: u64,
+    settled: u64,
+    handover: Option<Handover>,
+}
+
+impl Registered {
+    fn wake(&self) {
+        self.state.lock().unwrap().wakes += 1;
+        self.notify.notify_one();
+    }
+}
+
+/// The fake's [`Listener`].
+pub(crate) struct FakeListener(Arc<Registered>);
+
+impl Listener for FakeListener {
+    async fn notified(&self) {
+        self.0.notify.notified().await;
+    }
+
+    fn wake_mark(&self) -> u64 {
+        self.0.state.lock().unwrap().wakes
+    }
+
+    fn settle(&self, mark: u64) {
+        let mut st = self.0.state.lock().unwrap();
+        st.settled = st.settled.max(mark);
+    }
+
+    fn handover(&self) -> Option<Handover> {
+        self.0.state.lock().unwrap().handover.take()
     }
 }
 

@@ -1,14 +1,16 @@
-//! The engine, above the backend and the protocols: the acquire state machine
-//! (`acquire.rs`: attempts, waiting for a release, clean-up), the retry schedule of a
-//! waiting acquire, and the watchdog that renews held leases. The acquire engine sees
-//! the nodes only through [`nodes::Nodes`], which the backend implements and the tests'
-//! scripted fake (`fake.rs`) does too.
+//! The engine: the acquire state machine (`acquire.rs`: attempts, waiting for a
+//! release, clean-up; pure transitions, no I/O), the driver that runs it on the nodes
+//! (`driver.rs`), the retry schedule of a waiting acquire, and the watchdog that renews
+//! held leases. The driver sees the nodes only through [`nodes::Nodes`], which the
+//! backend implements and the tests' scripted fake (`fake.rs`) does too; the primitive
+//! only through its [`Protocol`], which `src/protocols/` implement.
 //!
 //! The engine owns the types it is driven with: what a primitive must answer
 //! ([`Protocol`], `protocol.rs`), what an attempt came to ([`Outcome`]) and the one
 //! [`Grant`] that goes from the tally of a script's reply to the guard.
 
 pub(crate) mod acquire;
+pub(crate) mod driver;
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]

@@ -40,13 +40,13 @@ impl Retry {
         Ok(())
     }
 
-    /// The pause before attempt `n + 1` (n counts from 0).
-    pub(crate) fn delay(&self, n: u32) -> Duration {
+    /// The pause before attempt `n + 1` (n counts from 0), its jitter drawn from `rng`.
+    pub(crate) fn delay(&self, n: u32, rng: &mut impl Rng) -> Duration {
         let cap = self
             .min
             .saturating_mul(1u32.checked_shl(n.min(20)).unwrap_or(u32::MAX))
             .min(self.max);
-        rand::rng().random_range(self.min..=cap)
+        rng.random_range(self.min..=cap)
     }
 }
 
@@ -63,14 +63,15 @@ mod tests {
     #[test]
     fn delays_stay_within_bounds_and_grow() {
         let r = Retry::backoff(Duration::from_millis(2), Duration::from_millis(50));
+        let rng = &mut rand::rng();
         for n in 0..40 {
-            let d = r.delay(n);
+            let d = r.delay(n, rng);
             assert!(
                 d >= Duration::from_millis(2) && d <= Duration::from_millis(50),
                 "{d:?}"
             );
         }
-        assert_eq!(r.delay(0), Duration::from_millis(2));
+        assert_eq!(r.delay(0, rng), Duration::from_millis(2));
         assert!(
             Retry::backoff(Duration::ZERO, Duration::from_millis(1))
                 .validate()

@@ -660,12 +660,6 @@ impl Listing<'_> {
     /// its release then wakes every client. Never taken off by a grant (other clients'
     /// waiters may have listed it too), only by the release that announces it.
     pub const EVERYONE: &'static str = "*";
-
-    /// Whether it lists the client by name (which its acquire takes off the list when
-    /// it ends without the lock).
-    pub fn by_name(&self) -> bool {
-        self.tag != Self::EVERYONE
-    }
 }
 
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a
