@@ -376,7 +376,7 @@ impl Backend {
         let sent_at = Instant::now();
         let (outcome, take_back) = if let Some(node) = self.only_node() {
             let answer: Result<AcquireReply, Error> = node.run(call, q.within(req.ttl)).await;
-            q.acquire_one(node, answer, sent_at, req.ttl)
+            q.acquire_one(node, answer, sent_at, req.ttl, Instant::now())
         } else {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
             // future as large as a Redlock one's.
@@ -407,7 +407,7 @@ impl Backend {
             let (q, nodes, generations, ttl) =
                 (q.clone(), self.nodes.clone(), generations.clone(), req.ttl);
             move |i, answer: Result<AcquireReply, Error>| {
-                q.judge_late(&nodes, i, &answer, generations[i], ttl);
+                q.judge_late(&nodes[i], &answer, generations[i], ttl, Instant::now());
             }
         };
         fan_out_until(
@@ -421,11 +421,11 @@ impl Backend {
                     anonymous.clone()
                 }
             },
-            |i, answer| tally.add(i, answer, generations[i]),
+            |i, answer| tally.add(i, answer, generations[i], Instant::now()),
             late,
         )
         .await;
-        tally.verdict(req.name)
+        tally.verdict(req.name, Instant::now())
     }
 
     /// Takes back what an attempt the tally refused may have written. The call is started

@@ -35,11 +35,56 @@
 
 use std::time::{Duration, Instant};
 
-use super::node::Node;
+use super::node::{Health, Node};
 use crate::engine::{Grant, Outcome, Refusal, lease_end};
 use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
 use crate::scripts::replies::{AcquireReply, Answer, Owned};
 use crate::token::FencingToken;
+
+/// What the tally reads and records of a node: one of the backend's [`Node`]s, or a
+/// model checker's. The rules take the time as an argument too: the tally does no I/O
+/// and reads no clock.
+pub(crate) trait Voter {
+    /// Its address, for reports and errors.
+    fn addr(&self) -> String;
+    /// The server's run id when last seen.
+    fn run_id(&self) -> Option<String>;
+    /// When its server process started, as last estimated.
+    fn up_since(&self) -> Option<Instant>;
+    /// The generation of its connection when it last said who it is.
+    fn identified_at(&self) -> Option<u64>;
+    /// Its connection's generation now (see [`Node::generation`]).
+    fn generation(&self) -> u64;
+    /// Records what it said about itself (`now`: when the answer came) in an answer on
+    /// its connection of `generation` ([`Health::observe`]).
+    fn observe(&self, run_id: &str, uptime: Duration, generation: u64, now: Instant);
+}
+
+impl Voter for Node {
+    fn addr(&self) -> String {
+        Node::addr(self)
+    }
+
+    fn run_id(&self) -> Option<String> {
+        self.health().run_id.clone()
+    }
+
+    fn up_since(&self) -> Option<Instant> {
+        self.health().up_since
+    }
+
+    fn identified_at(&self) -> Option<u64> {
+        self.health().identified_at
+    }
+
+    fn generation(&self) -> u64 {
+        Node::generation(self)
+    }
+
+    fn observe(&self, run_id: &str, uptime: Duration, generation: u64, now: Instant) {
+        let _: bool = Health::observe(&mut self.health(), run_id, uptime, generation, now);
+    }
+}
 
 /// The decision rules of a client's nodes.
 #[derive(Clone, Debug)]
@@ -114,26 +159,25 @@ impl Quorum {
     /// Whether `node` must say who it is with its answer: until its identity is known
     /// (it was down when the client connected), and with restart protection on, again
     /// after every change of its connection (a server restarts only by closing them).
-    pub fn identify(&self, node: &Node) -> bool {
+    pub fn identify(&self, node: &impl Voter) -> bool {
         if !self.is_redlock() {
             return false;
         }
-        let health = node.health();
-        health.run_id.is_none()
-            || (self.quarantine.is_some() && health.identified_at != Some(node.generation()))
+        node.run_id().is_none()
+            || (self.quarantine.is_some() && node.identified_at() != Some(node.generation()))
     }
 
-    /// Tallies one node's answer to an acquire attempt sent at `sent_at`: its answer is
-    /// the attempt's outcome. Returns it, and whether what the attempt may have written
-    /// must be taken back now.
+    /// Tallies one node's answer (come at `now`) to an acquire attempt sent at
+    /// `sent_at`: its answer is the attempt's outcome. Returns it, and whether what the
+    /// attempt may have written must be taken back now.
     pub fn acquire_one(
         &self,
-        node: &Node,
+        node: &impl Voter,
         answer: Result<AcquireReply, Error>,
         sent_at: Instant,
         ttl: Duration,
+        now: Instant,
     ) -> (Result<Outcome, Error>, bool) {
-        let now = Instant::now();
         let reply = match answer {
             Ok(reply) => reply,
             Err(e) => return (Err(e), false),
@@ -171,12 +215,12 @@ impl Quorum {
 
     /// Starts the tally of a Redlock acquire attempt sent at `sent_at`, whose answers
     /// come in one by one ([`AcquireTally::add`]).
-    pub fn tally<'a>(
+    pub fn tally<'a, V: Voter>(
         &'a self,
-        nodes: &'a [Node],
+        nodes: &'a [V],
         sent_at: Instant,
         ttl: Duration,
-    ) -> AcquireTally<'a> {
+    ) -> AcquireTally<'a, V> {
         AcquireTally {
             quorum: self,
             nodes,
@@ -194,21 +238,18 @@ impl Quorum {
         }
     }
 
-    /// What `nodes[i]` answered to an acquire (sent on its connection of `generation`),
-    /// as a vote. Records what the node said about itself.
+    /// What `node` answered to an acquire (sent on its connection of `generation`, come
+    /// at `now`), as a vote. Records what the node said about itself.
     fn judge(
         &self,
-        nodes: &[Node],
-        i: usize,
+        node: &impl Voter,
         reply: &AcquireReply,
         generation: u64,
         ttl: Duration,
+        now: Instant,
     ) -> NodeOutcome {
-        let node = &nodes[i];
-        let now = Instant::now();
         if let Some(id) = &reply.identity {
-            node.health()
-                .observe(&id.run_id, id.uptime, generation, now);
+            node.observe(&id.run_id, id.uptime, generation, now);
         }
         if let Answer::Held(refusal) = reply.answer {
             return NodeOutcome::Held {
@@ -233,18 +274,19 @@ impl Quorum {
         NodeOutcome::Granted
     }
 
-    /// Records what a node said about itself in an answer that came after the verdict.
+    /// Records what a node said about itself in an answer that came (at `now`) after
+    /// the verdict.
     pub fn judge_late(
         &self,
-        nodes: &[Node],
-        i: usize,
+        node: &impl Voter,
         answer: &Result<AcquireReply, Error>,
         generation: u64,
         ttl: Duration,
+        now: Instant,
     ) {
         if let Ok(reply) = answer {
-            let vote = self.judge(nodes, i, reply, generation, ttl);
-            tracing::debug!(node = nodes[i].addr(), %vote, "a Redlock node answered after the verdict");
+            let vote = self.judge(node, reply, generation, ttl, now);
+            tracing::debug!(node = node.addr(), %vote, "a Redlock node answered after the verdict");
         }
     }
 
@@ -254,7 +296,7 @@ impl Quorum {
     /// one per node, `None` for a node that did not answer.
     pub fn confirm(
         &self,
-        nodes: &[Node],
+        nodes: &[impl Voter],
         answers: impl IntoIterator<Item = Option<Owned>>,
         enough: usize,
     ) -> Confirmation {
@@ -286,9 +328,14 @@ impl Quorum {
     /// How long `node` stays quarantined: a server that started less than the
     /// quarantine ago (the configured one, or the lease if longer, plus the second its
     /// uptime may be off by) may have lost locks it held.
-    pub fn quarantine_left(&self, node: &Node, ttl: Duration, now: Instant) -> Option<Duration> {
+    pub fn quarantine_left(
+        &self,
+        node: &impl Voter,
+        ttl: Duration,
+        now: Instant,
+    ) -> Option<Duration> {
         let quarantine = self.quarantine?.max(ttl);
-        let up_since = node.health().up_since?;
+        let up_since = node.up_since()?;
         (up_since + quarantine + Duration::from_secs(1))
             .checked_duration_since(now)
             .filter(|left| !left.is_zero())
@@ -296,9 +343,9 @@ impl Quorum {
 }
 
 /// The tally of one Redlock acquire attempt, answer by answer.
-pub(crate) struct AcquireTally<'a> {
+pub(crate) struct AcquireTally<'a, V: Voter> {
     quorum: &'a Quorum,
-    nodes: &'a [Node],
+    nodes: &'a [V],
     ttl: Duration,
     sent_at: Instant,
     valid_until: Instant,
@@ -317,16 +364,22 @@ pub(crate) struct AcquireTally<'a> {
     fatal: Option<Error>,
 }
 
-impl AcquireTally<'_> {
-    /// Adds what `nodes[i]` answered (sent on its connection of `generation`). True once
-    /// the verdict is known whatever the others answer: a majority granted in time, or a
-    /// key holds data fencelock did not write.
-    pub fn add(&mut self, i: usize, answer: Result<AcquireReply, Error>, generation: u64) -> bool {
+impl<V: Voter> AcquireTally<'_, V> {
+    /// Adds what `nodes[i]` answered (sent on its connection of `generation`, come at
+    /// `now`). True once the verdict is known whatever the others answer: a majority
+    /// granted in time, or a key holds data fencelock did not write.
+    pub fn add(
+        &mut self,
+        i: usize,
+        answer: Result<AcquireReply, Error>,
+        generation: u64,
+        now: Instant,
+    ) -> bool {
         let outcome = match answer {
             Ok(reply) => {
                 let mut vote = self
                     .quorum
-                    .judge(self.nodes, i, &reply, generation, self.ttl);
+                    .judge(&self.nodes[i], &reply, generation, self.ttl, now);
                 if vote == NodeOutcome::Granted
                     && let Some(refused) = self.second_name(i)
                 {
@@ -362,14 +415,14 @@ impl AcquireTally<'_> {
             Err(e) => NodeOutcome::Refused(e.to_string()),
         };
         self.report[i] = Some(outcome);
-        self.granted >= self.quorum.needed() && self.valid_until > Instant::now()
+        self.granted >= self.quorum.needed() && self.valid_until > now
     }
 
     /// Records the grant of `nodes[i]` as its server's vote. If that server voted
     /// already under another name, the name given later is refused: `i`'s refusal is
     /// returned, or the other name's recorded in its place (and its vote taken back).
     fn second_name(&mut self, i: usize) -> Option<NodeOutcome> {
-        let id = self.nodes[i].health().run_id.clone()?;
+        let id = self.nodes[i].run_id()?;
         let Some(k) = self.voters.iter().position(|(known, _)| *known == id) else {
             self.voters.push((id, i));
             return None;
@@ -395,15 +448,15 @@ impl AcquireTally<'_> {
         None
     }
 
-    /// The attempt's outcome from the answers added, and whether what it may have
-    /// written must be taken back now. A node that has not answered yet counts as not
-    /// granting.
-    pub fn verdict(self, name: &str) -> (Result<Outcome, Error>, bool) {
+    /// The attempt's outcome from the answers added, at `now`, and whether what it may
+    /// have written must be taken back now. A node that has not answered yet counts as
+    /// not granting.
+    pub fn verdict(self, name: &str, now: Instant) -> (Result<Outcome, Error>, bool) {
         if let Some(e) = self.fatal {
             return (Err(e), true);
         }
         let needed = self.quorum.needed();
-        if self.granted >= needed && self.valid_until > Instant::now() {
+        if self.granted >= needed && self.valid_until > now {
             let granted = Outcome::Granted {
                 grant: Grant {
                     fence: FencingToken::new(self.fence),
@@ -446,9 +499,9 @@ impl AcquireTally<'_> {
 }
 
 /// The grant that came back after its lease had run out, as an error.
-fn late_grant(node: &Node, sent_at: Instant, now: Instant, ttl: Duration) -> Error {
+fn late_grant(node: &impl Voter, sent_at: Instant, now: Instant, ttl: Duration) -> Error {
     Error::Unavailable {
-        node: node.addr().to_owned(),
+        node: node.addr(),
         reason: UnavailableReason::LateGrant,
         detail: format!(
             "the grant arrived {} ms after the acquire was sent, after its {} ms lease (less the drift allowance) had run out",
@@ -461,15 +514,107 @@ fn late_grant(node: &Node, sent_at: Instant, now: Instant, ttl: Duration) -> Err
 
 /// The first node before `nodes[i]` known to be the server with `run_id`, if any (so
 /// the first of several names of one server keeps its vote).
-pub(crate) fn same_server(nodes: &[Node], i: usize, run_id: &str) -> Option<usize> {
+fn same_server(nodes: &[impl Voter], i: usize, run_id: &str) -> Option<usize> {
     nodes[..i]
         .iter()
-        .position(|n| n.health().run_id.as_deref() == Some(run_id))
+        .position(|n| n.run_id().as_deref() == Some(run_id))
 }
 
 /// Whether `nodes[i]` votes: false for a second name of a server that an earlier node
 /// already is (found out after the client connected).
-fn votes(nodes: &[Node], i: usize) -> bool {
-    let known = nodes[i].health().run_id.clone();
+fn votes(nodes: &[impl Voter], i: usize) -> bool {
+    let known = nodes[i].run_id();
     known.is_none_or(|id| same_server(nodes, i, &id).is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::scripts::replies::Identity;
+
+    const S: Duration = Duration::from_secs(1);
+
+    /// A node as a model checker keeps one: what it said about itself, in memory.
+    #[derive(Default)]
+    struct Known {
+        addr: String,
+        seen: Mutex<Option<(String, Instant)>>,
+    }
+
+    impl Voter for Known {
+        fn addr(&self) -> String {
+            self.addr.clone()
+        }
+        fn run_id(&self) -> Option<String> {
+            self.seen.lock().unwrap().as_ref().map(|(id, _)| id.clone())
+        }
+        fn up_since(&self) -> Option<Instant> {
+            self.seen.lock().unwrap().as_ref().map(|(_, up)| *up)
+        }
+        fn identified_at(&self) -> Option<u64> {
+            self.seen.lock().unwrap().as_ref().map(|_| 0)
+        }
+        fn generation(&self) -> u64 {
+            0
+        }
+        fn observe(&self, run_id: &str, uptime: Duration, _generation: u64, now: Instant) {
+            *self.seen.lock().unwrap() = Some((run_id.to_owned(), now - uptime - S));
+        }
+    }
+
+    fn granted(fence: u64, run_id: &str, uptime: Duration) -> Result<AcquireReply, Error> {
+        Ok(AcquireReply {
+            answer: Answer::Granted {
+                fence: FencingToken::new(fence),
+                fresh: true,
+            },
+            identity: Some(Identity {
+                run_id: run_id.to_owned(),
+                uptime,
+            }),
+            owner_hold: false,
+        })
+    }
+
+    #[test]
+    fn a_majority_in_time_decides_with_the_highest_token_and_a_fresh_restart_does_not_vote() {
+        let nodes: Vec<Known> = (1..=3)
+            .map(|i| Known {
+                addr: format!("n{i}"),
+                ..Known::default()
+            })
+            .collect();
+        let q = Quorum::redlock(3, None, Some(30 * S), S);
+        let t0 = Instant::now() + 3600 * S;
+        let ttl = 10 * S;
+        let mut tally = q.tally(&nodes, t0, ttl);
+        // Up for an hour: counts. Up for 5 s: still in quarantine.
+        assert!(!tally.add(0, granted(40, "a", 3600 * S), 0, t0));
+        assert!(!tally.add(1, granted(42, "b", 5 * S), 0, t0));
+        assert!(
+            tally.add(2, granted(41, "c", 3600 * S), 0, t0),
+            "two votes decide"
+        );
+        match tally.verdict("stock", t0) {
+            (Ok(Outcome::Granted { grant, .. }), false) => {
+                // The highest of the votes that count: 42 came from the quarantined node.
+                assert_eq!(grant.fence, FencingToken::new(41));
+                assert_eq!(grant.valid_until, lease_end(t0, ttl));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The same answers after the lease's validity ran out: refused, taken back.
+        let mut late = q.tally(&nodes, t0, ttl);
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            late.add(i, granted(43, id, 3600 * S), 0, t0 + ttl);
+        }
+        let (verdict, take_back) = late.verdict("stock", t0 + ttl);
+        assert!(
+            matches!(verdict, Err(Error::NoQuorum { .. })),
+            "{verdict:?}"
+        );
+        assert!(take_back);
+    }
 }
