@@ -9,7 +9,7 @@ pub(crate) struct Shared {
     pub backend: Backend,
     pub prefix: String,
     /// Renews the leases of held locks.
-    pub watchdog: Watchdog,
+    pub watchdog: Watchdog<Backend>,
 }
 
 impl std::fmt::Debug for Shared {

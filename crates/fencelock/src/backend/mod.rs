@@ -35,6 +35,7 @@ use tokio_util::task::TaskTracker;
 use crate::engine::acquire::Request;
 use crate::engine::nodes::Nodes;
 use crate::engine::protocol::{self, Protocol, Undo, Wake};
+use crate::engine::watchdog::{Renewal, Renewer};
 use crate::engine::{Outcome, lease_end};
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
@@ -58,17 +59,6 @@ pub(crate) struct Session {
     /// cannot reach a node after it (a reconnect, a script loaded again, a master that
     /// moved could reorder them).
     take_back: Option<tokio::task::JoinHandle<()>>,
-}
-
-/// What a renewal batch did for one lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renewal {
-    /// Confirmed with time to spare: the lease now lasts until then.
-    Renewed { valid_until: Instant },
-    /// It is gone.
-    Lost(LossCause),
-    /// No verdict this time (too few answers, or too late): retry.
-    Unknown,
 }
 
 /// Where a client's locks live: one node, or the Redlock nodes. Cheap to clone.
@@ -936,6 +926,35 @@ impl Nodes for Backend {
 
     fn plain_waiters(&self, channel: &str) -> usize {
         Backend::plain_waiters(self, channel)
+    }
+
+    fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+impl Renewer for Backend {
+    fn renewal_group(&self, key: &str) -> Option<String> {
+        Backend::renewal_group(self, key)
+    }
+
+    fn renew(
+        &self,
+        leases: &[(&str, &str, Duration)],
+    ) -> impl Future<Output = Vec<Renewal>> + Send {
+        Backend::renew(self, leases)
+    }
+
+    async fn counter(&self, key: &str) -> Option<u64> {
+        let keys = LockKeys {
+            lock: key.to_owned(),
+        };
+        let answers = self.inspect(&keys).await;
+        answers
+            .iter()
+            .flatten()
+            .filter_map(|inspected| inspected.counter.parse::<u64>().ok())
+            .max()
     }
 
     fn node_count(&self) -> usize {

@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use futures_util::future::select_all;
 use tracing::Instrument;
 
-use super::Outcome;
 use super::acquire::{
     Acquired, Acquiring, Attempt, Channels, Cleanup, Command, Event, LISTING_MARGIN, Request,
     Subscribe, Woken,
 };
 use super::nodes::{Listener, Nodes};
 use super::protocol::{self, Listed};
+use super::{Outcome, clock};
 use crate::error::{Blocker, Error, NodeList, NodeReport};
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
 use crate::scripts::{self, Call};
@@ -63,14 +63,6 @@ pub(crate) async fn acquire<N: Nodes>(nodes: &N, req: Request<'_>) -> Result<Acq
     let result = run.go(&mut report).instrument(span).await;
     report.finish(&result);
     result
-}
-
-/// The engine's clock: Tokio's, which its tests pause and advance (without Tokio's
-/// test-util, exactly `std::time::Instant`). What it hands over is `std`'s: with time
-/// paused by a user's test-util build, a grant's lease end is converted from the paused
-/// clock, and may lie later than the real one.
-fn clock() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 /// Waiter ids, increasing in arrival order across every client and node of the process,

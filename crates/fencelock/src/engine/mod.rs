@@ -19,6 +19,8 @@ pub(crate) mod nodes;
 pub(crate) mod protocol;
 pub(crate) mod retry;
 pub(crate) mod watchdog;
+#[cfg(test)]
+mod watchdog_tests;
 
 use std::time::{Duration, Instant};
 
@@ -84,4 +86,12 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 /// The end of a lease that Redis started no earlier than `sent_at`.
 pub(crate) fn lease_end(sent_at: Instant, ttl: Duration) -> Instant {
     sent_at + ttl.saturating_sub(drift(ttl))
+}
+
+/// The engine's clock: Tokio's, which its tests pause and advance (without Tokio's
+/// test-util, exactly `std::time::Instant`). What it hands over is `std`'s: with time
+/// paused by a user's test-util build, a grant's lease end is converted from the paused
+/// clock, and may lie later than the real one.
+pub(crate) fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
 }

@@ -27,8 +27,15 @@
 //! every lease's next renewal. Anything that brings one of those before the wake it
 //! chose (a new lease, such as one capped by a short maximum hold, or an extend to a
 //! shorter TTL) wakes it at once, so no deadline waits for a tick.
+//!
+//! As the acquire engine, it decides without I/O: [`plan`] says at a given time which
+//! leases are lost, which fall due and when to look again; [`apply`] turns a batch's
+//! renewals into the leases' new ends and losses; [`why_gone`] names the loss of a key
+//! found gone early. The task around them sends the batches through a [`Renewer`] (the
+//! backend, or the tests' fake under paused time) on the engine's clock.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -37,24 +44,57 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::Grant;
-use crate::backend::{Backend, Renewal};
+use super::{Grant, clock};
 use crate::error::LossCause;
 use crate::keys::name_in;
-
 use crate::observe;
 
-/// The watchdog of one client.
-#[derive(Clone)]
-pub(crate) struct Watchdog {
-    inner: Arc<Inner>,
+/// What the watchdog asks of the nodes: the backend, or the tests' fake.
+pub(crate) trait Renewer: Send + Sync + 'static {
+    /// Which renewal batch a lease's `key` belongs in: on a cluster, the master that
+    /// serves it (one batch goes to one master, in one call); `None` where every node
+    /// serves every key.
+    fn renewal_group(&self, key: &str) -> Option<String>;
+
+    /// One renewal batch: `(lock key, holder, ttl)` per lease, sent now to every node;
+    /// what came of each lease, in order.
+    fn renew(&self, leases: &[(&str, &str, Duration)])
+    -> impl Future<Output = Vec<Renewal>> + Send;
+
+    /// The highest fencing counter the nodes report for the lock `key` (for a key found
+    /// gone early); `None` if none does.
+    fn counter(&self, key: &str) -> impl Future<Output = Option<u64>> + Send;
+
+    /// How many nodes there are (for the batch's event).
+    fn node_count(&self) -> usize;
 }
 
-struct Inner {
+/// What a renewal batch did for one lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Confirmed with time to spare: the lease now lasts until then.
+    Renewed { valid_until: Instant },
+    /// It is gone.
+    Lost(LossCause),
+    /// No verdict this time (too few answers, or too late): retry.
+    Unknown,
+}
+
+/// The watchdog of one client.
+pub(crate) struct Watchdog<R: Renewer> {
+    inner: Arc<Inner<R>>,
+}
+
+struct Inner<R> {
     /// Where the leases live.
-    backend: Backend,
+    renewer: R,
     /// Leases per renewal call (see [`crate::ClientBuilder::renewal_batch`]).
     batch: usize,
+    table: Arc<Table>,
+}
+
+/// The leases watched, shared with their registrations.
+struct Table {
     leases: Mutex<Leases>,
     /// Wakes the task: a lease needs attention before the task's next wake. Shared, so
     /// that the idle task can wait on it without keeping the client alive.
@@ -127,21 +167,23 @@ impl State {
 
 /// Keeps a lease watched; dropping it stops the watch at once.
 pub(crate) struct Registration {
-    inner: Weak<Inner>,
+    table: Weak<Table>,
     id: u64,
     lease: Arc<Lease>,
 }
 
-impl Watchdog {
-    /// A watchdog renewing on `backend`, `batch` leases per call.
-    pub fn new(backend: Backend, batch: usize) -> Self {
+impl<R: Renewer> Watchdog<R> {
+    /// A watchdog renewing on `renewer`, `batch` leases per call.
+    pub fn new(renewer: R, batch: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
-                backend,
+                renewer,
                 batch,
-                leases: Mutex::new(Leases::default()),
-                changed: Arc::new(Notify::new()),
-                next_id: AtomicU64::new(0),
+                table: Arc::new(Table {
+                    leases: Mutex::new(Leases::default()),
+                    changed: Arc::new(Notify::new()),
+                    next_id: AtomicU64::new(0),
+                }),
             }),
         }
     }
@@ -179,9 +221,10 @@ impl Watchdog {
             lost: CancellationToken::new(),
             cause: OnceLock::new(),
         });
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let table = &self.inner.table;
+        let id = table.next_id.fetch_add(1, Ordering::Relaxed);
         let first_event = lock(&lease.state).first_event(renew);
-        let mut leases = lock(&self.inner.leases);
+        let mut leases = lock(&table.leases);
         leases.by_id.insert(id, lease.clone());
         if leases.task.as_ref().is_none_or(|t| t.is_finished()) {
             match tokio::runtime::Handle::try_current() {
@@ -192,11 +235,11 @@ impl Watchdog {
                 ),
             }
         }
-        self.inner.wake_before(&leases, first_event);
+        table.wake_before(&leases, first_event);
         drop(leases);
         observe::lease_held(true);
         Registration {
-            inner: Arc::downgrade(&self.inner),
+            table: Arc::downgrade(table),
             id,
             lease,
         }
@@ -204,11 +247,11 @@ impl Watchdog {
 
     /// How many leases are watched.
     pub fn len(&self) -> usize {
-        lock(&self.inner.leases).by_id.len()
+        lock(&self.inner.table.leases).by_id.len()
     }
 }
 
-impl Inner {
+impl Table {
     /// Wakes the task unless it wakes by `when` anyway. Called with the leases locked,
     /// which the task also holds while it picks its next wake, so no wake is missed.
     fn wake_before(&self, leases: &Leases, when: Instant) {
@@ -251,8 +294,8 @@ impl Registration {
             st.next_renewal = grant.sent_at + self.lease.ttl.min(grant.ttl) / 3;
             st.first_event(self.lease.renew)
         };
-        if let Some(inner) = self.inner.upgrade() {
-            inner.wake_before(&lock(&inner.leases), first_event);
+        if let Some(table) = self.table.upgrade() {
+            table.wake_before(&lock(&table.leases), first_event);
         }
     }
 
@@ -275,8 +318,8 @@ impl std::fmt::Debug for Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(inner) = self.inner.upgrade() {
-            lock(&inner.leases).by_id.remove(&self.id);
+        if let Some(table) = self.table.upgrade() {
+            lock(&table.leases).by_id.remove(&self.id);
         }
         observe::lease_held(false);
     }
@@ -330,23 +373,146 @@ impl Lease {
     }
 }
 
+/// A lease that falls due: the lease, the TTL to renew it to, and whether that TTL was
+/// shortened to end at the maximum hold.
+type Due = (Arc<Lease>, Duration, bool);
+
+/// What the watchdog does at a given time ([`plan`]).
+struct Plan {
+    /// The leases lost by now, and why.
+    lost: Vec<(Arc<Lease>, LossCause)>,
+    /// The leases to renew now (each marked in flight).
+    due: Vec<Due>,
+    /// When to look again.
+    wake: Instant,
+}
+
+/// What one batch's renewals came to ([`apply`]).
+#[derive(Default)]
+struct Applied {
+    /// The leases lost, and why.
+    lost: Vec<(Arc<Lease>, LossCause)>,
+    /// The leases whose key was gone while their lease still ran: [`why_gone`] tells
+    /// their cause.
+    gone_early: Vec<Arc<Lease>>,
+}
+
+/// At `now`: the leases past their loss deadline (lost), those due for renewal within
+/// [`early_window`] (marked in flight), and when to look again (the next tick, a lease's
+/// loss deadline or renewal, whichever comes first; recorded as the next wake).
+fn plan(leases: &mut Leases, now: Instant) -> Plan {
+    let tick = leases
+        .by_id
+        .values()
+        .filter(|lease| lease.renew)
+        .map(|lease| lease.ttl / 6)
+        .fold(Duration::from_secs(10), Duration::min)
+        .max(Duration::from_millis(5));
+    let mut plan = Plan {
+        lost: Vec::new(),
+        due: Vec::new(),
+        wake: now + tick,
+    };
+    for lease in leases.by_id.values() {
+        if lease.lost.is_cancelled() {
+            continue;
+        }
+        let mut st = lock(&lease.state);
+        let give_up = st.loss_deadline();
+        if now >= give_up {
+            let cause = if st.capped {
+                // Granted right up to the maximum hold: it ran out as asked.
+                LossCause::MaxHold
+            } else if !lease.renew {
+                LossCause::Expired
+            } else {
+                LossCause::Unconfirmed
+            };
+            plan.lost.push((lease.clone(), cause));
+            continue;
+        }
+        plan.wake = plan.wake.min(give_up);
+        if !lease.renew || st.in_flight {
+            continue;
+        }
+        if st.next_renewal > now + early_window(tick) {
+            plan.wake = plan.wake.min(st.next_renewal);
+            continue;
+        }
+        if let Some((ttl, capped)) = lease.renewal_ttl(now) {
+            st.in_flight = true;
+            plan.due.push((lease.clone(), ttl, capped));
+        }
+    }
+    leases.next_wake = Some(plan.wake);
+    plan
+}
+
+/// How early a lease may be renewed to share a call: half a tick. With the tick a sixth
+/// of the shortest lease, a lease is renewed between a quarter and a third of its length
+/// after its last renewal was sent (every third, as documented, up to a twelfth early).
+/// A whole tick would renew every lease one tick early, every sixth of it: twice the
+/// load on the server for the same safety.
+fn early_window(tick: Duration) -> Duration {
+    tick / 2
+}
+
+/// Applies one batch's `renewals` (sent at `sent_at`, answered at `now`): a renewed
+/// lease ends later and is renewed again a third of its lease after the send; a lease
+/// the nodes said is gone is lost, unless its key was gone while its lease still ran
+/// (see [`why_gone`]); no verdict leaves it to the next tick.
+fn apply(batch: &[Due], renewals: Vec<Renewal>, sent_at: Instant, now: Instant) -> Applied {
+    let mut applied = Applied::default();
+    for ((lease, ttl, capped), renewal) in batch.iter().zip(renewals) {
+        let mut st = lock(&lease.state);
+        st.in_flight = false;
+        match renewal {
+            Renewal::Renewed { valid_until } => {
+                if valid_until > st.valid_until {
+                    st.valid_until = valid_until;
+                    st.granted = *ttl;
+                    st.capped = *capped;
+                }
+                st.next_renewal = sent_at + lease.ttl / 3;
+            }
+            Renewal::Lost(LossCause::Expired) if now < st.valid_until => {
+                applied.gone_early.push(lease.clone());
+            }
+            Renewal::Lost(cause) => applied.lost.push((lease.clone(), cause)),
+            Renewal::Unknown => {}
+        }
+    }
+    applied
+}
+
+/// Why the key of `lease` was gone while its lease still ran (by the local clock, so not
+/// an expiry), from the fencing `counter` a node reported: [`LossCause::Broken`] when
+/// it moved past the lease's token (a break burns one; no grant can have followed, since
+/// the key is absent), else [`LossCause::Deleted`].
+fn why_gone(lease: &Lease, counter: Option<u64>) -> LossCause {
+    match (lease.fence, counter) {
+        (Some(fence), Some(counter)) if counter > fence => LossCause::Broken,
+        _ => LossCause::Deleted,
+    }
+}
+
 /// The watchdog task. It runs on a fixed tick (a sixth of the shortest renewed lease)
 /// and wakes at each lease's renewal time, and then renews, in batches, every lease that
 /// falls due within half a tick ([`early_window`]), so leases taken at scattered times
 /// still share calls. Losses are checked on
 /// the tick and at each lease's own deadline. Ends once no lease has been left for
 /// [`IDLE_LINGER`] (the next lease starts it again), or when the client is gone.
-async fn run(weak: Weak<Inner>) {
+async fn run<R: Renewer>(weak: Weak<Inner<R>>) {
     // Since when no lease has been left.
     let mut idle_since: Option<Instant> = None;
     loop {
         let Some(inner) = weak.upgrade() else { return };
-        let notify = inner.changed.clone();
+        let notify = inner.table.changed.clone();
         let changed = notify.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let now = Instant::now();
-        match idle(&inner, &mut idle_since, now) {
+        let now = clock();
+        match idle(&inner.table, &mut idle_since, now) {
             Idle::End => return,
             // Idle: wait a little for the next lease without keeping the client alive.
             Idle::Until(until) => {
@@ -359,7 +525,10 @@ async fn run(weak: Weak<Inner>) {
             }
             Idle::Busy => {}
         }
-        let (due, wake) = due_now(&inner, now);
+        let Plan { lost, due, wake } = plan(&mut lock(&inner.table.leases), now);
+        for (lease, cause) in lost {
+            lease.lose(cause);
+        }
         if !due.is_empty() {
             tokio::spawn(renew_in_turn(inner.clone(), due));
         }
@@ -382,8 +551,8 @@ enum Idle {
     End,
 }
 
-fn idle(inner: &Inner, idle_since: &mut Option<Instant>, now: Instant) -> Idle {
-    let mut leases = lock(&inner.leases);
+fn idle(table: &Table, idle_since: &mut Option<Instant>, now: Instant) -> Idle {
+    let mut leases = lock(&table.leases);
     if !leases.by_id.is_empty() {
         *idle_since = None;
         return Idle::Busy;
@@ -401,70 +570,8 @@ fn idle(inner: &Inner, idle_since: &mut Option<Instant>, now: Instant) -> Idle {
     Idle::Until(until)
 }
 
-/// How early a lease may be renewed to share a call: half a tick. With the tick a sixth
-/// of the shortest lease, a lease is renewed between a quarter and a third of its length
-/// after its last renewal was sent (every third, as documented, up to a twelfth early).
-/// A whole tick would renew every lease one tick early, every sixth of it: twice the
-/// load on the server for the same safety.
-fn early_window(tick: Duration) -> Duration {
-    tick / 2
-}
-
-/// The leases to renew now (those due within [`early_window`]; each marked in flight),
-/// after marking lost those past their deadline; and when the task wakes next.
-fn due_now(inner: &Inner, now: Instant) -> (Vec<Due>, Instant) {
-    let mut due = Vec::new();
-    let mut leases = lock(&inner.leases);
-    let tick = leases
-        .by_id
-        .values()
-        .filter(|lease| lease.renew)
-        .map(|lease| lease.ttl / 6)
-        .fold(Duration::from_secs(10), Duration::min)
-        .max(Duration::from_millis(5));
-    let mut wake = now + tick;
-    for lease in leases.by_id.values() {
-        if lease.lost.is_cancelled() {
-            continue;
-        }
-        let mut st = lock(&lease.state);
-        let give_up = st.loss_deadline();
-        if now >= give_up {
-            let cause = if st.capped {
-                // Granted right up to the maximum hold: it ran out as asked.
-                LossCause::MaxHold
-            } else if !lease.renew {
-                LossCause::Expired
-            } else {
-                LossCause::Unconfirmed
-            };
-            drop(st);
-            lease.lose(cause);
-            continue;
-        }
-        wake = wake.min(give_up);
-        if !lease.renew || st.in_flight {
-            continue;
-        }
-        if st.next_renewal > now + early_window(tick) {
-            wake = wake.min(st.next_renewal);
-            continue;
-        }
-        if let Some((ttl, capped)) = lease.renewal_ttl(now) {
-            st.in_flight = true;
-            due.push((lease.clone(), ttl, capped));
-        }
-    }
-    leases.next_wake = Some(wake);
-    (due, wake)
-}
-
 /// How long the watchdog task waits for a new lease once none is left, before it ends.
 const IDLE_LINGER: Duration = Duration::from_secs(1);
-
-/// A lease that falls due: the lease, the TTL to renew it to, and whether that TTL was
-/// shortened to end at the maximum hold.
-type Due = (Arc<Lease>, Duration, bool);
 
 /// Renews `due` in batches of up to the client's
 /// [`renewal_batch`](crate::ClientBuilder::renewal_batch) leases. On a cluster, the leases
@@ -474,10 +581,10 @@ type Due = (Arc<Lease>, Duration, bool);
 /// behind one batch at most, not behind a whole tick's (100 batches for 200,000 leases
 /// renewed every 2 s would hold the connection for about half a second of Redis time,
 /// longer than a call's response timeout allows). The groups go at once.
-async fn renew_in_turn(inner: Arc<Inner>, due: Vec<Due>) {
+async fn renew_in_turn<R: Renewer>(inner: Arc<Inner<R>>, due: Vec<Due>) {
     let mut groups: HashMap<Option<String>, Vec<Due>> = HashMap::new();
     for lease in due {
-        let group = inner.backend.renewal_group(&lease.0.key);
+        let group = inner.renewer.renewal_group(&lease.0.key);
         groups.entry(group).or_default().push(lease);
     }
     join_all(groups.into_values().map(|mut due| {
@@ -485,24 +592,25 @@ async fn renew_in_turn(inner: Arc<Inner>, due: Vec<Due>) {
         async move {
             while !due.is_empty() {
                 let rest = due.split_off(due.len().min(inner.batch));
-                renew(inner.clone(), std::mem::replace(&mut due, rest)).await;
+                renew(&inner, std::mem::replace(&mut due, rest)).await;
             }
         }
     }))
     .await;
 }
 
-/// Sends one batch (to every node, for Redlock) and applies the answers: a lease is
-/// renewed when a majority confirmed it in time, lost when so many nodes said it is gone
-/// that no majority can confirm it, and otherwise retried on the next tick.
-async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
-    let sent_at = Instant::now();
+/// Sends one batch (to every node, for Redlock) and applies the answers ([`apply`]): a
+/// lease is renewed when a majority confirmed it in time, lost when so many nodes said
+/// it is gone that no majority can confirm it, and otherwise retried on the next tick.
+async fn renew<R: Renewer>(inner: &Inner<R>, batch: Vec<Due>) {
+    let sent_at = clock();
     let leases: Vec<(&str, &str, Duration)> = batch
         .iter()
         .map(|(l, ttl, _)| (l.key.as_str(), l.token.as_str(), *ttl))
         .collect();
-    let renewals = inner.backend.renew(&leases).await;
-    let elapsed = sent_at.elapsed();
+    let renewals = inner.renewer.renew(&leases).await;
+    let now = clock();
+    let elapsed = now.saturating_duration_since(sent_at);
     let (mut renewed, mut lost, mut unknown) = (0u64, 0u64, 0u64);
     for r in &renewals {
         match r {
@@ -512,80 +620,35 @@ async fn renew(inner: Arc<Inner>, batch: Vec<(Arc<Lease>, Duration, bool)>) {
         }
     }
     observe::renewal_batch(batch.len(), elapsed, renewed, lost, unknown);
-    // Leases whose key was gone while their lease still ran: told apart below.
-    let mut gone_early = Vec::new();
     tracing::debug!(
         leases = batch.len(),
-        nodes = inner.backend.nodes().len(),
+        nodes = inner.renewer.node_count(),
         renewed,
         lost,
         unknown,
         elapsed_ms = observe::ms(elapsed),
         "renewal batch"
     );
-    for ((lease, ttl, capped), renewal) in batch.iter().zip(renewals) {
-        let mut st = lock(&lease.state);
-        st.in_flight = false;
-        match renewal {
-            Renewal::Renewed { valid_until } => {
-                if valid_until > st.valid_until {
-                    st.valid_until = valid_until;
-                    st.granted = *ttl;
-                    st.capped = *capped;
-                }
-                st.next_renewal = sent_at + lease.ttl / 3;
-            }
-            Renewal::Lost(LossCause::Expired) if Instant::now() < st.valid_until => {
-                drop(st);
-                gone_early.push(lease.clone());
-            }
-            Renewal::Lost(cause) => {
-                drop(st);
-                lease.lose(cause);
-            }
-            Renewal::Unknown => {}
-        }
+    let applied = apply(&batch, renewals, sent_at, now);
+    for (lease, cause) in applied.lost {
+        lease.lose(cause);
     }
-    join_all(gone_early.into_iter().map(|lease| {
-        let backend = &inner.backend;
-        async move {
-            let cause = why_gone(backend, &lease).await;
-            lease.lose(cause);
-        }
+    join_all(applied.gone_early.into_iter().map(|lease| async move {
+        // Only a lock with one holder at a time is told broken from deleted: one
+        // `inspect.lua` call, only on this loss path, bounded (then: deleted).
+        let counter = match lease.fence {
+            Some(_) => tokio::time::timeout(WHY_GONE_WITHIN, inner.renewer.counter(&lease.key))
+                .await
+                .unwrap_or(None),
+            None => None,
+        };
+        lease.lose(why_gone(&lease, counter));
     }))
     .await;
 }
 
-/// Why the key of `lease` was gone while its lease still ran (by the local clock, so not
-/// an expiry): [`LossCause::Broken`] when the fencing counter moved past the lease's
-/// token (a break burns one; no grant can have followed, since the key is absent),
-/// else [`LossCause::Deleted`]. One `inspect.lua` call, only on this loss path, bounded
-/// by [`WHY_GONE_WITHIN`] (then: deleted); the renewals themselves carry nothing more.
-async fn why_gone(backend: &Backend, lease: &Lease) -> LossCause {
-    let Some(fence) = lease.fence else {
-        return LossCause::Deleted;
-    };
-    let keys = crate::keys::LockKeys {
-        lock: lease.key.clone(),
-    };
-    let Ok(answers) = tokio::time::timeout(WHY_GONE_WITHIN, backend.inspect(&keys)).await else {
-        return LossCause::Deleted;
-    };
-    let moved_past = answers.iter().flatten().any(|inspected| {
-        inspected
-            .counter
-            .parse::<u64>()
-            .is_ok_and(|counter| counter > fence)
-    });
-    if moved_past {
-        LossCause::Broken
-    } else {
-        LossCause::Deleted
-    }
-}
-
-/// How long [`why_gone`] waits for the counter before it reports the loss as a deletion:
-/// the loss signal waits for it.
+/// How long the watchdog waits for the counter of a key found gone early before it
+/// reports the loss as a deletion: the loss signal waits for it.
 const WHY_GONE_WITHIN: Duration = Duration::from_millis(250);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
