@@ -7,13 +7,16 @@
 //! - On one node (a standalone server, a Sentinel-managed master) every name is taken
 //!   in one script call, all or none; with Redlock, that call goes to every node and a
 //!   majority decides, as for one lock. On a Redis Cluster the names are grouped by the
-//!   slot of their keys (the name is the key's hash tag), and the groups are taken one
-//!   call each, in the global order; a refusal takes back the groups granted before it.
-//! - A refusal names the held name. A waiting acquire first gives back whatever it
-//!   holds (owner-checked releases), then waits for that one name as a plain waiter
-//!   does (its release channel and wake list, bounded by its holder's lease), takes
-//!   it, and then tries the others again with single attempts. It never waits for a
-//!   name while it holds another, so callers cannot deadlock whatever sets they take.
+//!   slot of their keys (the name is the key's hash tag, and the backend groups them:
+//!   `Backend::call_groups`), and the groups are taken one call each; a refusal gives
+//!   back the groups granted before it.
+//! - A refusal names the held name. The engine waits for that name's release as for a
+//!   plain waiter of it (its release channel and wake list, bounded by its holder's
+//!   lease), holding nothing, and then tries every name again in one call; a refusal
+//!   by another name moves the wait there. On a Cluster, the group that refused waits
+//!   that way, first in the next round, and the others follow with single attempts.
+//!   It never waits for a name while it holds another, so callers cannot deadlock
+//!   whatever sets they take.
 //!
 //! A held multi-lock is one plain lock per name, all granted to one holder token: the
 //! client's watchdog renews each lease, [`MultiGuard::release`] releases each
@@ -62,8 +65,9 @@ use crate::token::FencingToken;
 ///   of the calls, and a client killed between its calls leaves the groups it took until
 ///   their lease runs out (they are never renewed).
 /// - A waiting acquire is not fair: it waits for one name at a time and may find
-///   another taken once it has it; it is served as soon as all are free at once, and a
-///   steady stream of single-lock holders of one of its names can keep it waiting.
+///   another taken once that one is free; it is served as soon as all are free at once,
+///   and a steady stream of single-lock holders of one of its names can keep it
+///   waiting.
 /// - Fair and reentrant multi-locks are not supported: [`fair`](Self::fair) and
 ///   [`reentrant`](Self::reentrant) make the acquire fail with
 ///   [`Error::InvalidArgument`]. Each name must be held as a plain lock (or free); a
@@ -262,24 +266,6 @@ impl MultiLockBuilder {
             .collect()
     }
 
-    /// The indexes of `names` grouped into the calls that take them: one group on one
-    /// node or Redlock, one per slot on a Cluster, in the global order.
-    fn groups(&self, names: &[(String, LockKeys)]) -> Vec<Vec<usize>> {
-        let cluster = self.shared.backend.nodes().iter().any(|n| n.is_cluster());
-        if !cluster {
-            return vec![(0..names.len()).collect()];
-        }
-        let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
-        for (i, (_, keys)) in names.iter().enumerate() {
-            let slot = redis::cluster_routing::Slot::for_key(&keys.lock);
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, group)) => group.push(i),
-                None => groups.push((slot, vec![i])),
-            }
-        }
-        groups.into_iter().map(|(_, group)| group).collect()
-    }
-
     /// One request of this acquire: `keys` under `protocol`, waiting `wait`.
     fn request<'a>(
         &'a self,
@@ -308,88 +294,84 @@ impl MultiLockBuilder {
         }
         let names = self.sorted()?;
         let leases = self.settings.check(&self.shared, &self.info)?;
-        let groups = self.groups(&names);
+        let backend = &self.shared.backend;
+        let groups = backend.call_groups(names.iter().map(|(_, keys)| keys.lock.as_str()));
         let started = Instant::now();
         let deadline = wait.map(|w| started + w);
         // What is held, by index into `names`. Dropped (a cancelled acquire, an error),
         // each guard releases in the background.
         let mut held: Vec<Option<LockGuard>> = names.iter().map(|_| None).collect();
+        // The group that waits (holding nothing) for its held name: the first, then the
+        // one that refused last.
+        let mut waiting = 0;
         loop {
-            let mut blocked = None;
-            for group in &groups {
-                let todo: Vec<usize> = group
-                    .iter()
-                    .copied()
-                    .filter(|&i| held[i].is_none())
-                    .collect();
-                let Some(&first) = todo.first() else {
-                    continue;
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let order = std::iter::once(waiting).chain((0..groups.len()).filter(|g| *g != waiting));
+            let mut refused = None;
+            for g in order {
+                let wait = if g == waiting {
+                    left
+                } else {
+                    Some(Duration::ZERO)
                 };
-                let keys: Vec<LockKeys> = todo.iter().map(|&i| names[i].1.clone()).collect();
-                let request = self.request(
-                    &names[first].0,
-                    keys[0].clone(),
-                    Arc::new(Multi::new(keys)),
-                    leases,
-                    Some(Duration::ZERO),
-                );
-                match driver::acquire(&self.shared.backend, request).await {
-                    // No await until every name of the grant has its guard.
-                    Ok(granted) => {
-                        for &i in &todo {
-                            held[i] = Some(self.guard(&names[i], &granted, leases));
+                match self.take(&names, &groups[g], leases, wait).await {
+                    Ok(guards) => {
+                        for (i, guard) in guards {
+                            held[i] = Some(guard);
                         }
                     }
                     Err(e @ Error::Held { .. }) => {
-                        blocked = Some(e);
+                        refused = Some((g, e));
                         break;
                     }
                     Err(e) => return Err(e),
                 }
             }
-            let Some(mut refusal) = blocked else {
+            let Some((g, mut refusal)) = refused else {
                 let guards = held.into_iter().flatten().collect();
                 return Ok(MultiGuard { guards });
             };
             // Give back what is held before waiting or failing: never hold one name
             // while waiting for another.
             release_all(held.iter_mut().filter_map(Option::take).collect()).await?;
-            let Error::Held { name, waited, .. } = &mut refusal else {
-                unreachable!("only a refusal breaks the loop")
-            };
-            let left = match deadline {
-                None => None,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        if wait != Some(Duration::ZERO) {
-                            *waited = started.elapsed();
-                        }
-                        return Err(refusal);
-                    }
-                    Some(left)
+            let over = deadline.is_some_and(|d| Instant::now() >= d);
+            if g == waiting || over {
+                if let Error::Held { waited, .. } = &mut refusal
+                    && wait != Some(Duration::ZERO)
+                {
+                    *waited = started.elapsed();
                 }
-            };
-            let Some(at) = names.iter().position(|(n, _)| n == name) else {
                 return Err(refusal);
-            };
-            let request = self.request(
-                &names[at].0,
-                names[at].1.clone(),
-                Arc::new(Plain),
-                leases,
-                left,
-            );
-            match driver::acquire(&self.shared.backend, request).await {
-                Ok(granted) => held[at] = Some(self.guard(&names[at], &granted, leases)),
-                Err(mut e) => {
-                    if let Error::Held { waited, .. } = &mut e {
-                        *waited = started.elapsed();
-                    }
-                    return Err(e);
-                }
             }
+            waiting = g;
         }
+    }
+
+    /// Takes the names of one call group (`group`, indexes into `names`) through the
+    /// engine, waiting `wait` for a held name as a plain waiter of it does (holding
+    /// nothing), and gives each name its plain guard. No await after the grant: each
+    /// name has its guard in the poll the grant arrives in.
+    async fn take(
+        &self,
+        names: &[(String, LockKeys)],
+        group: &[usize],
+        leases: Leases,
+        wait: Option<Duration>,
+    ) -> Result<Vec<(usize, LockGuard)>, Error> {
+        let keys: Vec<LockKeys> = group.iter().map(|&i| names[i].1.clone()).collect();
+        let first = group[0];
+        let request = self.request(
+            &names[first].0,
+            names[first].1.clone(),
+            Arc::new(Multi::new(keys)),
+            leases,
+            wait,
+        );
+        let acquired = driver::acquire(&self.shared.backend, request).await?;
+        Ok(group
+            .iter()
+            .map(|&i| (i, self.guard(&names[i], &acquired, leases)))
+            .collect())
     }
 
     /// The plain guard of one name of `acquired`.

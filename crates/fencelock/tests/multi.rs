@@ -206,6 +206,70 @@ async fn a_waiter_holds_nothing_while_it_waits_and_is_served_on_release() {
     b.release().await.unwrap();
 }
 
+/// A waiting multi-lock waits for the held name as a plain waiter of it does: its client
+/// is on that name's wake list while it waits (so the release wakes it by name, long
+/// before the holder's lease would end), and off it once it holds every name.
+#[tokio::test]
+async fn a_waiter_is_listed_on_the_held_names_wake_list_and_woken_by_its_release() {
+    let r = RedisServer::start();
+    let (c, other) = (
+        Client::connect(&r.url()).await.unwrap(),
+        Client::connect(&r.url()).await.unwrap(),
+    );
+    let wakes = format!("{}:wakes", key("lb"));
+    let listed = || r.cmd(&["ZCARD", &wakes]).as_int().unwrap_or(0);
+    let b = other
+        .lock("lb")
+        .lease(Duration::from_secs(60))
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        c.lock_all(["la", "lb"])
+            .wait(Duration::from_secs(60))
+            .acquire(),
+    );
+    eventually(
+        "the waiter's client is on lb's wake list",
+        Duration::from_secs(5),
+        async || listed() == 1,
+    )
+    .await;
+    assert_eq!(r.get(&key("la")), None, "holding nothing while it waits");
+    b.release().await.unwrap();
+    // Woken by the release: well before the holder's 60 s lease or the wait would end.
+    let all = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(all.names().collect::<Vec<_>>(), ["la", "lb"]);
+    assert_eq!(listed(), 0, "the release took it off the list");
+    all.release().await.unwrap();
+
+    // A holder whose lease runs out publishes nothing: the waiter tries again when that
+    // lease ends, and its grant takes its client off the list itself.
+    let _expiring = other
+        .lock("lb")
+        .lease(Duration::from_secs(1))
+        .renew(false)
+        .try_acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(
+        c.lock_all(["la", "lb"])
+            .wait(Duration::from_secs(30))
+            .acquire(),
+    );
+    eventually("listed again", Duration::from_secs(5), async || {
+        listed() == 1
+    })
+    .await;
+    let all = waiter.await.unwrap().unwrap();
+    assert_eq!(listed(), 0, "its grant took it off the list");
+    all.release().await.unwrap();
+}
+
 /// How many times each task of [`overlapping_sets_never_deadlock_nor_overlap`] took its
 /// set.
 const ROUNDS_FOR: Duration = Duration::from_secs(4);

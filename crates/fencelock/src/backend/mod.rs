@@ -338,6 +338,23 @@ impl Backend {
         self.counter_idle = idle;
     }
 
+    /// How one call may take several lock keys at once: `keys` grouped (as indexes, in
+    /// the order given) by what one script call can reach. One group on one server and
+    /// with Redlock (each node gets the whole call); on a Redis Cluster, one group per
+    /// slot, since one script's keys must share a slot.
+    pub fn call_groups<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<Vec<usize>> {
+        let cluster = self.nodes.iter().any(Node::is_cluster);
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.into_iter().enumerate() {
+            let slot = if cluster { cluster::key_slot(key) } else { 0 };
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
     /// Whether this is Redlock.
     pub fn is_redlock(&self) -> bool {
         self.quorum.is_redlock()

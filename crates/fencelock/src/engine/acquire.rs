@@ -185,14 +185,20 @@ pub(crate) struct Attempt {
     /// Listed by name: a release woke its client by name since its last attempt, so
     /// refused it goes back to the head of the list.
     pub front: bool,
+    /// A multi-lock's waiter: the place of the name whose release it waits for
+    /// ([`Protocol::keys_at`]), whose wake list a grant takes it off.
+    pub waits_on: Option<usize>,
 }
 
 /// Which channels to subscribe: the lock's, and for a protocol that listens there its
-/// client's own channel of the lock.
+/// client's own channel of the lock. The waiter's earlier subscriptions, if any, go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Subscribe {
     /// Only if every one is subscribed on every node already (then at no cost).
     pub only_if_open: bool,
+    /// A multi-lock: the place of the name whose channels to subscribe
+    /// ([`Protocol::keys_at`]); `None`: the lock's own.
+    pub at: Option<usize>,
 }
 
 /// The end of an acquire.
@@ -275,8 +281,10 @@ pub(crate) struct Acquiring<'a> {
     /// counter only if it came after that answer, so its lease started after that send;
     /// one with a lower token is older (its message read late) and is not trusted.
     refused: Option<(Instant, Option<FencingToken>)>,
-    /// A multi-lock: which of its names the last refusal named ([`Protocol::name_at`]).
+    /// A multi-lock: which of its names the last refusal named ([`Protocol::keys_at`]),
+    /// and which one's channels the waiter listens on.
     held_at: Option<usize>,
+    listens_at: Option<usize>,
     /// When an attempt first found the lock held or a node unreachable, and the acquire
     /// waited on.
     waiting_since: Option<Instant>,
@@ -301,6 +309,7 @@ impl<'a> Acquiring<'a> {
             attempts: 0,
             refused: None,
             held_at: None,
+            listens_at: None,
             waiting_since: None,
         }
     }
@@ -311,7 +320,10 @@ impl<'a> Acquiring<'a> {
     pub(crate) fn start(&mut self, now: Instant) -> Command {
         if self.waits && self.req.protocol.waiting().queue.is_some() {
             self.phase = Phase::Subscribing;
-            return Command::Subscribe(Subscribe { only_if_open: true });
+            return Command::Subscribe(Subscribe {
+                only_if_open: true,
+                at: None,
+            });
         }
         self.attempt(now)
     }
@@ -392,6 +404,7 @@ impl<'a> Acquiring<'a> {
             queued,
             listed,
             front,
+            waits_on: self.listens_at,
         })
     }
 
@@ -490,10 +503,14 @@ impl<'a> Acquiring<'a> {
         if self.waits {
             self.waiting_since.get_or_insert(now);
         }
-        if self.waits && self.waiter.is_none() {
+        // A multi-lock refused by another name than the one it waited for listens for
+        // that one's release instead (and tries once more after subscribing).
+        if self.waits && (self.waiter.is_none() || refusal.at != self.listens_at) {
+            self.listens_at = refusal.at;
             self.phase = Phase::Subscribing;
             return Command::Subscribe(Subscribe {
                 only_if_open: false,
+                at: refusal.at,
             });
         }
         if self.deadline.is_some_and(|d| now >= d) {
@@ -512,6 +529,7 @@ impl<'a> Acquiring<'a> {
                 named: self.req.protocol.waiting().listing == Listed::ByName && c.own_everywhere,
             });
             self.named_wakes = c.named_wakes;
+            self.named_seen = 0;
         }
         self.attempt(now)
     }
@@ -521,7 +539,8 @@ impl<'a> Acquiring<'a> {
         Error::Held {
             name: self
                 .held_at
-                .and_then(|at| self.req.protocol.name_at(at))
+                .and_then(|at| self.req.protocol.keys_at(at))
+                .map(LockKeys::name)
                 .unwrap_or(self.req.name)
                 .to_owned(),
             blocked_by,
@@ -984,6 +1003,7 @@ mod tests {
                 queued: false,
                 listed: Listed::No,
                 front: false,
+                waits_on: None,
             };
             assert_eq!(attempt, alone);
             let grant = Grant::new(FencingToken::new(7), t0, 30 * S);
@@ -1015,7 +1035,8 @@ mod tests {
                 matches!(
                     subscribe,
                     Command::Subscribe(Subscribe {
-                        only_if_open: false
+                        only_if_open: false,
+                        at: None,
                     })
                 ),
                 "{subscribe:?}"

@@ -58,6 +58,7 @@ pub(crate) async fn acquire<N: Nodes>(nodes: &N, req: Request<'_>) -> Result<Acq
         listeners: Vec::new(),
         own_from: 0,
         own_channel: None,
+        listens_at: None,
         done: false,
     };
     let result = run.go(&mut report).instrument(span).await;
@@ -86,6 +87,8 @@ struct Run<'a, N: Nodes> {
     own_from: usize,
     /// Its client's own channel of the lock, when subscribed.
     own_channel: Option<String>,
+    /// A multi-lock's waiter: the place of the name it listens on.
+    listens_at: Option<usize>,
     /// The machine is done: nothing is owed.
     done: bool,
 }
@@ -184,6 +187,7 @@ impl<N: Nodes> Run<'_, N> {
                 queued: attempt.queued,
                 listing,
                 client_tag: nodes.client_tag(),
+                waits_on: attempt.waits_on,
             })
         })
     }
@@ -195,12 +199,13 @@ impl<N: Nodes> Run<'_, N> {
     /// only channels open already and they are not.
     async fn subscribe(&mut self, subscribe: Subscribe) -> Option<Channels> {
         let (nodes, req) = (self.nodes, self.machine.request());
-        let channel = req.keys.channel();
+        let keys = listened(req, subscribe.at);
+        let channel = keys.channel();
         let own = req
             .protocol
             .waiting()
             .own_channel
-            .then(|| nodes.own_channel(&req.keys));
+            .then(|| nodes.own_channel(keys));
         let open = || {
             nodes.subscribed_everywhere(&channel)
                 && own
@@ -231,6 +236,7 @@ impl<N: Nodes> Run<'_, N> {
         listeners.extend(own_listeners);
         self.listeners = listeners;
         self.own_channel = own;
+        self.listens_at = subscribe.at;
         Some(channels)
     }
 
@@ -279,7 +285,8 @@ impl<N: Nodes> Run<'_, N> {
     fn clean_up(&self, cleanup: Cleanup) {
         let (req, token) = (self.machine.request(), self.machine.token());
         if cleanup.unlist {
-            self.nodes.unlist_in_background(&req.keys);
+            self.nodes
+                .unlist_in_background(listened(req, self.listens_at));
         }
         if cleanup.withdraw {
             self.nodes
@@ -296,6 +303,13 @@ impl<N: Nodes> Drop for Run<'_, N> {
             self.clean_up(cleanup);
         }
     }
+}
+
+/// The keys whose release a waiter of `req` listens for: those of the name at `at` of a
+/// multi-lock's call, or the lock's.
+fn listened<'r>(req: &'r Request<'_>, at: Option<usize>) -> &'r crate::keys::LockKeys {
+    at.and_then(|at| req.protocol.keys_at(at))
+        .unwrap_or(&req.keys)
 }
 
 /// What varies between the script calls of one acquire: the attempt, whether other

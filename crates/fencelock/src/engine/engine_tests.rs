@@ -525,3 +525,60 @@ async fn too_few_replicas_and_a_failed_take_back_leave_the_rest_to_the_backgroun
         nodes.sent()
     );
 }
+
+/// A multi-lock's refusal at place `at` of its call, by a lease with 20 s left.
+fn held_at(at: usize) -> Scripted {
+    Scripted::Now(Ok(super::Outcome::Held {
+        refusal: super::Refusal {
+            at: Some(at),
+            ..super::Refusal::by(Blocker::Lease(20 * S))
+        },
+        nodes: Vec::new(),
+    }))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_multi_lock_waits_for_the_name_that_refused_it_and_follows_a_new_one() {
+    let (a, b) = (
+        LockKeys::new("fl", "a").unwrap(),
+        LockKeys::new("fl", "b").unwrap(),
+    );
+    let multi: Arc<dyn Protocol> =
+        Arc::new(crate::protocols::Multi::new(vec![a.clone(), b.clone()]));
+    let nodes = FakeNodes::new([
+        held_at(1),
+        held_at(1),
+        held_at(0),
+        held_at(0),
+        Scripted::Now(granted(5, 30 * S)),
+    ]);
+    let g = acquire(&nodes, request(multi.clone(), Some(60 * S)))
+        .await
+        .unwrap();
+    assert_eq!(g.grant.fence.get(), 5);
+    let subscribed: Vec<String> = nodes
+        .sent()
+        .into_iter()
+        .filter_map(|s| match s {
+            Sent::Subscribe { channel } => Some(channel),
+            _ => None,
+        })
+        .collect();
+    let own = |k: &LockKeys| k.own_channel("00000000000000aa");
+    assert_eq!(
+        subscribed,
+        [b.channel(), own(&b), a.channel(), own(&a)],
+        "b's channels while b refused it, then a's"
+    );
+    // Each subscription is followed by one more attempt before a sleep.
+    let times = nodes.attempt_times();
+    assert_eq!(times[1], times[0]);
+    assert_eq!(times[3], times[2]);
+
+    // A wait that runs out names the name that refused it last.
+    let nodes = FakeNodes::new([held_at(1), held_at(1), held_at(1)]);
+    match acquire(&nodes, request(multi, Some(S))).await {
+        Err(Error::Held { name, .. }) => assert_eq!(name, "b"),
+        other => panic!("{other:?}"),
+    }
+}

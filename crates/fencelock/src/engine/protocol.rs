@@ -50,9 +50,12 @@ pub(crate) trait Protocol: fmt::Debug + Send + Sync {
         None
     }
 
-    /// A protocol that takes several names in one call (a multi-lock): the name at
-    /// place `at` of its call, which a refusal names ([`Error::Held`]'s `name`).
-    fn name_at(&self, _at: usize) -> Option<&str> {
+    /// A protocol that takes several names in one call (a multi-lock): the keys of the
+    /// name at place `at` of its call, which a refusal names ([`Error::Held`]'s `name`)
+    /// and whose release its waiter waits for.
+    ///
+    /// [`Error::Held`]: crate::Error::Held
+    fn keys_at(&self, _at: usize) -> Option<&LockKeys> {
         None
     }
 
@@ -79,6 +82,9 @@ pub(crate) struct Acquire<'a> {
     pub queued: bool,
     /// The client's place on the lock's wake list, which a refusal keeps.
     pub listing: Option<Listing<'a>>,
+    /// A multi-lock's waiter: the place in the call of the name whose release it waits
+    /// for ([`Protocol::keys_at`]).
+    pub waits_on: Option<usize>,
     /// The client's tag, which names its own release channel of this lock (a fair
     /// handover comes there).
     pub client_tag: &'a str,

@@ -4,13 +4,13 @@
 //! server, each Redlock node, or one Cluster slot); the multi-lock builder
 //! (`multi.rs`) splits a Cluster's names by slot and sends one call per slot group.
 //!
-//! A multi-lock never waits through this protocol: its attempts are single ones (a
-//! refusal names the held name, [`Protocol::name_at`]), and the builder waits for that
-//! one name as a plain waiter does, holding nothing else. A held multi-lock is one plain
-//! lock per name (renewed, released and detached as such): only an attempt's take-back
-//! and withdrawal go through [`Multi::release`].
+//! A refusal names the held name ([`Protocol::keys_at`]): a waiting multi-lock waits for
+//! that name's release as a plain waiter of it does (its channels, its client listed on
+//! its wake list by name), holding nothing, and then tries every name again. A held
+//! multi-lock is one plain lock per name (renewed, released and detached as such): only
+//! an attempt's take-back and withdrawal go through [`Multi::release`].
 
-use crate::engine::protocol::{Acquire, Protocol, Release, Wake};
+use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, flag, ms};
@@ -35,21 +35,30 @@ impl Protocol for Multi {
     }
 
     /// `lock/multi_acquire.lua`: every key set to the token if none is held by another,
-    /// one fencing token for all; a refusal names the held name. Never lists the client
-    /// on a wake list (a multi-lock waits as a plain waiter of the one name that refused
-    /// it).
+    /// one fencing token for all; a refusal names the held name, and a waiting attempt
+    /// lists its client on that name's wake list.
     fn acquire(&self, a: &Acquire<'_>) -> Call {
         let mut call = Call::new(Lua::MultiAcquire);
         for keys in &self.names {
             call.key(&keys.lock)
                 .key(keys.fence())
                 .key(keys.holder_info());
+            if a.listing.is_some() {
+                call.key(keys.wake_list());
+            }
         }
         call.arg(a.token.as_str())
             .arg(ms(a.ttl))
             .arg(flag(a.identify))
             .arg(a.info)
             .arg(ms(a.counter_idle));
+        if let Some(l) = a.listing {
+            call.arg(l.tag)
+                .arg(ms(l.margin))
+                .arg(flag(l.stays))
+                .arg(flag(l.front))
+                .arg(a.waits_on.map_or(0, |at| at + 1));
+        }
         call
     }
 
@@ -72,12 +81,21 @@ impl Protocol for Multi {
         r.undoing(call)
     }
 
+    /// Its waiters wait as a plain lock's do, for the name that refused them.
     fn wake<'a>(&'a self, _token: &'a HolderToken) -> Wake<'a> {
         Wake::Plain
     }
 
-    fn name_at(&self, at: usize) -> Option<&str> {
-        self.names.get(at).map(LockKeys::name)
+    fn waiting(&self) -> Waiting {
+        Waiting {
+            queue: None,
+            own_channel: true,
+            listing: Listed::ByName,
+        }
+    }
+
+    fn keys_at(&self, at: usize) -> Option<&LockKeys> {
+        self.names.get(at)
     }
 
     /// Never written: a held multi-lock is detached name by name, as plain locks.

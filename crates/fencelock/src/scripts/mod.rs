@@ -215,7 +215,7 @@ impl Lua {
             ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
             Campaign => lua!("election/campaign.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, PUBLISH]),
             Resign => lua!("election/resign.lua", [TYPES, HOLDER, CLOCK, PUBLISH, WAKES]),
-            MultiAcquire => lua!("lock/multi_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE]),
+            MultiAcquire => lua!("lock/multi_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING]),
             MultiRelease => lua!("lock/multi_release.lua", [CLOCK, FENCE, PUBLISH, WAKES]),
             Inspect => lua!("lock/inspect.lua", [TYPES, HOLDER, CLOCK, FENCE]),
             Break => lua!("lock/break.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH]),
