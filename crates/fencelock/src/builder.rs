@@ -73,6 +73,18 @@ use crate::token::FencingToken;
 /// client.read_lock("prices").holder_info("host a");
 /// # }
 /// ```
+/// Several locks at once ([`MultiLockBuilder`](crate::MultiLockBuilder)) are neither fair
+/// nor reentrant:
+/// ```compile_fail
+/// # fn f(client: fencelock::Client) {
+/// client.lock_all(["a", "b"]).fair(); // take fair locks one by one
+/// # }
+/// ```
+/// ```compile_fail
+/// # fn f(client: fencelock::Client) {
+/// client.lock_all(["a", "b"]).reentrant("job-42");
+/// # }
+/// ```
 /// What depends on the servers (Redlock refuses fair, reentrant, semaphore and read
 /// locks) or on two settings together (a lock both fair and reentrant) stays an
 /// [`Error::InvalidArgument`] from the acquire, with nothing sent.
@@ -82,10 +94,11 @@ use crate::token::FencingToken;
 /// client.semaphore("pool", 2).fair();
 /// client.read_lock("prices").reentrant("job-42");
 /// client.lock("report").holder_info("host a");
+/// client.lock_all(["a", "b"]).holder_info("host a").wait(std::time::Duration::from_secs(1));
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct AcquireBuilder<K: Kind> {
+pub struct AcquireBuilder<K: Target> {
     shared: Arc<Shared>,
     name: String,
     settings: Settings,
@@ -200,10 +213,16 @@ impl Settings {
     }
 }
 
-/// What an [`AcquireBuilder`] takes: [`LockKind`](crate::LockKind),
+/// What an [`AcquireBuilder`] takes: one lock of a [`Kind`], or several plain locks at
+/// once ([`MultiLockKind`](crate::MultiLockKind)). The lease settings are every
+/// target's; the acquire gives a [`LockGuard`] for a `Kind`, a
+/// [`MultiGuard`](crate::MultiGuard) for several. Sealed: the targets are fencelock's.
+pub trait Target: sealed::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static {}
+
+/// A kind of one lock an [`AcquireBuilder`] takes: [`LockKind`](crate::LockKind),
 /// [`SemaphoreKind`](crate::SemaphoreKind) or [`ReadLockKind`](crate::ReadLockKind).
 /// Sealed: the kinds are fencelock's.
-pub trait Kind: sealed::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static {}
+pub trait Kind: Target + sealed::OneLock {}
 
 pub(crate) mod sealed {
     use std::sync::Arc;
@@ -217,17 +236,29 @@ pub(crate) mod sealed {
     pub trait Sealed {
         /// The builder's name, for `Debug`.
         const BUILDER: &'static str;
-        /// The protocol its settings ask for, on a Redlock client or not; what the
-        /// types cannot refuse, refused here with [`Error::InvalidArgument`].
-        fn protocol(&self, redlock: bool) -> Result<Chosen, Error>;
-        /// What the holder says about itself (only a lock stores it).
+        /// What the holder says about itself (only a lock, a multi-lock and a campaign
+        /// store it).
         fn info(&self) -> &str {
             ""
         }
     }
+
+    /// A kind that takes one lock, permit or read side: its acquire gives a
+    /// [`LockGuard`](crate::LockGuard).
+    pub trait OneLock: Sealed {
+        /// The protocol its settings ask for, on a Redlock client or not; what the
+        /// types cannot refuse, refused here with [`Error::InvalidArgument`].
+        fn protocol(&self, redlock: bool) -> Result<Chosen, Error>;
+    }
+
+    /// A kind whose holder can say something about itself
+    /// ([`holder_info`](crate::AcquireBuilder::holder_info)).
+    pub trait StoresInfo: Sealed {
+        fn info_mut(&mut self) -> &mut String;
+    }
 }
 
-impl<K: Kind> std::fmt::Debug for AcquireBuilder<K> {
+impl<K: Target> std::fmt::Debug for AcquireBuilder<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct(K::BUILDER)
             .field("client", &self.shared)
@@ -238,7 +269,7 @@ impl<K: Kind> std::fmt::Debug for AcquireBuilder<K> {
     }
 }
 
-impl<K: Kind> AcquireBuilder<K> {
+impl<K: Target> AcquireBuilder<K> {
     pub(crate) fn new(shared: Arc<Shared>, name: String, kind: K) -> Self {
         Self {
             shared,
@@ -323,6 +354,27 @@ impl<K: Kind> AcquireBuilder<K> {
         self
     }
 
+    /// What the holder says about itself, for operators: stored in a key next to the
+    /// lock's ([`keys`](crate::keys)) for as long as this holder holds it (renewed and
+    /// released with the lease), and shown by [`Client::inspect`](crate::Client::inspect)
+    /// (the CLI's `fencelock status`). Never in the lock key itself, whose format stays
+    /// the plain token other libraries read. Default: nothing. Plain and fair locks, and
+    /// every name of a multi-lock; up to 4 KiB, checked on acquire.
+    pub fn holder_info(mut self, info: impl Into<String>) -> Self
+    where
+        K: sealed::StoresInfo,
+    {
+        *self.kind.info_mut() = info.into();
+        self
+    }
+
+    /// The client, name and settings, for a kind's own acquire (`multi.rs`).
+    pub(crate) fn parts(&self) -> (&Arc<Shared>, &Settings, &K) {
+        (&self.shared, &self.settings, &self.kind)
+    }
+}
+
+impl<K: Kind> AcquireBuilder<K> {
     /// The lock name.
     pub fn name(&self) -> &str {
         &self.name

@@ -139,7 +139,7 @@ impl Client {
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        MultiLockBuilder::new(
+        MultiLockBuilder::for_names(
             self.inner.clone(),
             names.into_iter().map(Into::into).collect(),
         )

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::admin;
 use crate::admin::{Holder, LockState};
 use crate::backend::subscriber::Subscription;
-use crate::builder::sealed::{Chosen, Sealed};
-use crate::builder::{AcquireBuilder, Kind};
+use crate::builder::sealed::{Chosen, OneLock, Sealed};
+use crate::builder::{AcquireBuilder, Kind, Target};
 use crate::engine::driver::next_waiter_id;
 use crate::engine::nodes::Listener;
 use crate::engine::protocol::Wake;
@@ -92,20 +92,24 @@ pub(crate) struct ElectionKind {
     info: String,
 }
 
+impl Target for ElectionKind {}
+
 impl Kind for ElectionKind {}
 
 impl Sealed for ElectionKind {
     const BUILDER: &'static str = "Election";
 
+    fn info(&self) -> &str {
+        &self.info
+    }
+}
+
+impl OneLock for ElectionKind {
     fn protocol(&self, redlock: bool) -> Result<Chosen, Error> {
         if redlock {
             return Err(redlock_refused());
         }
         Ok(Chosen(Arc::new(protocols::Election)))
-    }
-
-    fn info(&self) -> &str {
-        &self.info
     }
 }
 

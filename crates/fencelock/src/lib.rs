@@ -152,7 +152,7 @@ pub use admin::{
     QueuedWaiter, Resize, Unanswered, WaitingClient,
 };
 pub use backend::eviction::EvictionRisk;
-pub use builder::{AcquireBuilder, Acquisition, Kind};
+pub use builder::{AcquireBuilder, Acquisition, Kind, Target};
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};
 pub use detach::DetachedLock;
@@ -164,7 +164,7 @@ pub use error::{
 };
 pub use guard::LockGuard;
 pub use lock::{LockBuilder, LockKind};
-pub use multi::{LostLock, MultiGuard, MultiLockBuilder};
+pub use multi::{LostLock, MultiGuard, MultiLockBuilder, MultiLockKind};
 pub use rwlock::{ReadLockBuilder, ReadLockKind};
 pub use scripts::lua_scripts;
 pub use semaphore::{SemaphoreBuilder, SemaphoreKind};

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::builder::sealed::{Chosen, Sealed};
-use crate::builder::{AcquireBuilder, Kind};
+use crate::builder::sealed::{Chosen, OneLock, Sealed, StoresInfo};
+use crate::builder::{AcquireBuilder, Kind, Target};
 use crate::error::Error;
 use crate::limits::{DEFAULT_WAITER_TIMEOUT, MAX_WAITER_TIMEOUT, MIN_WAITER_TIMEOUT};
 use crate::protocols::{self, checked_owner};
@@ -91,11 +91,25 @@ impl std::fmt::Debug for LockKind {
     }
 }
 
+impl Target for LockKind {}
+
 impl Kind for LockKind {}
 
 impl Sealed for LockKind {
     const BUILDER: &'static str = "LockBuilder";
 
+    fn info(&self) -> &str {
+        &self.info
+    }
+}
+
+impl StoresInfo for LockKind {
+    fn info_mut(&mut self) -> &mut String {
+        &mut self.info
+    }
+}
+
+impl OneLock for LockKind {
     fn protocol(&self, redlock: bool) -> Result<Chosen, Error> {
         if redlock && (self.fair.is_some() || self.owner.is_some()) {
             return Err(Error::invalid(
@@ -118,10 +132,6 @@ impl Sealed for LockKind {
             (None, Some(owner)) => Arc::new(protocols::Reentrant::new(checked_owner(owner)?)),
             (None, None) => Arc::new(protocols::Plain),
         }))
-    }
-
-    fn info(&self) -> &str {
-        &self.info
     }
 }
 
@@ -185,17 +195,6 @@ impl LockBuilder {
     /// characters.
     pub fn reentrant(mut self, owner: impl Into<String>) -> Self {
         self.kind_mut().owner = Some(owner.into());
-        self
-    }
-
-    /// What the holder says about itself, for operators: stored in a key next to the
-    /// lock's ([`keys`](crate::keys)) for as long as this holder holds it (renewed and
-    /// released with the lease), and shown by [`Client::inspect`](crate::Client::inspect)
-    /// (the CLI's `fencelock status`). Never in the lock key itself, whose format stays
-    /// the plain token other libraries read. Default: nothing. Plain and fair locks; up
-    /// to 4 KiB, checked on acquire.
-    pub fn holder_info(mut self, info: impl Into<String>) -> Self {
-        self.kind_mut().info = info.into();
         self
     }
 }

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{join_all, select_all};
 
-use crate::builder::{Leases, Settings};
+use crate::builder::sealed::{Sealed, StoresInfo};
+use crate::builder::{AcquireBuilder, Leases, Target};
 use crate::engine::Protocol;
 use crate::engine::acquire::{Acquired, Request};
 use crate::engine::driver;
-use crate::engine::retry::Retry;
 use crate::error::{Error, LossCause};
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
@@ -41,9 +41,10 @@ use crate::shared::Shared;
 use crate::token::FencingToken;
 
 /// How to take several locks at once: from [`Client::lock_all`](crate::Client::lock_all).
-/// The lease settings are a lock's ([`LockBuilder`](crate::LockBuilder)'s) and hold for
-/// every name; nothing is sent until [`acquire`](Self::acquire) or
-/// [`try_acquire`](Self::try_acquire).
+/// The lease settings are every kind's ([`AcquireBuilder`]'s, with
+/// [`holder_info`](AcquireBuilder::holder_info)) and hold for every name; nothing is
+/// sent until [`acquire`](AcquireBuilder::acquire) or
+/// [`try_acquire`](AcquireBuilder::try_acquire).
 ///
 /// What it guarantees:
 /// - **All or none**: the guard holds every name; an acquire that fails holds none of
@@ -68,11 +69,10 @@ use crate::token::FencingToken;
 ///   another taken once that one is free; it is served as soon as all are free at once,
 ///   and a steady stream of single-lock holders of one of its names can keep it
 ///   waiting.
-/// - Fair and reentrant multi-locks are not supported: [`fair`](Self::fair) and
-///   [`reentrant`](Self::reentrant) make the acquire fail with
-///   [`Error::InvalidArgument`]. Each name must be held as a plain lock (or free); a
-///   semaphore or data fencelock did not write under one of the names gives
-///   [`Error::WrongType`].
+/// - Fair and reentrant multi-locks are not supported: a multi-lock has no `fair` or
+///   `reentrant` (they do not compile; see [`AcquireBuilder`]). Each name must be held
+///   as a plain lock (or free); a semaphore or data fencelock did not write under one of
+///   the names gives [`Error::WrongType`].
 /// - At most [`MAX_MULTI_NAMES`] names, none twice, each a valid lock name; the list
 ///   may not be empty. Each is [`Error::InvalidArgument`] with nothing sent.
 ///
@@ -96,110 +96,44 @@ use crate::token::FencingToken;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct MultiLockBuilder {
-    shared: Arc<Shared>,
+pub type MultiLockBuilder = AcquireBuilder<MultiLockKind>;
+
+/// What a [`MultiLockBuilder`] takes: several plain locks, by name, all or none.
+#[derive(Clone, Debug, Default)]
+pub struct MultiLockKind {
     names: Vec<String>,
-    settings: Settings,
+    /// What the holder says about itself, beside every name.
     info: String,
-    /// A mode asked for that a multi-lock refuses.
-    refused: Option<&'static str>,
 }
 
-impl std::fmt::Debug for MultiLockBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MultiLockBuilder")
-            .field("client", &self.shared)
-            .field("names", &self.names)
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
+impl Target for MultiLockKind {}
+
+impl Sealed for MultiLockKind {
+    const BUILDER: &'static str = "MultiLockBuilder";
+
+    fn info(&self) -> &str {
+        &self.info
+    }
+}
+
+impl StoresInfo for MultiLockKind {
+    fn info_mut(&mut self) -> &mut String {
+        &mut self.info
     }
 }
 
 impl MultiLockBuilder {
-    pub(crate) fn new(shared: Arc<Shared>, names: Vec<String>) -> Self {
-        Self {
-            shared,
+    pub(crate) fn for_names(shared: Arc<Shared>, names: Vec<String>) -> Self {
+        let kind = MultiLockKind {
             names,
-            settings: Settings::default(),
             info: String::new(),
-            refused: None,
-        }
-    }
-
-    /// Every name's lease, as [`AcquireBuilder::lease`](crate::AcquireBuilder::lease)
-    /// (default 30 s).
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.settings.lease = lease;
-        self
-    }
-
-    /// Whether the watchdog renews the leases while the guard lives (default `true`), as
-    /// [`AcquireBuilder::renew`](crate::AcquireBuilder::renew).
-    pub fn renew(mut self, renew: bool) -> Self {
-        self.settings.renew = renew;
-        self
-    }
-
-    /// The longest the locks may be held, counted from each name's grant, as
-    /// [`AcquireBuilder::max_hold`](crate::AcquireBuilder::max_hold).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.settings.max_hold = Some(max_hold);
-        self
-    }
-
-    /// How long [`acquire`](Self::acquire) waits for all the names before giving up with
-    /// [`Error::Held`] (default zero: one attempt).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.settings.wait = Some(wait);
-        self
-    }
-
-    /// Makes [`acquire`](Self::acquire) wait until it holds every name, however long
-    /// that takes. Cancel the future to stop.
-    pub fn wait_forever(mut self) -> Self {
-        self.settings.wait = None;
-        self
-    }
-
-    /// How to pace attempts while waiting, as
-    /// [`AcquireBuilder::retry`](crate::AcquireBuilder::retry).
-    pub fn retry(mut self, retry: Retry) -> Self {
-        self.settings.retry = retry;
-        self
-    }
-
-    /// Replicas that must acknowledge each call's grant, as
-    /// [`AcquireBuilder::replicas`](crate::AcquireBuilder::replicas) (one node only).
-    pub fn replicas(mut self, replicas: u32) -> Self {
-        self.settings.replicas = replicas;
-        self
-    }
-
-    /// What the holder says about itself, stored beside every name, as
-    /// [`LockBuilder::holder_info`](crate::LockBuilder::holder_info).
-    pub fn holder_info(mut self, info: impl Into<String>) -> Self {
-        self.info = info.into();
-        self
-    }
-
-    /// Not supported: a fair multi-lock would have to queue for every name at once. The
-    /// acquire fails with [`Error::InvalidArgument`], with nothing sent.
-    pub fn fair(mut self) -> Self {
-        self.refused = Some("a multi-lock is not fair (take fair locks one by one)");
-        self
-    }
-
-    /// Not supported: reentering a set of locks is not defined when the sets differ.
-    /// The acquire fails with [`Error::InvalidArgument`], with nothing sent.
-    pub fn reentrant(mut self, _owner: impl Into<String>) -> Self {
-        self.refused = Some("a multi-lock is not reentrant");
-        self
+        };
+        AcquireBuilder::new(shared, String::new(), kind)
     }
 
     /// The names, as given.
     pub fn names(&self) -> &[String] {
-        &self.names
+        &self.parts().2.names
     }
 
     /// Makes one attempt at every name: all taken, or none.
@@ -215,7 +149,7 @@ impl MultiLockBuilder {
         &self,
     ) -> impl Future<Output = Result<MultiGuard, Error>> + Send + 'static + use<> {
         let this = self.clone();
-        async move { this.run(Some(Duration::ZERO)).await }
+        async move { this.take_all(Some(Duration::ZERO)).await }
     }
 
     /// Takes every name, waiting as configured with [`wait`](Self::wait) or
@@ -231,25 +165,26 @@ impl MultiLockBuilder {
         &self,
     ) -> impl Future<Output = Result<MultiGuard, Error>> + Send + 'static + use<> {
         let this = self.clone();
-        async move { this.run(this.settings.wait).await }
+        async move { this.take_all(this.parts().1.wait).await }
     }
 
     /// The names sorted into the global order, each with its keys; typed errors for the
     /// list.
     fn sorted(&self) -> Result<Vec<(String, LockKeys)>, Error> {
-        if self.names.is_empty() {
+        let (shared, _, kind) = self.parts();
+        if kind.names.is_empty() {
             return Err(Error::invalid("lock names", "the list is empty".to_owned()));
         }
-        if self.names.len() > MAX_MULTI_NAMES {
+        if kind.names.len() > MAX_MULTI_NAMES {
             return Err(Error::invalid(
                 "lock names",
                 format!(
                     "{} names; a multi-lock takes at most {MAX_MULTI_NAMES}",
-                    self.names.len()
+                    kind.names.len()
                 ),
             ));
         }
-        let mut names = self.names.clone();
+        let mut names = kind.names.clone();
         names.sort_unstable();
         if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::invalid(
@@ -260,7 +195,7 @@ impl MultiLockBuilder {
         names
             .into_iter()
             .map(|name| {
-                let keys = LockKeys::new(&self.shared.prefix, &name)?;
+                let keys = LockKeys::new(&shared.prefix, &name)?;
                 Ok((name, keys))
             })
             .collect()
@@ -275,26 +210,25 @@ impl MultiLockBuilder {
         leases: Leases,
         wait: Option<Duration>,
     ) -> Request<'a> {
+        let (_, settings, kind) = self.parts();
         Request {
             name,
             keys,
             protocol,
             ttl: leases.acquire_ttl,
             wait,
-            retry: self.settings.retry,
-            info: &self.info,
-            replicas: self.settings.replicas,
-            renew: self.settings.renew,
+            retry: settings.retry,
+            info: &kind.info,
+            replicas: settings.replicas,
+            renew: settings.renew,
         }
     }
 
-    async fn run(&self, wait: Option<Duration>) -> Result<MultiGuard, Error> {
-        if let Some(reason) = self.refused {
-            return Err(Error::invalid("multi-lock mode", reason.to_owned()));
-        }
+    async fn take_all(&self, wait: Option<Duration>) -> Result<MultiGuard, Error> {
         let names = self.sorted()?;
-        let leases = self.settings.check(&self.shared, &self.info)?;
-        let backend = &self.shared.backend;
+        let (shared, settings, kind) = self.parts();
+        let leases = settings.check(shared, &kind.info)?;
+        let backend = &shared.backend;
         let groups = backend.call_groups(names.iter().map(|(_, keys)| keys.lock.as_str()));
         let started = Instant::now();
         let deadline = wait.map(|w| started + w);
@@ -367,7 +301,7 @@ impl MultiLockBuilder {
             leases,
             wait,
         );
-        let acquired = driver::acquire(&self.shared.backend, request).await?;
+        let acquired = driver::acquire(&self.parts().0.backend, request).await?;
         Ok(group
             .iter()
             .map(|&i| (i, self.guard(&names[i], &acquired, leases)))
@@ -387,8 +321,8 @@ impl MultiLockBuilder {
             protocol: Arc::new(Plain),
             grant: acquired.grant,
         };
-        self.settings
-            .guard(&self.shared, name.clone(), held, leases)
+        let (shared, settings, _) = self.parts();
+        settings.guard(shared, name.clone(), held, leases)
     }
 }
 

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::builder::sealed::{Chosen, Sealed};
-use crate::builder::{AcquireBuilder, Kind};
+use crate::builder::sealed::{Chosen, OneLock, Sealed};
+use crate::builder::{AcquireBuilder, Kind, Target};
 use crate::error::Error;
 use crate::protocols::{self, checked_owner};
 
@@ -60,11 +60,15 @@ impl std::fmt::Debug for ReadLockKind {
     }
 }
 
+impl Target for ReadLockKind {}
+
 impl Kind for ReadLockKind {}
 
 impl Sealed for ReadLockKind {
     const BUILDER: &'static str = "ReadLockBuilder";
+}
 
+impl OneLock for ReadLockKind {
     fn protocol(&self, redlock: bool) -> Result<Chosen, Error> {
         if redlock {
             return Err(Error::invalid(

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::builder::sealed::{Chosen, Sealed};
-use crate::builder::{AcquireBuilder, Kind};
+use crate::builder::sealed::{Chosen, OneLock, Sealed};
+use crate::builder::{AcquireBuilder, Kind, Target};
 use crate::error::Error;
 use crate::limits::{DEFAULT_WAITER_TIMEOUT, MAX_PERMITS};
 use crate::lock::checked_waiter_timeout;
@@ -62,11 +62,15 @@ impl SemaphoreKind {
     }
 }
 
+impl Target for SemaphoreKind {}
+
 impl Kind for SemaphoreKind {}
 
 impl Sealed for SemaphoreKind {
     const BUILDER: &'static str = "SemaphoreBuilder";
+}
 
+impl OneLock for SemaphoreKind {
     fn protocol(&self, redlock: bool) -> Result<Chosen, Error> {
         check_semaphore(redlock, self.permits)?;
         let fair = self.fair.map(checked_waiter_timeout).transpose()?;

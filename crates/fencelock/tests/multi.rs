@@ -353,8 +353,6 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         ("too many", c.lock_all(many.clone())),
         ("invalid", c.lock_all(["x", "a{b}"])),
         ("empty name", c.lock_all(["x", ""])),
-        ("fair", c.lock_all(["x", "y"]).fair()),
-        ("reentrant", c.lock_all(["x", "y"]).reentrant("job-1")),
         ("lease", c.lock_all(["x", "y"]).lease(Duration::ZERO)),
     ];
     for (what, builder) in cases {
@@ -375,7 +373,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
     r.cmd(&["FLUSHALL"]);
     for (what, builder) in [
         ("twice", c.lock_all(["x", "x"])),
-        ("fair", c.lock_all(["x"]).fair()),
+        ("empty name", c.lock_all([""])),
     ] {
         assert!(builder.acquire().await.is_err(), "{what}");
     }
