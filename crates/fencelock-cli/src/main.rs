@@ -55,7 +55,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use fencelock::{AcquireBuilder, Error, Kind, LockGuard};
+use fencelock::{AcquireBuilder, Error, Kind, LockGuard, Target};
 
 use args::{Cli, Command, RunArgs, one_line};
 use exit::{EX_LEASE_LOST, Failure, Level, fail, tell, warn};
@@ -277,40 +277,8 @@ async fn connected(
 
 /// Connects and takes the lock; a signal abandons the attempt.
 async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failure> {
-    // Checked before connecting, so a bad name is bad input whatever state Redis is in.
-    for name in &args.names {
-        fencelock::keys::validate_name(name).map_err(Failure::Lock)?;
-    }
-    let several = args.names.len() > 1;
-    if several && (args.fair || args.shared || args.permits.is_some()) {
-        return Err(Failure::Usage(
-            "several lock names are taken as plain locks: not with --fair, --shared or \
-             --permits"
-                .to_owned(),
-        ));
-    }
-    if args.names.len() > fencelock::limits::MAX_MULTI_NAMES {
-        return Err(Failure::Usage(format!(
-            "{} lock names; at most {} are taken at once",
-            args.names.len(),
-            fencelock::limits::MAX_MULTI_NAMES
-        )));
-    }
-    let name = args.names[0].as_str();
-    let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
-    let connection = &args.connection;
-    let builder = ops::builder(connection)?.restart_protection(protection);
-    // One node: lazily, so that a node down now (a restart, a failover) is retried for
-    // the whole --wait by the acquire, which then says it was unreachable. Redlock
-    // connects tolerate a minority down anyway, and ask every node who it is, to refuse
-    // one server named twice.
-    let connecting = async {
-        match connection.urls().len() {
-            1 => builder.connect_lazy().await,
-            _ => builder.connect().await,
-        }
-    };
-    let client = connected(connecting, signals).await?;
+    check_names(args)?;
+    let client = connect(args, signals).await?;
     // Asked beside the acquire: a server that can evict lock keys gets a warning line
     // before COMMAND starts.
     let eviction = tokio::spawn({
@@ -319,37 +287,11 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
     });
     // What this run says about itself, by which the status line finds its place in line.
     let info = ops::holder_info(&args.command);
-    // Boxed, so that a signal can drop it before the flush below.
-    let mut acquiring: Pin<Box<dyn Future<Output = Result<Vec<LockGuard>, Error>> + Send>> =
-        match args.permits {
-            _ if several => {
-                let mut all = client
-                    .lock_all(args.names.iter().cloned())
-                    .lease(args.ttl)
-                    .wait(args.wait)
-                    .holder_info(info.clone());
-                if let Some(max_hold) = args.max_hold {
-                    all = all.max_hold(max_hold);
-                }
-                if args.replicas > 0 {
-                    all = all.replicas(args.replicas);
-                }
-                let acquire = all.acquire();
-                Box::pin(async move { acquire.await.map(fencelock::MultiGuard::into_guards) })
-            }
-            // A semaphore's many holders share one key, as readers do: no holder info (yet).
-            Some(permits) => one(lease_settings(client.semaphore(name, permits), args), |s| {
-                if args.fair { s.fair() } else { s }
-            }),
-            None if args.shared => one(lease_settings(client.read_lock(name), args), |r| r),
-            None => one(lease_settings(client.lock(name), args), |lock| {
-                let lock = lock.holder_info(info.clone());
-                if args.fair { lock.fair() } else { lock }
-            }),
-        };
+    let mut acquiring = start_acquire(&client, args, &info);
     // On a terminal, a line that says what the wait is waiting for.
+    let several = args.names.len() > 1;
     let own_info = (args.permits.is_none() && !args.shared && !several).then_some(info);
-    let mut status_line = StatusLine::new(&client, name, args.wait, own_info);
+    let mut status_line = StatusLine::new(&client, &args.names[0], args.wait, own_info);
     let signal = loop {
         tokio::select! {
             result = &mut acquiring => {
@@ -379,6 +321,72 @@ async fn acquire(args: &RunArgs, signals: &mut Signals) -> Result<Holding, Failu
     Err(Failure::Interrupted(signal))
 }
 
+/// Bad lock names, and what several names cannot be, as bad input (before connecting,
+/// so whatever state Redis is in).
+fn check_names(args: &RunArgs) -> Result<(), Failure> {
+    for name in &args.names {
+        fencelock::keys::validate_name(name).map_err(Failure::Lock)?;
+    }
+    if args.names.len() > 1 && (args.fair || args.shared || args.permits.is_some()) {
+        return Err(Failure::Usage(
+            "several lock names are taken as plain locks: not with --fair, --shared or \
+             --permits"
+                .to_owned(),
+        ));
+    }
+    if args.names.len() > fencelock::limits::MAX_MULTI_NAMES {
+        return Err(Failure::Usage(format!(
+            "{} lock names; at most {} are taken at once",
+            args.names.len(),
+            fencelock::limits::MAX_MULTI_NAMES
+        )));
+    }
+    Ok(())
+}
+
+/// The client of `run`: one node lazily, so that a node down now (a restart, a
+/// failover) is retried for the whole --wait by the acquire, which then says it was
+/// unreachable. Redlock connects tolerate a minority down anyway, and ask every node who
+/// it is, to refuse one server named twice. A signal abandons the connect.
+async fn connect(args: &RunArgs, signals: &mut Signals) -> Result<fencelock::Client, Failure> {
+    let protection = Some(args.restart_protection).filter(|d| !d.is_zero());
+    let connection = &args.connection;
+    let builder = ops::builder(connection)?.restart_protection(protection);
+    let connecting = async {
+        match connection.urls().len() {
+            1 => builder.connect_lazy().await,
+            _ => builder.connect().await,
+        }
+    };
+    connected(connecting, signals).await
+}
+
+/// The acquire `run`'s arguments ask for, under way: every name at once, a semaphore's
+/// permit, a read lock, or a lock. Boxed, so that a signal can drop it before the flush.
+fn start_acquire(
+    client: &fencelock::Client,
+    args: &RunArgs,
+    info: &str,
+) -> Pin<Box<dyn Future<Output = Result<Vec<LockGuard>, Error>> + Send>> {
+    let name = args.names[0].as_str();
+    match args.permits {
+        _ if args.names.len() > 1 => {
+            let all = client.lock_all(args.names.iter().cloned());
+            let acquire = lease_settings(all, args).holder_info(info).acquire();
+            Box::pin(async move { acquire.await.map(fencelock::MultiGuard::into_guards) })
+        }
+        // A semaphore's many holders share one key, as readers do: no holder info (yet).
+        Some(permits) => one(lease_settings(client.semaphore(name, permits), args), |s| {
+            if args.fair { s.fair() } else { s }
+        }),
+        None if args.shared => one(lease_settings(client.read_lock(name), args), |r| r),
+        None => one(lease_settings(client.lock(name), args), |lock| {
+            let lock = lock.holder_info(info);
+            if args.fair { lock.fair() } else { lock }
+        }),
+    }
+}
+
 /// The acquire of one lock (`builder`, finished by `finish`), as a list of one guard.
 fn one<K: Kind>(
     builder: AcquireBuilder<K>,
@@ -388,8 +396,8 @@ fn one<K: Kind>(
     Box::pin(async move { acquire.await.map(|guard| vec![guard]) })
 }
 
-/// The settings every kind of lock takes from `run`'s arguments.
-fn lease_settings<K: Kind>(builder: AcquireBuilder<K>, args: &RunArgs) -> AcquireBuilder<K> {
+/// The settings every kind of lock (and several at once) takes from `run`'s arguments.
+fn lease_settings<K: Target>(builder: AcquireBuilder<K>, args: &RunArgs) -> AcquireBuilder<K> {
     let mut builder = builder.lease(args.ttl).wait(args.wait);
     if let Some(max_hold) = args.max_hold {
         builder = builder.max_hold(max_hold);

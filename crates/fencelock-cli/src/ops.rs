@@ -558,20 +558,7 @@ fn status_text(status: &LockStatus) -> String {
     let mut out = String::new();
     let redlock = status.nodes.len() > 1;
     let (_, who) = summary(status);
-    let states = || status.nodes.iter().filter_map(|n| n.state.as_ref().ok());
-    let kind = if states()
-        .any(|s| matches!(s.holder, Some(Holder::Semaphore { .. })) || s.idle_semaphore.is_some())
-    {
-        "semaphore"
-    } else if states().any(|s| s.leader().is_some()) {
-        "election"
-    } else if states()
-        .any(|s| s.writers_waiting > 0 || matches!(s.holder, Some(Holder::Readers { .. })))
-    {
-        "read-write lock"
-    } else {
-        "lock"
-    };
+    let kind = kind_text(status);
     out.push_str(&format!(
         "{} {:?}: {}\n",
         kind,
@@ -599,70 +586,99 @@ fn status_text(status: &LockStatus) -> String {
         match &node.state {
             Err(e) => out.push_str(&format!("{indent}unreachable: {}\n", one_line(e))),
             Ok(state) => {
-                match &state.holder {
-                    None => match state.idle_semaphore {
-                        Some(n) => out.push_str(&format!(
-                            "{indent}permits: 0 of {n} held ({n} free); a lock cannot take \
-                             this name while its permit count is recorded\n"
-                        )),
-                        None => out.push_str(&format!("{indent}holder: none\n")),
-                    },
-                    Some(holder) => {
-                        out.push_str(&format!("{indent}holder: {}\n", holder_text(holder)));
-                        if let Some(leader) = state.leader() {
-                            out.push_str(&format!("{indent}leader: {}\n", leader_text(&leader)));
-                        } else if let Some(info) = &state.holder_info {
-                            out.push_str(&format!("{indent}held by: {}\n", info_text(info)));
-                        }
-                    }
-                }
-                out.push_str(&format!(
-                    "{indent}fencing counter: {}\n",
-                    state
-                        .fencing_counter
-                        .map_or_else(|| "none yet".to_owned(), |c| c.to_string())
-                ));
-                if !state.waiters.is_empty() {
-                    out.push_str(&format!(
-                        "{indent}fair queue: {} waiting\n",
-                        state.waiters.len()
-                    ));
-                    for (place, waiter) in state.waiters.iter().enumerate() {
-                        let who = waiter.info.as_deref().map_or_else(
-                            || "a waiter that says nothing about itself".to_owned(),
-                            info_text,
-                        );
-                        out.push_str(&format!("{indent}  {}. {who}\n", place + 1));
-                    }
-                }
-                if state.writers_waiting > 0 {
-                    out.push_str(&format!(
-                        "{indent}writers waiting: {} (new readers go after them)\n",
-                        state.writers_waiting
-                    ));
-                }
-                if !state.waiting_clients.is_empty() {
-                    out.push_str(&format!(
-                        "{indent}waiting clients: {} (a release wakes the first)\n",
-                        state.waiting_clients.len()
-                    ));
-                    for (place, waiting) in state.waiting_clients.iter().enumerate() {
-                        let who = if waiting.client == "*" {
-                            "readers or reentrant owners (a release wakes them all)".to_owned()
-                        } else {
-                            format!("client {}", waiting.client)
-                        };
-                        out.push_str(&format!(
-                            "{indent}  {}. {who}, waiting for {}\n",
-                            place + 1,
-                            Human(waiting.listed_for)
-                        ));
-                    }
-                }
+                holder_lines(&mut out, indent, state);
+                waiter_lines(&mut out, indent, state);
             }
         }
     }
     out
+}
+
+/// What the nodes say a name is: a semaphore, an election, a read-write lock, or a lock.
+fn kind_text(status: &LockStatus) -> &'static str {
+    let states = || status.nodes.iter().filter_map(|n| n.state.as_ref().ok());
+    if states()
+        .any(|s| matches!(s.holder, Some(Holder::Semaphore { .. })) || s.idle_semaphore.is_some())
+    {
+        "semaphore"
+    } else if states().any(|s| s.leader().is_some()) {
+        "election"
+    } else if states()
+        .any(|s| s.writers_waiting > 0 || matches!(s.holder, Some(Holder::Readers { .. })))
+    {
+        "read-write lock"
+    } else {
+        "lock"
+    }
+}
+
+/// A node's lines about who holds the name, and its fencing counter.
+fn holder_lines(out: &mut String, indent: &str, state: &LockState) {
+    match &state.holder {
+        None => match state.idle_semaphore {
+            Some(n) => out.push_str(&format!(
+                "{indent}permits: 0 of {n} held ({n} free); a lock cannot take \
+                 this name while its permit count is recorded\n"
+            )),
+            None => out.push_str(&format!("{indent}holder: none\n")),
+        },
+        Some(holder) => {
+            out.push_str(&format!("{indent}holder: {}\n", holder_text(holder)));
+            if let Some(leader) = state.leader() {
+                out.push_str(&format!("{indent}leader: {}\n", leader_text(&leader)));
+            } else if let Some(info) = &state.holder_info {
+                out.push_str(&format!("{indent}held by: {}\n", info_text(info)));
+            }
+        }
+    }
+    out.push_str(&format!(
+        "{indent}fencing counter: {}\n",
+        state
+            .fencing_counter
+            .map_or_else(|| "none yet".to_owned(), |c| c.to_string())
+    ));
+}
+
+/// A node's lines about who waits for the name: its fair queue, its writers waiting, the
+/// clients on its wake list.
+fn waiter_lines(out: &mut String, indent: &str, state: &LockState) {
+    if !state.waiters.is_empty() {
+        out.push_str(&format!(
+            "{indent}fair queue: {} waiting\n",
+            state.waiters.len()
+        ));
+        for (place, waiter) in state.waiters.iter().enumerate() {
+            let who = waiter.info.as_deref().map_or_else(
+                || "a waiter that says nothing about itself".to_owned(),
+                info_text,
+            );
+            out.push_str(&format!("{indent}  {}. {who}\n", place + 1));
+        }
+    }
+    if state.writers_waiting > 0 {
+        out.push_str(&format!(
+            "{indent}writers waiting: {} (new readers go after them)\n",
+            state.writers_waiting
+        ));
+    }
+    if !state.waiting_clients.is_empty() {
+        out.push_str(&format!(
+            "{indent}waiting clients: {} (a release wakes the first)\n",
+            state.waiting_clients.len()
+        ));
+        for (place, waiting) in state.waiting_clients.iter().enumerate() {
+            let who = if waiting.client == "*" {
+                "readers or reentrant owners (a release wakes them all)".to_owned()
+            } else {
+                format!("client {}", waiting.client)
+            };
+            out.push_str(&format!(
+                "{indent}  {}. {who}, waiting for {}\n",
+                place + 1,
+                Human(waiting.listed_for)
+            ));
+        }
+    }
 }
 
 fn holder_json(holder: &Holder) -> Value {

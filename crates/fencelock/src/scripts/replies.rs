@@ -634,84 +634,20 @@ mod tests {
         T::from_redis_value(v)
     }
 
+    /// An acquire script's reply, as the node sends it.
+    fn acquire(items: Vec<Value>) -> Result<AcquireReply, ParsingError> {
+        decode::<AcquireReply>(Value::Array(items))
+    }
+
+    /// What `items` answer, decoded.
+    fn answer(items: &[i64]) -> Answer {
+        acquire(items.iter().map(|i| Value::Int(*i)).collect())
+            .unwrap()
+            .answer
+    }
+
     #[test]
-    fn acquire_replies_decode_as_their_headers_say() {
-        let a = |items: Vec<Value>| decode::<AcquireReply>(Value::Array(items));
-        let held = |pttl| a(vec![Value::Int(0), Value::Int(pttl)]).unwrap().answer;
-        assert_eq!(
-            held(0),
-            Answer::Held(Refusal {
-                blocked_by: Blocker::Lease(Duration::ZERO),
-                fence_seen: None,
-                at: None,
-            }),
-            "a lease ending now is a lease, not a queue"
-        );
-        assert_eq!(
-            held(-2),
-            Answer::Held(Refusal {
-                blocked_by: Blocker::Queue,
-                fence_seen: None,
-                at: None,
-            })
-        );
-        assert_eq!(
-            held(-1),
-            Answer::Held(Refusal {
-                blocked_by: Blocker::NoExpiry,
-                fence_seen: None,
-                at: None,
-            })
-        );
-        assert_eq!(
-            a(vec![Value::Int(0), Value::Int(-2), Value::Int(42)])
-                .unwrap()
-                .answer,
-            Answer::Held(Refusal {
-                blocked_by: Blocker::Queue,
-                fence_seen: Some(FencingToken::new(42)),
-                at: None,
-            }),
-            "fair_acquire.lua says the counter with a refusal"
-        );
-        assert_eq!(
-            a(vec![Value::Int(7), Value::Int(1500), Value::Int(2)])
-                .unwrap()
-                .answer,
-            Answer::Held(Refusal {
-                blocked_by: Blocker::Lease(Duration::from_millis(1500)),
-                fence_seen: None,
-                at: Some(1),
-            }),
-            "multi_acquire.lua names the held name's place, from 1"
-        );
-        assert!(a(vec![Value::Int(7), Value::Int(10), Value::Int(0)]).is_err());
-        let with_id = a(vec![
-            Value::Int(2),
-            Value::Int(7),
-            Value::BulkString(b"abc".to_vec()),
-            Value::Int(42),
-        ])
-        .unwrap();
-        assert_eq!(
-            with_id.answer,
-            Answer::Granted {
-                fence: FencingToken::new(7),
-                fresh: false
-            }
-        );
-        assert_eq!(
-            with_id.identity,
-            Some(Identity {
-                run_id: "abc".into(),
-                uptime: Duration::from_secs(42)
-            })
-        );
-        assert!(a(vec![Value::Int(5), Value::Int(1)]).is_err());
-        assert!(
-            a(vec![Value::Int(8), Value::Int(1)]).is_err(),
-            "no script says 8"
-        );
+    fn every_code_is_named_and_no_other_number() {
         for (code, number) in [
             (Code::Held, 0),
             (Code::Granted, 1),
@@ -724,19 +660,79 @@ mod tests {
         ] {
             assert_eq!(Code::parse(number), Some(code));
         }
-        let owner_hold = a(vec![Value::Int(4), Value::Int(9)]).unwrap();
-        assert!(owner_hold.owner_hold);
-        assert_eq!(
-            a(vec![Value::Int(6), Value::Int(250), Value::Int(3)])
-                .unwrap()
-                .answer,
-            Answer::Held(Refusal::by(Blocker::Readers {
-                readers: 3,
-                frees_in: Duration::from_millis(250)
-            }))
+        assert!(
+            acquire(vec![Value::Int(8), Value::Int(1)]).is_err(),
+            "no script says 8"
         );
-        assert!(a(vec![Value::Int(1)]).is_err());
-        assert!(a(vec![Value::Int(1), Value::Int(-3)]).is_err());
+    }
+
+    #[test]
+    fn refusals_decode_as_their_headers_say() {
+        let held = |pttl| answer(&[0, pttl]);
+        let lease = |ms| Answer::Held(Refusal::by(Blocker::Lease(Duration::from_millis(ms))));
+        assert_eq!(
+            held(0),
+            lease(0),
+            "a lease ending now is a lease, not a queue"
+        );
+        assert_eq!(held(-2), Answer::Held(Refusal::by(Blocker::Queue)));
+        assert_eq!(held(-1), Answer::Held(Refusal::by(Blocker::NoExpiry)));
+        let fair = Answer::Held(Refusal {
+            fence_seen: Some(FencingToken::new(42)),
+            ..Refusal::by(Blocker::Queue)
+        });
+        assert_eq!(
+            answer(&[0, -2, 42]),
+            fair,
+            "fair_acquire.lua says the counter"
+        );
+        let multi = Answer::Held(Refusal {
+            at: Some(1),
+            ..Refusal::by(Blocker::Lease(Duration::from_millis(1500)))
+        });
+        assert_eq!(
+            answer(&[7, 1500, 2]),
+            multi,
+            "the held name's place, from 1"
+        );
+        assert!(acquire(vec![Value::Int(7), Value::Int(10), Value::Int(0)]).is_err());
+        let readers = Blocker::Readers {
+            readers: 3,
+            frees_in: Duration::from_millis(250),
+        };
+        assert_eq!(answer(&[6, 250, 3]), Answer::Held(Refusal::by(readers)));
+        assert!(
+            acquire(vec![Value::Int(5), Value::Int(1)]).is_err(),
+            "no count"
+        );
+    }
+
+    #[test]
+    fn grants_decode_with_the_nodes_identity_when_asked() {
+        let with_id = acquire(vec![
+            Value::Int(2),
+            Value::Int(7),
+            Value::BulkString(b"abc".to_vec()),
+            Value::Int(42),
+        ])
+        .unwrap();
+        let regranted = Answer::Granted {
+            fence: FencingToken::new(7),
+            fresh: false,
+        };
+        assert_eq!(with_id.answer, regranted);
+        let identity = Identity {
+            run_id: "abc".into(),
+            uptime: Duration::from_secs(42),
+        };
+        assert_eq!(with_id.identity, Some(identity));
+        assert!(
+            acquire(vec![Value::Int(4), Value::Int(9)])
+                .unwrap()
+                .owner_hold
+        );
+        assert!(acquire(vec![Value::Int(1)]).is_err());
+        assert!(acquire(vec![Value::Int(1), Value::Int(-3)]).is_err());
     }
 
     #[test]
