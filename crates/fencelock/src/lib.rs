@@ -138,6 +138,9 @@ mod guard;
 pub mod keys;
 pub mod limits;
 mod lock;
+#[cfg(feature = "model")]
+#[doc(hidden)]
+pub mod model;
 mod multi;
 pub mod observe;
 mod protocols;

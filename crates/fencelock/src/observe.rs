@@ -210,17 +210,25 @@ pub fn describe() {
 
 /// The `mode` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ModeLabel {
+pub enum ModeLabel {
+    /// A plain lock.
     Plain = 0,
+    /// A fair lock.
     Fair = 1,
+    /// A reentrant lock.
     Reentrant = 2,
+    /// A semaphore's permit.
     Semaphore = 3,
+    /// A read-write lock's read side.
     Read = 4,
+    /// A leader election's campaign.
     Election = 5,
+    /// Several locks at once.
     Multi = 6,
 }
 
 impl ModeLabel {
+    /// Its label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Plain => "plain",
@@ -254,6 +262,7 @@ impl AcquireOutcome {
         }
     }
 
+    /// Its label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Acquired => "acquired",
@@ -291,6 +300,7 @@ impl ReleaseOutcome {
         }
     }
 
+    /// Its label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Released => "released",
@@ -303,12 +313,15 @@ impl ReleaseOutcome {
 
 /// The `by` label: what ended a waiter's pause.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WokenBy {
+pub enum WokenBy {
+    /// A release message.
     Notification = 0,
+    /// The pause ran out.
     Timer = 1,
 }
 
 impl WokenBy {
+    /// Its label value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Notification => "notification",

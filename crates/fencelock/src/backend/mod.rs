@@ -36,13 +36,13 @@ use crate::engine::acquire::Request;
 use crate::engine::nodes::Nodes;
 use crate::engine::protocol::{self, Protocol, Undo, Wake};
 use crate::engine::watchdog::{Renewal, Renewer};
-use crate::engine::{Outcome, lease_end};
-use crate::error::{Error, LossCause};
+use crate::engine::{Grant, Outcome, lease_end};
+use crate::error::{Error, LossCause, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::{self, ReleaseKind, ReleaseOutcome};
 use crate::scripts::{
     self, Call,
-    replies::{AcquireReply, Broke, Inspected, Owned, Renewed, Resized},
+    replies::{AcquireReply, Answer, Broke, Inspected, Owned, Renewed, Resized},
 };
 use crate::token::HolderToken;
 pub(crate) use access::{Access, Timeouts};
@@ -383,7 +383,7 @@ impl Backend {
         let sent_at = Instant::now();
         let (outcome, take_back) = if let Some(node) = self.only_node() {
             let answer: Result<AcquireReply, Error> = node.run(call, q.within(req.ttl)).await;
-            q.acquire_one(node, answer, sent_at, req.ttl, Instant::now())
+            judge_one(|| node.addr(), answer, sent_at, req.ttl, Instant::now())
         } else {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
             // future as large as a Redlock one's.
@@ -820,6 +820,67 @@ impl Backend {
             .zip(&self.nodes)
             .filter_map(|(result, node)| result.inspect_err(|e| node.subscription_failed(e)).ok())
             .collect()
+    }
+}
+
+/// What one node's answer (come at `now`) to an acquire attempt sent at `sent_at` for a
+/// `ttl` lease comes to: the attempt's outcome, and whether what the attempt may have
+/// written must be taken back now. `addr`: the node, for the error of a late grant.
+/// Pure: the backend and a model checker judge one node's answer alike (Redlock's are
+/// tallied, [`quorum::AcquireTally`]).
+pub fn judge_one(
+    addr: impl FnOnce() -> String,
+    answer: Result<AcquireReply, Error>,
+    sent_at: Instant,
+    ttl: Duration,
+    now: Instant,
+) -> (Result<Outcome, Error>, bool) {
+    let reply = match answer {
+        Ok(reply) => reply,
+        Err(e) => return (Err(e), false),
+    };
+    match reply.answer {
+        Answer::Granted { fence, fresh } => {
+            if !fresh {
+                tracing::debug!("acquire retry found our own token");
+            }
+            let grant = Grant::new(fence, sent_at, ttl);
+            if grant.valid_until > now {
+                let granted = Outcome::Granted {
+                    grant,
+                    owner_hold: reply.owner_hold,
+                };
+                (Ok(granted), false)
+            } else {
+                // The grant came back after its lease ran out (a slow network, a paused
+                // client): the lock may belong to someone else already, so holding it
+                // is not on offer. Take it back (owner-checked: a successor's key
+                // stays) and report the attempt as timed out; the caller treats its
+                // outcome as unknown.
+                (Err(late_grant(addr(), sent_at, now, ttl)), true)
+            }
+        }
+        Answer::Held(refusal) => {
+            let held = Outcome::Held {
+                refusal,
+                nodes: Vec::new(),
+            };
+            (Ok(held), false)
+        }
+    }
+}
+
+/// The grant that came back after its lease had run out, as an error.
+fn late_grant(node: String, sent_at: Instant, now: Instant, ttl: Duration) -> Error {
+    Error::Unavailable {
+        node,
+        reason: UnavailableReason::LateGrant,
+        detail: format!(
+            "the grant arrived {} ms after the acquire was sent, after its {} ms lease (less the drift allowance) had run out",
+            (now - sent_at).as_millis(),
+            ttl.as_millis()
+        ),
+        source: None,
     }
 }
 

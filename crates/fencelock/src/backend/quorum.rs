@@ -41,10 +41,10 @@ use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, Unavailab
 use crate::scripts::replies::{AcquireReply, Answer, Owned};
 use crate::token::FencingToken;
 
-/// What the tally reads and records of a node: one of the backend's [`Node`]s, or a
+/// What the tally reads and records of a node: one of the backend's `Node`s, or a
 /// model checker's. The rules take the time as an argument too: the tally does no I/O
 /// and reads no clock.
-pub(crate) trait Voter {
+pub trait Voter {
     /// Its address, for reports and errors.
     fn addr(&self) -> String;
     /// The server's run id when last seen.
@@ -53,10 +53,10 @@ pub(crate) trait Voter {
     fn up_since(&self) -> Option<Instant>;
     /// The generation of its connection when it last said who it is.
     fn identified_at(&self) -> Option<u64>;
-    /// Its connection's generation now (see [`Node::generation`]).
+    /// Its connection's generation now (see `Node::generation`).
     fn generation(&self) -> u64;
     /// Records what it said about itself (`now`: when the answer came) in an answer on
-    /// its connection of `generation` ([`Health::observe`]).
+    /// its connection of `generation` (`Health::observe`).
     fn observe(&self, run_id: &str, uptime: Duration, generation: u64, now: Instant);
 }
 
@@ -88,7 +88,7 @@ impl Voter for Node {
 
 /// The decision rules of a client's nodes.
 #[derive(Clone, Debug)]
-pub(crate) struct Quorum {
+pub struct Quorum {
     /// How many nodes there are: 1, or an odd number of at least 3 (Redlock).
     nodes: usize,
     /// Redlock: each node's time to answer; `None`: a twentieth of the TTL, between 5 ms
@@ -101,7 +101,7 @@ pub(crate) struct Quorum {
 
 /// What the nodes said about one lease (an extend, a renewal) or a release.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Confirmation {
+pub enum Confirmation {
     /// Enough nodes confirmed.
     Confirmed,
     /// So many nodes said the lease is not held that no majority can hold it.
@@ -165,52 +165,6 @@ impl Quorum {
         }
         node.run_id().is_none()
             || (self.quarantine.is_some() && node.identified_at() != Some(node.generation()))
-    }
-
-    /// Tallies one node's answer (come at `now`) to an acquire attempt sent at
-    /// `sent_at`: its answer is the attempt's outcome. Returns it, and whether what the
-    /// attempt may have written must be taken back now.
-    pub fn acquire_one(
-        &self,
-        node: &impl Voter,
-        answer: Result<AcquireReply, Error>,
-        sent_at: Instant,
-        ttl: Duration,
-        now: Instant,
-    ) -> (Result<Outcome, Error>, bool) {
-        let reply = match answer {
-            Ok(reply) => reply,
-            Err(e) => return (Err(e), false),
-        };
-        match reply.answer {
-            Answer::Granted { fence, fresh } => {
-                if !fresh {
-                    tracing::debug!("acquire retry found our own token");
-                }
-                let grant = Grant::new(fence, sent_at, ttl);
-                if grant.valid_until > now {
-                    let granted = Outcome::Granted {
-                        grant,
-                        owner_hold: reply.owner_hold,
-                    };
-                    (Ok(granted), false)
-                } else {
-                    // The grant came back after its lease ran out (a slow network, a
-                    // paused client): the lock may belong to someone else already, so
-                    // holding it is not on offer. Take it back (owner-checked: a
-                    // successor's key stays) and report the attempt as timed out; the
-                    // caller treats its outcome as unknown.
-                    (Err(late_grant(node, sent_at, now, ttl)), true)
-                }
-            }
-            Answer::Held(refusal) => {
-                let held = Outcome::Held {
-                    refusal,
-                    nodes: Vec::new(),
-                };
-                (Ok(held), false)
-            }
-        }
     }
 
     /// Starts the tally of a Redlock acquire attempt sent at `sent_at`, whose answers
@@ -343,7 +297,7 @@ impl Quorum {
 }
 
 /// The tally of one Redlock acquire attempt, answer by answer.
-pub(crate) struct AcquireTally<'a, V: Voter> {
+pub struct AcquireTally<'a, V: Voter> {
     quorum: &'a Quorum,
     nodes: &'a [V],
     ttl: Duration,
@@ -495,20 +449,6 @@ impl<V: Voter> AcquireTally<'_, V> {
             }),
         };
         (outcome, true)
-    }
-}
-
-/// The grant that came back after its lease had run out, as an error.
-fn late_grant(node: &impl Voter, sent_at: Instant, now: Instant, ttl: Duration) -> Error {
-    Error::Unavailable {
-        node: node.addr(),
-        reason: UnavailableReason::LateGrant,
-        detail: format!(
-            "the grant arrived {} ms after the acquire was sent, after its {} ms lease (less the drift allowance) had run out",
-            (now - sent_at).as_millis(),
-            ttl.as_millis()
-        ),
-        source: None,
     }
 }
 

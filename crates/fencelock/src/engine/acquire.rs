@@ -52,23 +52,28 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
-use super::protocol::{Listed, Protocol, Undo};
+use super::protocol::{self, Listed, Protocol, Undo};
 use super::retry::Retry;
 use super::{Grant, Outcome, Refusal};
 use crate::error::{Blocker, Error, NodeOutcome, NodeReport, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::observe::WokenBy;
+use crate::scripts::{self, Call};
 use crate::token::{FencingToken, HolderToken};
 
 /// What to acquire, and how long to wait for it.
-pub(crate) struct Request<'a> {
+pub struct Request<'a> {
+    /// The lock's name, for errors and events.
     pub name: &'a str,
+    /// Its keys (a multi-lock's: its first name's).
     pub keys: LockKeys,
+    /// The primitive.
     pub protocol: Arc<dyn Protocol>,
     /// The TTL each attempt asks for.
     pub ttl: Duration,
     /// `None`: wait for ever; zero: one attempt.
     pub wait: Option<Duration>,
+    /// The pause between attempts when nothing else decides it.
     pub retry: Retry,
     /// What the holder says about itself ("" for nothing).
     pub info: &'a str,
@@ -82,16 +87,20 @@ pub(crate) struct Request<'a> {
 /// A lock that was granted: its keys, the holder token that holds it, the protocol it
 /// is held under (a reader's grant may be its owner's write lock's), and the grant.
 #[derive(Debug)]
-pub(crate) struct Acquired {
+pub struct Acquired {
+    /// The lock's keys.
     pub keys: LockKeys,
+    /// The holder token its key holds.
     pub token: HolderToken,
+    /// The protocol it is held under.
     pub protocol: Arc<dyn Protocol>,
+    /// The grant.
     pub grant: Grant,
 }
 
 /// What happened, for the machine to take its next step on.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub enum Event {
     /// The attempt's outcome; an error when the nodes could not decide it.
     Answered(Result<Outcome, Error>),
     /// The waiter's channels are subscribed; `None`: nothing was (a fair waiter's
@@ -107,7 +116,7 @@ pub(crate) enum Event {
 
 /// A waiter's subscriptions, as made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Channels {
+pub struct Channels {
     /// Whether the lock's channel is subscribed on every node.
     pub everywhere: bool,
     /// Whether its client's own channel of the lock is subscribed on every node (a
@@ -119,7 +128,8 @@ pub(crate) struct Channels {
 
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Woken {
+pub struct Woken {
+    /// A release message, or the pause's end.
     pub by: WokenBy,
     /// The wakes by name (on its client's own channel) delivered to this waiter since it
     /// subscribed: one since its last attempt sends the next to the head of the wake
@@ -132,14 +142,16 @@ pub(crate) struct Woken {
 /// A fair release handed the lock to a waiter: its fencing token, and the lease it set,
 /// in ms from the release. Its message: `G TOKEN FENCE PX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Handover {
+pub struct Handover {
+    /// The fencing token the release minted for the waiter.
     pub fence: u64,
+    /// The lease it set, in ms from the release.
     pub px: u64,
 }
 
 impl Handover {
     /// Reads `G TOKEN FENCE PX`: the token it is for, and the handover.
-    pub(crate) fn parse(payload: &[u8]) -> Option<(&[u8], Handover)> {
+    pub fn parse(payload: &[u8]) -> Option<(&[u8], Handover)> {
         let mut parts = payload.strip_prefix(b"G ")?.split(|b| *b == b' ');
         let token = parts.next()?;
         let mut number =
@@ -154,16 +166,24 @@ impl Handover {
 
 /// What to do next.
 #[derive(Debug)]
-pub(crate) enum Command {
+pub enum Command {
     /// Send one attempt, answer with [`Event::Answered`].
     Attempt(Attempt),
     /// Subscribe the waiter's channels, answer with [`Event::Subscribed`].
     Subscribe(Subscribe),
     /// Wait for `replicas` replicas, at most `within`; answer with [`Event::Replicas`].
-    WaitReplicas { replicas: u32, within: Duration },
+    WaitReplicas {
+        /// How many must acknowledge.
+        replicas: u32,
+        /// How long to wait for them at most.
+        within: Duration,
+    },
     /// Sleep until a release message reaches the waiter, or until `until`; answer with
     /// [`Event::Woken`].
-    Sleep { until: Instant },
+    Sleep {
+        /// When the pause ends.
+        until: Instant,
+    },
     /// Withdraw what the acquire may have written, now; answer with
     /// [`Event::Withdrawn`].
     Withdraw(Undo),
@@ -173,7 +193,7 @@ pub(crate) enum Command {
 
 /// One attempt: what it sends beside the acquire's keys, token, lease and holder info.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Attempt {
+pub struct Attempt {
     /// A waiting acquire: it takes a place in line where one is kept.
     pub join: bool,
     /// Whether an earlier attempt may have put the token among a read-write lock's
@@ -193,7 +213,7 @@ pub(crate) struct Attempt {
 /// Which channels to subscribe: the lock's, and for a protocol that listens there its
 /// client's own channel of the lock. The waiter's earlier subscriptions, if any, go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Subscribe {
+pub struct Subscribe {
     /// Only if every one is subscribed on every node already (then at no cost).
     pub only_if_open: bool,
     /// A multi-lock: the place of the name whose channels to subscribe
@@ -203,7 +223,8 @@ pub(crate) struct Subscribe {
 
 /// The end of an acquire.
 #[derive(Debug)]
-pub(crate) struct Done {
+pub struct Done {
+    /// The lock, or why not.
     pub result: Result<Acquired, Error>,
     /// What to withdraw in the background.
     pub cleanup: Cleanup,
@@ -211,12 +232,25 @@ pub(crate) struct Done {
 
 /// What an acquire that ended without the lock leaves to the background.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Cleanup {
+pub struct Cleanup {
     /// Withdraw what the token may hold.
     pub withdraw: bool,
     /// Take its client off the lock's wake list, once none of its waiters waits for the
     /// lock.
     pub unlist: bool,
+}
+
+/// What the nodes add to an attempt's call ([`Acquiring::call`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Site<'a> {
+    /// The client's tag, which names its own release channels and its place on wake
+    /// lists.
+    pub client_tag: &'a str,
+    /// How long a fencing counter lives without a grant (zero: for ever).
+    pub counter_idle: Duration,
+    /// Other plain waiters of the client wait for the same lock: a grant leaves the
+    /// client listed.
+    pub stays: bool,
 }
 
 /// Where the machine stands.
@@ -241,7 +275,7 @@ enum Phase {
 
 /// What the last attempt found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Found {
+pub enum Found {
     /// Another holder, or a fair queue, stands in the way.
     Held(Blocker),
     /// A node could not be reached, or the quorum failed.
@@ -259,7 +293,7 @@ struct Waiter {
 }
 
 /// One acquire, from its request to its outcome.
-pub(crate) struct Acquiring<'a> {
+pub struct Acquiring<'a> {
     req: Request<'a>,
     token: HolderToken,
     waits: bool,
@@ -293,7 +327,7 @@ pub(crate) struct Acquiring<'a> {
 impl<'a> Acquiring<'a> {
     /// An acquire of `req` by `token`, asked for at `now`; `seed` draws the retry
     /// schedule's jitter (the driver gives a random one, a model checker a fixed one).
-    pub(crate) fn new(req: Request<'a>, token: HolderToken, seed: u64, now: Instant) -> Self {
+    pub fn new(req: Request<'a>, token: HolderToken, seed: u64, now: Instant) -> Self {
         Self {
             waits: req.wait != Some(Duration::ZERO),
             started: now,
@@ -317,7 +351,7 @@ impl<'a> Acquiring<'a> {
     /// The first command. A fair waiter joins before its first attempt when that costs
     /// no round trip (other waiters of this client keep its channels open): a refusal
     /// then needs no second attempt to cover a release between it and the join.
-    pub(crate) fn start(&mut self, now: Instant) -> Command {
+    pub fn start(&mut self, now: Instant) -> Command {
         if self.waits && self.req.protocol.waiting().queue.is_some() {
             self.phase = Phase::Subscribing;
             return Command::Subscribe(Subscribe {
@@ -329,7 +363,7 @@ impl<'a> Acquiring<'a> {
     }
 
     /// The next command, on `event` at `now`.
-    pub(crate) fn on(&mut self, event: Event, now: Instant) -> Command {
+    pub fn on(&mut self, event: Event, now: Instant) -> Command {
         match (std::mem::replace(&mut self.phase, Phase::Done), event) {
             (Phase::Attempting { sent }, Event::Answered(outcome)) => match outcome {
                 Ok(Outcome::Granted { grant, owner_hold }) => self.granted(grant, owner_hold),
@@ -355,7 +389,7 @@ impl<'a> Acquiring<'a> {
 
     /// Transition *cancelled*: the caller dropped the acquire before its end. What it
     /// owes goes to the background.
-    pub(crate) fn cancel(&mut self) -> Cleanup {
+    pub fn cancel(&mut self) -> Cleanup {
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Done => Cleanup::default(),
             _ => self.owed.cleanup(),
@@ -363,29 +397,57 @@ impl<'a> Acquiring<'a> {
     }
 
     /// What is acquired.
-    pub(crate) fn request(&self) -> &Request<'a> {
+    pub fn request(&self) -> &Request<'a> {
         &self.req
     }
 
     /// The holder token every attempt uses.
-    pub(crate) fn token(&self) -> &HolderToken {
+    pub fn token(&self) -> &HolderToken {
         &self.token
     }
 
     /// Whether the acquire waits (its wait is not zero).
-    pub(crate) fn waits(&self) -> bool {
+    pub fn waits(&self) -> bool {
         self.waits
     }
 
     /// Attempts sent so far.
-    pub(crate) fn attempts(&self) -> u32 {
+    pub fn attempts(&self) -> u32 {
         self.attempts
     }
 
     /// When an attempt first found the lock held or a node unreachable, and the acquire
     /// waited on.
-    pub(crate) fn waiting_since(&self) -> Option<Instant> {
+    pub fn waiting_since(&self) -> Option<Instant> {
         self.waiting_since
+    }
+
+    /// The script call of `attempt`, as its protocol builds it with what the nodes add
+    /// (`identify`: the node is asked who it is, Redlock's restart protection). Pure:
+    /// the driver sends it, a model checker runs its script.
+    pub fn call(&self, attempt: &Attempt, site: &Site<'_>, identify: bool) -> Call {
+        let listing = (attempt.listed != Listed::No).then_some(scripts::Listing {
+            tag: match attempt.listed {
+                Listed::ByName => site.client_tag,
+                _ => scripts::Listing::EVERYONE,
+            },
+            margin: LISTING_MARGIN,
+            stays: site.stays,
+            front: attempt.front,
+        });
+        self.req.protocol.acquire(&protocol::Acquire {
+            keys: &self.req.keys,
+            token: &self.token,
+            ttl: self.req.ttl,
+            identify,
+            info: self.req.info,
+            counter_idle: site.counter_idle,
+            join: attempt.join,
+            queued: attempt.queued,
+            listing,
+            client_tag: site.client_tag,
+            waits_on: attempt.waits_on,
+        })
     }
 
     /// Sends an attempt.
@@ -690,7 +752,7 @@ impl<'a> Acquiring<'a> {
 /// How much longer than the lease that refused a listed attempt the lock's wake list is
 /// kept (`fragments/waiting.lua`): its waiters try again by themselves when that lease
 /// ends, and list their clients again if refused; the margin covers their wake-up.
-pub(crate) const LISTING_MARGIN: Duration = Duration::from_secs(1);
+pub const LISTING_MARGIN: Duration = Duration::from_secs(1);
 
 /// Whether a Redlock node got no answer in time (or none before the verdict).
 fn any_timed_out(nodes: &[NodeReport]) -> bool {

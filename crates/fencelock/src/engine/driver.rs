@@ -16,15 +16,15 @@ use futures_util::future::select_all;
 use tracing::Instrument;
 
 use super::acquire::{
-    Acquired, Acquiring, Attempt, Channels, Cleanup, Command, Event, LISTING_MARGIN, Request,
-    Subscribe, Woken,
+    Acquired, Acquiring, Attempt, Channels, Cleanup, Command, Event, Request, Site, Subscribe,
+    Woken,
 };
 use super::nodes::{Listener, Nodes};
-use super::protocol::{self, Listed};
+use super::protocol::Listed;
 use super::{Outcome, clock};
 use crate::error::{Blocker, Error, NodeList, NodeReport};
 use crate::observe::{self, AcquireOutcome, ModeLabel, WokenBy};
-use crate::scripts::{self, Call};
+use crate::scripts::Call;
 use crate::token::HolderToken;
 
 /// Takes the lock as `req` says, inside an `acquire` span, and reports the outcome
@@ -165,31 +165,14 @@ impl<N: Nodes> Run<'_, N> {
             stays,
             identify,
         };
-        let (req, token) = (self.machine.request(), self.machine.token());
-        self.calls.get(shape, || {
-            let listing = (attempt.listed != Listed::No).then(|| scripts::Listing {
-                tag: match attempt.listed {
-                    Listed::ByName => nodes.client_tag(),
-                    _ => scripts::Listing::EVERYONE,
-                },
-                margin: LISTING_MARGIN,
-                stays,
-                front: attempt.front,
-            });
-            req.protocol.acquire(&protocol::Acquire {
-                keys: &req.keys,
-                token,
-                ttl: req.ttl,
-                identify,
-                info: req.info,
-                counter_idle: nodes.counter_idle(),
-                join: attempt.join,
-                queued: attempt.queued,
-                listing,
-                client_tag: nodes.client_tag(),
-                waits_on: attempt.waits_on,
-            })
-        })
+        let site = Site {
+            client_tag: nodes.client_tag(),
+            counter_idle: nodes.counter_idle(),
+            stays,
+        };
+        let machine = &self.machine;
+        self.calls
+            .get(shape, || machine.call(&attempt, &site, identify))
     }
 
     /// Subscribes the waiter on every node: the lock's channel, and for a protocol that

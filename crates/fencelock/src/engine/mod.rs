@@ -27,14 +27,14 @@ use std::time::{Duration, Instant};
 pub(crate) use protocol::Protocol;
 
 use crate::error::NodeReport;
-pub(crate) use crate::scripts::replies::Refusal;
+pub use crate::scripts::replies::Refusal;
 use crate::token::FencingToken;
 
 /// A grant of a lock: made by the tally of a script's reply (or by a fair release's
 /// handover), and carried as it is to the guard and its watched lease. A confirmed
 /// extend is a grant too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Grant {
+pub struct Grant {
     /// Its fencing token.
     pub fence: FencingToken,
     /// When the request that got it was sent: Redis set the lease no earlier (for a
@@ -61,9 +61,10 @@ impl Grant {
 /// What one acquire attempt came to, once the nodes' answers were tallied: the engine's
 /// reply. (An attempt that could not be decided is an error instead.)
 #[derive(Debug)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// The lock is the caller's.
     Granted {
+        /// The grant.
         grant: Grant,
         /// A reader's grant that is one more hold of its owner's reentrant write lock:
         /// released and renewed as that from now on ([`Protocol::owner_hold`]).
@@ -71,6 +72,7 @@ pub(crate) enum Outcome {
     },
     /// Another holder (or a queue ahead) stands in the way.
     Held {
+        /// What the refusal said (for Redlock, the soonest of the nodes' leases).
         refusal: Refusal,
         /// Redlock: what each node answered; empty for one node.
         nodes: Vec<NodeReport>,
@@ -79,12 +81,12 @@ pub(crate) enum Outcome {
 
 /// How much of a lease the client gives up to clock-rate drift between itself and
 /// Redis: 1% of the TTL plus 2 ms, as in Redlock.
-pub(crate) fn drift(ttl: Duration) -> Duration {
+pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
 /// The end of a lease that Redis started no earlier than `sent_at`.
-pub(crate) fn lease_end(sent_at: Instant, ttl: Duration) -> Instant {
+pub fn lease_end(sent_at: Instant, ttl: Duration) -> Instant {
     sent_at + ttl.saturating_sub(drift(ttl))
 }
 

@@ -13,7 +13,7 @@ use crate::scripts::{Call, Listing};
 use crate::token::HolderToken;
 
 /// How the holders of one lock name take turns.
-pub(crate) trait Protocol: fmt::Debug + Send + Sync {
+pub trait Protocol: fmt::Debug + Send + Sync {
     /// The `mode` label of metrics and spans.
     fn label(&self) -> ModeLabel;
 
@@ -64,8 +64,10 @@ pub(crate) trait Protocol: fmt::Debug + Send + Sync {
 }
 
 /// What one acquire attempt sends, whatever the protocol.
-pub(crate) struct Acquire<'a> {
+pub struct Acquire<'a> {
+    /// The lock's keys.
     pub keys: &'a LockKeys,
+    /// The acquire's holder token (every attempt's).
     pub token: &'a HolderToken,
     /// The lease asked for.
     pub ttl: Duration,
@@ -91,8 +93,10 @@ pub(crate) struct Acquire<'a> {
 }
 
 /// What a release or withdrawal sends.
-pub(crate) struct Release<'a> {
+pub struct Release<'a> {
+    /// The lock's keys.
     pub keys: &'a LockKeys,
+    /// The holder token whose grant it gives back.
     pub token: &'a HolderToken,
     /// Redlock: the grant's fencing token, raised into every node's counter; 0 on one
     /// node.
@@ -105,7 +109,7 @@ pub(crate) struct Release<'a> {
 
 /// What a release call undoes, and whether the token goes on being used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Undo {
+pub enum Undo {
     /// A held lock's release: the token's last call.
     Release,
     /// An acquire that ended without the lock withdraws what it may have written: the
@@ -113,7 +117,7 @@ pub(crate) enum Undo {
     Withdraw,
     /// One failed attempt's writes taken back; the acquire may try again with the same
     /// token, so this call must never run after that attempt (see
-    /// [`Call::undoing`](crate::scripts::Call::undoing)).
+    /// `Call::undoing`).
     TakeBack,
 }
 
@@ -127,7 +131,7 @@ impl Release<'_> {
 
 /// How a protocol's waiters wait for a release.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Waiting {
+pub struct Waiting {
     /// Waiters line up in a queue in Redis, and one that stays silent this long is
     /// purged from it: each calls again within a third of it (fair modes).
     pub queue: Option<Duration>,
@@ -140,7 +144,7 @@ pub(crate) struct Waiting {
 
 /// How a waiting attempt stands on the lock's wake list (`fragments/waiting.lua`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Listed {
+pub enum Listed {
     /// It is not listed.
     #[default]
     No,
@@ -156,7 +160,7 @@ pub(crate) enum Listed {
 
 /// Which release messages wake a waiter.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Wake<'a> {
+pub enum Wake<'a> {
     /// A plain waiter: each message wakes one plain waiter of the client. On the
     /// client's own channel, a wake that finds none is handed on (see the subscriber's `HandOn`).
     Plain,

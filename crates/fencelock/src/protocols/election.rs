@@ -11,7 +11,7 @@ use crate::token::HolderToken;
 
 /// A campaign of a leader election.
 #[derive(Debug)]
-pub(crate) struct Election;
+pub struct Election;
 
 impl Protocol for Election {
     fn label(&self) -> ModeLabel {

@@ -16,15 +16,17 @@ use crate::token::HolderToken;
 /// A fair lock; `waiter_timeout`: how long a queued waiter may stay silent before it is
 /// purged.
 #[derive(Debug)]
-pub(crate) struct Fair {
+pub struct Fair {
     waiter_timeout: Duration,
 }
 
 impl Fair {
+    /// A fair lock whose waiters are purged after `waiter_timeout` of silence.
     pub fn new(waiter_timeout: Duration) -> Self {
         Self { waiter_timeout }
     }
 
+    /// Reads back what [`to_text`](Protocol::to_text) wrote after `fair `.
     pub fn from_text(rest: &str) -> Result<Arc<dyn Protocol>, Error> {
         if rest.is_empty() {
             return Err(bad("a fair lock's mode has no waiter timeout"));

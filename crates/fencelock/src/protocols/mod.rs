@@ -26,13 +26,13 @@ mod semaphore;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use election::Election;
-pub(crate) use fair::Fair;
-pub(crate) use multi::Multi;
-pub(crate) use plain::Plain;
-pub(crate) use read::Read;
-pub(crate) use reentrant::Reentrant;
-pub(crate) use semaphore::Semaphore;
+pub use election::Election;
+pub use fair::Fair;
+pub use multi::Multi;
+pub use plain::Plain;
+pub use read::Read;
+pub use reentrant::Reentrant;
+pub use semaphore::Semaphore;
 
 use crate::engine::Protocol;
 use crate::error::Error;

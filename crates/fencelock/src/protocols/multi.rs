@@ -18,7 +18,7 @@ use crate::token::HolderToken;
 
 /// The names of one multi-lock call, in the global order (sorted).
 #[derive(Debug)]
-pub(crate) struct Multi {
+pub struct Multi {
     names: Vec<LockKeys>,
 }
 

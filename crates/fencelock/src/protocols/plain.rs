@@ -9,7 +9,7 @@ use crate::token::HolderToken;
 
 /// A plain lock.
 #[derive(Debug)]
-pub(crate) struct Plain;
+pub struct Plain;
 
 impl Protocol for Plain {
     fn label(&self) -> ModeLabel {

@@ -17,7 +17,7 @@ use crate::token::HolderToken;
 /// A reader; `owner`: its owner id ("" for none), whose other reads let it in past
 /// waiting writers, and whose reentrant write lock it may read under. Its `Debug` hides
 /// the owner id.
-pub(crate) struct Read {
+pub struct Read {
     owner: String,
 }
 
@@ -38,6 +38,7 @@ impl Read {
         Self { owner }
     }
 
+    /// Reads back what [`to_text`](Protocol::to_text) wrote after `read `.
     pub fn from_text(rest: &str) -> Result<Arc<dyn Protocol>, Error> {
         let owner = if rest.is_empty() {
             String::new()

@@ -14,7 +14,7 @@ use crate::token::HolderToken;
 
 /// A reentrant lock of `owner`. Its `Debug` hides the owner id, which lets whoever
 /// knows it reenter and release.
-pub(crate) struct Reentrant {
+pub struct Reentrant {
     owner: String,
 }
 
@@ -32,6 +32,7 @@ impl Reentrant {
         Self { owner }
     }
 
+    /// Reads back what [`to_text`](Protocol::to_text) wrote after `reentrant `.
     pub fn from_text(rest: &str) -> Result<Arc<dyn Protocol>, Error> {
         Ok(Arc::new(Self::new(checked_owner(rest)?)))
     }

@@ -17,16 +17,18 @@ use crate::token::HolderToken;
 /// A permit of a semaphore of `permits`; `fair`: its waiters' timeout, when they are
 /// served in arrival order.
 #[derive(Debug)]
-pub(crate) struct Semaphore {
+pub struct Semaphore {
     permits: u32,
     fair: Option<Duration>,
 }
 
 impl Semaphore {
+    /// A permit of a semaphore of `permits`; `fair`: its waiter timeout.
     pub fn new(permits: u32, fair: Option<Duration>) -> Self {
         Self { permits, fair }
     }
 
+    /// Reads back what [`to_text`](Protocol::to_text) wrote after `semaphore `.
     pub fn from_text(rest: &str) -> Result<Arc<dyn Protocol>, Error> {
         let (permits, fair) = match rest.split_once(' ') {
             Some((permits, timeout)) => (permits, Some(ms(timeout)?)),

@@ -106,7 +106,7 @@ impl Fragment {
 
 /// Which kind of Redis a script is composed for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Flavor {
+pub enum Flavor {
     /// A standalone node, a Sentinel-managed master or a Redlock node: releases are
     /// announced with classic `PUBLISH`.
     Standalone,
@@ -304,7 +304,7 @@ impl Lua {
 /// One call of a script: its keys and arguments, sent in the flavor of the node that
 /// runs it, and what error messages name (the script and the keys it was given).
 #[derive(Clone)]
-pub(crate) struct Call {
+pub struct Call {
     lua: Lua,
     /// Declared keys (`KEYS`).
     keys: Parts,
@@ -582,6 +582,36 @@ impl Call {
     }
 }
 
+/// A call's script and what it is given, as sent to a node of one [`Flavor`]
+/// (`Call::parts`).
+#[cfg(feature = "model")]
+#[derive(Clone, Debug)]
+pub struct CallParts<'a> {
+    /// The script's file (`lock/acquire.lua`, ...).
+    pub file: &'static str,
+    /// Its source as composed for the flavor (its fragments in), as `SCRIPT LOAD` sends
+    /// it.
+    pub source: &'static str,
+    /// `KEYS`, in order.
+    pub keys: Vec<&'a [u8]>,
+    /// `ARGV`, in order.
+    pub args: Vec<&'a [u8]>,
+}
+
+#[cfg(feature = "model")]
+impl Call {
+    /// Its script and what it is given, for `flavor`: for running it somewhere else than
+    /// on a node (a model checker's keyspace).
+    pub(crate) fn parts(&self, flavor: Flavor) -> CallParts<'_> {
+        CallParts {
+            file: self.lua.parts().0,
+            source: self.lua.composed(flavor),
+            keys: self.keys.iter().collect(),
+            args: self.args.iter().collect(),
+        }
+    }
+}
+
 /// Every Lua script fencelock sends, by file name (`lock/acquire.lua`, ...), composed as
 /// sent: the shared fragments, then the script's own source, whose header states its
 /// KEYS, ARGV and replies (a script with a fast path gets some fragments after it, at
@@ -639,7 +669,7 @@ pub(crate) fn flag(on: bool) -> &'static str {
 /// client; or `*` ([`Listing::EVERYONE`]), which has the release wake every client on
 /// the lock's channel. A release that finds nobody listed publishes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Listing<'a> {
+pub struct Listing<'a> {
     /// The client's tag: its own channel is the lock's, `:`, then this; or
     /// [`Listing::EVERYONE`].
     pub tag: &'a str,
@@ -665,7 +695,7 @@ impl Listing<'_> {
 /// One batch: `(lock key, holder, ttl)` per lease; the holder is the token, or a
 /// reentrant lock's owner id. Each lease's holder info is renewed with it. On a Redis
 /// Cluster every key must be in one slot.
-pub(crate) fn renew<'a>(leases: impl Iterator<Item = (&'a str, &'a str, Duration)>) -> Call {
+pub fn renew<'a>(leases: impl Iterator<Item = (&'a str, &'a str, Duration)>) -> Call {
     let mut inv = Call::new(Lua::Renew);
     for (key, holder, ttl) in leases {
         inv.key(key)

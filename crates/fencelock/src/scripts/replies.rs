@@ -37,7 +37,7 @@ pub(crate) fn permits_mismatch(e: &RedisError) -> Option<(String, u32, u32)> {
 
 /// Who a node said it is, when asked (`acquire.lua` with `ARGV[3]` "1").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Identity {
+pub struct Identity {
     /// Random for every start of a server process.
     pub run_id: String,
     /// Whole seconds.
@@ -47,7 +47,8 @@ pub(crate) struct Identity {
 /// What an acquire script answered: `acquire.lua`, `reentrant_acquire.lua`,
 /// `fair_acquire.lua`, `semaphore/acquire.lua`, `rwlock/read_acquire.lua`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AcquireReply {
+pub struct AcquireReply {
+    /// What it says.
     pub answer: Answer,
     /// Present when asked for.
     pub identity: Option<Identity>,
@@ -58,17 +59,22 @@ pub(crate) struct AcquireReply {
 
 /// What one node answered to an acquire, whatever the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answer {
+pub enum Answer {
     /// The lock is the caller's; `fresh` is false when the key already held its token (a
     /// retry).
-    Granted { fence: FencingToken, fresh: bool },
+    Granted {
+        /// The grant's fencing token.
+        fence: FencingToken,
+        /// False when the key already held the token (a retry).
+        fresh: bool,
+    },
     /// Another holder has it, or in fair mode it is free but another waiter is first.
     Held(Refusal),
 }
 
 /// A refusal, as an acquire script says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Refusal {
+pub struct Refusal {
     /// What stands in the way.
     pub blocked_by: Blocker,
     /// The fencing counter when it said so (`fair_acquire.lua` only): a handover with a
@@ -91,9 +97,9 @@ impl Refusal {
 }
 
 /// The first field of an acquire script's reply: what it says, as the scripts' headers
-/// number it. Parsed here only ([`Code::parse`]); the fields after it follow from it.
+/// number it. Parsed here only (`Code::parse`); the fields after it follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Code {
+pub enum Code {
     /// 0: another holder has it: its PTTL (-1: no expiry; -2, `fair_acquire.lua` only:
     /// free, another waiter first in line), and in fair mode the fencing counter.
     Held,
@@ -261,7 +267,7 @@ impl Fields<'_> {
 
 /// What a release script answered, and what `renew.lua` answered for each lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Owned {
+pub enum Owned {
     /// The key held the caller and the operation happened.
     Done,
     /// The key was absent.
@@ -293,7 +299,7 @@ impl FromRedisValue for Owned {
 
 /// `renew.lua`'s answer: one [`Owned`] per lease, in the order sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Renewed(pub Vec<Owned>);
+pub struct Renewed(pub Vec<Owned>);
 
 impl FromRedisValue for Renewed {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {

@@ -1,0 +1,93 @@
+//! **Unstable**: what the model checker of the scripts (the workspace's `model/` crate)
+//! drives, behind the `model` feature. Not part of fencelock's API: it changes with the
+//! engine, without notice or semver.
+//!
+//! The model runs the library's own parts without I/O: the acquire engine's transitions
+//! ([`Acquiring`]: an [`Event`] and the time in, one [`Command`] out), each protocol's
+//! script calls ([`Acquiring::call`] for an attempt, [`Protocol::release`] and
+//! [`Protocol::withdraw`] for the rest: the [`Call`]'s script and its keys and
+//! arguments, [`call_parts`]), the decoding of an
+//! acquire script's reply ([`AcquireReply`]), and the tally of the nodes' answers
+//! ([`judge_one`] for one node, [`Quorum::tally`] for Redlock, [`Quorum::confirm`] for a
+//! release or a renewal), with the holder tokens and the retry jitter it chooses
+//! ([`holder_token`], the seed of [`Acquiring::new`]).
+//!
+//! One acquire by hand, as the driver (`engine/driver.rs`) does it:
+//!
+//! ```
+//! # #[cfg(feature = "model")] {
+//! use std::sync::Arc;
+//! use std::time::{Duration, Instant};
+//!
+//! use fencelock::model::*;
+//!
+//! let t0 = Instant::now();
+//! let request = Request {
+//!     name: "stock",
+//!     keys: LockKeys::new("fl", "stock").unwrap(),
+//!     protocol: Arc::new(Plain),
+//!     ttl: Duration::from_secs(10),
+//!     wait: Some(Duration::ZERO),
+//!     retry: fencelock::Retry::default(),
+//!     info: "",
+//!     replicas: 0,
+//!     renew: true,
+//! };
+//! let mut acquire = Acquiring::new(request, holder_token("ab".repeat(16)), 7, t0);
+//! let Command::Attempt(attempt) = acquire.start(t0) else { unreachable!() };
+//! // The protocol builds the call: script, keys, arguments.
+//! let call = acquire.call(&attempt, &Site::default(), false);
+//! let parts = call_parts(&call);
+//! assert_eq!(parts.file, "lock/acquire.lua");
+//! // ... the model runs `parts.source` on its keyspace, which answers {1, 42} ...
+//! let reply = decode_acquire(redis::Value::Array(vec![
+//!     redis::Value::Int(1),
+//!     redis::Value::Int(42),
+//! ]))
+//! .unwrap();
+//! let lease = Duration::from_secs(10);
+//! let (outcome, _take_back) = judge_one(|| "model:1".into(), Ok(reply), t0, lease, t0);
+//! match acquire.on(Event::Answered(outcome), t0) {
+//!     Command::Done(done) => assert_eq!(done.result.unwrap().grant.fence.get(), 42),
+//!     other => panic!("{other:?}"),
+//! }
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+pub use crate::backend::judge_one;
+pub use crate::backend::quorum::{AcquireTally, Confirmation, Quorum, Voter};
+pub use crate::engine::acquire::{
+    Acquired, Acquiring, Attempt, Channels, Cleanup, Command, Done, Event, Found, Handover,
+    LISTING_MARGIN, Request, Site, Subscribe, Woken,
+};
+pub use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Undo, Waiting, Wake};
+pub use crate::engine::retry::Retry;
+pub use crate::engine::{Grant, Outcome, Refusal, drift, lease_end};
+pub use crate::keys::LockKeys;
+pub use crate::observe::{ModeLabel, WokenBy};
+pub use crate::protocols::{Election, Fair, Multi, Plain, Read, Reentrant, Semaphore};
+pub use crate::scripts::replies::{AcquireReply, Answer, Code, Identity, Owned, Renewed};
+pub use crate::scripts::{Call, CallParts, Flavor, Listing, renew};
+use crate::token::HolderToken;
+
+/// A holder token with the text the model chose (32 lowercase hex digits, as the
+/// library draws them).
+pub fn holder_token(text: String) -> HolderToken {
+    HolderToken::from_stored(text)
+}
+
+/// A call's script (its file and its source, composed for a standalone node) and its
+/// keys and arguments, as sent.
+pub fn call_parts(call: &Call) -> CallParts<'_> {
+    call.parts(Flavor::Standalone)
+}
+
+/// An acquire script's reply decoded, as the nodes' connections decode it.
+pub fn decode_acquire(reply: redis::Value) -> Result<AcquireReply, redis::ParsingError> {
+    redis::FromRedisValue::from_redis_value(reply)
+}
+
+/// A protocol, shared as the engine holds it.
+pub type SharedProtocol = Arc<dyn Protocol>;
