@@ -218,6 +218,113 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// A copy, for the engine's machine, which a model checker clones with its state
+    /// (`Error` is not `Clone`: a database error's source is any error). A database
+    /// error's source becomes its message.
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Held {
+                name,
+                blocked_by,
+                waited,
+                nodes,
+            } => Error::Held {
+                name: name.clone(),
+                blocked_by: *blocked_by,
+                waited: *waited,
+                nodes: nodes.clone(),
+            },
+            Error::Unavailable {
+                node,
+                reason,
+                detail,
+                source,
+            } => Error::Unavailable {
+                node: node.clone(),
+                reason: *reason,
+                detail: detail.clone(),
+                source: source.clone(),
+            },
+            Error::Rejected {
+                node,
+                code,
+                message,
+            } => Error::Rejected {
+                node: node.clone(),
+                code: code.clone(),
+                message: message.clone(),
+            },
+            Error::WrongType { node, key, found } => Error::WrongType {
+                node: node.clone(),
+                key: key.clone(),
+                found: found.clone(),
+            },
+            Error::PermitsMismatch {
+                node,
+                name,
+                count,
+                asked,
+            } => Error::PermitsMismatch {
+                node: node.clone(),
+                name: name.clone(),
+                count: *count,
+                asked: *asked,
+            },
+            Error::InvalidArgument { what, reason } => Error::InvalidArgument {
+                what,
+                reason: reason.clone(),
+            },
+            Error::NoQuorum {
+                name,
+                needed,
+                granted,
+                nodes,
+            } => Error::NoQuorum {
+                name: name.clone(),
+                needed: *needed,
+                granted: *granted,
+                nodes: nodes.clone(),
+            },
+            Error::Unreplicated {
+                name,
+                wanted,
+                acknowledged,
+                within,
+            } => Error::Unreplicated {
+                name: name.clone(),
+                wanted: *wanted,
+                acknowledged: *acknowledged,
+                within: *within,
+            },
+            Error::LeaseLost { name, cause } => Error::LeaseLost {
+                name: name.clone(),
+                cause: *cause,
+            },
+            Error::Fenced {
+                resource,
+                token,
+                highest,
+            } => Error::Fenced {
+                resource: resource.clone(),
+                token: *token,
+                highest: *highest,
+            },
+            Error::Database {
+                resource,
+                code,
+                message,
+                source,
+            } => Error::Database {
+                resource: resource.clone(),
+                code: code.clone(),
+                message: message.clone(),
+                source: source.to_string().into(),
+            },
+        }
+    }
+}
+
 /// Whether a database error says the setup is missing: the function or the table does
 /// not exist (SQLSTATE `42883`, `42P01`), and the message names it.
 pub(crate) fn setup_missing(code: Option<&str>, message: &str) -> bool {

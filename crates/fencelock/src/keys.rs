@@ -69,7 +69,7 @@ use crate::limits::MAX_NAME_LEN;
 
 /// The Redis keys of one lock name. Only the lock key is stored (a guard keeps this for
 /// as long as it lives); the others are derived when a script needs them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LockKeys {
     /// The lock key: the holder's owner token (or a reentrant lock's hash), with an
     /// expiry.

@@ -62,6 +62,7 @@ use crate::scripts::{self, Call};
 use crate::token::{FencingToken, HolderToken};
 
 /// What to acquire, and how long to wait for it.
+#[derive(Clone)]
 pub struct Request<'a> {
     /// The lock's name, for errors and events.
     pub name: &'a str,
@@ -273,6 +274,23 @@ enum Phase {
     Done,
 }
 
+impl Clone for Phase {
+    fn clone(&self) -> Self {
+        match self {
+            Phase::Start => Phase::Start,
+            Phase::Attempting { sent } => Phase::Attempting { sent: *sent },
+            Phase::Subscribing => Phase::Subscribing,
+            Phase::Replicas(grant) => Phase::Replicas(*grant),
+            Phase::TakingBack(acked) => {
+                Phase::TakingBack(acked.as_ref().map(|a| *a).map_err(Error::duplicate))
+            }
+            Phase::Waiting => Phase::Waiting,
+            Phase::Withdrawing(e) => Phase::Withdrawing(e.duplicate()),
+            Phase::Done => Phase::Done,
+        }
+    }
+}
+
 /// What the last attempt found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Found {
@@ -283,7 +301,7 @@ pub enum Found {
 }
 
 /// A waiter's subscriptions, as the machine needs to know them.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Waiter {
     /// Whether release notifications come from every node.
     everywhere: bool,
@@ -292,7 +310,10 @@ struct Waiter {
     named: bool,
 }
 
-/// One acquire, from its request to its outcome.
+/// One acquire, from its request to its outcome. A value: a model checker keeps it in
+/// its states (with the `model` feature, equal and hashed by every field, the protocol
+/// by its text and an error by its message).
+#[derive(Clone)]
 pub struct Acquiring<'a> {
     req: Request<'a>,
     token: HolderToken,
@@ -300,8 +321,8 @@ pub struct Acquiring<'a> {
     started: Instant,
     /// `None`: waits for ever.
     deadline: Option<Instant>,
-    /// The retry schedule's jitter.
-    rng: SmallRng,
+    /// Draws the retry schedule's jitter, with the attempt's number.
+    seed: u64,
     phase: Phase,
     owed: Owed,
     waiter: Option<Waiter>,
@@ -334,7 +355,7 @@ impl<'a> Acquiring<'a> {
             deadline: req.wait.map(|w| now + w),
             req,
             token,
-            rng: SmallRng::seed_from_u64(seed),
+            seed,
             phase: Phase::Start,
             owed: Owed::default(),
             waiter: None,
@@ -650,10 +671,11 @@ impl<'a> Acquiring<'a> {
             Found::Held(Blocker::Readers { .. }) => Some(self.req.ttl / 3),
             _ => self.req.protocol.waiting().queue.map(|t| t / 3),
         };
-        let backoff = self
-            .req
-            .retry
-            .delay(self.attempts.saturating_sub(1), &mut self.rng);
+        // Drawn afresh from the seed and the attempt's number: the same acquire in the
+        // same state always pauses alike, whatever happened before.
+        let n = self.attempts.saturating_sub(1);
+        let rng = &mut SmallRng::seed_from_u64(self.seed ^ u64::from(n).rotate_left(32));
+        let backoff = self.req.retry.delay(n, rng);
         let pause = next_pause(Pause {
             found,
             backoff,
@@ -749,6 +771,90 @@ impl<'a> Acquiring<'a> {
     }
 }
 
+/// A model checker's view of the machine: every field, the protocol by its text and an
+/// error by its message.
+#[cfg(feature = "model")]
+mod compare {
+    use std::hash::{Hash, Hasher};
+
+    use super::{Acquiring, Phase, Request};
+
+    /// What a phase says, comparably.
+    fn phase_key(phase: &Phase) -> impl Hash + Eq + '_ {
+        let error = |e: &crate::Error| e.to_string();
+        match phase {
+            Phase::Start => (0, None, None, None),
+            Phase::Attempting { sent } => (1, Some(*sent), None, None),
+            Phase::Subscribing => (2, None, None, None),
+            Phase::Replicas(grant) => (3, Some(grant.sent_at), Some(*grant), None),
+            Phase::TakingBack(Ok(acked)) => (4, None, None, Some(format!("{acked:?}"))),
+            Phase::TakingBack(Err(e)) => (5, None, None, Some(error(e))),
+            Phase::Waiting => (6, None, None, None),
+            Phase::Withdrawing(e) => (7, None, None, Some(error(e))),
+            Phase::Done => (8, None, None, None),
+        }
+    }
+
+    fn request_key<'r>(r: &'r Request<'_>) -> impl Hash + Eq + 'r {
+        let what = (r.name, &r.keys, r.protocol.to_text(), r.info);
+        (what, r.ttl, r.wait, r.retry, r.replicas, r.renew)
+    }
+
+    impl PartialEq for Acquiring<'_> {
+        fn eq(&self, other: &Self) -> bool {
+            request_key(&self.req) == request_key(&other.req)
+                && phase_key(&self.phase) == phase_key(&other.phase)
+                && self.token == other.token
+                && self.fields() == other.fields()
+        }
+    }
+
+    impl Eq for Acquiring<'_> {}
+
+    impl Hash for Acquiring<'_> {
+        fn hash<H: Hasher>(&self, state: &mut H) {
+            request_key(&self.req).hash(state);
+            phase_key(&self.phase).hash(state);
+            self.token.hash(state);
+            self.fields().hash(state);
+        }
+    }
+
+    impl Acquiring<'_> {
+        /// The plain fields.
+        #[allow(clippy::type_complexity)]
+        fn fields(
+            &self,
+        ) -> (
+            (bool, std::time::Instant, Option<std::time::Instant>, u64),
+            (super::Owed, Option<super::Waiter>, u64, u64, u32),
+            (
+                Option<(std::time::Instant, Option<crate::FencingToken>)>,
+                Option<usize>,
+                Option<usize>,
+                Option<std::time::Instant>,
+            ),
+        ) {
+            (
+                (self.waits, self.started, self.deadline, self.seed),
+                (
+                    self.owed,
+                    self.waiter,
+                    self.named_wakes,
+                    self.named_seen,
+                    self.attempts,
+                ),
+                (
+                    self.refused,
+                    self.held_at,
+                    self.listens_at,
+                    self.waiting_since,
+                ),
+            )
+        }
+    }
+}
+
 /// How much longer than the lease that refused a listed attempt the lock's wake list is
 /// kept (`fragments/waiting.lua`): its waiters try again by themselves when that lease
 /// ends, and list their clients again if refused; the margin covers their wake-up.
@@ -774,7 +880,7 @@ fn replica_wait(ttl: Duration) -> Duration {
 /// be there (its latest attempt's, or an earlier one's), and what its attempts did write
 /// that only a grant would have made good (a place in line, its client on the wake
 /// list).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 struct Owed {
     /// The latest attempt may have granted: it is on its way, or it granted and the
     /// grant was not delivered (replicas awaited, or a take-back failed). A definite
@@ -789,7 +895,7 @@ struct Owed {
 }
 
 /// What earlier attempts may have left, from the least to the most.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Earlier {
     /// Nothing: each was answered.
     #[default]
@@ -1134,6 +1240,26 @@ mod tests {
                 unlist: true,
             };
             assert_eq!(m.cancel(), owed);
+        }
+
+        /// A model checker keeps the machine in its states: a clone is equal (and hashes
+        /// alike) until one of them takes a step the other does not.
+        #[cfg(feature = "model")]
+        #[test]
+        fn a_clone_is_equal_until_it_steps_apart() {
+            use std::hash::BuildHasher;
+            let t0 = Instant::now();
+            let mut m = Acquiring::new(request(Some(60 * S)), token(), 1, t0);
+            let _ = m.start(t0);
+            let _ = m.on(held(20 * S), t0);
+            let mut other = m.clone();
+            assert!(m == other);
+            let state = std::hash::RandomState::new();
+            assert_eq!(state.hash_one(&m), state.hash_one(&other));
+            let _ = m.on(Event::Subscribed(None), t0);
+            assert!(m != other);
+            let _ = other.on(Event::Subscribed(None), t0);
+            assert!(m == other, "the same step from the same state");
         }
 
         #[test]

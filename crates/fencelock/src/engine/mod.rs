@@ -33,7 +33,7 @@ use crate::token::FencingToken;
 /// A grant of a lock: made by the tally of a script's reply (or by a fair release's
 /// handover), and carried as it is to the guard and its watched lease. A confirmed
 /// extend is a grant too.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Grant {
     /// Its fencing token.
     pub fence: FencingToken,

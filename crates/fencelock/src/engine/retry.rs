@@ -13,7 +13,7 @@ use crate::limits::{DEFAULT_RETRY_MAX, DEFAULT_RETRY_MIN, MAX_RETRY_DELAY};
 /// The n-th pause is drawn uniformly from `[min, min(max, min * 2^n)]`, and never runs
 /// past the holder's remaining lease (as Redis reported it) or the caller's deadline.
 /// The default is 5 ms to 100 ms.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Retry {
     min: Duration,
     max: Duration,
