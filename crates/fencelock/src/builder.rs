@@ -10,9 +10,9 @@ use crate::engine::acquire::{Acquired, Request};
 use crate::engine::driver;
 use crate::engine::retry::Retry;
 use crate::error::Error;
-use crate::guard::{Holding, LockGuard, checked_ttl};
+use crate::guard::{Holding, LockGuard};
 use crate::keys::LockKeys;
-use crate::limits::{DEFAULT_LEASE, MAX_HOLD, MIN_LEASE};
+use crate::limits::{DEFAULT_LEASE, MAX_HOLD, MIN_LEASE, checked_ttl};
 use crate::shared::Shared;
 use crate::token::FencingToken;
 

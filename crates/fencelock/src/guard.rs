@@ -9,7 +9,7 @@ use crate::engine::Protocol;
 use crate::engine::watchdog::Registration;
 use crate::error::{Error, LossCause};
 use crate::keys::LockKeys;
-use crate::limits::{MAX_LEASE, MIN_LEASE};
+use crate::limits::checked_ttl;
 use crate::observe::{self, ModeLabel, ReleaseKind, ReleaseOutcome};
 use crate::shared::Shared;
 use crate::token::{FencingToken, HolderToken};
@@ -363,10 +363,4 @@ impl Drop for LockGuard {
             );
         }
     }
-}
-
-/// A lease length in range, in whole milliseconds.
-pub(crate) fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
-    Error::check_range("lease", ttl, MIN_LEASE, MAX_LEASE)?;
-    Ok(Duration::from_millis(ttl.as_millis() as u64))
 }

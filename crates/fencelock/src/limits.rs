@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::error::Error;
+
 /// The lease of a lock when none is given: 30 s, renewed by the watchdog every 10 s
 /// while the guard lives ([`LockBuilder::lease`](crate::LockBuilder::lease)).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -108,3 +110,9 @@ pub const MAX_PERMITS: u32 = 1_000_000;
 /// The most writes one [fenced write](crate::Client::fenced_write) carries: 1,000 (one
 /// script call; Redis runs nothing else meanwhile).
 pub const MAX_FENCED_WRITES: usize = 1000;
+
+/// A lease length in range, in whole milliseconds.
+pub(crate) fn checked_ttl(ttl: Duration) -> Result<Duration, Error> {
+    Error::check_range("lease", ttl, MIN_LEASE, MAX_LEASE)?;
+    Ok(Duration::from_millis(ttl.as_millis() as u64))
+}

@@ -357,7 +357,7 @@ impl Backend {
 
     /// Whether this is Redlock.
     pub fn is_redlock(&self) -> bool {
-        self.quorum.is_redlock()
+        self.nodes.len() > 1
     }
 
     /// One acquire attempt of `req` by `token` on every node: `call`, or to a Redlock
@@ -379,10 +379,10 @@ impl Backend {
             // Bounded: each node's call ends within its timeout.
             let _ = take_back.await;
         }
-        let q = &self.quorum;
         let sent_at = Instant::now();
         let (outcome, take_back) = if let Some(node) = self.only_node() {
-            let answer: Result<AcquireReply, Error> = node.run(call, q.within(req.ttl)).await;
+            // One node: its own call timeout (the quorum's node timeout is Redlock's).
+            let answer: Result<AcquireReply, Error> = node.run(call, None).await;
             judge_one(|| node.addr(), answer, sent_at, req.ttl, Instant::now())
         } else {
             // Boxed: the fan-out's state would otherwise make every single-node attempt's
