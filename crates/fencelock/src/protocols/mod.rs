@@ -22,9 +22,9 @@ mod plain;
 mod read;
 mod reentrant;
 mod semaphore;
+mod text;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use election::Election;
 pub use fair::Fair;
@@ -36,6 +36,8 @@ pub use semaphore::Semaphore;
 
 use crate::engine::Protocol;
 use crate::error::Error;
+use text::bad;
+pub(crate) use text::checked_owner;
 
 /// The protocol a detached lock's `mode=` line names ([`Protocol::to_text`]).
 ///
@@ -54,31 +56,10 @@ pub(crate) fn from_text(mode: &str) -> Result<Arc<dyn Protocol>, Error> {
     }
 }
 
-/// A detached lock's field that does not read back.
-pub(crate) fn bad(reason: &str) -> Error {
-    Error::invalid("detached lock", reason.to_owned())
-}
-
-/// Milliseconds written by [`Protocol::to_text`].
-pub(crate) fn ms(text: &str) -> Result<Duration, Error> {
-    text.parse()
-        .map(Duration::from_millis)
-        .map_err(|_| bad("the mode's duration is not a number"))
-}
-
-/// A reentrant owner id, if it is 1 to 256 bytes without control characters.
-pub(crate) fn checked_owner(owner: &str) -> Result<String, Error> {
-    if owner.is_empty() || owner.len() > 256 || owner.chars().any(char::is_control) {
-        return Err(Error::invalid(
-            "owner id",
-            format!("{owner:?} must be 1 to 256 bytes without control characters"),
-        ));
-    }
-    Ok(owner.to_owned())
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -6,8 +6,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::checked_owner;
 use super::reentrant::Reentrant;
+use super::text::checked_owner;
 use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::error::Error;
 use crate::observe::ModeLabel;

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::checked_owner;
+use super::text::checked_owner;
 use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::error::Error;
 use crate::observe::ModeLabel;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{bad, ms};
+use super::text::{bad, ms};
 use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
 use crate::error::Error;
 use crate::observe::ModeLabel;
