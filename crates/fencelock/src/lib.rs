@@ -91,22 +91,27 @@
 //!    every reply; `fragments/*.lua`, the functions they share, put in front of them by
 //!    one table; one decoder per reply (`replies.rs`). [`lua_scripts`] shows them as
 //!    sent.
-//! 2. **Protocols** (`src/protocols/`): one module per primitive (plain, fair,
-//!    reentrant, semaphore, read side) that says which script takes, releases and
-//!    withdraws it, what its holder's key holds, who a release wakes, and how it is
-//!    written into a [`DetachedLock`].
-//! 3. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
-//!    Redlock nodes: it sends a protocol's calls to all of them at once, each within
-//!    its timeout, and tallies the answers by one set of rules (`quorum.rs`: majority,
-//!    validity, loss, restart protection); `node.rs` is one server, a Sentinel-managed
-//!    master (`sentinel.rs`) or a Redis Cluster (`cluster.rs`); `subscriber.rs` the
-//!    shared pub/sub connection; `errors.rs` the driver's errors as fencelock's.
-//! 4. **Engine** (`src/engine/`): the acquire state machine (`acquire.rs`; it sees the
-//!    backend through the `Nodes` trait, so its tests run on a scripted fake under
-//!    paused time), the retry schedule, and the watchdog that renews leases.
+//! 2. **Engine** (`src/engine/`): what the library decides, without I/O: the acquire
+//!    state machine (`acquire.rs`: an event and the time in, one command out), the
+//!    driver that runs it on the nodes (`driver.rs`; it sees them through the `Nodes`
+//!    trait, so its tests run on a scripted fake under paused time), the retry
+//!    schedule, the watchdog that renews leases (its renewals through a `Renewer`),
+//!    and what it asks of a primitive (the `Protocol` trait) and gives back (`Grant`).
+//! 3. **Protocols** (`src/protocols/`): one module per primitive (plain, fair,
+//!    reentrant, semaphore, read side, several locks at once, an election's
+//!    leadership) that says which script takes, releases and withdraws it, what its
+//!    holder's key holds, who a release wakes, and how it is written into a
+//!    [`DetachedLock`].
+//! 4. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
+//!    Redlock nodes: it sends a call to all of them at once, each within its timeout,
+//!    and judges the answers (one node's alone; Redlock's by one set of rules,
+//!    `quorum.rs`: majority, validity, loss, restart protection); `node.rs` is one
+//!    server, a Sentinel-managed master (`sentinel.rs`) or a Redis Cluster
+//!    (`cluster.rs`); `subscriber.rs` the shared pub/sub connection; `errors.rs` the
+//!    driver's errors as fencelock's.
 //! 5. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), the builders
 //!    ([`AcquireBuilder`] in `builder.rs`, with one [`Kind`] each in `lock.rs`,
-//!    `semaphore.rs` and `rwlock.rs`), [`LockGuard`] (`guard.rs`), [`DetachedLock`]
+//!    `semaphore.rs` and `rwlock.rs`, and [`MultiLockKind`] in `multi.rs`), [`LockGuard`] (`guard.rs`), [`DetachedLock`]
 //!    (`detach.rs`), [`DelayQueue`] (`delay_queue.rs`), [`fence`], the administration
 //!    calls (`admin.rs`); `shared.rs` holds what a client's locks and queues share.
 //!

@@ -848,7 +848,7 @@ pub fn judge_one(
             if grant.valid_until > now {
                 let granted = Outcome::Granted {
                     grant,
-                    owner_hold: reply.owner_hold,
+                    held_as_other: reply.owner_hold,
                 };
                 (Ok(granted), false)
             } else {

@@ -418,7 +418,7 @@ impl<V: Voter> AcquireTally<'_, V> {
                     ttl: self.ttl,
                     valid_until: self.valid_until,
                 },
-                owner_hold: false,
+                held_as_other: false,
             };
             return (Ok(granted), false);
         }

@@ -387,7 +387,10 @@ impl<'a> Acquiring<'a> {
     pub fn on(&mut self, event: Event, now: Instant) -> Command {
         match (std::mem::replace(&mut self.phase, Phase::Done), event) {
             (Phase::Attempting { sent }, Event::Answered(outcome)) => match outcome {
-                Ok(Outcome::Granted { grant, owner_hold }) => self.granted(grant, owner_hold),
+                Ok(Outcome::Granted {
+                    grant,
+                    held_as_other,
+                }) => self.granted(grant, held_as_other),
                 Ok(Outcome::Held { refusal, nodes }) => self.held(sent, refusal, nodes, now),
                 Err(e) => self.failed(e, now),
             },
@@ -507,10 +510,9 @@ impl<'a> Acquiring<'a> {
     }
 
     /// Transition *granted*: the lock is ours, once the replicas asked for have it.
-    fn granted(&mut self, grant: Grant, owner_hold: bool) -> Command {
-        if owner_hold && let Some(hold) = self.req.protocol.owner_hold() {
-            // The read side of the owner's write lock: one more hold of it.
-            self.req.protocol = hold;
+    fn granted(&mut self, grant: Grant, held_as_other: bool) -> Command {
+        if held_as_other && let Some(other) = self.req.protocol.held_as() {
+            self.req.protocol = other;
         }
         if self.req.replicas > 0 {
             self.phase = Phase::Replicas(grant);
@@ -578,11 +580,9 @@ impl<'a> Acquiring<'a> {
         self.refused = Some((sent, refusal.fence_seen));
         self.held_at = refusal.at;
         let blocked_by = refusal.blocked_by;
-        // A place in line to take back if this acquire ends without the lock: in a fair
-        // queue, or among a read-write lock's waiting writers.
-        self.owed.queued |= self.waits
-            && (self.req.protocol.waiting().queue.is_some()
-                || matches!(blocked_by, Blocker::Readers { .. }));
+        // A place in line to take back if this acquire ends without the lock.
+        let place = self.req.protocol.place_in_line(&blocked_by, self.req.ttl);
+        self.owed.queued |= self.waits && place.is_some();
         if self.waits {
             self.waiting_since.get_or_insert(now);
         }
@@ -666,10 +666,9 @@ impl<'a> Acquiring<'a> {
 
     /// Sleeps until a release notification or the pause [`next_pause`] gives.
     fn wait(&mut self, found: Found, now: Instant) -> Command {
-        // A writer waiting for readers is registered for one lease from each attempt.
         let keep_place = match found {
-            Found::Held(Blocker::Readers { .. }) => Some(self.req.ttl / 3),
-            _ => self.req.protocol.waiting().queue.map(|t| t / 3),
+            Found::Held(blocked_by) => self.req.protocol.place_in_line(&blocked_by, self.req.ttl),
+            Found::Unreachable => None,
         };
         // Drawn afresh from the seed and the attempt's number: the same acquire in the
         // same state always pauses alike, whatever happened before.
@@ -1177,7 +1176,7 @@ mod tests {
             let grant = Grant::new(FencingToken::new(7), t0, 30 * S);
             let answered = Event::Answered(Ok(Outcome::Granted {
                 grant,
-                owner_hold: false,
+                held_as_other: false,
             }));
             match m.on(answered, t0 + MS) {
                 Command::Done(Done {

@@ -408,7 +408,7 @@ pub(crate) fn granted(fence: u64, ttl: Duration) -> Result<Outcome, Error> {
             ttl,
             valid_until: now + ttl,
         },
-        owner_hold: false,
+        held_as_other: false,
     })
 }
 

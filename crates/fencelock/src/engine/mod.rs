@@ -66,9 +66,9 @@ pub enum Outcome {
     Granted {
         /// The grant.
         grant: Grant,
-        /// A reader's grant that is one more hold of its owner's reentrant write lock:
-        /// released and renewed as that from now on ([`Protocol::owner_hold`]).
-        owner_hold: bool,
+        /// The script says the grant is held under another protocol from now on
+        /// ([`Protocol::held_as`]).
+        held_as_other: bool,
     },
     /// Another holder (or a queue ahead) stands in the way.
     Held {

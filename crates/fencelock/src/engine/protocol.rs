@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::error::Blocker;
 use crate::keys::LockKeys;
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Listing};
@@ -44,9 +45,19 @@ pub trait Protocol: fmt::Debug + Send + Sync {
         Waiting::default()
     }
 
-    /// The protocol a grant continues under when the script says it is one more hold of
-    /// the owner's reentrant write lock (a reader's); `None`: it stays this one.
-    fn owner_hold(&self) -> Option<Arc<dyn Protocol>> {
+    /// Whether a waiting attempt that `blocked_by` refused holds a place in line (which
+    /// an acquire that ends without the lock withdraws), and within how long the waiter
+    /// calls again to keep it: by default a queue's waiter, within a third of its
+    /// timeout ([`Waiting::queue`]). `ttl`: the lease the acquire asks for.
+    fn place_in_line(&self, blocked_by: &Blocker, ttl: Duration) -> Option<Duration> {
+        let _ = (blocked_by, ttl);
+        self.waiting().queue.map(|timeout| timeout / 3)
+    }
+
+    /// The protocol a grant is held under from then on when the script says it belongs
+    /// to another's hold (a reader's grant that is one more hold of its owner's
+    /// reentrant write lock); `None`: it stays this one.
+    fn held_as(&self) -> Option<Arc<dyn Protocol>> {
         None
     }
 

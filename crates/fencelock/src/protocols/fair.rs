@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::text::{bad, ms};
 use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
-use crate::error::Error;
+use crate::error::{Blocker, Error};
 use crate::observe::ModeLabel;
 use crate::scripts::{self, Call, Lua, flag};
 use crate::token::HolderToken;
@@ -101,6 +101,15 @@ impl Protocol for Fair {
     /// Its turn: a message that names its token (or a handover to it).
     fn wake<'a>(&'a self, token: &'a HolderToken) -> Wake<'a> {
         Wake::Turn(token.as_str())
+    }
+
+    /// A writer that readers refused waits among the writers, registered for one lease
+    /// from each attempt: it calls again within a third of it.
+    fn place_in_line(&self, blocked_by: &Blocker, ttl: Duration) -> Option<Duration> {
+        match blocked_by {
+            Blocker::Readers { .. } => Some(ttl / 3),
+            _ => Some(self.waiter_timeout / 3),
+        }
     }
 
     fn waiting(&self) -> Waiting {

@@ -2,7 +2,10 @@
 //! `lock/release.lua`). Its waiters are woken one client at a time, by name, through the
 //! lock's wake list. It is also a read-write lock's writer.
 
+use std::time::Duration;
+
 use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Undo, Waiting, Wake};
+use crate::error::Blocker;
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, flag, ms};
 use crate::token::HolderToken;
@@ -65,6 +68,15 @@ impl Protocol for Plain {
 
     fn wake<'a>(&'a self, _token: &'a HolderToken) -> Wake<'a> {
         Wake::Plain
+    }
+
+    /// A writer that readers refused waits among the writers, registered for one lease
+    /// from each attempt: it calls again within a third of it.
+    fn place_in_line(&self, blocked_by: &Blocker, ttl: Duration) -> Option<Duration> {
+        match blocked_by {
+            Blocker::Readers { .. } => Some(ttl / 3),
+            _ => None,
+        }
     }
 
     fn waiting(&self) -> Waiting {

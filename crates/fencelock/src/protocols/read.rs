@@ -109,7 +109,7 @@ impl Protocol for Read {
 
     /// Granted as one more hold of the owner's reentrant write lock: released and
     /// renewed as that.
-    fn owner_hold(&self) -> Option<Arc<dyn Protocol>> {
+    fn held_as(&self) -> Option<Arc<dyn Protocol>> {
         (!self.owner.is_empty()).then(|| Arc::new(Reentrant::new(self.owner.clone())) as _)
     }
 

@@ -2,12 +2,14 @@
 //! (`lock/reentrant_acquire.lua`, `lock/reentrant_release.lua`). Every hold of one owner
 //! shares the first hold's fencing token.
 
+use std::time::Duration;
+
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::text::checked_owner;
 use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Waiting, Wake};
-use crate::error::Error;
+use crate::error::{Blocker, Error};
 use crate::observe::ModeLabel;
 use crate::scripts::{Call, Lua, flag, ms};
 use crate::token::HolderToken;
@@ -84,6 +86,15 @@ impl Protocol for Reentrant {
     /// held together.
     fn wake<'a>(&'a self, _token: &'a HolderToken) -> Wake<'a> {
         Wake::Owner
+    }
+
+    /// A writer that readers refused waits among the writers, registered for one lease
+    /// from each attempt: it calls again within a third of it.
+    fn place_in_line(&self, blocked_by: &Blocker, ttl: Duration) -> Option<Duration> {
+        match blocked_by {
+            Blocker::Readers { .. } => Some(ttl / 3),
+            _ => None,
+        }
     }
 
     fn waiting(&self) -> Waiting {
