@@ -360,42 +360,6 @@ impl Backend {
         self.nodes.len() > 1
     }
 
-    /// One acquire attempt of `req` by `token` on every node: `call`, or to a Redlock
-    /// node that must say who it is first, `identified`.
-    ///
-    /// Errors: for one node, its own ([`Error::Unavailable`] leaves the outcome unknown:
-    /// withdraw later); for Redlock, [`Error::NoQuorum`] once the take-back of
-    /// everything written was sent (its answers come in the background). Cancel safety:
-    /// as [`Node::run`].
-    pub async fn attempt(
-        &self,
-        req: &Request<'_>,
-        token: &HolderToken,
-        call: &Arc<Call>,
-        identified: Option<&Arc<Call>>,
-        session: &mut Session,
-    ) -> Result<Outcome, Error> {
-        if let Some(take_back) = session.take_back.take() {
-            // Bounded: each node's call ends within its timeout.
-            let _ = take_back.await;
-        }
-        let sent_at = Instant::now();
-        let (outcome, take_back) = if let Some(node) = self.only_node() {
-            // One node: its own call timeout (the quorum's node timeout is Redlock's).
-            let answer: Result<AcquireReply, Error> = node.run(call, None).await;
-            judge_one(|| node.addr(), answer, sent_at, req.ttl, Instant::now())
-        } else {
-            // Boxed: the fan-out's state would otherwise make every single-node attempt's
-            // future as large as a Redlock one's.
-            let identified = identified.unwrap_or(call);
-            Box::pin(self.attempt_everywhere(req, call, identified, sent_at)).await
-        };
-        if take_back {
-            session.take_back = Box::pin(self.take_back(req, token)).await;
-        }
-        outcome
-    }
-
     /// A Redlock attempt: every node at once, tallied as the answers come; whether what
     /// it may have written must be taken back.
     async fn attempt_everywhere(
@@ -932,15 +896,40 @@ impl Nodes for Backend {
     type Listener = Subscription;
     type Session = Session;
 
-    fn attempt(
+    /// One acquire attempt of `req` by `token` on every node: `call`, or to a Redlock
+    /// node that must say who it is first, `identified`.
+    ///
+    /// Errors: for one node, its own ([`Error::Unavailable`] leaves the outcome unknown:
+    /// withdraw later); for Redlock, [`Error::NoQuorum`] once the take-back of
+    /// everything written was sent (its answers come in the background). Cancel safety:
+    /// as [`Node::run`].
+    async fn attempt(
         &self,
         req: &Request<'_>,
         token: &HolderToken,
         call: &Arc<Call>,
         identified: Option<&Arc<Call>>,
         session: &mut Session,
-    ) -> impl Future<Output = Result<Outcome, Error>> + Send {
-        Backend::attempt(self, req, token, call, identified, session)
+    ) -> Result<Outcome, Error> {
+        if let Some(take_back) = session.take_back.take() {
+            // Bounded: each node's call ends within its timeout.
+            let _ = take_back.await;
+        }
+        let sent_at = Instant::now();
+        let (outcome, take_back) = if let Some(node) = self.only_node() {
+            // One node: its own call timeout (the quorum's node timeout is Redlock's).
+            let answer: Result<AcquireReply, Error> = node.run(call, None).await;
+            judge_one(|| node.addr(), answer, sent_at, req.ttl, Instant::now())
+        } else {
+            // Boxed: the fan-out's state would otherwise make every single-node attempt's
+            // future as large as a Redlock one's.
+            let identified = identified.unwrap_or(call);
+            Box::pin(self.attempt_everywhere(req, call, identified, sent_at)).await
+        };
+        if take_back {
+            session.take_back = Box::pin(self.take_back(req, token)).await;
+        }
+        outcome
     }
 
     fn withdraw(

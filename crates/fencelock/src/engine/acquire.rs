@@ -1134,17 +1134,7 @@ mod tests {
         const S: Duration = Duration::from_secs(1);
 
         fn request(wait: Option<Duration>) -> Request<'static> {
-            Request {
-                name: "stock",
-                keys: LockKeys::new("fl", "stock").unwrap(),
-                protocol: Arc::new(Plain),
-                ttl: 30 * S,
-                wait,
-                retry: Retry::default(),
-                info: "",
-                replicas: 0,
-                renew: true,
-            }
+            crate::engine::engine_tests::request(Arc::new(Plain), wait)
         }
 
         fn token() -> HolderToken {

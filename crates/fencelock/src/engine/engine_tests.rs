@@ -22,7 +22,7 @@ const S: Duration = Duration::from_secs(1);
 const MS: Duration = Duration::from_millis(1);
 
 /// An acquire of `stock` with `protocol`, waiting `wait` (`None`: for ever).
-fn request(protocol: Arc<dyn Protocol>, wait: Option<Duration>) -> Request<'static> {
+pub(super) fn request(protocol: Arc<dyn Protocol>, wait: Option<Duration>) -> Request<'static> {
     Request {
         name: "stock",
         keys: LockKeys::new("fl", "stock").unwrap(),
