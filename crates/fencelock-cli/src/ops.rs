@@ -643,7 +643,7 @@ fn status_text(status: &LockStatus) -> String {
                 }
                 if !state.waiting_clients.is_empty() {
                     out.push_str(&format!(
-                        "{indent}waiting clients: {} (a release wakes the first)\n",
+                        "{indent}clients waiting: {} (each client, such as one process, counts once however many of its acquires wait; a release wakes the first)\n",
                         state.waiting_clients.len()
                     ));
                     for (place, waiting) in state.waiting_clients.iter().enumerate() {

@@ -270,7 +270,7 @@ fn rejected_advice(code: &str) -> &'static str {
     match code {
         "NOAUTH" | "WRONGPASS" => ": check the user name and password (redis://user:password@host)",
         "NOPERM" => {
-            ": give the Redis user what the README's ACL line allows (ACL SETUSER fencelock ...)"
+            ": give the Redis user what the ACL line of fencelock's guide (security chapter) allows (ACL SETUSER fencelock ...)"
         }
         "READONLY" => {
             ": point fencelock at the master, or use redis+sentinel:// (which follows the master)"
@@ -354,8 +354,11 @@ impl Error {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Blocker {
-    /// Another owner holds the lock; its lease runs about this much longer (zero: it is
-    /// ending now).
+    /// Another owner holds the lock; its lease, as Redis reported it, ends in about this
+    /// much (zero: it is ending now) *unless its holder renews it*. A live holder renews
+    /// it every third of its lease and may release at any moment: this bounds how long a
+    /// crashed holder blocks the lock, not how long a live one will hold it (so it is
+    /// no `Retry-After`).
     Lease(Duration),
     /// Another owner's key has no expiry (written by something other than a lock
     /// library): it will not free itself.
@@ -464,9 +467,11 @@ impl fmt::Display for Blocker {
             Self::Lease(d) if d.is_zero() => {
                 f.write_str("another owner holds it; its lease is ending now")
             }
+            // The remaining lease bounds a crashed holder only: a live one renews it and
+            // may release any moment, so it is said as what it is, not as a wait.
             Self::Lease(d) => write!(
                 f,
-                "another owner holds it for about {} more",
+                "another owner holds it; its lease ends in {} unless the holder renews it (a live holder does, and releases when its work is done)",
                 HumanDuration(*d)
             ),
             Self::NoExpiry => {
@@ -688,7 +693,7 @@ impl fmt::Display for NodeOutcome {
                 Blocker::Lease(d) => {
                     write!(
                         f,
-                        "held by another owner for about {} more",
+                        "held by another owner, its lease ending in {} unless renewed",
                         HumanDuration(*d)
                     )
                 }

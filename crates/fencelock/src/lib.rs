@@ -169,9 +169,3 @@ pub use rwlock::{ReadLockBuilder, ReadLockKind};
 pub use scripts::lua_scripts;
 pub use semaphore::{SemaphoreBuilder, SemaphoreKind};
 pub use token::{FencingToken, HolderToken};
-
-/// The README's examples, compiled as doc tests (with every feature: some examples use
-/// the PostgreSQL checks).
-#[cfg(all(doctest, feature = "sqlx", feature = "tokio-postgres"))]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;

@@ -435,7 +435,7 @@ impl Node {
                 node = self.addr(),
                 "the Redis user may not subscribe to fencelock's release channels, so \
                  waiters poll instead of being woken: give it the channel pattern of the \
-                 README's ACL line (ACL SETUSER fencelock ... &fencelock:*)"
+                 ACL line of fencelock's guide, security chapter (ACL SETUSER fencelock ... &fencelock:*)"
             );
         } else {
             tracing::debug!(node = self.addr(), error = %error, "no release notifications from a node; its lease bound applies");
