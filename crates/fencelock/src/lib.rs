@@ -126,6 +126,9 @@
 
 mod admin;
 mod backend;
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
 mod builder;
 mod client;
 mod delay_queue;

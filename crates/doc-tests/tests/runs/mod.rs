@@ -1,6 +1,7 @@
 //! The runners, one module per markdown file: each starts the servers its block needs,
 //! calls the block's functions, and checks what a reader would.
 
+pub mod blocking;
 pub mod delay_queue;
 pub mod election;
 pub mod fencing;
