@@ -172,3 +172,8 @@ pub use rwlock::{ReadLockBuilder, ReadLockKind};
 pub use scripts::lua_scripts;
 pub use semaphore::{SemaphoreBuilder, SemaphoreKind};
 pub use token::{FencingToken, HolderToken};
+
+/// The Redis driver fencelock is built on (redis-rs), for
+/// [`Client::from_redis`] and [`Client::from_redis_cluster`]: the application's client
+/// must be of this version.
+pub use redis;
