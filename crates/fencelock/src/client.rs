@@ -137,9 +137,20 @@ impl Client {
 
     /// Starts configuring a Redlock client over independent Redis masters (not replicas
     /// of each other, not a Redis Cluster, whose URLs are refused with
-    /// [`Error::InvalidArgument`]): an odd number, at least 3. A lock is held
-    /// when a majority granted it; see the [crate docs](crate#redlock) for what that
-    /// buys and what it does not. With one URL this is [`Client::builder`].
+    /// [`Error::InvalidArgument`]): an odd number, at least 3. With one URL this is
+    /// [`Client::builder`].
+    ///
+    /// Every node is asked at once, each with a short timeout, and a lock is held when a
+    /// majority granted it with time to spare (validity = TTL − elapsed − 1% of the TTL
+    /// − 2 ms). It survives a minority of nodes being down, and there is no replica to
+    /// fail over to, so the failover hazard of a single master is gone. Errors name each
+    /// node and what it said ([`Error::NoQuorum`]). What it does not fix: it still
+    /// assumes bounded pauses and clock drift (a holder paused past its lease is not
+    /// stopped: fence the resource), and a node that restarts without the keys it held
+    /// could vote again, which restart protection prevents
+    /// ([`ClientBuilder::restart_protection`]). Fencing tokens are the highest of the
+    /// granting nodes' counters, and a release raises every counter to it. (Guide:
+    /// *Topologies and servers*.)
     ///
     /// Nodes are told apart by what each server says it is (its run id), not by the URL
     /// text: URLs that name one server twice (`localhost` and `127.0.0.1`, a `/0` added)

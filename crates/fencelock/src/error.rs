@@ -116,7 +116,7 @@ pub enum Error {
         asked: u32,
     },
 
-    /// A [`blocking`](crate::blocking) call could not block: it was made from a thread
+    /// A `fencelock::blocking` call (feature `blocking`) could not block: it was made from a thread
     /// inside a Tokio runtime (an async task, or `spawn_blocking`), where blocking would
     /// stall the runtime (Tokio panics when asked to), or the client's own runtime could
     /// not be started. Nothing was sent to Redis: use the async API there.
