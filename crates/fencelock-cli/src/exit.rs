@@ -134,6 +134,10 @@ fn lock_message(error: &Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             }
             Ok(())
         }
+        // The library said what it found (not a Redis server, a certificate problem, ...):
+        // the driver's own words would only add its parser's noise (`Parse error at 1
+        // Unexpected ...`).
+        Error::Unavailable { detail, .. } if !detail.is_empty() => fmt::Display::fmt(error, f),
         _ => {
             // The driver's reason, from the source chain, each part once.
             let mut text = error.to_string();

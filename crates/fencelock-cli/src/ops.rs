@@ -1,5 +1,5 @@
 //! The operators' subcommands: `status`, `list` and `break`, for people and as JSON
-//! (the schema is in the README, section "JSON output").
+//! (the schema is in the guide's CLI chapter, section "JSON output").
 
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -76,7 +76,7 @@ fn status_says_who_holds_a_lock_for_people_and_as_json() {
     assert!(text.contains(&format!("pid {}", holder.0.id())), "{text}");
     assert!(text.contains("fencing counter"), "{text}");
 
-    // The JSON schema, as the README documents it.
+    // The JSON schema, as the guide's CLI chapter documents it.
     let v = parse(&fencelock(&redis, &["--json", "status", "job"]));
     assert_eq!(v["name"], "job");
     assert_eq!(v["held"], true);

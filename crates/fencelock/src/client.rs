@@ -612,7 +612,7 @@ impl ClientBuilder {
 
     /// The ACL user to log in as on every node, instead of the one in the URLs (for a
     /// Sentinel URL: on the master; the sentinels' own user goes in the URL's
-    /// `sentinel_username`). See the README's ACL section for the least privilege a
+    /// `sentinel_username`). See the guide's security chapter for the least privilege a
     /// fencelock user needs.
     pub fn username(mut self, username: impl Into<String>) -> Self {
         self.access.username = Some(username.into());
