@@ -49,6 +49,19 @@ use crate::{
     LockKind, LockStatus, LossCause, LostLock, ReadLockKind, Resize, Retry, SemaphoreKind,
 };
 
+/// Setters that hand their arguments on to the setter of the same name of the async
+/// value underneath (through the type's `map`), documented as that one (`$doc`).
+macro_rules! forward {
+    ($doc:literal: $($name:ident($($arg:ident: $t:ty),*)),* $(,)?) => {
+        $(
+            #[doc = concat!("[`", $doc, "::", stringify!($name), "`].")]
+            pub fn $name(self $(, $arg: $t)*) -> Self {
+                self.map(|inner| inner.$name($($arg),*))
+            }
+        )*
+    };
+}
+
 /// The runtime of a blocking client, and the async client that lives on it.
 struct Shared {
     /// `None` once dropped (see `Drop`).
@@ -298,40 +311,15 @@ impl<K: Kind> AcquireBuilderBlocking<K> {
         self
     }
 
-    /// [`AcquireBuilder::lease`].
-    pub fn lease(self, lease: Duration) -> Self {
-        self.map(|b| b.lease(lease))
-    }
-
-    /// [`AcquireBuilder::renew`].
-    pub fn renew(self, renew: bool) -> Self {
-        self.map(|b| b.renew(renew))
-    }
-
-    /// [`AcquireBuilder::max_hold`].
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        self.map(|b| b.max_hold(max_hold))
-    }
-
-    /// [`AcquireBuilder::wait`].
-    pub fn wait(self, wait: Duration) -> Self {
-        self.map(|b| b.wait(wait))
-    }
-
-    /// [`AcquireBuilder::wait_forever`].
-    pub fn wait_forever(self) -> Self {
-        self.map(|b| b.wait_forever())
-    }
-
-    /// [`AcquireBuilder::replicas`].
-    pub fn replicas(self, replicas: u32) -> Self {
-        self.map(|b| b.replicas(replicas))
-    }
-
-    /// [`AcquireBuilder::retry`].
-    pub fn retry(self, retry: Retry) -> Self {
-        self.map(|b| b.retry(retry))
-    }
+    forward!("AcquireBuilder":
+        lease(lease: Duration),
+        renew(renew: bool),
+        max_hold(max_hold: Duration),
+        wait(wait: Duration),
+        wait_forever(),
+        replicas(replicas: u32),
+        retry(retry: Retry),
+    );
 
     /// The name.
     pub fn name(&self) -> &str {
@@ -404,44 +392,20 @@ fn after_work(released: Result<(), Error>) -> Result<(), Error> {
 }
 
 impl LockBuilder {
-    /// [`crate::LockBuilder::fair`].
-    pub fn fair(self) -> Self {
-        self.map(|b| b.fair())
-    }
-
-    /// [`crate::LockBuilder::waiter_timeout`].
-    pub fn waiter_timeout(self, timeout: Duration) -> Self {
-        self.map(|b| b.waiter_timeout(timeout))
-    }
-
-    /// [`crate::LockBuilder::reentrant`].
-    pub fn reentrant(self, owner: impl Into<String>) -> Self {
-        self.map(|b| b.reentrant(owner))
-    }
-
-    /// [`crate::LockBuilder::holder_info`].
-    pub fn holder_info(self, info: impl Into<String>) -> Self {
-        self.map(|b| b.holder_info(info))
-    }
+    forward!("crate::LockBuilder":
+        fair(),
+        waiter_timeout(timeout: Duration),
+        reentrant(owner: impl Into<String>),
+        holder_info(info: impl Into<String>),
+    );
 }
 
 impl SemaphoreBuilder {
-    /// [`crate::SemaphoreBuilder::fair`].
-    pub fn fair(self) -> Self {
-        self.map(|b| b.fair())
-    }
-
-    /// [`crate::SemaphoreBuilder::waiter_timeout`].
-    pub fn waiter_timeout(self, timeout: Duration) -> Self {
-        self.map(|b| b.waiter_timeout(timeout))
-    }
+    forward!("crate::SemaphoreBuilder": fair(), waiter_timeout(timeout: Duration));
 }
 
 impl ReadLockBuilder {
-    /// [`crate::ReadLockBuilder::reentrant`].
-    pub fn reentrant(self, owner: impl Into<String>) -> Self {
-        self.map(|b| b.reentrant(owner))
-    }
+    forward!("crate::ReadLockBuilder": reentrant(owner: impl Into<String>));
 }
 
 /// A held lock, permit or read side, released when dropped (the release waited for).
@@ -590,45 +554,16 @@ impl MultiLockBuilder {
         self
     }
 
-    /// [`crate::MultiLockBuilder::lease`].
-    pub fn lease(self, lease: Duration) -> Self {
-        self.map(|b| b.lease(lease))
-    }
-
-    /// [`crate::MultiLockBuilder::renew`].
-    pub fn renew(self, renew: bool) -> Self {
-        self.map(|b| b.renew(renew))
-    }
-
-    /// [`crate::MultiLockBuilder::max_hold`].
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        self.map(|b| b.max_hold(max_hold))
-    }
-
-    /// [`crate::MultiLockBuilder::wait`].
-    pub fn wait(self, wait: Duration) -> Self {
-        self.map(|b| b.wait(wait))
-    }
-
-    /// [`crate::MultiLockBuilder::wait_forever`].
-    pub fn wait_forever(self) -> Self {
-        self.map(|b| b.wait_forever())
-    }
-
-    /// [`crate::MultiLockBuilder::retry`].
-    pub fn retry(self, retry: Retry) -> Self {
-        self.map(|b| b.retry(retry))
-    }
-
-    /// [`crate::MultiLockBuilder::replicas`].
-    pub fn replicas(self, replicas: u32) -> Self {
-        self.map(|b| b.replicas(replicas))
-    }
-
-    /// [`crate::MultiLockBuilder::holder_info`].
-    pub fn holder_info(self, info: impl Into<String>) -> Self {
-        self.map(|b| b.holder_info(info))
-    }
+    forward!("crate::MultiLockBuilder":
+        lease(lease: Duration),
+        renew(renew: bool),
+        max_hold(max_hold: Duration),
+        wait(wait: Duration),
+        wait_forever(),
+        retry(retry: Retry),
+        replicas(replicas: u32),
+        holder_info(info: impl Into<String>),
+    );
 
     /// One attempt at every name ([`crate::MultiLockBuilder::try_acquire`]).
     ///
@@ -735,30 +670,13 @@ impl Election {
         self
     }
 
-    /// [`crate::Election::lease`].
-    pub fn lease(self, lease: Duration) -> Self {
-        self.map(|e| e.lease(lease))
-    }
-
-    /// [`crate::Election::wait`].
-    pub fn wait(self, wait: Duration) -> Self {
-        self.map(|e| e.wait(wait))
-    }
-
-    /// [`crate::Election::wait_forever`].
-    pub fn wait_forever(self) -> Self {
-        self.map(|e| e.wait_forever())
-    }
-
-    /// [`crate::Election::replicas`].
-    pub fn replicas(self, replicas: u32) -> Self {
-        self.map(|e| e.replicas(replicas))
-    }
-
-    /// [`crate::Election::holder_info`].
-    pub fn holder_info(self, info: impl Into<String>) -> Self {
-        self.map(|e| e.holder_info(info))
-    }
+    forward!("crate::Election":
+        lease(lease: Duration),
+        wait(wait: Duration),
+        wait_forever(),
+        replicas(replicas: u32),
+        holder_info(info: impl Into<String>),
+    );
 
     /// Campaigns until this caller leads ([`crate::Election::campaign`]).
     ///
@@ -901,40 +819,14 @@ impl<'c> FencedWrite<'c> {
         self
     }
 
-    /// `SET key value`.
-    pub fn set(self, key: impl Into<String>, value: impl AsRef<[u8]>) -> Self {
-        self.map(|w| w.set(key, value))
-    }
-
-    /// `DEL key`.
-    pub fn del(self, key: impl Into<String>) -> Self {
-        self.map(|w| w.del(key))
-    }
-
-    /// `INCRBY key by`.
-    pub fn incr_by(self, key: impl Into<String>, by: i64) -> Self {
-        self.map(|w| w.incr_by(key, by))
-    }
-
-    /// `HSET key field value`.
-    pub fn hset(
-        self,
-        key: impl Into<String>,
-        field: impl AsRef<[u8]>,
-        value: impl AsRef<[u8]>,
-    ) -> Self {
-        self.map(|w| w.hset(key, field, value))
-    }
-
-    /// `RPUSH key value`.
-    pub fn rpush(self, key: impl Into<String>, value: impl AsRef<[u8]>) -> Self {
-        self.map(|w| w.rpush(key, value))
-    }
-
-    /// `LPUSH key value`.
-    pub fn lpush(self, key: impl Into<String>, value: impl AsRef<[u8]>) -> Self {
-        self.map(|w| w.lpush(key, value))
-    }
+    forward!("crate::fence::FencedWrite":
+        set(key: impl Into<String>, value: impl AsRef<[u8]>),
+        del(key: impl Into<String>),
+        incr_by(key: impl Into<String>, by: i64),
+        hset(key: impl Into<String>, field: impl AsRef<[u8]>, value: impl AsRef<[u8]>),
+        rpush(key: impl Into<String>, value: impl AsRef<[u8]>),
+        lpush(key: impl Into<String>, value: impl AsRef<[u8]>),
+    );
 
     /// `XADD key * field value ...`.
     pub fn xadd<F, V>(
@@ -949,10 +841,7 @@ impl<'c> FencedWrite<'c> {
         self.map(|w| w.xadd(key, fields))
     }
 
-    /// `PEXPIRE key ttl`.
-    pub fn expire(self, key: impl Into<String>, ttl: Duration) -> Self {
-        self.map(|w| w.expire(key, ttl))
-    }
+    forward!("crate::fence::FencedWrite": expire(key: impl Into<String>, ttl: Duration));
 
     /// Applies every write, or none ([`crate::fence::FencedWrite::apply`]).
     ///
