@@ -114,8 +114,9 @@ accepted (fencelock write, fencelock sql) refuses its late writes.";
 /// The top level's help after the options: where the rest is (the exit statuses and the
 /// supervision of COMMAND are `run`'s, on its help and on the fencelock(1) page).
 pub(crate) const TOP_AFTER_HELP: &str = "\
-Exit statuses, and how COMMAND is supervised: fencelock run --help. Each
-subcommand: fencelock help SUBCOMMAND. Manual pages: fencelock man --dir DIR.";
+Connection options (--redis, --user, --cacert, ...) go before or after the
+subcommand. Exit statuses, and how COMMAND is supervised: fencelock run --help.
+Each subcommand: fencelock help SUBCOMMAND. Manual pages: fencelock man --dir DIR.";
 
 /// Distributed locks on Redis with fencing tokens.
 #[derive(Debug, Parser)]
@@ -629,6 +630,72 @@ impl RunArgs {
     }
 }
 
+/// The connection options that take a value (see [`Connection`]), long and short.
+const CONNECTION_VALUED: [&str; 9] = [
+    "--redis",
+    "--prefix",
+    "--user",
+    "--pass",
+    "-a",
+    "--password-file",
+    "--cacert",
+    "--cert",
+    "--key",
+];
+
+/// Parses the command line, with the connection options (`--redis URL`, `--user`, ...)
+/// accepted before the subcommand too, as `--json` and `-q` are: `fencelock --redis URL
+/// status NAME` is `fencelock status --redis URL NAME`. They belong to the subcommands
+/// that talk to Redis, so clap takes them there; those given before the subcommand's
+/// name are moved after it.
+pub(crate) fn parse<I>(argv: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    Cli::try_parse_from(connection_after_subcommand(
+        argv.into_iter().map(Into::into).collect(),
+    ))
+}
+
+/// `argv` with the connection options found before the subcommand moved right after it.
+fn connection_after_subcommand(argv: Vec<OsString>) -> Vec<OsString> {
+    let mut before = Vec::new();
+    let mut moved = Vec::new();
+    let mut args = argv.into_iter();
+    let program = args.next();
+    let mut subcommand = None;
+    while let Some(arg) = args.next() {
+        let text = arg.to_string_lossy();
+        if !text.starts_with('-') || text == "--" {
+            subcommand = Some(arg);
+            break;
+        }
+        let name = text.split_once('=').map_or(&*text, |(name, _)| name);
+        if name == "--insecure" {
+            moved.push(arg);
+        } else if CONNECTION_VALUED.contains(&name) {
+            let has_value = text.contains('=');
+            moved.push(arg);
+            if !has_value && let Some(value) = args.next() {
+                moved.push(value);
+            }
+        } else if text.len() > 2 && text.starts_with("-a") && !text.starts_with("--") {
+            // -aPASSWORD
+            moved.push(arg);
+        } else {
+            before.push(arg);
+        }
+    }
+    program
+        .into_iter()
+        .chain(before)
+        .chain(subcommand)
+        .chain(moved)
+        .chain(args)
+        .collect()
+}
+
 /// Squeezes a clap error (message, blank line, usage, hint) into its message, on one line.
 pub(crate) fn one_line(error: &clap::Error) -> String {
     if error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
@@ -735,6 +802,52 @@ mod tests {
             Command::Run(args) => args,
             other => unreachable!("parsed `run`, got {other:?}"),
         })
+    }
+
+    #[test]
+    fn connection_options_go_before_or_after_the_subcommand() {
+        let status = |argv: &[&str]| match parse_argv(argv).map(|cli| cli.command) {
+            Ok(Command::Status(args)) => {
+                Ok((args.connection.urls(), args.connection.user, args.name))
+            }
+            Ok(other) => panic!("parsed {other:?}"),
+            Err(e) => Err(e.to_string()),
+        };
+        let expected = Ok((
+            vec!["redis://h:1".to_owned()],
+            Some("u".to_owned()),
+            "x".to_owned(),
+        ));
+        assert_eq!(
+            status(&["status", "--redis", "redis://h:1", "--user", "u", "x"]),
+            expected
+        );
+        assert_eq!(
+            status(&["--redis", "redis://h:1", "--user", "u", "status", "x"]),
+            expected
+        );
+        assert_eq!(
+            status(&["--redis=redis://h:1", "-q", "--user=u", "status", "x"]),
+            expected
+        );
+        assert_eq!(
+            status(&[
+                "--json",
+                "--user",
+                "u",
+                "status",
+                "--redis",
+                "redis://h:1",
+                "x"
+            ]),
+            expected
+        );
+        // A subcommand that does not connect still refuses them.
+        assert!(parse_argv(&["--redis", "redis://h:1", "sql"]).is_err());
+    }
+
+    fn parse_argv(argv: &[&str]) -> Result<Cli, clap::Error> {
+        super::parse(std::iter::once("fencelock").chain(argv.iter().copied()))
     }
 
     #[test]

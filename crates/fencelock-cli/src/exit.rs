@@ -104,6 +104,24 @@ fn lock_message(error: &Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 )
             }
         }
+        Error::WrongType { found, key, .. } => {
+            fmt::Display::fmt(error, f)?;
+            // The option that takes the name as what it is.
+            let hint = match found.as_str() {
+                "semaphore" => Some(
+                    "; it is a semaphore: take it with --permits N (its count: fencelock status NAME)",
+                ),
+                "zset" if key.ends_with('}') => Some(
+                    "; it is a semaphore: take it with --permits N (its count: fencelock status NAME)",
+                ),
+                "readers" => Some("; it is a read-write lock: take its read side with --shared"),
+                "lock" | "string" | "hash" if key.ends_with('}') => {
+                    Some("; it is a lock: take it without --permits")
+                }
+                _ => None,
+            };
+            f.write_str(hint.unwrap_or(""))
+        }
         Error::NoQuorum { nodes, .. } => {
             fmt::Display::fmt(error, f)?;
             if nodes
@@ -116,6 +134,10 @@ fn lock_message(error: &Error, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             }
             Ok(())
         }
+        // The library said what it found (not a Redis server, a certificate problem, ...):
+        // the driver's own words would only add its parser's noise (`Parse error at 1
+        // Unexpected ...`).
+        Error::Unavailable { detail, .. } if !detail.is_empty() => fmt::Display::fmt(error, f),
         _ => {
             // The driver's reason, from the source chain, each part once.
             let mut text = error.to_string();

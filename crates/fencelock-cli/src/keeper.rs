@@ -29,12 +29,11 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use fencelock::{Client, DetachedLock, Error, LockGuard};
 use futures_util::future::{join_all, select_all};
 use tokio::sync::oneshot;
 
-use crate::args::{Cli, Command, RunArgs};
+use crate::args::{Command, RunArgs};
 use crate::exit::{EX_LEASE_LOST, EX_USAGE};
 use crate::helper::{ignore, name_self, own_binary};
 use crate::watcher::{deadline_line, tell_every};
@@ -173,7 +172,7 @@ fn become_keeper() {
 
 /// fencelock's own `run` (or `elect`) arguments, for its connection options and lease.
 fn run_args(run: Vec<OsString>) -> Option<RunArgs> {
-    let cli = Cli::try_parse_from(std::iter::once(OsString::from("fencelock")).chain(run)).ok()?;
+    let cli = crate::args::parse(std::iter::once(OsString::from("fencelock")).chain(run)).ok()?;
     match cli.command {
         Command::Run(args) => Some(args),
         Command::Elect(args) => Some(args.into_run()),

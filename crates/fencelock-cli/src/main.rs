@@ -54,7 +54,7 @@ use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
 use fencelock::{AcquireBuilder, Error, Kind, LockGuard, Target};
 
 use args::{Cli, Command, RunArgs, one_line};
@@ -64,7 +64,7 @@ use status_line::StatusLine;
 use supervise::{BeforeCommand, Ended, Signals, run_command, suspend_self};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match args::parse(std::env::args_os()) {
         Ok(cli) => cli,
         // --help and --version: clap prints them to stdout.
         Err(e) if !e.use_stderr() => {

@@ -1,5 +1,5 @@
 //! The operators' subcommands: `status`, `list` and `break`, for people and as JSON
-//! (the schema is in the README, section "JSON output").
+//! (the schema is in the guide's CLI chapter, section "JSON output").
 
 use std::io::{self, BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -663,7 +663,7 @@ fn waiter_lines(out: &mut String, indent: &str, state: &LockState) {
     }
     if !state.waiting_clients.is_empty() {
         out.push_str(&format!(
-            "{indent}waiting clients: {} (a release wakes the first)\n",
+            "{indent}clients waiting: {} (each client, such as one process, counts once however many of its acquires wait; a release wakes the first)\n",
             state.waiting_clients.len()
         ));
         for (place, waiting) in state.waiting_clients.iter().enumerate() {

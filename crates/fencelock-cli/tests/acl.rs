@@ -1,4 +1,4 @@
-//! The CLI as the README's least-privilege ACL user (the line read from the README, so the
+//! The CLI as the guide's least-privilege ACL user (the line read from the guide's security chapter, so the
 //! two cannot drift): `run` (plain, waiting, fair), `status`, `list` and `break` all work,
 //! logged in with `--user` and `FENCELOCK_PASSWORD`.
 
@@ -8,15 +8,15 @@ use std::time::Duration;
 use testkit::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-const README: &str = include_str!("../../../README.md");
+const GUIDE: &str = include_str!("../../../docs/guide/src/security.md");
 const PASSWORD: &str = "cli-acl-pw";
 
-/// A server with the README's `ACL SETUSER fencelock ...` user.
+/// A server with the guide's `ACL SETUSER fencelock ...` user.
 fn server_with_readme_user() -> RedisServer {
-    let line = README
+    let line = GUIDE
         .lines()
         .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README has a line starting `ACL SETUSER fencelock`");
+        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
     let password = format!(">{PASSWORD}");
     let args: Vec<&str> = line
         .split_whitespace()
@@ -27,7 +27,7 @@ fn server_with_readme_user() -> RedisServer {
     server
 }
 
-/// `fencelock args` as the README's user, to the end.
+/// `fencelock args` as the guide's user, to the end.
 fn as_user(server: &RedisServer, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
@@ -45,7 +45,7 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// What an operator of a locked-down Redis checks: every subcommand works as the README's
+/// What an operator of a locked-down Redis checks: every subcommand works as the guide's
 /// user, logged in as that user, and the server refused nothing.
 #[test]
 fn every_cli_command_works_as_the_readme_user() {
@@ -78,7 +78,7 @@ fn every_cli_command_works_as_the_readme_user() {
     let clients = clients.as_str().unwrap_or_default();
     assert!(
         clients.lines().any(|c| c.contains("user=fencelock")),
-        "the holder logged in as the README's user: {clients}"
+        "the holder logged in as the guide's user: {clients}"
     );
     let status = ok(&as_user(&server, &["--json", "status", "held"]));
     assert!(status.contains("\"holder\""), "{status}");

@@ -1,4 +1,4 @@
-//! The CLI's fencing: the README's recipe run as written (`fencelock sql` into `psql`,
+//! The CLI's fencing: the guide's recipe run as written (`fencelock sql` into `psql`,
 //! a COMMAND under `fencelock run` that checks `FENCELOCK_TOKEN` in PostgreSQL and
 //! writes Redis with `fencelock write`), then the same COMMAND with a stale token,
 //! refused by both stores; and `fencelock write`'s bad input.
@@ -11,14 +11,14 @@ use testkit::{Postgres, RedisServer};
 mod common;
 use common::bin;
 
-const README: &str = include_str!("../../../README.md");
+const GUIDE: &str = include_str!("../../../docs/guide/src/fencing.md");
 
-/// The README's shell block of the fencing section ("From any language").
-fn readme_recipe() -> String {
-    let from = README
-        .find("**From any language**, under `fencelock run`")
-        .expect("the README's fencing recipe");
-    let rest = &README[from..];
+/// The shell block of the guide's fencing chapter ("From any language").
+fn guide_recipe() -> String {
+    let from = GUIDE
+        .find("## From any language\n\nUnder `fencelock run`")
+        .expect("the guide's fencing recipe");
+    let rest = &GUIDE[from..];
     let start = rest.find("```sh\n").expect("its shell block") + "```sh\n".len();
     let len = rest[start..].find("\n```").expect("the block's end");
     rest[start..start + len].to_owned()
@@ -53,17 +53,25 @@ fn text(out: &Output) -> String {
 }
 
 #[test]
-fn the_readme_recipe_writes_under_the_lock_and_a_stale_token_is_refused_by_both_stores() {
+fn the_guide_recipe_writes_under_the_lock_and_a_stale_token_is_refused_by_both_stores() {
     let redis = RedisServer::start();
     let pg = Postgres::start();
     pg.psql("CREATE TABLE stock (id int PRIMARY KEY, count int NOT NULL); INSERT INTO stock VALUES (42, 100)");
     let dir = tempfile::tempdir().unwrap();
 
     let out = shell(dir.path(), &redis, &pg)
-        .args(["-e", "-c", &readme_recipe()])
+        .args(["-e", "-c", &guide_recipe()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    // Only the Redis write's reply: the check's empty result goes nowhere, so a person
+    // sees no empty table.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "1\n",
+        "{}",
+        text(&out)
+    );
     assert_eq!(pg.psql("SELECT count FROM stock"), "99");
     assert_eq!(redis.get("{stock:42}:sold").as_deref(), Some("1"));
     let accepted = pg.psql("SELECT token FROM fencelock_fence WHERE resource = 'stock:42'");
@@ -74,7 +82,7 @@ fn the_readme_recipe_writes_under_the_lock_and_a_stale_token_is_refused_by_both_
 
     // The recipe again: the setup twice is fine, and the next holder's token is higher.
     let out = shell(dir.path(), &redis, &pg)
-        .args(["-e", "-c", &readme_recipe()])
+        .args(["-e", "-c", &guide_recipe()])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
@@ -96,6 +104,8 @@ fn the_readme_recipe_writes_under_the_lock_and_a_stale_token_is_refused_by_both_
         "{stderr}"
     );
     assert_eq!(pg.psql("SELECT count FROM stock"), "98");
+    // The refusal rolled back, and is counted all the same.
+    assert_eq!(pg.psql("SELECT fencelock_refusals()"), "1");
     // Its Redis write alone: exit 76, one line, nothing written.
     let out = shell(dir.path(), &redis, &pg)
         .env("FENCELOCK_NAME", "stock:42")

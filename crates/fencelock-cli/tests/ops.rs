@@ -76,7 +76,7 @@ fn status_says_who_holds_a_lock_for_people_and_as_json() {
     assert!(text.contains(&format!("pid {}", holder.0.id())), "{text}");
     assert!(text.contains("fencing counter"), "{text}");
 
-    // The JSON schema, as the README documents it.
+    // The JSON schema, as the guide's CLI chapter documents it.
     let v = parse(&fencelock(&redis, &["--json", "status", "job"]));
     assert_eq!(v["name"], "job");
     assert_eq!(v["held"], true);
@@ -118,7 +118,7 @@ fn status_lists_the_clients_waiting_for_a_plain_lock() {
     let tag = redis.cmd(&["ZRANGE", "fencelock:{plainq}:wakes", "0", "0"]);
     let tag = tag.as_array().unwrap()[0].as_str().unwrap().to_owned();
     let text = stdout(&fencelock(&redis, &["status", "plainq"]));
-    assert!(text.contains("waiting clients: 1"), "{text}");
+    assert!(text.contains("clients waiting: 1 (each client"), "{text}");
     assert!(
         text.contains(&format!("1. client {tag}, waiting for ")),
         "{text}"
@@ -127,6 +127,42 @@ fn status_lists_the_clients_waiting_for_a_plain_lock() {
     let listed = &v["nodes"][0]["waiting_clients"];
     assert_eq!(listed[0]["client"], tag.as_str(), "{v}");
     assert!(listed[0]["listed_ms"].is_u64(), "{v}");
+}
+
+/// Two waiting acquires of one client (two requests of one service process) are one
+/// client on the wake list: status says it counts clients, not the acquires they wait
+/// with.
+#[test]
+fn status_counts_clients_and_says_so() {
+    let redis = RedisServer::start();
+    let _holder = Holder::start(&redis, &[], "twoq");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = rt
+        .block_on(fencelock::Client::connect(&redis.url()))
+        .unwrap();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let client = client.clone();
+            rt.spawn(async move {
+                client
+                    .lock("twoq")
+                    .wait(Duration::from_secs(60))
+                    .acquire()
+                    .await
+            })
+        })
+        .collect();
+    testkit::eventually("both acquires wait", Duration::from_secs(10), || {
+        client.stats().waiters == 2
+    });
+    let text = stdout(&fencelock(&redis, &["status", "twoq"]));
+    assert!(
+        text.contains("clients waiting: 1 (each client, such as one process, counts once however many of its acquires wait"),
+        "{text}"
+    );
+    for w in waiters {
+        w.abort();
+    }
 }
 
 /// A semaphore with no permit held is still a semaphore while its permit count is
@@ -144,6 +180,11 @@ fn an_idle_semaphore_keeps_its_name_and_status_says_so() {
         stderr(&plain).contains("the name holds a semaphore (whether or not a permit is held now)"),
         "{plain:?}"
     );
+    // ... and says which option takes it.
+    assert!(
+        stderr(&plain).contains("it is a semaphore: take it with --permits N"),
+        "{plain:?}"
+    );
     let text = stdout(&fencelock(&redis, &["status", "pool"]));
     assert!(text.contains("semaphore \"pool\": free"), "{text}");
     assert!(text.contains("permits: 0 of 2 held (2 free)"), "{text}");
@@ -156,6 +197,10 @@ fn an_idle_semaphore_keeps_its_name_and_status_says_so() {
     let sem = fencelock(&redis, &["run", "--permits", "2", "plain", "--", "true"]);
     assert_eq!(sem.status.code(), Some(69), "{sem:?}");
     assert!(stderr(&sem).contains("the name is a lock's"), "{sem:?}");
+    assert!(
+        stderr(&sem).contains("it is a lock: take it without --permits"),
+        "{sem:?}"
+    );
     let v = parse(&fencelock(&redis, &["--json", "status", "plain"]));
     assert_eq!(v["nodes"][0]["idle_semaphore"], Value::Null, "{v}");
 }

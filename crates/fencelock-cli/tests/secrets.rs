@@ -761,8 +761,9 @@ fn usage_errors_never_echo_the_password() {
             &["status", "--redis", &nowhere, "-a", PASSWORD, "--frob", "j"],
         ),
         Invocation::new(
-            "--pass before the subcommand",
-            &["--pass", PASSWORD, "status", "--redis", &nowhere, "j"],
+            // Connection options go before the subcommand too, but `sql` takes none.
+            "--pass before a subcommand that does not connect",
+            &["--pass", PASSWORD, "sql"],
         ),
         Invocation::new(
             "a bad --ttl",

@@ -4,7 +4,7 @@
 //! cluster node, a TLS port, a port that does not speak Redis, one that says nothing,
 //! nothing at all, a password wanted), as one table. Each row runs
 //! `fencelock run --wait 0s NAME -- true` and asserts the exit code, that stderr is one
-//! `fencelock: ...` line holding the row's key phrase (the README's table lists them),
+//! `fencelock: ...` line holding the row's key phrase (the guide's topologies chapter lists them),
 //! and the error the library gives for the same URL (connect, then `try_acquire`).
 //!
 //! The rigs start once, and the rows run at once (each with its own lock name): the
@@ -587,6 +587,13 @@ fn check(row: &Row, run: &Run, answer: &Result<(), Error>) -> Result<(), String>
         }
         if let Some(missing) = row.says.iter().find(|p| !lines[0].contains(*p)) {
             return Err(format!("the line does not say {missing:?}: {}", lines[0]));
+        }
+        // The driver's parser speaks no user's language.
+        if lines[0].contains("Parse error") || lines[0].contains("Incompatible type") {
+            return Err(format!(
+                "the line carries the driver's raw text: {}",
+                lines[0]
+            ));
         }
     }
     let fits = match (row.lib, answer) {

@@ -16,7 +16,7 @@
 //!                      -c 'INSERT INTO stock VALUES (42, 10)'
 //! cargo run -p fencelock --features tokio-postgres --example paused_holder -- --check
 //! ^Z                                      # the pause: a second later the lease is gone
-//! fencelock run stock:42 -- sh sell-one.sh   # B sells one (README, "From any language")
+//! fencelock run stock:42 -- sh sell-one.sh   # B sells one (the guide's fencing chapter, "From any language")
 //! fg                                      # then Enter: A writes with its old token
 //! ```
 //!

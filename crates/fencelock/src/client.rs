@@ -8,7 +8,7 @@ use crate::admin::{self, Broken, Eviction, Listing, LockStatus, Resize};
 use crate::engine::Grant;
 use crate::engine::watchdog::Watchdog;
 
-use crate::backend::{Access, Backend, Timeouts, redact};
+use crate::backend::{Access, AppClient, Backend, Timeouts, redact};
 use crate::delay_queue::DelayQueue;
 use crate::detach::DetachedLock;
 use crate::election::Election;
@@ -82,11 +82,76 @@ impl Client {
         Self::redlock([url])
     }
 
+    /// Starts configuring a client that reaches Redis through the application's own
+    /// `redis::Client` (redis-rs, re-exported as [`fencelock::redis`](crate::redis)),
+    /// reusing what it was configured with: its address (a server or a Unix socket),
+    /// TLS with its certificates and verification choice, its user and password, its
+    /// database and protocol. fencelock opens its own connections from it (a multiplexed
+    /// one for its calls, one for release notifications), never the application's.
+    ///
+    /// The timeouts of a connection are not part of a `redis::Client` (redis-rs sets
+    /// them per connection): fencelock's apply ([`ClientBuilder::connect_timeout`],
+    /// [`ClientBuilder::response_timeout`]), as do its other settings. The TLS, user and
+    /// password settings of the builder are the client's, and refused
+    /// ([`Error::InvalidArgument`] at connect); a `redis::Client` is one node, not
+    /// Redlock or Sentinel.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let redis = testkit::RedisServer::start();
+    /// # let url = redis.url();
+    /// // The application's client, configured once.
+    /// let app = fencelock::redis::Client::open(url.as_str())?;
+    /// let locks = fencelock::Client::from_redis(app.clone()).connect().await?;
+    /// locks.lock("nightly").try_acquire().await?.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_redis(client: redis::Client) -> ClientBuilder {
+        ClientBuilder {
+            app: Some(AppClient::Redis(Box::new(client))),
+            ..Self::redlock(Vec::<String>::new())
+        }
+    }
+
+    /// Starts configuring a client of a Redis Cluster that the application already
+    /// reaches with redis-rs: `make` builds the application's
+    /// [`ClusterClientBuilder`](redis::cluster::ClusterClientBuilder) (its seeds, TLS
+    /// certificates, user and password, connection and response timeouts, retries).
+    /// fencelock calls it for each cluster client it needs (its calls, its sharded
+    /// pub/sub) and adds only what it needs: reads from masters only (a lock must never
+    /// be read from a replica that lags), and RESP3 pushes for pub/sub. The bound on each
+    /// call is still fencelock's ([`ClientBuilder::response_timeout`]).
+    ///
+    /// A builder rather than a `ClusterClient`: a built cluster client cannot be given
+    /// a routing strategy or a push sender any more. The builder's user, password and
+    /// TLS settings are refused as for [`from_redis`](Self::from_redis).
+    pub fn from_redis_cluster<F>(make: F) -> ClientBuilder
+    where
+        F: Fn() -> redis::cluster::ClusterClientBuilder + Send + Sync + 'static,
+    {
+        ClientBuilder {
+            app: Some(AppClient::Cluster(Arc::new(make))),
+            ..Self::redlock(Vec::<String>::new())
+        }
+    }
+
     /// Starts configuring a Redlock client over independent Redis masters (not replicas
     /// of each other, not a Redis Cluster, whose URLs are refused with
-    /// [`Error::InvalidArgument`]): an odd number, at least 3. A lock is held
-    /// when a majority granted it; see the [crate docs](crate#redlock) for what that
-    /// buys and what it does not. With one URL this is [`Client::builder`].
+    /// [`Error::InvalidArgument`]): an odd number, at least 3. With one URL this is
+    /// [`Client::builder`].
+    ///
+    /// Every node is asked at once, each with a short timeout, and a lock is held when a
+    /// majority granted it with time to spare (validity = TTL − elapsed − 1% of the TTL
+    /// − 2 ms). It survives a minority of nodes being down, and there is no replica to
+    /// fail over to, so the failover hazard of a single master is gone. Errors name each
+    /// node and what it said ([`Error::NoQuorum`]). What it does not fix: it still
+    /// assumes bounded pauses and clock drift (a holder paused past its lease is not
+    /// stopped: fence the resource), and a node that restarts without the keys it held
+    /// could vote again, which restart protection prevents
+    /// ([`ClientBuilder::restart_protection`]). Fencing tokens are the highest of the
+    /// granting nodes' counters, and a release raises every counter to it. (Guide:
+    /// *Topologies and servers*.)
     ///
     /// Nodes are told apart by what each server says it is (its run id), not by the URL
     /// text: URLs that name one server twice (`localhost` and `127.0.0.1`, a `/0` added)
@@ -112,6 +177,7 @@ impl Client {
             renewal_batch: crate::limits::RENEWAL_BATCH,
             counter_idle: crate::limits::FENCE_COUNTER_IDLE,
             access: Access::default(),
+            app: None,
         }
     }
 
@@ -447,6 +513,8 @@ pub struct ClientBuilder {
     renewal_batch: usize,
     counter_idle: Duration,
     access: Access,
+    /// The application's own driver client, in place of `urls`.
+    app: Option<AppClient>,
 }
 
 impl std::fmt::Debug for ClientBuilder {
@@ -464,6 +532,7 @@ impl std::fmt::Debug for ClientBuilder {
             .field("renewal_batch", &self.renewal_batch)
             .field("counter_idle", &self.counter_idle)
             .field("access", &self.access)
+            .field("app", &self.app)
             .finish()
     }
 }
@@ -544,7 +613,7 @@ impl ClientBuilder {
 
     /// The ACL user to log in as on every node, instead of the one in the URLs (for a
     /// Sentinel URL: on the master; the sentinels' own user goes in the URL's
-    /// `sentinel_username`). See the README's ACL section for the least privilege a
+    /// `sentinel_username`). See the guide's security chapter for the least privilege a
     /// fencelock user needs.
     pub fn username(mut self, username: impl Into<String>) -> Self {
         self.access.username = Some(username.into());
@@ -614,6 +683,20 @@ impl ClientBuilder {
     }
 
     async fn open(self, eager: bool) -> Result<Client, Error> {
+        let timeouts = self.checked()?;
+        let mut backend = self.backend(timeouts, eager).await?;
+        backend.set_counter_idle(self.counter_idle);
+        Ok(Client {
+            inner: Arc::new(Shared {
+                watchdog: Watchdog::new(backend.clone(), self.renewal_batch),
+                backend,
+                prefix: self.prefix,
+            }),
+        })
+    }
+
+    /// The settings checked (typed errors, nothing sent), and the timeouts.
+    fn checked(&self) -> Result<Timeouts, Error> {
         keys::validate_prefix(&self.prefix)?;
         for (what, t) in [
             ("connect timeout", self.connect_timeout),
@@ -639,13 +722,30 @@ impl ClientBuilder {
                 ),
             ));
         }
-        let timeouts = Timeouts {
+        Ok(Timeouts {
             connect: self.connect_timeout,
             response: self.response_timeout,
-        };
-        let backend = match self.urls.len() {
-            1 => Backend::single(&self.urls[0], timeouts, &self.access, eager).await?,
-            n if n >= 3 && n % 2 == 1 => {
+        })
+    }
+
+    /// Where the locks will live: the application's client, one node, or Redlock's.
+    async fn backend(&self, timeouts: Timeouts, eager: bool) -> Result<Backend, Error> {
+        Ok(match (&self.app, self.urls.len()) {
+            (Some(app), _) => {
+                if self.access.username.is_some()
+                    || self.access.password.is_some()
+                    || self.access.tls.given()
+                {
+                    return Err(Error::invalid(
+                        "client settings",
+                        "the user, password and TLS settings come with the application's \
+                         redis-rs client: set them there",
+                    ));
+                }
+                Backend::app(app, timeouts, eager).await?
+            }
+            (None, 1) => Backend::single(&self.urls[0], timeouts, &self.access, eager).await?,
+            (None, n) if n >= 3 && n % 2 == 1 => {
                 for (i, url) in self.urls.iter().enumerate() {
                     if self.urls[..i].contains(url) {
                         return Err(Error::invalid(
@@ -664,21 +764,12 @@ impl ClientBuilder {
                 )
                 .await?
             }
-            n => {
+            (None, n) => {
                 return Err(Error::invalid(
                     "Redis URLs",
                     format!("{n} given; give one, or an odd number of at least 3 for Redlock"),
                 ));
             }
-        };
-        let mut backend = backend;
-        backend.set_counter_idle(self.counter_idle);
-        Ok(Client {
-            inner: Arc::new(Shared {
-                watchdog: Watchdog::new(backend.clone(), self.renewal_batch),
-                backend,
-                prefix: self.prefix,
-            }),
         })
     }
 }

@@ -116,6 +116,17 @@ pub enum Error {
         asked: u32,
     },
 
+    /// A `fencelock::blocking` call (feature `blocking`) could not block: it was made from a thread
+    /// inside a Tokio runtime (an async task, or `spawn_blocking`), where blocking would
+    /// stall the runtime (Tokio panics when asked to), or the client's own runtime could
+    /// not be started. Nothing was sent to Redis: use the async API there.
+    #[error("fencelock::blocking: {reason}")]
+    #[non_exhaustive]
+    Blocking {
+        /// Which of the two, in words.
+        reason: String,
+    },
+
     /// An argument was out of range or malformed. Nothing was sent to Redis.
     #[error("invalid {what}: {reason}")]
     #[non_exhaustive]
@@ -223,105 +234,68 @@ impl Error {
     /// (`Error` is not `Clone`: a database error's source is any error). A database
     /// error's source becomes its message.
     pub(crate) fn duplicate(&self) -> Error {
-        match self {
-            Error::Held {
+        /// Each variant rebuilt from clones of its fields.
+        macro_rules! cloned {
+            ($($variant:ident { $($field:ident),* }),* $(,)?) => {
+                match self {
+                    $(Error::$variant { $($field),* } => Error::$variant {
+                        $($field: $field.clone()),*
+                    },)*
+                    Error::Database { resource, code, message, source } => Error::Database {
+                        resource: resource.clone(),
+                        code: code.clone(),
+                        message: message.clone(),
+                        source: source.to_string().into(),
+                    },
+                }
+            };
+        }
+        cloned!(
+            Held {
                 name,
                 blocked_by,
                 waited,
-                nodes,
-            } => Error::Held {
-                name: name.clone(),
-                blocked_by: *blocked_by,
-                waited: *waited,
-                nodes: nodes.clone(),
+                nodes
             },
-            Error::Unavailable {
+            Unavailable {
                 node,
                 reason,
                 detail,
-                source,
-            } => Error::Unavailable {
-                node: node.clone(),
-                reason: *reason,
-                detail: detail.clone(),
-                source: source.clone(),
+                source
             },
-            Error::Rejected {
+            Rejected {
                 node,
                 code,
-                message,
-            } => Error::Rejected {
-                node: node.clone(),
-                code: code.clone(),
-                message: message.clone(),
+                message
             },
-            Error::WrongType { node, key, found } => Error::WrongType {
-                node: node.clone(),
-                key: key.clone(),
-                found: found.clone(),
-            },
-            Error::PermitsMismatch {
+            WrongType { node, key, found },
+            PermitsMismatch {
                 node,
                 name,
                 count,
-                asked,
-            } => Error::PermitsMismatch {
-                node: node.clone(),
-                name: name.clone(),
-                count: *count,
-                asked: *asked,
+                asked
             },
-            Error::InvalidArgument { what, reason } => Error::InvalidArgument {
-                what,
-                reason: reason.clone(),
-            },
-            Error::NoQuorum {
+            Blocking { reason },
+            InvalidArgument { what, reason },
+            NoQuorum {
                 name,
                 needed,
                 granted,
-                nodes,
-            } => Error::NoQuorum {
-                name: name.clone(),
-                needed: *needed,
-                granted: *granted,
-                nodes: nodes.clone(),
+                nodes
             },
-            Error::Unreplicated {
+            Unreplicated {
                 name,
                 wanted,
                 acknowledged,
-                within,
-            } => Error::Unreplicated {
-                name: name.clone(),
-                wanted: *wanted,
-                acknowledged: *acknowledged,
-                within: *within,
+                within
             },
-            Error::LeaseLost { name, cause } => Error::LeaseLost {
-                name: name.clone(),
-                cause: *cause,
-            },
-            Error::Fenced {
+            LeaseLost { name, cause },
+            Fenced {
                 resource,
                 token,
-                highest,
-            } => Error::Fenced {
-                resource: resource.clone(),
-                token: *token,
-                highest: *highest,
+                highest
             },
-            Error::Database {
-                resource,
-                code,
-                message,
-                source,
-            } => Error::Database {
-                resource: resource.clone(),
-                code: code.clone(),
-                message: message.clone(),
-                source: source.to_string().into(),
-            },
-        }
+        )
     }
 }
 
@@ -377,7 +351,7 @@ fn rejected_advice(code: &str) -> &'static str {
     match code {
         "NOAUTH" | "WRONGPASS" => ": check the user name and password (redis://user:password@host)",
         "NOPERM" => {
-            ": give the Redis user what the README's ACL line allows (ACL SETUSER fencelock ...)"
+            ": give the Redis user what the ACL line of fencelock's guide (security chapter) allows (ACL SETUSER fencelock ...)"
         }
         "READONLY" => {
             ": point fencelock at the master, or use redis+sentinel:// (which follows the master)"
@@ -461,8 +435,11 @@ impl Error {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Blocker {
-    /// Another owner holds the lock; its lease runs about this much longer (zero: it is
-    /// ending now).
+    /// Another owner holds the lock; its lease, as Redis reported it, ends in about this
+    /// much (zero: it is ending now) *unless its holder renews it*. A live holder renews
+    /// it every third of its lease and may release at any moment: this bounds how long a
+    /// crashed holder blocks the lock, not how long a live one will hold it (so it is
+    /// no `Retry-After`).
     Lease(Duration),
     /// Another owner's key has no expiry (written by something other than a lock
     /// library): it will not free itself.
@@ -571,9 +548,11 @@ impl fmt::Display for Blocker {
             Self::Lease(d) if d.is_zero() => {
                 f.write_str("another owner holds it; its lease is ending now")
             }
+            // The remaining lease bounds a crashed holder only: a live one renews it and
+            // may release any moment, so it is said as what it is, not as a wait.
             Self::Lease(d) => write!(
                 f,
-                "another owner holds it for about {} more",
+                "another owner holds it; its lease ends in {} unless the holder renews it (a live holder does, and releases when its work is done)",
                 HumanDuration(*d)
             ),
             Self::NoExpiry => {
@@ -795,7 +774,7 @@ impl fmt::Display for NodeOutcome {
                 Blocker::Lease(d) => {
                     write!(
                         f,
-                        "held by another owner for about {} more",
+                        "held by another owner, its lease ending in {} unless renewed",
                         HumanDuration(*d)
                     )
                 }

@@ -1,4 +1,4 @@
-//! Distributed locks on Redis, with fencing tokens.
+//! Distributed locks on Redis, with fencing tokens that the protected resource checks.
 //!
 //! ```
 //! use std::time::Duration;
@@ -20,117 +20,86 @@
 //! # }
 //! ```
 //!
-//! # What the lock guarantees, and what it does not
+//! This page is a map: each primitive, what it guarantees, and the chapter of the guide
+//! (`docs/guide` in the repository; `./scripts/docs` builds it) that explains it. The
+//! README has a first program; the guide has the rest.
 //!
-//! A lock is taken with one script: `SET key token NX PX ttl`, and in the same script an
-//! increment of a per-lock counter that becomes the [`FencingToken`]. Release and extend
-//! are owner-checked scripts: they act only while the key holds this holder's random
-//! [`HolderToken`].
+//! # The primitives
 //!
-//! | | |
+//! Every one is started from a [`Client`] and held with a lease that the client's
+//! watchdog renews while its guard lives; every grant carries a [`FencingToken`] higher
+//! than every token of that name before it.
+//!
+//! | primitive | start with | what is guaranteed while the leases last | guide |
+//! |---|---|---|---|
+//! | lock | [`Client::lock`] → [`LockBuilder`] → [`LockGuard`] | one holder at a time (on one node; by majority with Redlock) | *Locks* |
+//! | fair lock | [`LockBuilder::fair`] | one holder, waiters served in arrival order | *Locks* |
+//! | reentrant lock | [`LockBuilder::reentrant`] | one owner, which may hold it several times with one token | *Locks* |
+//! | semaphore | [`Client::semaphore`] → [`SemaphoreBuilder`] | at most N holders, each with its own lease and token | *Semaphores* |
+//! | read-write lock | [`Client::read_lock`] → [`ReadLockBuilder`]; its writer is [`Client::lock`] | readers together or one writer; a waiting writer is not starved | *Read-write locks* |
+//! | several locks | [`Client::lock_all`] → [`MultiLockBuilder`] → [`MultiGuard`] | every name or none, each with its token; no deadlock in any order | *Several locks at once* |
+//! | election | [`Client::election`] → [`Election`] → [`Leadership`] | one leader at a time; each term higher than the last | *Leader election* |
+//! | delay queue | [`Client::delay_queue`] → [`DelayQueue`] | every item delivered at least once, when due | *Delay queues* |
+//!
+//! What no lease-based lock guarantees: that your code finishes inside the lease (a GC
+//! pause, swap or `SIGSTOP` can outlast any lease), or exclusion across a failover to a
+//! replica that missed the grant. For correctness, have the resource check the fencing
+//! token: [`fence`] has the checks for PostgreSQL ([`fence::POSTGRES_SETUP`], and with a
+//! feature, the checks for tokio-postgres and sqlx) and Redis ([`Client::fenced_write`])
+//! (guide: *Fencing*). The guarantees, each with how the safety lab checks it:
+//! *Guarantees and the safety lab*.
+//!
+//! Holding and waiting: [`AcquireBuilder::run`] and [`AcquireBuilder::try_run`] run work
+//! under the lock and cancel it if the lease is lost; a [`LockGuard`] is released with
+//! [`LockGuard::release`] and says a loss through [`LockGuard::lost`]. A waiter is woken
+//! by the release, never polls, and leaves nothing behind when cancelled (guide:
+//! *Getting started*, *Waiting and leases*). Every failure is one [`Error`] variant that
+//! says what to do.
+//!
+//! # Where the locks live
+//!
+//! One URL for [`Client::connect`] or [`Client::builder`]: a server (`redis://`,
+//! `redis+unix://`), a Sentinel-managed master (`redis+sentinel://...`, followed across
+//! failovers), a Redis Cluster (`redis+cluster://...`, one lock service); `rediss...` for
+//! TLS ([`ClientBuilder::tls_ca_file`]). Or independent masters with [`Client::redlock`],
+//! whose restart protection keeps a node that lost its keys from voting too soon. Or the
+//! application's own redis-rs client, [`Client::from_redis`] and
+//! [`Client::from_redis_cluster`] (the driver is re-exported as [`redis`]). Guide:
+//! *Topologies and servers*, *Security*.
+//!
+//! # Features
+//!
+//! | feature | adds |
 //! |---|---|
-//! | **Guaranteed** | While a guard's lease lasts, no other owner holds the same lock on that Redis node. |
-//! | **Guaranteed** | A holder never deletes or extends a lock it no longer holds. |
-//! | **Guaranteed** | Fencing tokens of one lock name strictly increase with every grant: each is the counter plus one and at least the server clock in µs, so across the counter's loss or a failover too, while the server clocks do not step back (see [`FencingToken`]). |
-//! | **Guaranteed** | A crashed holder blocks others for at most one lease; a live one keeps its lock while its guard lives (watchdog renewal). |
-//! | **Guaranteed** | The holder hears of a lost lease ([`LockGuard::lost`]) before [`LockGuard::valid_until`]. |
-//! | **Guaranteed** | A waiter is woken by the release; a lost notification costs it at most the holder's remaining lease. |
-//! | **Not guaranteed** | That your code finishes inside the lease: a pause (GC, swap, `SIGSTOP`) can outlast it. Have the resource check the fencing token. |
-//! | **Not guaranteed** | Mutual exclusion across a failover: replication is asynchronous, so a promoted replica may not have the key. Likewise a restart without persistence. |
+//! | `tokio-postgres` | `fence::tokio_postgres`: the PostgreSQL check inside a tokio-postgres 0.7 transaction |
+//! | `sqlx` | `fence::sqlx`: the same with sqlx 0.8 |
+//! | `blocking` | `blocking`: the same primitives for code without an async runtime, on a runtime of the client's own (guide: *Without async*) |
+//! | `model` | unstable, not part of the API: the engine's transitions for the repository's model checker of the scripts (`model/`) |
 //!
-//! In Martin Kleppmann's terms: for *efficiency* (avoid doing work twice) this lock is
-//! enough on its own. For *correctness* (data must never be corrupted), the lock narrows
-//! the window but only the fencing token, checked by the resource, closes it.
+//! None is on by default; the SQL setup ([`fence::POSTGRES_SETUP`]) needs neither client.
 //!
-//! # Redlock
+//! # Operations
 //!
-//! [`Client::redlock`] takes a lock on N independent Redis masters (N odd, at least 3):
-//! every node is asked at once, each with a short timeout, and the lock is held when a
-//! majority granted it with time to spare (validity = TTL − elapsed − 1% of the TTL −
-//! 2 ms). It survives a minority of nodes being down, and there is no replica to fail
-//! over to, so the failover hazard of a single master is gone. Errors name each node and
-//! what it said ([`Error::NoQuorum`]).
+//! [`Client::inspect`], [`Client::list`], [`Client::break_lock`] and
+//! [`Client::eviction_risks`] are what the `fencelock` CLI's `status`, `list` and
+//! `break` show. fencelock logs with [`tracing`] and counts with [`metrics`] (free until
+//! a recorder is installed); [`observe`] names every metric and span. Keys: [`keys`];
+//! bounds: [`limits`]. Guide: *The CLI*, *Operations*, *Upgrading*.
 //!
-//! What it does not fix: it still assumes bounded pauses and clock drift (a holder
-//! paused past its lease is not stopped), and a node that restarts without the keys it
-//! held can vote again. fencelock closes the second hole on the client side: a node
-//! that came back less than the longest lease ago (at least 30 s, configurable with
-//! [`ClientBuilder::restart_protection`]) does not count until that time has passed.
-//! Fencing tokens are the highest of the granting nodes' counters, and release raises
-//! every counter to it: they increase across holders while a majority keeps its
-//! counters, and across the wipe of a majority as long as the nodes' clocks agree
-//! better than the time between two grants. Fair mode, reentrancy, semaphores,
-//! read-write locks and delay queues need a single node.
+//! # How it is built
 //!
-//! # Semaphores and read-write locks
-//!
-//! [`Client::semaphore`] is a lock that up to N holders hold at once, each permit a lease
-//! of its own with its own fencing token ([`SemaphoreBuilder`]); optionally fair.
-//! [`Client::read_lock`] is the read side of a read-write lock whose write side is the
-//! lock of the same name: many readers or one writer, and once a writer waits, new
-//! readers queue behind it ([`ReadLockBuilder`]). Both have everything a lock's lease
-//! has: renewal, loss signals, owner-checked release, cancel-safe waiting woken by
-//! pub/sub.
-//!
-//! # Where a lock lives
-//!
-//! One URL: a standalone node (`redis://`, `redis+unix://`), a Sentinel-managed master
-//! (`redis+sentinel://host:port[,...]/SERVICE`, followed across failovers), or a Redis
-//! Cluster (`redis+cluster://host:port[,...]`: each lock on the master of its slot,
-//! releases on sharded pub/sub, renewals batched per master); `rediss...` for TLS. Or
-//! several independent masters for Redlock, above.
-//!
-//! # Layers
-//! Each layer uses only the ones before it (`docs/design.md` traces one acquire
-//! through them):
-//!
-//! 0. **Vocabulary**: [`FencingToken`], [`limits`], [`Error`], [`keys`], [`observe`].
-//! 1. **Lua scripts** (`src/scripts/`): `lock/*.lua`, `semaphore/*.lua`,
-//!    `rwlock/*.lua` (a read-write lock's readers; its writer is `lock/`),
-//!    `queue/*.lua` and `fence/write.lua`, each with a header stating KEYS, ARGV and
-//!    every reply; `fragments/*.lua`, the functions they share, put in front of them by
-//!    one table; one decoder per reply (`replies.rs`). [`lua_scripts`] shows them as
-//!    sent.
-//! 2. **Engine** (`src/engine/`): what the library decides, without I/O: the acquire
-//!    state machine (`acquire.rs`: an event and the time in, one command out), the
-//!    driver that runs it on the nodes (`driver.rs`; it sees them through the `Nodes`
-//!    trait, so its tests run on a scripted fake under paused time), the retry
-//!    schedule, the watchdog that renews leases (its renewals through a `Renewer`),
-//!    and what it asks of a primitive (the `Protocol` trait) and gives back (`Grant`).
-//! 3. **Protocols** (`src/protocols/`): one module per primitive (plain, fair,
-//!    reentrant, semaphore, read side, several locks at once, an election's
-//!    leadership) that says which script takes, releases and withdraws it, what its
-//!    holder's key holds, who a release wakes, and how it is written into a
-//!    [`DetachedLock`].
-//! 4. **Backend** (`src/backend/`): where a lock lives. `Backend` is one node or the
-//!    Redlock nodes: it sends a call to all of them at once, each within its timeout,
-//!    and judges the answers (one node's alone; Redlock's by one set of rules,
-//!    `quorum.rs`: majority, validity, loss, restart protection); `node.rs` is one
-//!    server, a Sentinel-managed master (`sentinel.rs`) or a Redis Cluster
-//!    (`cluster.rs`); `subscriber.rs` the shared pub/sub connection; `errors.rs` the
-//!    driver's errors as fencelock's.
-//! 5. **Public API**: [`Client`] and [`ClientBuilder`] (`client.rs`), the builders
-//!    ([`AcquireBuilder`] in `builder.rs`, with one [`Kind`] each in `lock.rs`,
-//!    `semaphore.rs` and `rwlock.rs`, and [`MultiLockKind`] in `multi.rs`), [`LockGuard`] (`guard.rs`), [`DetachedLock`]
-//!    (`detach.rs`), [`DelayQueue`] (`delay_queue.rs`), [`fence`], the administration
-//!    calls (`admin.rs`); `shared.rs` holds what a client's locks and queues share.
-//!
-//! Beside them, [`observe`] (`observe.rs`): the names, units and labels of the metrics
-//! and the fields of the tracing spans and events that the acquire engine, the
-//! watchdog and the guards emit.
-//!
-//! # Observability
-//! fencelock emits [`tracing`] spans and events (an `acquire` span per acquire; the
-//! outcome, waits, renewal batches and releases at `debug`; lost leases at `warn`) and
-//! [`metrics`] (acquire latency, wait time, contention, handoffs, renewal batches,
-//! releases, leases lost by cause) through the `metrics` facade, free when no recorder
-//! is installed. Holder tokens and passwords are never logged. [`observe`] lists every
-//! name; `examples/prometheus.rs` exports them for Prometheus.
+//! Lua scripts ([`lua_scripts`] shows them as sent) → the engine (the acquire state
+//! machine, its driver, the watchdog: what the library decides, without I/O) → protocols
+//! (one per primitive) → backend (one node, Sentinel, Cluster, Redlock's tally) → this
+//! API. `docs/design.md` in the repository traces one acquire through them.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
 mod backend;
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
 mod builder;
 mod client;
 mod delay_queue;
@@ -178,8 +147,7 @@ pub use scripts::lua_scripts;
 pub use semaphore::{SemaphoreBuilder, SemaphoreKind};
 pub use token::{FencingToken, HolderToken};
 
-/// The README's examples, compiled as doc tests (with every feature: some examples use
-/// the PostgreSQL checks).
-#[cfg(all(doctest, feature = "sqlx", feature = "tokio-postgres"))]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
+/// The Redis driver fencelock is built on (redis-rs), for
+/// [`Client::from_redis`] and [`Client::from_redis_cluster`]: the application's client
+/// must be of this version.
+pub use redis;

@@ -145,6 +145,13 @@ pub const RENEWALS: &str = "fencelock_renewals_total";
 /// per lease, with its [`LossCause`].
 pub const LEASES_LOST: &str = "fencelock_leases_lost_total";
 
+/// Counter, label `store` (`postgres`, `redis`): stale fencing tokens refused by the
+/// resource, as the library's checks reported them
+/// ([`fence::tokio_postgres::check`](crate::fence), [`fence::sqlx::check`](crate::fence),
+/// [`FencedWrite::apply`](crate::fence::FencedWrite::apply)): each a holder that lost its
+/// lock and tried to write. A `WARN` event names the resource and both tokens.
+pub const FENCE_REFUSALS: &str = "fencelock_fence_refusals_total";
+
 /// Gives every metric above its unit and help text in the installed recorder (an
 /// exporter shows them as `# HELP` and `# TYPE` lines). Call it once, after installing
 /// the recorder; recording works without it.
@@ -203,6 +210,11 @@ pub fn describe() {
         "Leases in renewal batches, by outcome"
     );
     describe_counter!(LEASES_LOST, Unit::Count, "Leases lost, by cause");
+    describe_counter!(
+        FENCE_REFUSALS,
+        Unit::Count,
+        "Stale fencing tokens refused by the resource, by store"
+    );
 }
 
 // What follows is fencelock's side: the label values, and one static key per label
@@ -428,6 +440,26 @@ pub(crate) fn lease_lost(cause: LossCause) {
     counter(&LEASES_LOST_KEYS[cause_index(cause)], 1);
 }
 
+/// Where a stale token was refused: the `store` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Store {
+    Postgres = 0,
+    Redis = 1,
+}
+
+/// A resource refused a stale fencing token: counted, and said at `WARN` (the stale
+/// holder's own logs are where a refusal shows per resource: the database rolled it back).
+pub(crate) fn fence_refused(store: Store, resource: &str, token: u64, highest: u64) {
+    counter(&FENCE_REFUSALS_KEYS[store as usize], 1);
+    tracing::warn!(
+        resource,
+        token,
+        highest,
+        store = STORE[store as usize][0].value(),
+        "stale fencing token refused: this holder lost its lock"
+    );
+}
+
 fn counter(key: &'static Key, n: u64) {
     metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(n));
 }
@@ -483,6 +515,7 @@ static KIND_OUTCOME: [[[Label; 2]; 4]; 2] = label_table!(
     "outcome": ["released", "lost", "unavailable", "error"]
 );
 static RENEWAL_OUTCOME: [[Label; 1]; 3] = label_table!("outcome": ["renewed", "lost", "unknown"]);
+static STORE: [[Label; 1]; 2] = label_table!("store": ["postgres", "redis"]);
 static CAUSE: [[Label; 1]; 6] = label_table!(
     "cause": ["expired", "taken_by_other", "unconfirmed", "max_hold", "deleted", "broken"]
 );
@@ -511,6 +544,7 @@ static RENEWAL_BATCHES_KEY: Key = Key::from_static_name(RENEWAL_BATCHES);
 static RENEWAL_BATCH_SIZE_KEY: Key = Key::from_static_name(RENEWAL_BATCH_SIZE);
 static RENEWAL_DURATION_KEY: Key = Key::from_static_name(RENEWAL_DURATION);
 static RENEWALS_KEYS: [Key; 3] = key_table!(RENEWALS, RENEWAL_OUTCOME, [0, 1, 2]);
+static FENCE_REFUSALS_KEYS: [Key; 2] = key_table!(FENCE_REFUSALS, STORE, [0, 1]);
 static LEASES_LOST_KEYS: [Key; 6] = key_table!(LEASES_LOST, CAUSE, [0, 1, 2, 3, 4, 5]);
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The least-privilege ACL user of the README, created from the README's own line (so the
+//! The least-privilege ACL user of the guide's security chapter, created from its own line (so the
 //! two cannot drift), runs every feature of the library; a user that lacks a permission
 //! gets a `NOPERM` error that names what was refused and points at that line.
 
@@ -10,16 +10,16 @@ use testkit::RedisServer;
 mod common;
 use common::{eventually, listed, numsub};
 
-const README: &str = include_str!("../../../README.md");
+const GUIDE: &str = include_str!("../../../docs/guide/src/security.md");
 const PASSWORD: &str = "acl-test-pw";
 
-/// The README's `ACL SETUSER fencelock ...` line, as arguments, with its placeholder
+/// The guide's `ACL SETUSER fencelock ...` line, as arguments, with its placeholder
 /// password replaced and `edit` applied to the rules.
 fn readme_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let line = README
+    let line = GUIDE
         .lines()
         .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README has a line starting `ACL SETUSER fencelock`");
+        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
     line.split_whitespace()
         .map(|word| match word {
             ">CHANGE-ME" => format!(">{PASSWORD}"),
@@ -29,7 +29,7 @@ fn readme_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
         .collect()
 }
 
-/// A server with the README's user (rules edited by `edit`).
+/// A server with the guide's user (rules edited by `edit`).
 fn server_with_user(edit: impl Fn(&str) -> Option<String>) -> RedisServer {
     let server = RedisServer::start();
     let args = readme_acl(edit);
@@ -46,10 +46,10 @@ fn as_user(server: &RedisServer) -> String {
 async fn client(server: &RedisServer) -> Client {
     Client::connect(&as_user(server))
         .await
-        .expect("connect as the README's user")
+        .expect("connect as the guide's user")
 }
 
-/// What a user expects of the README's line: every single-node feature works as that user.
+/// What a user expects of the guide's line: every single-node feature works as that user.
 #[tokio::test]
 async fn the_readme_user_runs_every_single_node_feature() {
     let server = server_with_user(|w| Some(w.to_owned()));
@@ -232,7 +232,7 @@ async fn the_readme_user_runs_every_single_node_feature() {
 }
 
 /// Redlock with restart protection on (each node is asked who it is, and how long it has
-/// been up) works as the README's user.
+/// been up) works as the guide's user.
 #[tokio::test]
 async fn the_readme_user_runs_redlock_with_restart_protection() {
     let servers: Vec<RedisServer> = (0..3)
@@ -270,7 +270,7 @@ fn refusal(e: Error) -> String {
     assert!(!line.contains('\n'), "{line}");
     assert!(
         line.contains("ACL SETUSER fencelock"),
-        "points at the README line: {line}"
+        "points at the guide's ACL line: {line}"
     );
     line
 }
@@ -308,7 +308,7 @@ async fn keys_refused_are_named() {
     assert!(line.contains("billing:{x}"), "{line}");
 }
 
-/// The README's line adapted to another prefix as the README says (the prefix in place of
+/// The guide's line adapted to another prefix as the guide says (the prefix in place of
 /// `fencelock` in `~fencelock:*` and `&fencelock:*`; `~{*` and `&{*` for no prefix) lets
 /// a client with that prefix lock, wait woken by a release, and queue fairly, and the
 /// server refused it nothing.
@@ -375,7 +375,7 @@ async fn the_readme_line_adapted_to_another_prefix_runs_the_features() {
 }
 
 /// A user whose channel pattern does not cover fencelock's channels is told so by the
-/// release, which names the channel refusal and points at the README line; the lock's
+/// release, which names the channel refusal and points at the guide's line; the lock's
 /// key is gone all the same (scripts do not roll back), and the refused subscription of
 /// a waiter is warned of, not only traced.
 #[tokio::test]

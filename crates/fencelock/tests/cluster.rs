@@ -689,22 +689,22 @@ async fn bad_urls_and_bad_days_are_one_line_each() {
     g.release().await.unwrap();
 }
 
-/// The README's least-privilege user, with the additions its Cluster section lists, runs
+/// The guide's least-privilege user, with the additions its Cluster section lists, runs
 /// the cluster's features: locks, waits woken by sharded pub/sub, renewals across slots,
 /// `list`, `WAIT`.
 #[tokio::test]
-async fn the_readme_user_with_the_cluster_additions_runs_the_cluster_features() {
-    const README: &str = include_str!("../../../README.md");
-    let base = README
+async fn the_guide_user_with_the_cluster_additions_runs_the_cluster_features() {
+    const GUIDE: &str = include_str!("../../../docs/guide/src/security.md");
+    let base = GUIDE
         .lines()
         .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README's ACL line");
-    let prose: String = README.split_whitespace().collect::<Vec<_>>().join(" ");
+        .expect("the guide's ACL line");
+    let prose: String = GUIDE.split_whitespace().collect::<Vec<_>>().join(" ");
     let additions = prose
         .split("On a Redis Cluster, add what sharded pub/sub and the cluster protocol need, on every node: `")
         .nth(1)
         .and_then(|rest| rest.split('`').next())
-        .expect("the README's cluster additions");
+        .expect("the guide's cluster additions");
     let user = "fencelock-cluster";
     let rules: Vec<String> = base
         .split_whitespace()

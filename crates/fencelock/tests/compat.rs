@@ -3,7 +3,7 @@
 //! sent them, run by hand with `EVAL` next to this version's client. A lock taken by
 //! either is respected by the other, and a release by either wakes the other's waiter.
 //! The key layout and the scripts' KEYS and ARGV that these calls use are the
-//! compatibility promise of README's "Versions" section; a change that breaks it fails
+//! compatibility promise of the guide's upgrading chapter; a change that breaks it fails
 //! here.
 //!
 //! `FENCELOCK_SNAPSHOT=DIR cargo test --test compat snapshot -- --ignored` writes this

@@ -48,6 +48,29 @@ fn finish(name: &str, child: std::process::Child) -> (Output, String) {
     (out, text)
 }
 
+/// Two blocking programs at once take turns on one lock: both write their report, with
+/// rising tokens, and leave the lock free.
+#[test]
+fn blocking_programs_take_turns_and_leave_the_lock_free() {
+    let r = RedisServer::start();
+    let url = r.url();
+    let env = [("FENCELOCK_REDIS", url.as_str()), ("WORK_MS", "500")];
+    let first = run("blocking", &env);
+    testkit::eventually("the first holds the lock", Duration::from_secs(10), || {
+        r.exists("fencelock:{reports:daily}")
+    });
+    let second = run("blocking", &env);
+    let token = |text: &str| -> u64 {
+        let line = text.lines().next().unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (_, a) = finish("blocking", first);
+    let (_, b) = finish("blocking", second);
+    assert!(a.ends_with("done\n") && b.ends_with("done\n"), "{a}{b}");
+    assert!(token(&b) > token(&a), "{a}{b}");
+    assert!(!r.exists("fencelock:{reports:daily}"));
+}
+
 #[test]
 fn once_at_a_time_runs_the_job_on_one_host_and_skips_it_on_the_others() {
     let r = RedisServer::start();

@@ -471,3 +471,57 @@ async fn bad_input_gets_one_clear_error() {
     // The largest token is accepted.
     pg.psql("SELECT fencelock_check('r', 18446744073709551615)");
 }
+
+/// A refusal rolls its transaction back, yet it is seen: the database counts it in
+/// `fencelock_refusals()` (a sequence, which the rollback does not undo), from Rust and
+/// from SQL alike, and the library counts it in its metric, labelled with the store.
+#[test]
+fn refusals_are_counted_by_the_database_and_the_library() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (pg, url) = installed().await;
+        assert_eq!(pg.psql("SELECT fencelock_refusals()"), "0");
+        let mut client = connect(&url).await;
+        sell(&mut client, 7, "seven").await.unwrap();
+        assert!(matches!(
+            sell(&mut client, 6, "six").await,
+            Err(Error::Fenced { .. })
+        ));
+        assert_eq!(pg.psql("SELECT fencelock_refusals()"), "1");
+        // From SQL, in any language: counted too.
+        assert!(
+            pg.try_psql("BEGIN; SELECT fencelock_check('stock:42', 5); COMMIT;")
+                .is_err()
+        );
+        assert_eq!(pg.psql("SELECT fencelock_refusals()"), "2");
+        // The setup installed again keeps the count.
+        pg.psql(POSTGRES_SETUP);
+        assert_eq!(pg.psql("SELECT fencelock_refusals()"), "2");
+    });
+    let refusals: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == fencelock::observe::FENCE_REFUSALS)
+        .map(|(key, _, _, value)| {
+            let labels: Vec<_> = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            assert_eq!(labels, [("store".to_owned(), "postgres".to_owned())]);
+            match value {
+                DebugValue::Counter(n) => n,
+                other => panic!("{other:?}"),
+            }
+        })
+        .sum();
+    assert_eq!(refusals, 1, "the library's check counts the one it saw");
+}

@@ -58,6 +58,9 @@ pub(crate) struct ClusterUrl {
     password: Option<String>,
     /// `rediss+cluster://`: every node over TLS, with these settings.
     tls: Option<TlsSettings>,
+    /// An application's cluster client builder, in place of the seeds, credentials and
+    /// TLS above: its settings are kept, fencelock's needs added.
+    made_by: Option<super::node::MakeCluster>,
 }
 
 impl std::fmt::Debug for ClusterUrl {
@@ -109,11 +112,26 @@ impl ClusterUrl {
             username: access.username.clone().or(username),
             password: access.password.clone().or(password),
             tls,
+            made_by: None,
         }))
+    }
+
+    /// The cluster of an application's own cluster client builder.
+    pub fn made_by(make: super::node::MakeCluster) -> Self {
+        Self {
+            seeds: Vec::new(),
+            username: None,
+            password: None,
+            tls: None,
+            made_by: Some(make),
+        }
     }
 
     /// For messages: the seeds, `host:port,host:port`, never a password.
     pub fn label(&self) -> String {
+        if self.made_by.is_some() {
+            return "the application's cluster".to_owned();
+        }
         let seeds: Vec<String> = self.seeds.iter().map(|(h, p)| format!("{h}:{p}")).collect();
         seeds.join(",")
     }
@@ -121,6 +139,11 @@ impl ClusterUrl {
     /// A driver client for the cluster: the seeds, the credentials, TLS, and timeouts and
     /// retries fit for locks (quick retries; fencelock bounds every call itself).
     fn builder(&self, timeouts: Timeouts) -> Result<ClusterClientBuilder, Error> {
+        if let Some(make) = &self.made_by {
+            // The application's seeds, credentials, TLS, timeouts and retries, as they are.
+            access::install_provider();
+            return Ok(make());
+        }
         let mut seeds = Vec::with_capacity(self.seeds.len());
         for (host, port) in &self.seeds {
             let addr = match &self.tls {

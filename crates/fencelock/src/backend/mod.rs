@@ -47,7 +47,7 @@ use crate::scripts::{
 use crate::token::HolderToken;
 pub(crate) use access::{Access, Timeouts};
 pub(crate) use errors::redact;
-pub(crate) use node::{Node, is_cluster_url};
+pub(crate) use node::{AppClient, Node, is_cluster_url};
 use quorum::{Confirmation, Quorum};
 use subscriber::Subscription;
 
@@ -212,14 +212,29 @@ impl Backend {
         access: &Access,
         eager: bool,
     ) -> Result<Self, Error> {
-        Ok(Self {
-            nodes: vec![Node::open(url, timeouts, access, eager).await?],
+        Ok(Self::of(
+            Node::open(url, timeouts, access, eager).await?,
+            timeouts,
+        ))
+    }
+
+    /// Sets up the one node of an application's own driver client; `eager`: connect now.
+    pub async fn app(app: &AppClient, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
+        Ok(Self::of(
+            Node::open_app(app, timeouts, eager).await?,
+            timeouts,
+        ))
+    }
+
+    fn of(node: Node, timeouts: Timeouts) -> Self {
+        Self {
+            nodes: vec![node],
             quorum: Quorum::single(timeouts.response),
             background: TaskTracker::new(),
             background_turns: background_turns(),
             client_tag: client_tag(),
             counter_idle: crate::limits::FENCE_COUNTER_IDLE,
-        })
+        }
     }
 
     /// Sets up Redlock over `urls` (already checked: odd, at least 3, distinct). The

@@ -198,6 +198,38 @@ fn manager_config(timeouts: Timeouts) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(200))
 }
 
+/// The longest one call of a node may take, reconnecting included.
+fn call_timeout(timeouts: Timeouts) -> Duration {
+    timeouts.connect * 2 + timeouts.response + Duration::from_millis(250)
+}
+
+/// An application's own driver client, which fencelock connects through instead of a
+/// URL ([`Client::from_redis`](crate::Client::from_redis),
+/// [`Client::from_redis_cluster`](crate::Client::from_redis_cluster)).
+#[derive(Clone)]
+pub(crate) enum AppClient {
+    /// One server, as the application's `redis::Client` reaches it.
+    Redis(Box<redis::Client>),
+    /// A Redis Cluster: what makes the application's cluster client builder, called for
+    /// each client fencelock builds from it (commands, pub/sub).
+    Cluster(MakeCluster),
+}
+
+/// What makes an application's cluster client builder.
+pub(crate) type MakeCluster = Arc<dyn Fn() -> redis::cluster::ClusterClientBuilder + Send + Sync>;
+
+impl std::fmt::Debug for AppClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // The address only: never the credentials the client carries.
+            Self::Redis(client) => {
+                write!(f, "redis::Client({})", client.get_connection_info().addr())
+            }
+            Self::Cluster(_) => f.write_str("redis::cluster::ClusterClientBuilder"),
+        }
+    }
+}
+
 /// Whether `url` names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
 pub(crate) fn is_cluster_url(url: &str) -> bool {
     url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://")
@@ -271,10 +303,33 @@ impl Node {
         access: &Access,
         eager: bool,
     ) -> Result<Self, Error> {
-        let call_timeout = timeouts.connect * 2 + timeouts.response + Duration::from_millis(250);
+        let call_timeout = call_timeout(timeouts);
         let node = match ClusterUrl::parse(url, access)? {
             Some(cluster) => Self::open_cluster(cluster, timeouts, call_timeout, eager).await?,
-            None => Self::open_standalone(url, timeouts, call_timeout, access, eager).await?,
+            None => {
+                let sentinel = SentinelUrl::parse(url, access)?;
+                let (addr, client) =
+                    first_server(url, sentinel.as_ref(), access, call_timeout, eager).await?;
+                Self::open_standalone(sentinel, addr, client, timeouts, call_timeout, eager).await?
+            }
+        };
+        Ok(node.hands_on())
+    }
+
+    /// Sets up the node of an application's own driver client ([`AppClient`]): its
+    /// address, TLS, credentials and database as the application configured them.
+    pub async fn open_app(app: &AppClient, timeouts: Timeouts, eager: bool) -> Result<Self, Error> {
+        let call_timeout = call_timeout(timeouts);
+        let node = match app {
+            AppClient::Redis(client) => {
+                let addr = client.get_connection_info().addr().to_string();
+                let client = (**client).clone();
+                Self::open_standalone(None, addr, client, timeouts, call_timeout, eager).await?
+            }
+            AppClient::Cluster(make) => {
+                let cluster = ClusterUrl::made_by(make.clone());
+                Self::open_cluster(cluster, timeouts, call_timeout, eager).await?
+            }
         };
         Ok(node.hands_on())
     }
@@ -303,15 +358,13 @@ impl Node {
     /// connection, a subscriber that follows the server, and for Sentinel a task that
     /// follows the master's switches.
     async fn open_standalone(
-        url: &str,
+        sentinel: Option<SentinelUrl>,
+        addr: String,
+        client: redis::Client,
         timeouts: Timeouts,
         call_timeout: Duration,
-        access: &Access,
         eager: bool,
     ) -> Result<Self, Error> {
-        let sentinel = SentinelUrl::parse(url, access)?;
-        let (addr, client) =
-            first_server(url, sentinel.as_ref(), access, call_timeout, eager).await?;
         let conn = first_connection(&addr, &client, timeouts, call_timeout, eager).await?;
         // A lazy Sentinel node has asked nobody yet: epoch 0 makes the first call ask.
         let epoch = u64::from(eager || sentinel.is_none());
@@ -435,7 +488,7 @@ impl Node {
                 node = self.addr(),
                 "the Redis user may not subscribe to fencelock's release channels, so \
                  waiters poll instead of being woken: give it the channel pattern of the \
-                 README's ACL line (ACL SETUSER fencelock ... &fencelock:*)"
+                 ACL line of fencelock's guide, security chapter (ACL SETUSER fencelock ... &fencelock:*)"
             );
         } else {
             tracing::debug!(node = self.addr(), error = %error, "no release notifications from a node; its lease bound applies");

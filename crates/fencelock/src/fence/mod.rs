@@ -11,8 +11,8 @@
 //!   table of the highest token per resource and a function, `fencelock_check(resource,
 //!   token)`, to call inside the transaction that writes: it records the token, or
 //!   raises SQLSTATE `FL001` so that the whole transaction rolls back. From Rust, with
-//!   the `sqlx` or the `tokio-postgres` feature: [`sqlx::check`] and
-//!   [`tokio_postgres::check`], which return [`Error::Fenced`](crate::Error::Fenced) for a stale holder and
+//!   the `sqlx` or the `tokio-postgres` feature: [`sqlx::check`][sqlx-check] and
+//!   [`tokio_postgres::check`][tokio-postgres-check], which return [`Error::Fenced`](crate::Error::Fenced) for a stale holder and
 //!   [`Error::Database`](crate::Error::Database) for everything else.
 //! - **Redis**: [`Client::fenced_write`](crate::Client::fenced_write) applies a few
 //!   writes (SET, DEL, INCRBY, HSET, RPUSH, LPUSH, XADD, PEXPIRE) in one script, all of
@@ -41,6 +41,19 @@
 //! `UPDATE stock SET count = $2, fence = $3 WHERE id = $1 AND fence <= $3` and treat
 //! zero rows updated as refused (the row is locked by the update, so a concurrent
 //! writer with another token waits, then sees the committed fence).
+//!
+// The checks' links go to the function in a build with its feature, else to the crate's
+// list of features: a link to a module the build lacks would be broken.
+#![cfg_attr(feature = "sqlx", doc = "[sqlx-check]: crate::fence::sqlx::check")]
+#![cfg_attr(not(feature = "sqlx"), doc = "[sqlx-check]: crate#features")]
+#![cfg_attr(
+    feature = "tokio-postgres",
+    doc = "[tokio-postgres-check]: crate::fence::tokio_postgres::check"
+)]
+#![cfg_attr(
+    not(feature = "tokio-postgres"),
+    doc = "[tokio-postgres-check]: crate#features"
+)]
 
 mod postgres;
 pub(crate) mod redis;

@@ -16,7 +16,9 @@ use crate::token::FencingToken;
 ///
 /// In each transaction that writes to a guarded resource, call `SELECT
 /// fencelock_check('orders:42', 9071)` before the writes; a stale token raises SQLSTATE
-/// `FL001` ("stale fencing token"), whose `DETAIL` is `token=T highest=H`. Bad input
+/// `FL001` ("stale fencing token"), whose `DETAIL` is `token=T highest=H`, and counts in
+/// the sequence `fencelock_refusals` (`SELECT fencelock_refusals()`), which the rollback
+/// does not undo. Bad input
 /// (an empty resource name, a token that is not a whole number from 0 to 2^64 - 1)
 /// raises SQLSTATE `22023`.
 pub const POSTGRES_SETUP: &str = include_str!("postgres.sql");
@@ -53,6 +55,12 @@ pub(crate) fn sort_check_error(
     if code == Some(STALE_TOKEN_SQLSTATE)
         && let Some(highest) = detail.and_then(highest_in_detail)
     {
+        crate::observe::fence_refused(
+            crate::observe::Store::Postgres,
+            resource,
+            token.get(),
+            highest.get(),
+        );
         return Error::Fenced {
             resource: resource.to_owned(),
             token,

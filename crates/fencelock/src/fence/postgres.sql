@@ -1,4 +1,4 @@
--- fencelock's fencing check for PostgreSQL, setup version 1.
+-- fencelock's fencing check for PostgreSQL, setup version 2.
 --
 -- Install it once per database (the objects go into the first schema of search_path):
 --     fencelock sql | psql -v ON_ERROR_STOP=1 "$DATABASE_URL"
@@ -15,7 +15,13 @@
 -- the newer writer commits; writers with the same token (one holder's retries) both
 -- pass. In REPEATABLE READ or SERIALIZABLE, a writer that waited on a newer one that
 -- committed fails with SQLSTATE 40001 instead (retry: the retry sees the newer token).
--- The caller needs SELECT, INSERT and UPDATE on fencelock_fence.
+-- From psql, end the check with \g /dev/null instead of ; to send its empty result
+-- nowhere. The caller needs SELECT, INSERT and UPDATE on fencelock_fence, and USAGE on
+-- the sequence fencelock_refusals for its refusals to be counted.
+--
+-- A refusal rolls its transaction back, so it leaves nothing in fencelock_fence; it is
+-- counted in the sequence fencelock_refusals, which a rollback does not undo:
+--     SELECT fencelock_refusals();   -- refusals since the setup was installed
 
 BEGIN;
 SET LOCAL client_min_messages = warning;
@@ -29,7 +35,19 @@ CREATE TABLE IF NOT EXISTS fencelock_fence (
     accepted_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE fencelock_fence IS
-    'fencelock: the highest fencing token each resource accepted (fencelock_check, setup version 1)';
+    'fencelock: the highest fencing token each resource accepted (fencelock_check, setup version 2)';
+
+-- Every refusal of a stale token, counted outside the transaction it rolls back.
+CREATE SEQUENCE IF NOT EXISTS fencelock_refusals;
+COMMENT ON SEQUENCE fencelock_refusals IS
+    'fencelock: refusals of stale fencing tokens by fencelock_check (setup version 2)';
+
+CREATE OR REPLACE FUNCTION fencelock_refusals() RETURNS bigint
+LANGUAGE sql STABLE AS $refusals$
+    SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM fencelock_refusals;
+$refusals$;
+COMMENT ON FUNCTION fencelock_refusals() IS
+    'fencelock: how many stale fencing tokens fencelock_check refused (setup version 2)';
 
 CREATE OR REPLACE FUNCTION fencelock_check(resource text, token numeric) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $check$
@@ -65,6 +83,13 @@ BEGIN
         WHERE f.resource = fencelock_check.resource
         FOR UPDATE;
     IF highest > wanted THEN
+        -- Counted before the exception rolls everything else back; a role without
+        -- USAGE on the sequence is refused all the same, uncounted.
+        BEGIN
+            PERFORM nextval('fencelock_refusals');
+        EXCEPTION WHEN insufficient_privilege OR undefined_table THEN
+            NULL;
+        END;
         RAISE EXCEPTION 'fencelock: stale fencing token % for resource %: token % was accepted already, so this holder lost its lock; the transaction is rolled back',
                 wanted, quote_literal(fencelock_check.resource), highest
             USING ERRCODE = 'FL001',
@@ -79,6 +104,6 @@ BEGIN
 END;
 $check$;
 COMMENT ON FUNCTION fencelock_check(text, numeric) IS
-    'fencelock: accept a fencing token for a resource or raise FL001 (setup version 1)';
+    'fencelock: accept a fencing token for a resource or raise FL001 (setup version 2)';
 
 COMMIT;

@@ -220,11 +220,19 @@ impl<'c> FencedWrite<'c> {
         let call = scripts::fenced_write(&fence, &self.keys, self.token, &self.writes);
         match node.run::<FencedWriteReply>(&call, None).await? {
             FencedWriteReply::Accepted(replies) => Ok(replies),
-            FencedWriteReply::Refused(highest) => Err(Error::Fenced {
-                resource: self.resource,
-                token: self.token,
-                highest,
-            }),
+            FencedWriteReply::Refused(highest) => {
+                crate::observe::fence_refused(
+                    crate::observe::Store::Redis,
+                    &self.resource,
+                    self.token.get(),
+                    highest.get(),
+                );
+                Err(Error::Fenced {
+                    resource: self.resource,
+                    token: self.token,
+                    highest,
+                })
+            }
         }
     }
 }
