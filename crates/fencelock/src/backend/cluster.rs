@@ -39,7 +39,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::{
     ClusterTopology, ReadCandidates, ReadRoutingStrategy, ReadRoutingStrategyFactory,
 };
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
 
 use super::access::{self, Access, Timeouts, TlsSettings};
@@ -384,10 +384,10 @@ impl ClusterLink {
     }
 
     /// Sends `call` (in `flavor`) to the node at `at`, or else routed by its first key,
-    /// as `EVALSHA`; where the node lacks the script, loads it (`SCRIPT LOAD`, to every
-    /// node, as the driver routes it) and sends the `EVALSHA` again, or where the
-    /// cluster refuses `SCRIPT LOAD` (renamed away, or not allowed to the user), sends
-    /// `EVAL`, from then on. An error reply comes back as an error.
+    /// as `EVALSHA`; where the node lacks the script, loads it there (`SCRIPT LOAD`) and
+    /// sends the `EVALSHA` again, or where the cluster refuses `SCRIPT LOAD` (renamed
+    /// away, or not allowed to the user), sends `EVAL`, from then on. An error reply
+    /// comes back as an error.
     async fn evaluate(
         &self,
         call: &Call,
@@ -400,8 +400,30 @@ impl ClusterLink {
             answer => return answer,
         }
         if !self.no_script_load.load(Ordering::Relaxed) {
-            match self.send_to(&call.load(flavor), at).await {
-                Ok(_) => return self.send_to(&evalsha, at).await,
+            // Loaded where it runs: on the node at `at`, or the master of its keys' slot
+            // (the driver would send SCRIPT LOAD to every node, and wait for a replica
+            // that does not answer).
+            let load = call.load(flavor);
+            let loaded = match (at, call.first_key()) {
+                (Some(addr), _) => self.send(load, by_address(addr)).await,
+                (None, Some(key)) => {
+                    let master = Route::new(key_slot(key), SlotAddr::Master);
+                    let route =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master));
+                    self.send(load, route).await
+                }
+                (None, None) => self.send_to(&load, None).await,
+            };
+            match loaded {
+                Ok(_) => match self.send_to(&evalsha, at).await {
+                    // Loaded on a node that no longer serves the keys (the driver's slot
+                    // map is behind a failover; the EVALSHA was redirected): EVAL, which
+                    // goes where the keys are.
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+                    answer => return answer,
+                },
                 Err(e) if capabilities::refuses(&e) => {
                     if !self.no_script_load.swap(true, Ordering::Relaxed) {
                         tracing::info!(cluster = %self.label(), error = %e, "the cluster refuses SCRIPT LOAD; scripts a node lacks are sent with EVAL");
@@ -805,7 +827,12 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
             };
         }
     }
+    // Valkey's answer to a script whose key's slot this node no longer serves (a
+    // failover demoted it): the slot moved, as MOVED says elsewhere; nothing was written
+    // (a lock's keys share one slot, so its first key access fails).
+    let moved_away = text.contains("non local key");
     let reason = match code(e) {
+        _ if moved_away => UnavailableReason::SlotMoving,
         Some("CLUSTERDOWN") => UnavailableReason::ClusterDown,
         // Still redirected after the driver followed several redirections; or sent to a
         // node that is a replica (the driver's map still names a master that a failover
