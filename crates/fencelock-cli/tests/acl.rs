@@ -7,23 +7,15 @@ use std::time::Duration;
 
 use testkit::RedisServer;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-const README: &str = include_str!("../../../README.md");
 const PASSWORD: &str = "cli-acl-pw";
 
 /// A server with the README's `ACL SETUSER fencelock ...` user.
 fn server_with_readme_user() -> RedisServer {
-    let line = README
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README has a line starting `ACL SETUSER fencelock`");
-    let password = format!(">{PASSWORD}");
-    let args: Vec<&str> = line
-        .split_whitespace()
-        .map(|w| if w == ">CHANGE-ME" { &password } else { w })
-        .collect();
     let server = RedisServer::start();
-    assert_eq!(server.cmd(&args).as_str(), Some("OK"));
+    common::add_readme_user(&server, PASSWORD);
     server
 }
 

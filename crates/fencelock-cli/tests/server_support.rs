@@ -11,7 +11,6 @@ use testkit::{Fault, FaultProxy, RedisServer, ServerBuild};
 mod common;
 use common::{fencelock, fencelock_with};
 
-const README: &str = include_str!("../../../README.md");
 const PASSWORD: &str = "managed-cli-pw";
 
 /// A server with `CONFIG`, `CLIENT`, `DEBUG`, `MODULE`, `SCRIPT` and `extra` renamed away,
@@ -25,16 +24,7 @@ fn managed(extra: &[&str]) -> RedisServer {
         builder = builder.arg("--rename-command").arg(*command).arg("");
     }
     let server = builder.start();
-    let line = README
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README has a line starting `ACL SETUSER fencelock`");
-    let password = format!(">{PASSWORD}");
-    let args: Vec<&str> = line
-        .split_whitespace()
-        .map(|w| if w == ">CHANGE-ME" { &password } else { w })
-        .collect();
-    assert_eq!(server.cmd(&args).as_str(), Some("OK"), "{args:?}");
+    common::add_readme_user(&server, PASSWORD);
     server
 }
 

@@ -10,23 +10,12 @@ use testkit::RedisServer;
 mod common;
 use common::{eventually, listed, numsub};
 
-const README: &str = include_str!("../../../README.md");
 const PASSWORD: &str = "acl-test-pw";
 
 /// The README's `ACL SETUSER fencelock ...` line, as arguments, with its placeholder
 /// password replaced and `edit` applied to the rules.
 fn readme_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let line = README
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README has a line starting `ACL SETUSER fencelock`");
-    line.split_whitespace()
-        .map(|word| match word {
-            ">CHANGE-ME" => format!(">{PASSWORD}"),
-            _ => word.to_owned(),
-        })
-        .filter_map(|word| edit(&word))
-        .collect()
+    common::readme_acl(PASSWORD, edit)
 }
 
 /// A server with the README's user (rules edited by `edit`).

@@ -210,7 +210,6 @@ async fn a_server_older_than_6_2_is_refused_naming_the_version_found_and_the_one
         .unwrap();
 }
 
-const README: &str = include_str!("../../../README.md");
 const PASSWORD: &str = "managed-pw";
 
 /// A server as some managed services run it: `CONFIG`, `CLIENT`, `DEBUG`, `MODULE` and
@@ -224,15 +223,8 @@ fn managed(extra: &[&str]) -> RedisServer {
         builder = builder.arg("--rename-command").arg(*command).arg("");
     }
     let server = builder.start();
-    let line = README
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the README has a line starting `ACL SETUSER fencelock`");
-    let password = format!(">{PASSWORD}");
-    let args: Vec<&str> = line
-        .split_whitespace()
-        .map(|w| if w == ">CHANGE-ME" { &password } else { w })
-        .collect();
+    let args = common::readme_acl(PASSWORD, |w| Some(w.to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(server.cmd(&args).as_str(), Some("OK"), "{args:?}");
     assert!(server.cmd(&["SCRIPT", "LOAD", "return 1"]).is_error());
     server

@@ -134,3 +134,20 @@ pub fn fencelock(args: &[&str]) -> Run {
 pub fn arg(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
 }
+
+/// Creates the README's `ACL SETUSER fencelock ...` user on `server`, with `password`:
+/// the user the README documents, read from the README so that the two cannot drift.
+pub fn add_readme_user(server: &testkit::RedisServer, password: &str) {
+    const README: &str = include_str!("../../../../README.md");
+    let line = README
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fencelock "))
+        .expect("the README has a line starting `ACL SETUSER fencelock`");
+    let password = format!(">{password}");
+    let args: Vec<&str> = line
+        .split_whitespace()
+        .map(|w| if w == ">CHANGE-ME" { &password } else { w })
+        .collect();
+    let reply = server.cmd(&args);
+    assert_eq!(reply.as_str(), Some("OK"), "{args:?}: {reply:?}");
+}

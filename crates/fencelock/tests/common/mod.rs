@@ -255,3 +255,21 @@ pub fn listed(r: &testkit::RedisServer, name: &str) -> Vec<String> {
         .filter_map(|v| v.as_str().map(str::to_owned))
         .collect()
 }
+
+/// The README's `ACL SETUSER fencelock ...` line, as arguments, with `password` in place
+/// of its placeholder and `edit` applied to each word (`None` leaves it out): the user the
+/// README documents, read from the README so that the two cannot drift.
+pub fn readme_acl(password: &str, edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    const README: &str = include_str!("../../../../README.md");
+    let line = README
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fencelock "))
+        .expect("the README has a line starting `ACL SETUSER fencelock`");
+    line.split_whitespace()
+        .map(|word| match word {
+            ">CHANGE-ME" => format!(">{password}"),
+            _ => word.to_owned(),
+        })
+        .filter_map(|word| edit(&word))
+        .collect()
+}
