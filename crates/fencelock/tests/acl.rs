@@ -10,29 +10,18 @@ use testkit::RedisServer;
 mod common;
 use common::{eventually, listed, numsub};
 
-const GUIDE: &str = include_str!("../../../docs/guide/src/security.md");
 const PASSWORD: &str = "acl-test-pw";
 
 /// The guide's `ACL SETUSER fencelock ...` line, as arguments, with its placeholder
 /// password replaced and `edit` applied to the rules.
-fn readme_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let line = GUIDE
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
-    line.split_whitespace()
-        .map(|word| match word {
-            ">CHANGE-ME" => format!(">{PASSWORD}"),
-            _ => word.to_owned(),
-        })
-        .filter_map(|word| edit(&word))
-        .collect()
+fn guide_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    common::guide_acl(PASSWORD, edit)
 }
 
 /// A server with the guide's user (rules edited by `edit`).
 fn server_with_user(edit: impl Fn(&str) -> Option<String>) -> RedisServer {
     let server = RedisServer::start();
-    let args = readme_acl(edit);
+    let args = guide_acl(edit);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let reply = server.cmd(&args);
     assert_eq!(reply.as_str(), Some("OK"), "{args:?}: {reply:?}");
