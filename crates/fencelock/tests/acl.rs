@@ -398,6 +398,40 @@ async fn a_channel_refused_is_named() {
     drop(g);
 }
 
+/// An observer whose user may not subscribe to the election's channel still follows it,
+/// by reading: it sees the resignation at its next read (within 5 s with nobody else
+/// to wait for), and does not panic for want of a channel to wait on.
+#[tokio::test]
+async fn an_observer_without_channels_follows_the_election_by_reading() {
+    let server = server_with_user(|w| Some(w.to_owned()));
+    // A second user, as the guide's but without any channel.
+    let mut args = guide_acl(|w| (w != "&fencelock:*").then(|| w.to_owned()));
+    args[2] = "watcher".to_owned();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(server.cmd(&args).as_str(), Some("OK"));
+    let campaigner = client(&server).await;
+    let watcher = Client::connect(&format!(
+        "redis://watcher:{PASSWORD}@127.0.0.1:{}",
+        server.port()
+    ))
+    .await
+    .expect("connect as the watcher");
+    let leader = campaigner
+        .election("chair")
+        .lease(Duration::from_secs(30))
+        .campaign()
+        .await
+        .expect("campaign");
+    let mut observer = watcher.election("chair").observe().await.expect("observe");
+    assert_eq!(observer.leader().map(|l| l.term), Some(leader.term()));
+    leader.resign().await.expect("resign");
+    let changed = tokio::time::timeout(Duration::from_secs(15), observer.changed())
+        .await
+        .expect("the observer reads again within its recheck")
+        .expect("read");
+    assert_eq!(changed, None, "nobody leads after the resignation");
+}
+
 /// A user who may hear the locks' own channels (`...:released`) but not their clients'
 /// (`...:released:TAG`, where a release wakes one client by name): its waiters are not
 /// named, and list `*` instead, so that a release with nobody else listed (which
