@@ -158,8 +158,9 @@ pub(crate) async fn status(args: &StatusArgs) -> Result<u8, Failure> {
     let client = client(&args.connection).await?;
     let (status, eviction) = tokio::join!(client.inspect(&args.name), client.eviction_risks());
     let status = status.map_err(Failure::Lock)?;
-    // What could not be read is left out: the lock's status is what was asked for.
-    let risks = eviction.map(|e| e.risks).unwrap_or_default();
+    // A node that could not be asked is left out: the lock's status is what was asked
+    // for. One that answered but would not say its policy is said.
+    let (risks, unknown) = eviction.map_or_else(|_| Default::default(), |e| (e.risks, e.unknown));
     if json_output() {
         let mut out = status_json(&status);
         out["eviction"] = risks
@@ -173,11 +174,18 @@ pub(crate) async fn status(args: &StatusArgs) -> Result<u8, Failure> {
                 })
             })
             .collect();
+        out["eviction_unknown"] = unknown
+            .iter()
+            .map(|u| json!({"node": u.node, "why": u.why}))
+            .collect();
         println!("{out}");
     } else {
         print!("{}", status_text(&status));
         for risk in &risks {
             println!("warning: {risk}");
+        }
+        for unknown in &unknown {
+            println!("warning: {unknown}");
         }
     }
     Ok(0)

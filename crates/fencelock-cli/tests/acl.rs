@@ -7,23 +7,15 @@ use std::time::Duration;
 
 use testkit::RedisServer;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
-const GUIDE: &str = include_str!("../../../docs/guide/src/security.md");
 const PASSWORD: &str = "cli-acl-pw";
 
 /// A server with the guide's `ACL SETUSER fencelock ...` user.
-fn server_with_readme_user() -> RedisServer {
-    let line = GUIDE
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
-    let password = format!(">{PASSWORD}");
-    let args: Vec<&str> = line
-        .split_whitespace()
-        .map(|w| if w == ">CHANGE-ME" { &password } else { w })
-        .collect();
+fn server_with_guide_user() -> RedisServer {
     let server = RedisServer::start();
-    assert_eq!(server.cmd(&args).as_str(), Some("OK"));
+    common::add_guide_user(&server, PASSWORD);
     server
 }
 
@@ -49,7 +41,7 @@ fn ok(out: &Output) -> String {
 /// user, logged in as that user, and the server refused nothing.
 #[test]
 fn every_cli_command_works_as_the_readme_user() {
-    let server = server_with_readme_user();
+    let server = server_with_guide_user();
     assert!(ok(&as_user(&server, &["run", "job", "--", "echo", "ran"])).contains("ran"));
     let fair = as_user(
         &server,

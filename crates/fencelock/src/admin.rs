@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::backend::Backend;
-use crate::backend::eviction::EvictionRisk;
+use crate::backend::eviction::{EvictionRisk, PolicyUnknown};
 use crate::error::Error;
 use crate::keys::{self, LockKeys};
 use crate::scripts::replies::{Broke, Inspected};
@@ -431,6 +431,10 @@ pub struct Eviction {
     pub risks: Vec<EvictionRisk>,
     /// The nodes whose `INFO memory` failed, with why.
     pub unanswered: Vec<Unanswered>,
+    /// The servers that answered, but whose policy could not be read (`INFO` renamed
+    /// away or not allowed to the Redis user, or an answer without the policy): whether
+    /// they can evict lock keys is unknown, and why is said.
+    pub unknown: Vec<PolicyUnknown>,
 }
 
 pub(crate) async fn eviction_risks(backend: &Backend) -> Result<Eviction, Error> {
@@ -441,10 +445,14 @@ pub(crate) async fn eviction_risks(backend: &Backend) -> Result<Eviction, Error>
     let mut eviction = Eviction {
         risks: Vec::new(),
         unanswered: Vec::new(),
+        unknown: Vec::new(),
     };
     for (answer, node) in answers.into_iter().zip(backend.nodes()) {
         match answer {
-            Ok(risks) => eviction.risks.extend(risks),
+            Ok((risks, unknown)) => {
+                eviction.risks.extend(risks);
+                eviction.unknown.extend(unknown);
+            }
             Err(error) => eviction.unanswered.push(Unanswered {
                 node: node.addr(),
                 error,

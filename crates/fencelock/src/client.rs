@@ -390,7 +390,10 @@ impl Client {
     /// `maxmemory-policy` other than `noeviction`; see [`EvictionRisk`](crate::EvictionRisk) for what that
     /// costs), read with `INFO memory` on every node (every master of a cluster). The
     /// client also reads it by itself, once per connection, and warns (a `WARN` tracing
-    /// event, once per server and policy).
+    /// event, once per server and policy). A server that refuses `INFO` (renamed away, as
+    /// some managed services do, or not allowed to the Redis user), or whose answer
+    /// lacks the policy, is listed in [`Eviction::unknown`] with why: whether it can
+    /// evict lock keys is unknown (warned of too).
     ///
     /// # Errors
     /// A node's error when no node answered; the others are listed in

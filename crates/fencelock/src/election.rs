@@ -457,12 +457,14 @@ impl Observer {
                 }
                 None => RECHECK,
             };
-            let notified = futures_util::future::select_all(
-                self.subscriptions.iter().map(|s| Box::pin(s.notified())),
-            );
             if self.subscriptions.is_empty() {
+                // No channel (refused by the server's ACL, say): reading is all there is.
                 tokio::time::sleep(until_read.min(RECHECK)).await;
             } else {
+                // Built only over a non-empty list: `select_all` of nothing panics.
+                let notified = futures_util::future::select_all(
+                    self.subscriptions.iter().map(|s| Box::pin(s.notified())),
+                );
                 let _ = tokio::time::timeout(until_read, notified).await;
             }
             let read_at = Instant::now();

@@ -359,6 +359,7 @@ fn rejected_advice(code: &str) -> &'static str {
         "OOM" => ": it is out of memory (maxmemory); free memory or raise the limit",
         "MASTERDOWN" => ": its master is down; wait for a failover",
         "LOADING" => ": it is loading its data; try again shortly",
+        "VERSION" => ": upgrade the server",
         _ => "",
     }
 }

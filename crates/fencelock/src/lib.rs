@@ -128,7 +128,7 @@ pub use admin::{
     BreakOutcome, Broken, Eviction, Holder, Listing, LockState, LockStatus, NodeBroken, NodeStatus,
     QueuedWaiter, Resize, Unanswered, WaitingClient,
 };
-pub use backend::eviction::EvictionRisk;
+pub use backend::eviction::{EvictionRisk, PolicyUnknown};
 pub use builder::{AcquireBuilder, Acquisition, Kind, Target};
 pub use client::{Client, ClientBuilder, ClientStats};
 pub use delay_queue::{DelayQueue, Delivery, ItemId, QueueCounts};

@@ -81,7 +81,7 @@ pub fn holder_token(text: String) -> HolderToken {
 /// A call's script (its file and its source, composed for a standalone node) and its
 /// keys and arguments, as sent.
 pub fn call_parts(call: &Call) -> CallParts<'_> {
-    call.parts(Flavor::Standalone)
+    call.parts(Flavor::STANDALONE)
 }
 
 /// An acquire script's reply decoded, as the nodes' connections decode it.

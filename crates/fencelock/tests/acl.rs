@@ -10,29 +10,18 @@ use testkit::RedisServer;
 mod common;
 use common::{eventually, listed, numsub};
 
-const GUIDE: &str = include_str!("../../../docs/guide/src/security.md");
 const PASSWORD: &str = "acl-test-pw";
 
 /// The guide's `ACL SETUSER fencelock ...` line, as arguments, with its placeholder
 /// password replaced and `edit` applied to the rules.
-fn readme_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let line = GUIDE
-        .lines()
-        .find(|l| l.starts_with("ACL SETUSER fencelock "))
-        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
-    line.split_whitespace()
-        .map(|word| match word {
-            ">CHANGE-ME" => format!(">{PASSWORD}"),
-            _ => word.to_owned(),
-        })
-        .filter_map(|word| edit(&word))
-        .collect()
+fn guide_acl(edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    common::guide_acl(PASSWORD, edit)
 }
 
 /// A server with the guide's user (rules edited by `edit`).
 fn server_with_user(edit: impl Fn(&str) -> Option<String>) -> RedisServer {
     let server = RedisServer::start();
-    let args = readme_acl(edit);
+    let args = guide_acl(edit);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let reply = server.cmd(&args);
     assert_eq!(reply.as_str(), Some("OK"), "{args:?}: {reply:?}");
@@ -407,6 +396,40 @@ async fn a_channel_refused_is_named() {
     // Unwoken, the waiter still gets the lock, at its lease-bounded timer.
     let g = waiter.await.unwrap().expect("the waiter, by its timer");
     drop(g);
+}
+
+/// An observer whose user may not subscribe to the election's channel still follows it,
+/// by reading: it sees the resignation at its next read (within 5 s with nobody else
+/// to wait for), and does not panic for want of a channel to wait on.
+#[tokio::test]
+async fn an_observer_without_channels_follows_the_election_by_reading() {
+    let server = server_with_user(|w| Some(w.to_owned()));
+    // A second user, as the guide's but without any channel.
+    let mut args = guide_acl(|w| (w != "&fencelock:*").then(|| w.to_owned()));
+    args[2] = "watcher".to_owned();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(server.cmd(&args).as_str(), Some("OK"));
+    let campaigner = client(&server).await;
+    let watcher = Client::connect(&format!(
+        "redis://watcher:{PASSWORD}@127.0.0.1:{}",
+        server.port()
+    ))
+    .await
+    .expect("connect as the watcher");
+    let leader = campaigner
+        .election("chair")
+        .lease(Duration::from_secs(30))
+        .campaign()
+        .await
+        .expect("campaign");
+    let mut observer = watcher.election("chair").observe().await.expect("observe");
+    assert_eq!(observer.leader().map(|l| l.term), Some(leader.term()));
+    leader.resign().await.expect("resign");
+    let changed = tokio::time::timeout(Duration::from_secs(15), observer.changed())
+        .await
+        .expect("the observer reads again within its recheck")
+        .expect("read");
+    assert_eq!(changed, None, "nobody leads after the resignation");
 }
 
 /// A user who may hear the locks' own channels (`...:released`) but not their clients'

@@ -205,7 +205,10 @@ async fn release_during_an_in_flight_renewal_leaves_no_renewal_behind() {
     let mut r = RedisServer::start();
     // Every script loaded: no renewal or release needs a second try after a NOSCRIPT, so
     // the server runs them in the order they were sent.
-    for (_, source) in fencelock::lua_scripts() {
+    // (Redis 6.2 reads no `#!lua` line: it gets those scripts in their `no-flags/` form.)
+    let reads_flags = !r.version().starts_with("Redis 6.");
+    for (_, source) in fencelock::lua_scripts().filter(|(_, s)| reads_flags || !s.starts_with("#!"))
+    {
         assert!(!r.cmd(&["SCRIPT", "LOAD", &source]).is_error());
     }
     common::traces();

@@ -577,9 +577,11 @@ async fn a_server_named_twice_votes_once_whichever_name_answers_first() {
     let proxy = FaultProxy::start(&server.addr());
     proxy.set(Fault::Reset);
     let down = format!("redis://127.0.0.1:{}", testkit::free_port());
+    // Long enough for the slow name's first call: its connection, the question of what
+    // the server offers, the script, each a round trip of 200 ms.
     let c = Client::redlock([proxy.url(), server.url(), down])
         .restart_protection(None)
-        .node_timeout(Duration::from_millis(500))
+        .node_timeout(Duration::from_millis(1500))
         .connect()
         .await
         .expect("connect: the first name is not known yet");

@@ -12,6 +12,7 @@
 //! | [`Blackhole`](Fault::Blackhole) | read and discarded | read and discarded      |
 //! | [`DropReplies`](Fault::DropReplies) | forwarded     | read and discarded       |
 //! | [`Reset`](Fault::Reset)  | connection reset (RST)   | connection reset (RST)   |
+//! | [`Rewrite`](Fault::Rewrite) | forwarded             | forwarded, bytes replaced |
 //!
 //! # Partitions are compositions
 //!
@@ -135,13 +136,27 @@ pub enum Fault {
     /// the server get a TCP RST) and reset new connections right after
     /// accepting them.
     Reset,
+    /// Forward everything, but replace every occurrence of `from` in the
+    /// server's replies with `to`, of the same length (so that RESP's bulk
+    /// lengths still hold): a server that says something else about itself,
+    /// e.g. an older `redis_version` in `INFO`. Each chunk is rewritten as it
+    /// was read: an occurrence split across two chunks is left as it is.
+    ///
+    /// # Panics
+    /// [`FaultProxy::set`] panics if `from` is empty or the lengths differ.
+    Rewrite {
+        /// The bytes to replace.
+        from: Vec<u8>,
+        /// What replaces them: as long as `from`.
+        to: Vec<u8>,
+    },
 }
 
 impl Fault {
     /// Whether bytes travelling in `dir` reach the other side.
     fn forwards(&self, dir: Dir) -> bool {
         match self {
-            Fault::Pass | Fault::Delay { .. } => true,
+            Fault::Pass | Fault::Delay { .. } | Fault::Rewrite { .. } => true,
             Fault::DropReplies => dir == Dir::ClientToServer,
             Fault::Blackhole | Fault::Reset => false,
         }
@@ -235,6 +250,12 @@ impl FaultProxy {
     /// [`Fault::Reset`] it also waits (up to 1 s) until every open connection
     /// has been reset, so a client's next read fails right away.
     pub fn set(&self, fault: Fault) {
+        if let Fault::Rewrite { from, to } = &fault {
+            assert!(
+                !from.is_empty() && from.len() == to.len(),
+                "testkit: Fault::Rewrite needs a non-empty `from` as long as `to`"
+            );
+        }
         let reset = fault == Fault::Reset;
         let mut state = self.shared.lock();
         state.fault = fault;
@@ -570,6 +591,11 @@ fn pump(link: &Link, shared: &Shared, dir: Dir) {
             Ok(n) => {
                 // The fault at the time the chunk arrived decides its fate.
                 let fault = shared.fault();
+                if let Fault::Rewrite { from, to } = &fault
+                    && dir == Dir::ServerToClient
+                {
+                    replace_all(&mut buf[..n], from, to);
+                }
                 match fault {
                     Fault::Reset => {
                         link.reset.store(true, Ordering::SeqCst);
@@ -593,6 +619,19 @@ fn pump(link: &Link, shared: &Shared, dir: Dir) {
                 link.abort();
                 return;
             }
+        }
+    }
+}
+
+/// Replaces every occurrence of `from` in `chunk` with `to` (as long).
+fn replace_all(chunk: &mut [u8], from: &[u8], to: &[u8]) {
+    let mut at = 0;
+    while at + from.len() <= chunk.len() {
+        if &chunk[at..at + from.len()] == from {
+            chunk[at..at + from.len()].copy_from_slice(to);
+            at += from.len();
+        } else {
+            at += 1;
         }
     }
 }
@@ -738,6 +777,14 @@ mod tests {
             (Fault::Blackhole, false, false),
             (Fault::DropReplies, true, false),
             (Fault::Reset, false, false),
+            (
+                Fault::Rewrite {
+                    from: b"a".to_vec(),
+                    to: b"b".to_vec(),
+                },
+                true,
+                true,
+            ),
         ] {
             assert_eq!(fault.forwards(Up), up, "{fault:?}");
             assert_eq!(fault.forwards(Down), down, "{fault:?}");
@@ -755,6 +802,16 @@ mod tests {
         assert!(samples.iter().any(|d| *d < max / 4));
         assert!(samples.iter().any(|d| *d > max * 3 / 4));
         assert!(rng.up_to(Duration::MAX) <= Duration::from_nanos(u64::MAX));
+    }
+
+    #[test]
+    fn rewrite_replaces_each_whole_occurrence() {
+        let mut chunk = b"redis_version:7.0.15\r\nxx7.0.15".to_vec();
+        replace_all(&mut chunk, b"7.0.15", b"6.0.15");
+        assert_eq!(chunk, b"redis_version:6.0.15\r\nxx6.0.15");
+        let mut overlapping = b"aaa".to_vec();
+        replace_all(&mut overlapping, b"aa", b"bb");
+        assert_eq!(overlapping, b"bba");
     }
 
     #[test]

@@ -215,6 +215,23 @@ fn blackhole_swallows_requests_and_replies_for_good() {
 }
 
 #[test]
+fn rewrite_replaces_bytes_in_replies_only() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(&server.addr());
+    let mut client = connect(&proxy);
+    proxy.set(Fault::Rewrite {
+        from: b"seven".to_vec(),
+        to: b"eight".to_vec(),
+    });
+    // The request goes as sent: the key holds what the client wrote.
+    round_trip(&mut client, &["SET", "k", "seven-seven"], b"+OK\r\n");
+    assert_eq!(server.get("k").as_deref(), Some("seven-seven"));
+    round_trip(&mut client, &["GET", "k"], b"$11\r\neight-eight\r\n");
+    proxy.set(Fault::Pass);
+    round_trip(&mut client, &["GET", "k"], b"$11\r\nseven-seven\r\n");
+}
+
+#[test]
 fn drop_replies_runs_the_command_but_hides_the_outcome() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(&server.addr());

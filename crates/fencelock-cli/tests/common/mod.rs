@@ -134,3 +134,20 @@ pub fn fencelock(args: &[&str]) -> Run {
 pub fn arg(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
 }
+
+/// Creates the guide's `ACL SETUSER fencelock ...` user (its security chapter) on `server`, with `password`:
+/// the user the guide documents, read from the guide so that the two cannot drift.
+pub fn add_guide_user(server: &testkit::RedisServer, password: &str) {
+    const GUIDE: &str = include_str!("../../../../docs/guide/src/security.md");
+    let line = GUIDE
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fencelock "))
+        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
+    let password = format!(">{password}");
+    let args: Vec<&str> = line
+        .split_whitespace()
+        .map(|w| if w == ">CHANGE-ME" { &password } else { w })
+        .collect();
+    let reply = server.cmd(&args);
+    assert_eq!(reply.as_str(), Some("OK"), "{args:?}: {reply:?}");
+}

@@ -59,7 +59,8 @@ impl std::fmt::Debug for Access {
 }
 
 impl Access {
-    /// `redis` with this access's credentials in place of its own, where given.
+    /// `redis` with this access's credentials in place of its own, where given (and
+    /// then without the driver's `CLIENT SETINFO`, see [`quiet`]).
     pub fn login(&self, mut redis: RedisConnectionInfo) -> RedisConnectionInfo {
         if let Some(user) = &self.username {
             redis = redis.set_username(user);
@@ -67,6 +68,21 @@ impl Access {
         if let Some(password) = &self.password {
             redis = redis.set_password(password);
         }
+        quiet(redis)
+    }
+}
+
+/// `redis` without the `CLIENT SETINFO` the driver sends as it connects, when it logs
+/// in with a password: the guide's ACL line (security chapter) does not allow `CLIENT SETINFO` (Redis 7.0
+/// has no such subcommand, so the line could not name it), and a server that has it
+/// would log an ACL denial for every connection. Without a password it is kept: it is
+/// then the connection's only exchange as it is made (its errors are ignored), which
+/// tells a server that accepts and drops connections from one that serves them; with a
+/// password, `AUTH` is.
+pub(crate) fn quiet(redis: RedisConnectionInfo) -> RedisConnectionInfo {
+    if redis.password().is_some() {
+        redis.set_skip_set_lib_name()
+    } else {
         redis
     }
 }

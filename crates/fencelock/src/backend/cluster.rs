@@ -24,7 +24,9 @@
 //!
 //! Release notifications use sharded pub/sub (`SSUBSCRIBE`, in the node's
 //! [`Subscriber`](super::subscriber::Subscriber)); the scripts announce with `SPUBLISH`
-//! ([`Flavor::Cluster`]).
+//! ([`Flavor::CLUSTER`]). A cluster without sharded pub/sub (Redis 6.2, as
+//! [`ClusterLink::learn`] finds its masters) announces with classic `PUBLISH`, and the
+//! subscriber listens with classic `SUBSCRIBE` on the lock's master.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,12 +39,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_read_routing::{
     ClusterTopology, ReadCandidates, ReadRoutingStrategy, ReadRoutingStrategyFactory,
 };
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisError};
 
 use super::access::{self, Access, Timeouts, TlsSettings};
+use super::capabilities::{self, Capabilities};
 use super::errors::{
-    Scheme, certificate_problem, new_connection_hint, not_a_server, port_hint_reason, redact,
+    Scheme, certificate_problem, code, new_connection_hint, not_a_server, port_hint_reason, redact,
     refused, sort_error, timed_out,
 };
 use crate::error::{Error, UnavailableReason};
@@ -298,9 +301,11 @@ pub(crate) struct ClusterLink {
     /// waiting acquire would wait it out). A connect that fails says why.
     conn: tokio::sync::OnceCell<ClusterConnection>,
     topology: Arc<Topology>,
-    /// Set once a node refused the batch across slots (no `#!lua` flags before Redis 7):
-    /// renewals then go per slot.
+    /// Set once a node refused the batch across slots (a server that cannot read its
+    /// flag, where it was sent with it): renewals then go per slot.
     per_slot: AtomicBool,
+    /// Whether the cluster refused `SCRIPT LOAD` (see [`ClusterLink::evaluate`]).
+    no_script_load: AtomicBool,
     call_timeout: Duration,
 }
 
@@ -330,6 +335,7 @@ impl ClusterLink {
             conn,
             topology,
             per_slot: AtomicBool::new(false),
+            no_script_load: AtomicBool::new(false),
             call_timeout,
         })
     }
@@ -377,37 +383,148 @@ impl ClusterLink {
             .map(|addr| addr.to_string())
     }
 
-    /// Runs a script on the master of its keys' slot, within `within` (the call timeout
-    /// when `None`). Cancel safety: as [`super::Node::run`].
+    /// Runs a script (in `flavor`) on the master of its keys' slot, within `within`.
+    /// Cancel safety: as [`super::Node::run`].
     pub async fn run<T: FromRedisValue>(
         &self,
         call: &Call,
-        within: Option<Duration>,
+        within: Duration,
+        flavor: Flavor,
     ) -> Result<T, Error> {
-        let within = within.unwrap_or(self.call_timeout);
-        let invocation = call.invocation(Flavor::Cluster);
         let node = || {
             call.first_key()
                 .map_or_else(|| self.label(), |k| self.addr_for(k))
         };
         let attempt = async {
-            let mut conn = self.connection().await?;
-            invocation.invoke_async(&mut conn).await
+            let value = self.evaluate(call, flavor, None).await?;
+            T::from_redis_value(value).map_err(RedisError::from)
         };
         match tokio::time::timeout(within, attempt).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(refused(call, self.error(&node(), &e), Flavor::Cluster)),
+            Ok(Err(e)) => Err(refused(call, self.error(&node(), &e), flavor)),
             Err(_) => Err(timed_out(&node(), within)),
         }
     }
 
-    /// One renewal batch (`(lock key, holder, ttl)` per lease), within `within`: what
-    /// the cluster answered for each lease, `None` where it did not answer in time. See
-    /// the module docs for how the leases are grouped.
+    /// Sends `call` (in `flavor`) to the node at `at`, or else routed by its first key,
+    /// as `EVALSHA`; where the node lacks the script, loads it there (`SCRIPT LOAD`) and
+    /// sends the `EVALSHA` again, or where the cluster refuses `SCRIPT LOAD` (renamed
+    /// away, or not allowed to the user), sends `EVAL`, from then on. An error reply
+    /// comes back as an error.
+    async fn evaluate(
+        &self,
+        call: &Call,
+        flavor: Flavor,
+        at: Option<&NodeAddress>,
+    ) -> Result<redis::Value, RedisError> {
+        let evalsha = call.evalsha(flavor);
+        match self.send_to(&evalsha, at).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+            answer => return answer,
+        }
+        if !self.no_script_load.load(Ordering::Relaxed) {
+            // Loaded where it runs: on the node at `at`, or the master of its keys' slot
+            // (the driver would send SCRIPT LOAD to every node, and wait for a replica
+            // that does not answer).
+            let load = call.load(flavor);
+            let loaded = match (at, call.first_key()) {
+                (Some(addr), _) => self.send(load, by_address(addr)).await,
+                (None, Some(key)) => {
+                    let master = Route::new(key_slot(key), SlotAddr::Master);
+                    let route =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(master));
+                    self.send(load, route).await
+                }
+                (None, None) => self.send_to(&load, None).await,
+            };
+            match loaded {
+                Ok(_) => match self.send_to(&evalsha, at).await {
+                    // Loaded on a node that no longer serves the keys (the driver's slot
+                    // map is behind a failover; the EVALSHA was redirected): EVAL, which
+                    // goes where the keys are.
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+                    answer => return answer,
+                },
+                Err(e) if capabilities::refuses(&e) => {
+                    if !self.no_script_load.swap(true, Ordering::Relaxed) {
+                        tracing::info!(cluster = %self.label(), error = %e, "the cluster refuses SCRIPT LOAD; scripts a node lacks are sent with EVAL");
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.send_to(&call.eval(flavor), at).await
+    }
+
+    /// Sends `cmd` to the node at `at`, or else where the driver routes it (a script
+    /// call by its first key); a server's error reply as an error.
+    async fn send_to(
+        &self,
+        cmd: &redis::Cmd,
+        at: Option<&NodeAddress>,
+    ) -> Result<redis::Value, RedisError> {
+        match at {
+            Some(addr) => self.send(cmd.clone(), by_address(addr)).await,
+            None => {
+                use redis::aio::ConnectionLike as _;
+                let mut conn = self.connection().await?;
+                conn.req_packed_command(cmd).await?.extract_error()
+            }
+        }
+    }
+
+    /// What every master of the cluster offers, each asked with `INFO server` (`HELLO`
+    /// where that is refused) within `within`: what they all have (a cluster amid a
+    /// rolling upgrade). A master that does not answer is left out, unless none does.
+    ///
+    /// # Errors
+    /// No master answers: the first's error. A master that is a Sentinel or older than
+    /// fencelock supports: [`Error::Rejected`] (see [`capabilities::judge`]).
+    pub async fn learn(&self, within: Duration) -> Result<Capabilities, Error> {
+        let asking = async {
+            let masters = self.known_masters().await?;
+            let asks = masters.iter().map(|master| async move {
+                let send = |cmd: redis::Cmd| self.send(cmd, by_address(master));
+                (master.to_string(), capabilities::ask(send).await)
+            });
+            let mut offers: Option<Capabilities> = None;
+            let mut failed = None;
+            for (addr, answer) in join_all(asks).await {
+                match answer {
+                    Ok(server) => {
+                        let these = capabilities::judge(&addr, server.as_ref())?;
+                        offers = Some(offers.map_or(these, |all| all.and(these)));
+                    }
+                    Err(e) => failed = failed.or(Some(self.error(&addr, &e))),
+                }
+            }
+            match (offers, failed) {
+                (Some(offers), _) => Ok(offers),
+                (None, Some(e)) => Err(e),
+                (None, None) => Err(Error::Unavailable {
+                    node: self.label(),
+                    reason: UnavailableReason::ClusterDown,
+                    detail: "no master serves a slot".to_owned(),
+                    source: None,
+                }),
+            }
+        };
+        match tokio::time::timeout(within, asking).await {
+            Ok(offers) => offers,
+            Err(_) => Err(timed_out(&self.label(), within)),
+        }
+    }
+
+    /// One renewal batch (`(lock key, holder, ttl)` per lease), within `within`, its
+    /// scripts in `flavor`: what the cluster answered for each lease, `None` where it did
+    /// not answer in time. See the module docs for how the leases are grouped.
     pub async fn renew(
         &self,
         leases: &[(&str, &str, Duration)],
         within: Duration,
+        flavor: Flavor,
     ) -> Vec<Option<Owned>> {
         let deadline = tokio::time::Instant::now() + within;
         let mut answers = vec![None; leases.len()];
@@ -423,7 +540,8 @@ impl ClusterLink {
         }
         let batches = by_master.into_iter().map(|(master, group)| async move {
             let call = scripts::renew_across_slots(group.iter().map(|&i| leases[i]));
-            let result = tokio::time::timeout_at(deadline, self.run_on(&master, &call)).await;
+            let result =
+                tokio::time::timeout_at(deadline, self.run_on(&master, &call, flavor)).await;
             (master, group, result)
         });
         for (master, group, result) in join_all(batches).await {
@@ -467,7 +585,7 @@ impl ClusterLink {
         let calls = by_slot.into_values().map(|group| async move {
             let call = scripts::renew(group.iter().map(|&i| leases[i]));
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            (group, self.run::<Renewed>(&call, Some(left)).await)
+            (group, self.run::<Renewed>(&call, left, flavor).await)
         });
         for (group, result) in join_all(calls).await {
             match result {
@@ -485,30 +603,16 @@ impl ClusterLink {
         answers
     }
 
-    /// Sends `call` to the node at `addr` (and only there: an error comes back as it is,
-    /// never redirected by this method), loading its script first if the node lacks it.
+    /// Sends `call` (in `flavor`) to the node at `addr` (and only there: an error comes
+    /// back as it is, never redirected by this method), loading its script first if the
+    /// node lacks it.
     async fn run_on<T: FromRedisValue>(
         &self,
         addr: &NodeAddress,
         call: &Call,
+        flavor: Flavor,
     ) -> Result<T, RedisError> {
-        let route = || {
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: addr.host().to_owned(),
-                port: addr.port(),
-            })
-        };
-        let value = match self
-            .send(call.evalsha(Flavor::Cluster).clone(), route())
-            .await
-        {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.send(call.load(Flavor::Cluster), route()).await?;
-                self.send(call.evalsha(Flavor::Cluster).clone(), route())
-                    .await?
-            }
-            other => other?,
-        };
+        let value = self.evaluate(call, flavor, Some(addr)).await?;
         T::from_redis_value(value).map_err(RedisError::from)
     }
 
@@ -545,10 +649,7 @@ impl ClusterLink {
         let masters = self.known_masters().await?;
         let asks = masters.iter().map(|master| async move {
             let addr = master.to_string();
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: master.host().to_owned(),
-                port: master.port(),
-            });
+            let route = by_address(master);
             let info = redis::cmd("INFO").arg(section).to_owned();
             let value = match tokio::time::timeout(self.call_timeout, self.send(info, route)).await
             {
@@ -574,10 +675,7 @@ impl ClusterLink {
                 .arg(pattern)
                 .arg("COUNT")
                 .arg(1000);
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: master.host().to_owned(),
-                port: master.port(),
-            });
+            let route = by_address(master);
             let value = match tokio::time::timeout(self.call_timeout, self.send(page, route)).await
             {
                 Ok(Ok(value)) => value,
@@ -617,10 +715,7 @@ impl ClusterLink {
         };
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(within.as_millis() as u64);
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-            host: master.host().to_owned(),
-            port: master.port(),
-        });
+        let route = by_address(&master);
         let waited = tokio::time::timeout(bound, self.send(wait, route)).await;
         match waited {
             Ok(Ok(v)) => Ok(i64::from_redis_value(v).map_err(RedisError::from)),
@@ -658,6 +753,14 @@ impl ClusterLink {
     }
 }
 
+/// Where a command for the node at `addr` goes.
+fn by_address(addr: &NodeAddress) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: addr.host().to_owned(),
+        port: addr.port(),
+    })
+}
+
 /// The hash slot of `key`, as Redis computes it: CRC16 (XMODEM) of its hash tag (what is
 /// between the first `{` and the next `}`, if that is not empty) or else of the whole
 /// key, modulo 16384.
@@ -689,7 +792,7 @@ pub(crate) fn key_slot(key: &str) -> u16 {
 /// touched a key that is elsewhere), or the flag across slots is refused.
 fn resend_per_slot(e: &RedisError) -> bool {
     let text = e.to_string();
-    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT"))
+    matches!(code(e), Some("MOVED" | "ASK" | "TRYAGAIN" | "CROSSSLOT"))
         || text.contains("non local key")
         || text.contains("do not hash to the same slot")
         || flag_refused(e)
@@ -747,7 +850,12 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
             };
         }
     }
-    let reason = match e.code() {
+    // Valkey's answer to a script whose key's slot this node no longer serves (a
+    // failover demoted it): the slot moved, as MOVED says elsewhere; nothing was written
+    // (a lock's keys share one slot, so its first key access fails).
+    let moved_away = text.contains("non local key");
+    let reason = match code(e) {
+        _ if moved_away => UnavailableReason::SlotMoving,
         Some("CLUSTERDOWN") => UnavailableReason::ClusterDown,
         // Still redirected after the driver followed several redirections; or sent to a
         // node that is a replica (the driver's map still names a master that a failover
@@ -760,7 +868,7 @@ fn cluster_error(node: &str, e: &RedisError) -> Error {
         reason,
         detail: format!(
             "{} {}",
-            e.code().unwrap_or_default(),
+            code(e).unwrap_or_default(),
             e.detail().unwrap_or_default()
         ),
         source: None,

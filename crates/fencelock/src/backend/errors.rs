@@ -47,6 +47,21 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// The error code of `e`; for an error a command inside a script got, that command's:
+/// Redis 6.2 wraps it in one of its own (`ERR Error running script (call to f_...):
+/// @user_script:9: @user_script: 9: -READONLY You can't write against a read only
+/// replica.`), where Redis 7 and Valkey answer with the command's code.
+pub(super) fn code(e: &RedisError) -> Option<&str> {
+    let inner = e
+        .detail()
+        .filter(|_| e.code() == Some("ERR"))
+        .filter(|d| d.starts_with("Error running script"))
+        .and_then(|d| d.split_once(": -"))
+        .and_then(|(_, inner)| inner.split(' ').next())
+        .filter(|code| !code.is_empty() && code.bytes().all(|b| b.is_ascii_uppercase()));
+    inner.or(e.code())
+}
+
 /// No answer from `addr` within `after`.
 pub(super) fn timed_out(addr: &str, after: Duration) -> Error {
     Error::Unavailable {
@@ -120,12 +135,12 @@ pub(super) fn map_error(addr: &str, client: &redis::Client, e: &RedisError) -> E
         client.get_connection_info().addr(),
         redis::ConnectionAddr::TcpTls { .. }
     );
-    if matches!(e.code(), Some("MOVED" | "ASK" | "CLUSTERDOWN")) {
+    if matches!(code(e), Some("MOVED" | "ASK" | "CLUSTERDOWN")) {
         // Only a cluster node redirects (or says the cluster is down): the URL should
         // have named the cluster.
         return Error::Rejected {
             node: addr.to_owned(),
-            code: e.code().unwrap_or_default().to_owned(),
+            code: code(e).unwrap_or_default().to_owned(),
             message: format!(
                 "this is a Redis Cluster node: use {}://{addr} (it answered {} {})",
                 if tls {
@@ -263,31 +278,52 @@ pub(super) fn port_hint_reason(hint: &str) -> UnavailableReason {
     }
 }
 
-/// A server that is not the Redis server a URL should name, said as such: a Redis
-/// Sentinel has neither scripts nor `CLUSTER` (a server answers `unknown command`
-/// before it asks for a password); `addr` is the address it was reached at. `None` for
-/// any other error.
+/// A server that is not the Redis server a URL should name, or cannot serve fencelock,
+/// said as such: a Redis Sentinel has no `CLUSTER` (a server answers `unknown command`
+/// before it asks for a password), and a server without `EVALSHA` or `EVAL` (a
+/// Sentinel, which the node usually knows by its `INFO` already, or a server that has
+/// them renamed away) runs no scripts; `addr` is the address it was reached at. `None`
+/// for any other error.
 pub(super) fn not_a_server(addr: &str, e: &RedisError) -> Option<Error> {
-    let unknown = e.code() == Some("ERR")
-        && e.detail().is_some_and(|d| {
-            ["'SCRIPT'", "'EVALSHA'", "'EVAL'", "'CLUSTER'"]
-                .iter()
-                .any(|c| d.starts_with(&format!("unknown command {c}")))
-        });
-    unknown.then(|| Error::Rejected {
+    let unknown = |command: &str| {
+        e.code() == Some("ERR")
+            && e.detail().is_some_and(|d| {
+                // Redis 7 quotes the name with '', Redis 6.2 with ``.
+                d.starts_with(&format!("unknown command '{command}'"))
+                    || d.starts_with(&format!("unknown command `{command}`"))
+            })
+    };
+    if unknown("CLUSTER") {
+        return Some(sentinel_said(addr, "it has no CLUSTER command"));
+    }
+    let script = ["EVALSHA", "EVAL"].into_iter().find(|c| unknown(c))?;
+    Some(Error::Rejected {
+        node: addr.to_owned(),
+        code: "ERR".to_owned(),
+        message: format!(
+            "it runs no Lua scripts ({script} is an unknown command there), which fencelock \
+             needs: allow EVALSHA and EVAL; if it is a Redis Sentinel, use \
+             redis+sentinel://{addr}/SERVICE"
+        ),
+    })
+}
+
+/// A Redis Sentinel reached where a Redis server was expected (it said so in its `INFO`),
+/// at `addr`.
+pub(super) fn sentinel_not_server(addr: &str) -> Error {
+    sentinel_said(addr, "its INFO says so")
+}
+
+fn sentinel_said(addr: &str, because: &str) -> Error {
+    Error::Rejected {
         node: addr.to_owned(),
         code: "SENTINEL".to_owned(),
         message: format!(
-            "this is a Redis Sentinel, not a Redis server (it has no {}): use \
+            "this is a Redis Sentinel, not a Redis server ({because}): use \
              redis+sentinel://{addr}/SERVICE, SERVICE being the name its sentinel monitor \
-             line gives the master",
-            if e.detail().is_some_and(|d| d.contains("'CLUSTER'")) {
-                "CLUSTER command"
-            } else {
-                "scripts"
-            }
+             line gives the master"
         ),
-    })
+    }
 }
 
 /// Sorts a driver error into the variant the caller acts on: what fencelock can name
@@ -391,14 +427,14 @@ fn rejected(addr: &str, e: &RedisError) -> Error {
             message: "authentication failed: wrong user name or password".to_owned(),
         },
         // The server's text names the script and its line: none of the user's concern.
-        _ if e.code() == Some("READONLY") => Error::Rejected {
+        _ if code(e) == Some("READONLY") => Error::Rejected {
             node: addr.to_owned(),
             code: "READONLY".to_owned(),
             message: "this is a read-only replica".to_owned(),
         },
         _ if e.code().is_some() => Error::Rejected {
             node: addr.to_owned(),
-            code: e.code().unwrap_or_default().to_owned(),
+            code: code(e).unwrap_or_default().to_owned(),
             message: message(),
         },
         _ => Error::Rejected {
@@ -531,6 +567,23 @@ mod tests {
             certificate_problem(&io_error("Connection reset by peer")),
             None
         );
+    }
+
+    #[test]
+    fn a_commands_error_inside_a_script_keeps_its_code_on_every_server() {
+        let server = |code: &str, detail: &str| {
+            redis::make_extension_error(code.to_owned(), Some(detail.to_owned()))
+        };
+        let wrapped = server(
+            "ERR",
+            "Error running script (call to f_a6a5): @user_script:199: @user_script: 199: \
+             -READONLY You can't write against a read only replica.",
+        );
+        assert_eq!(super::code(&wrapped), Some("READONLY"));
+        let seven = server("READONLY", "You can't write against a read only replica.");
+        assert_eq!(super::code(&seven), Some("READONLY"));
+        let plain = server("ERR", "Error running script: @user_script:1: bad - thing");
+        assert_eq!(super::code(&plain), Some("ERR"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Whether a server can evict lock keys: [`EvictionRisk`], read from its `INFO memory`.
+//! Whether a server can evict lock keys: [`EvictionRisk`], read from its `INFO memory`,
+//! or [`PolicyUnknown`] where that cannot be read.
 //! A node checks once per connection and warns; the API reports them
 //! ([`Client::eviction_risks`](crate::Client::eviction_risks)).
 
@@ -45,25 +46,58 @@ impl fmt::Display for EvictionRisk {
     }
 }
 
-/// The eviction risk of the server at `node`, from its `INFO memory` text; `None` when
-/// it cannot evict (no `maxmemory`, or `noeviction`) or the text says neither field.
-pub(crate) fn eviction_risk(node: &str, info: &str) -> Option<EvictionRisk> {
+/// A server whose eviction policy could not be read: it answered, but refused `INFO`
+/// (renamed away, as some managed services do, or not allowed to the Redis user) or its
+/// `INFO memory` shows no `maxmemory` and `maxmemory_policy` (some proxies). Whether it
+/// can evict lock keys is unknown: check its `maxmemory-policy` where it is configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PolicyUnknown {
+    /// The server, as `host:port` (a cluster's seeds, when no master could be named).
+    pub node: String,
+    /// Why: the server's refusal, or what its answer lacked.
+    pub why: String,
+}
+
+impl fmt::Display for PolicyUnknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the eviction policy of {} is unknown ({}): if it evicts keys (a maxmemory-policy \
+             other than noeviction), two clients could hold a lock at once; check its \
+             maxmemory-policy",
+            self.node, self.why
+        )
+    }
+}
+
+/// The eviction risk of the server at `node`, from its `INFO memory` text: `None` when
+/// it cannot evict (no `maxmemory`, or `noeviction`), [`PolicyUnknown`] when the text
+/// says neither field.
+pub(crate) fn eviction_risk(node: &str, info: &str) -> Result<Option<EvictionRisk>, PolicyUnknown> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.strip_prefix(name))
             .map(str::trim)
     };
-    let maxmemory: u64 = field("maxmemory:")?.parse().ok()?;
-    let policy = field("maxmemory_policy:")?;
+    let (Some(maxmemory), Some(policy)) = (
+        field("maxmemory:").and_then(|m| m.parse::<u64>().ok()),
+        field("maxmemory_policy:"),
+    ) else {
+        return Err(PolicyUnknown {
+            node: node.to_owned(),
+            why: "its INFO memory shows no maxmemory and maxmemory_policy".to_owned(),
+        });
+    };
     if maxmemory == 0 || policy == "noeviction" {
-        return None;
+        return Ok(None);
     }
-    Some(EvictionRisk {
+    Ok(Some(EvictionRisk {
         node: node.to_owned(),
         policy: policy.to_owned(),
         maxmemory,
         counters_too: policy.starts_with("allkeys-"),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -77,9 +111,11 @@ mod tests {
                 "# Memory\r\nused_memory:1000\r\nmaxmemory:{max}\r\nmaxmemory_human:x\r\nmaxmemory_policy:{policy}\r\n"
             )
         };
-        assert_eq!(eviction_risk("a:1", &info(0, "volatile-lru")), None);
-        assert_eq!(eviction_risk("a:1", &info(1 << 20, "noeviction")), None);
-        let volatile = eviction_risk("a:1", &info(1 << 20, "volatile-ttl")).unwrap();
+        assert_eq!(eviction_risk("a:1", &info(0, "volatile-lru")), Ok(None));
+        assert_eq!(eviction_risk("a:1", &info(1 << 20, "noeviction")), Ok(None));
+        let volatile = eviction_risk("a:1", &info(1 << 20, "volatile-ttl"))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (
                 volatile.policy.as_str(),
@@ -91,8 +127,15 @@ mod tests {
         assert!(
             eviction_risk("a:1", &info(5, "allkeys-lfu"))
                 .unwrap()
+                .unwrap()
                 .counters_too
         );
-        assert_eq!(eviction_risk("a:1", "# Memory\r\n"), None);
+        let unknown = eviction_risk("a:1", "# Memory\r\n").unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .starts_with("the eviction policy of a:1 is unknown (its INFO memory shows no"),
+            "{unknown}"
+        );
     }
 }

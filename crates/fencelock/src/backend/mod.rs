@@ -13,6 +13,7 @@
 //! [`stall`]) and [`subscriber`] (one pub/sub connection per client and node).
 
 pub(crate) mod access;
+pub(crate) mod capabilities;
 pub(crate) mod cluster;
 pub(crate) mod errors;
 pub(crate) mod eviction;

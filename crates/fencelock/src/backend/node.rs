@@ -16,11 +16,13 @@ use redis::{ErrorKind, FromRedisValue, RedisError, ServerErrorKind};
 use tokio_util::sync::CancellationToken;
 
 use super::access::{self, Access, Timeouts};
+use super::capabilities::{self, Capabilities};
 use super::cluster::{ClusterLink, ClusterUrl};
 use super::errors::{
-    Scheme, is_timeout, link_broke, link_failed, map_error, new_connection_hint, refused, timed_out,
+    Scheme, code, is_timeout, link_broke, link_failed, map_error, new_connection_hint, refused,
+    timed_out,
 };
-use super::eviction::{self, EvictionRisk};
+use super::eviction::{self, EvictionRisk, PolicyUnknown};
 use super::sentinel::{self, SentinelUrl};
 use super::stall::{self, Stall};
 use super::subscriber::{HandOn, Source, Subscriber};
@@ -51,6 +53,16 @@ struct Inner {
     /// The scripts known loaded on the connection of a generation: `(generation, one
     /// bit per [`Lua::index`](crate::scripts::Lua::index))`.
     loaded: Mutex<(u64, u32)>,
+    /// What the server offers (a cluster: every master), as last learned, and the
+    /// generation it holds for: a call that finds a later generation has it asked again
+    /// (see [`Node::flavor`]).
+    offers: Mutex<Option<(u64, Capabilities)>>,
+    /// Held while the server is asked what it offers: the first time, one call asks and
+    /// those beside it wait for the answer; later, one ask at a time.
+    learning: tokio::sync::Mutex<()>,
+    /// The server said, when asked in the background, that fencelock does not serve it
+    /// (a Sentinel, a server too old): every call is refused so, until it says otherwise.
+    unfit: Mutex<Option<Unfit>>,
     /// One more than the generation whose connection had its memory policy read (0:
     /// none yet): the policy is read once per connection.
     eviction_checked: AtomicU64,
@@ -74,6 +86,9 @@ impl Inner {
             health: Mutex::new(Health::default()),
             failures: AtomicU64::new(0),
             loaded: Mutex::new((0, 0)),
+            offers: Mutex::new(None),
+            learning: tokio::sync::Mutex::new(()),
+            unfit: Mutex::new(None),
             eviction_checked: AtomicU64::new(0),
             eviction_warned: Mutex::new(Vec::new()),
             channel_refusal_warned: AtomicBool::new(false),
@@ -119,6 +134,40 @@ struct Standalone {
     repaying: AtomicBool,
 }
 
+/// Why fencelock does not serve a server (a refusal of [`Node::flavor`]: code `SENTINEL`
+/// or `VERSION`), as found by an ask in the background, kept to refuse every call so.
+struct Unfit {
+    node: String,
+    code: String,
+    message: String,
+}
+
+impl Unfit {
+    /// The refusal `e` says, if it says fencelock does not serve the server.
+    fn of(e: &Error) -> Option<Unfit> {
+        match e {
+            Error::Rejected {
+                node,
+                code,
+                message,
+            } if code == "SENTINEL" || code == "VERSION" => Some(Unfit {
+                node: node.clone(),
+                code: code.clone(),
+                message: message.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn error(&self) -> Error {
+        Error::Rejected {
+            node: self.node.clone(),
+            code: self.code.clone(),
+            message: self.message.clone(),
+        }
+    }
+}
+
 /// How many lost releases a node keeps to send again; beyond that the oldest are
 /// forgotten (their keys expire with their leases).
 const OWED_MAX: usize = 1024;
@@ -139,6 +188,10 @@ struct Current {
     /// `WAIT`): until it has, a connection it closes without a word says that the port
     /// is not a Redis server's (see [`first_error`]).
     answered: AtomicBool,
+    /// Whether the server refused `SCRIPT LOAD` (renamed away, or not allowed to the
+    /// user): scripts it lacks are then sent with `EVAL`, and `SCRIPT LOAD` is not tried
+    /// again.
+    no_script_load: AtomicBool,
 }
 
 /// What a Redlock client remembers of a node: who it is (two nodes that are one server
@@ -313,7 +366,7 @@ impl Node {
                 Self::open_standalone(sentinel, addr, client, timeouts, call_timeout, eager).await?
             }
         };
-        Ok(node.hands_on())
+        node.opened(eager).await
     }
 
     /// Sets up the node of an application's own driver client ([`AppClient`]): its
@@ -331,7 +384,17 @@ impl Node {
                 Self::open_cluster(cluster, timeouts, call_timeout, eager).await?
             }
         };
-        Ok(node.hands_on())
+        node.opened(eager).await
+    }
+
+    /// A node just set up: its subscriber handed on, and, `eager`, what its server offers
+    /// learned now (a server too old, or not a Redis server, is refused at connect).
+    async fn opened(self, eager: bool) -> Result<Self, Error> {
+        let node = self.hands_on();
+        if eager {
+            node.learn_at_connect().await?;
+        }
+        Ok(node)
     }
 
     /// A Redis Cluster as one node, with sharded pub/sub for its release notifications.
@@ -375,6 +438,7 @@ impl Node {
             epoch,
             // An eager connection was set up: the server answered its setup.
             answered: AtomicBool::new(eager),
+            no_script_load: AtomicBool::new(false),
         };
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| {
             let standalone = Standalone::new(sentinel, current, timeouts, call_timeout);
@@ -538,7 +602,15 @@ impl Node {
                     let loaded = lock(&self.inner.loaded);
                     loaded.0 == generation && loaded.1 & bit != 0
                 };
-                let result = s.run(call, within, !known).await;
+                let within = within.unwrap_or(self.inner.call_timeout);
+                let started = tokio::time::Instant::now();
+                let result = match self.flavor(within).await {
+                    Ok(flavor) => {
+                        let left = within.saturating_sub(started.elapsed());
+                        s.run(call, Some(left), !known, flavor).await
+                    }
+                    Err(e) => Err(e),
+                };
                 self.count_reply(s, &result);
                 if keep && call.may_resend() && matches!(result, Err(ref e) if link_failed(e)) {
                     self.owe(s, call.clone(), 0);
@@ -554,12 +626,160 @@ impl Node {
             }
             // Boxed, as the rare paths below: a future is as large as its largest await,
             // and a call's future is moved several times on every call.
-            Link::Cluster(c) => Box::pin(c.run(call, within)).await,
+            Link::Cluster(c) => {
+                Box::pin(async {
+                    let within = within.unwrap_or(self.inner.call_timeout);
+                    let started = tokio::time::Instant::now();
+                    let flavor = self.flavor(within).await?;
+                    let left = within.saturating_sub(started.elapsed());
+                    c.run(call, left, flavor).await
+                })
+                .await
+            }
         };
         if result.is_ok() {
             self.check_eviction_once();
         }
         self.noted(result)
+    }
+
+    /// The flavor of the scripts for the node's server: what the server offers, as
+    /// learned at connect or by an earlier call. The first time, the server is asked (one
+    /// round trip, within `within`, before the call: a server fencelock does not serve is
+    /// refused before anything is written; the calls beside it wait for its answer). On
+    /// a later connection (another [`generation`](Self::generation): a reconnection, a
+    /// failover) the server is asked again in the background, and calls go on meanwhile
+    /// as the server was (it is usually the same, and a cluster's master that stopped
+    /// answering must not hold every call up). A cluster's subscriber follows what its
+    /// masters offer (sharded pub/sub or not).
+    ///
+    /// # Errors
+    /// A server found to be a Redis Sentinel, or older than fencelock supports:
+    /// [`Error::Rejected`] (codes `SENTINEL`, `VERSION`). The first time: the server's
+    /// error, if it does not answer.
+    async fn flavor(&self, within: Duration) -> Result<Flavor, Error> {
+        let cluster = self.is_cluster();
+        let generation = self.generation();
+        let known = |generation: u64| -> Option<Result<Flavor, Error>> {
+            if let Some(unfit) = lock(&self.inner.unfit).as_ref() {
+                return Some(Err(unfit.error()));
+            }
+            let mut offers = lock(&self.inner.offers);
+            let (at, known) = (*offers)?;
+            if at != generation {
+                // Asked again once per generation, by the call that finds it new.
+                *offers = Some((generation, known));
+                self.learn_again();
+            }
+            Some(Ok(known.flavor(cluster)))
+        };
+        if let Some(flavor) = known(generation) {
+            return flavor;
+        }
+        let started = tokio::time::Instant::now();
+        let Ok(_learning) = tokio::time::timeout(within, self.inner.learning.lock()).await else {
+            return Err(timed_out(&self.addr(), within));
+        };
+        if let Some(flavor) = known(generation) {
+            return flavor;
+        }
+        let left = within.saturating_sub(started.elapsed());
+        let offers = self.ask(left).await?;
+        self.learned(generation, offers);
+        Ok(offers.flavor(cluster))
+    }
+
+    /// What the node's server (a cluster: every master) offers, asked within `within`.
+    async fn ask(&self, within: Duration) -> Result<Capabilities, Error> {
+        match &self.inner.link {
+            Link::Standalone(s) => s.learn(within).await,
+            Link::Cluster(c) => c.learn(within).await,
+        }
+    }
+
+    /// Records what the server offers, as learned on the connection of `generation`
+    /// (kept with a later generation, if one was recorded meanwhile); a cluster's
+    /// subscriber follows a change of its pub/sub.
+    fn learned(&self, generation: u64, offers: Capabilities) {
+        lock(&self.inner.unfit).take();
+        let before = {
+            let mut known = lock(&self.inner.offers);
+            let at = known.map_or(generation, |(at, _)| at.max(generation));
+            known.replace((at, offers)).map(|(_, before)| before)
+        };
+        if self.is_cluster() && before.map(|b| b.sharded_pubsub) != Some(offers.sharded_pubsub) {
+            self.inner.subscriber.set_sharded(offers.sharded_pubsub);
+        }
+        if before.is_some_and(|before| before != offers) {
+            tracing::info!(node = %self.addr(), ?offers, "the server offers otherwise now; scripts follow");
+        }
+    }
+
+    /// Asks the server again what it offers, in the background (one ask at a time: one
+    /// under way covers the calls that find another generation meanwhile).
+    fn learn_again(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let node = self.clone();
+        runtime.spawn(async move {
+            let Ok(_learning) = node.inner.learning.try_lock() else {
+                return;
+            };
+            let generation = node.generation();
+            match node.ask(node.inner.call_timeout).await {
+                Ok(offers) => node.learned(generation, offers),
+                Err(e) if Unfit::of(&e).is_some() => {
+                    tracing::warn!(node = %node.addr(), error = %e, "fencelock does not serve this server; calls are refused");
+                    *lock(&node.inner.unfit) = Unfit::of(&e);
+                }
+                Err(e) => {
+                    tracing::debug!(node = %node.addr(), error = %e, "asking the server what it offers failed; as it was");
+                }
+            }
+        });
+    }
+
+    /// The flavor of the scripts as last learned (Redis 7's before anything was): for a
+    /// renewal, which is not held up to learn it (`renew.lua` is the same in every
+    /// flavor; a cluster's batch across slots that a server cannot read is sent again
+    /// per slot).
+    fn last_flavor(&self) -> Flavor {
+        lock(&self.inner.offers)
+            .map_or(Capabilities::REDIS_7, |(_, offers)| offers)
+            .flavor(self.is_cluster())
+    }
+
+    /// Learns what the server offers as the node connects (eagerly), which is also the
+    /// first exchange on the connection: a link that fails (a TLS mistake, a port of
+    /// another kind), a Redis Sentinel, or a server older than fencelock supports fails
+    /// the connect. A server's other refusals (`NOAUTH`, `NOPERM`) are left to the
+    /// first call, which asks again and fails as it would have.
+    async fn learn_at_connect(&self) -> Result<(), Error> {
+        let asked = async {
+            let generation = self.generation();
+            let _learning = self.inner.learning.lock().await;
+            let offers = self.ask(self.inner.call_timeout).await?;
+            self.learned(generation, offers);
+            Ok(())
+        };
+        match asked.await {
+            Err(Error::Rejected {
+                node,
+                code,
+                message,
+            }) if code != "SENTINEL" && code != "VERSION" => {
+                tracing::debug!(
+                    node,
+                    code,
+                    message,
+                    "the server refused to say what it offers at connect; the first call asks again"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
+        }
     }
 
     /// Counts what a call on the standalone connection `s` came to towards its stall (see
@@ -676,48 +896,74 @@ impl Node {
 
     /// Reads the memory policy of the node's servers (`INFO memory`; a cluster: every
     /// master) and returns those that can evict lock keys (see
-    /// [`eviction_risk`](eviction::eviction_risk)); warns of each (a `WARN` event) the
-    /// first time this node sees that server with that policy. Marks the connection as
-    /// checked, so the client's own check per connection does not ask again.
+    /// [`eviction_risk`](eviction::eviction_risk)), and those whose policy could not be
+    /// read (`INFO` refused, or an answer without it); warns of each (a `WARN` event)
+    /// the first time this node sees that server with that policy. Marks the connection
+    /// as checked, so the client's own check per connection does not ask again.
     ///
     /// Cancel safe: it only reads.
-    pub async fn eviction_risks(&self) -> Result<Vec<EvictionRisk>, Error> {
+    pub async fn eviction_risks(&self) -> Result<(Vec<EvictionRisk>, Vec<PolicyUnknown>), Error> {
         // Claimed before asking: a call that succeeds meanwhile does not ask again.
         self.inner
             .eviction_checked
             .store(self.generation() + 1, Ordering::Relaxed);
-        let servers = self.info("memory").await?;
-        let mut risks = Vec::new();
-        for (addr, text) in servers {
-            let risk = eviction::eviction_risk(&addr, &text);
-            tracing::debug!(node = %addr, can_evict = risk.is_some(), "memory policy read");
-            let Some(risk) = risk else {
-                continue;
-            };
-            let first = {
-                let mut warned = self
-                    .inner
-                    .eviction_warned
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let seen = (risk.node.clone(), risk.policy.clone());
-                let first = !warned.contains(&seen);
-                if first {
-                    warned.push(seen);
-                }
-                first
-            };
-            if first {
-                tracing::warn!(
-                    node = %risk.node,
-                    policy = %risk.policy,
-                    maxmemory = risk.maxmemory,
-                    "{risk}"
-                );
+        let servers = match self.info("memory").await {
+            Ok(servers) => servers,
+            Err(Error::Rejected {
+                node,
+                code,
+                message,
+            }) if code == "NOPERM" || message.contains("unknown command") => {
+                let unknown = PolicyUnknown {
+                    node,
+                    why: format!("the server refuses INFO: {message}"),
+                };
+                self.warn_once(&unknown.node, "unknown", || tracing::warn!("{unknown}"));
+                return Ok((Vec::new(), vec![unknown]));
             }
-            risks.push(risk);
+            Err(e) => return Err(e),
+        };
+        let (mut risks, mut unknown) = (Vec::new(), Vec::new());
+        for (addr, text) in servers {
+            match eviction::eviction_risk(&addr, &text) {
+                Ok(None) => {
+                    tracing::debug!(node = %addr, can_evict = false, "memory policy read");
+                }
+                Ok(Some(risk)) => {
+                    tracing::debug!(node = %addr, can_evict = true, "memory policy read");
+                    self.warn_once(&risk.node, &risk.policy, || {
+                        tracing::warn!(
+                            node = %risk.node,
+                            policy = %risk.policy,
+                            maxmemory = risk.maxmemory,
+                            "{risk}"
+                        );
+                    });
+                    risks.push(risk);
+                }
+                Err(why) => {
+                    self.warn_once(&why.node, "unknown", || tracing::warn!("{why}"));
+                    unknown.push(why);
+                }
+            }
         }
-        Ok(risks)
+        Ok((risks, unknown))
+    }
+
+    /// Runs `warn` the first time this node sees the server at `node` with `policy`.
+    fn warn_once(&self, node: &str, policy: &str, warn: impl FnOnce()) {
+        let first = {
+            let mut warned = lock(&self.inner.eviction_warned);
+            let seen = (node.to_owned(), policy.to_owned());
+            let first = !warned.contains(&seen);
+            if first {
+                warned.push(seen);
+            }
+            first
+        };
+        if first {
+            warn();
+        }
     }
 
     /// `INFO section` on the node's server (on a cluster: on every master), with each
@@ -755,7 +1001,9 @@ impl Node {
         match &self.inner.link {
             Link::Standalone(s) => {
                 let call = scripts::renew(leases.iter().copied());
-                let renewed = s.run::<Renewed>(&call, within, false).await;
+                let renewed = s
+                    .run::<Renewed>(&call, within, false, self.last_flavor())
+                    .await;
                 self.count_reply(s, &renewed);
                 match renewed {
                     Ok(Renewed(codes)) if codes.len() == leases.len() => {
@@ -770,8 +1018,8 @@ impl Node {
                 }
             }
             Link::Cluster(c) => {
-                c.renew(leases, within.unwrap_or(self.inner.call_timeout))
-                    .await
+                let within = within.unwrap_or(self.inner.call_timeout);
+                c.renew(leases, within, self.last_flavor()).await
             }
         }
     }
@@ -871,6 +1119,7 @@ impl Node {
                 ));
             }
         };
+        let generation = self.generation();
         let current = s.current().await?;
         let mut conn = current.conn.clone();
         let info = redis::cmd("INFO").arg("server").to_owned();
@@ -882,6 +1131,13 @@ impl Node {
             Ok(Err(e)) => return Err(current.error(&e)),
             Err(_) => return Err(timed_out(&current.addr, within)),
         };
+        // The same answer says what the server offers: its calls need not ask.
+        if let Some(server) = capabilities::Server::from_info(&text) {
+            match capabilities::judge(&current.addr, Some(&server)) {
+                Ok(offers) => self.learned(generation, offers),
+                Err(e) => *lock(&self.inner.unfit) = Unfit::of(&e),
+            }
+        }
         let field = |name: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(name))
@@ -949,42 +1205,30 @@ impl Standalone {
         call: &Call,
         within: Option<Duration>,
         load: bool,
+        flavor: Flavor,
     ) -> Result<T, Error> {
         let within = within.unwrap_or(self.call_timeout);
         let deadline = tokio::time::Instant::now() + within;
-        let run = call.evalsha(Flavor::Standalone);
-        // SCRIPT LOAD and the EVALSHA, both sent before either answer is awaited: the
-        // futures are polled in order, and the connection sends in the order it is given.
-        let load_and_run = async |conn: &mut ConnectionManager| -> redis::RedisResult<T> {
-            let mut same = conn.clone();
-            let load = call.load(Flavor::Standalone);
-            let (loaded, answer) = futures_util::join!(
-                load.query_async::<()>(conn),
-                run.query_async::<T>(&mut same)
-            );
-            match (loaded, answer) {
-                (Err(e), Err(_)) => Err(e),
-                (_, answer) => answer,
-            }
-        };
-        let send = async |conn: &mut ConnectionManager| -> redis::RedisResult<T> {
+        let run = call.evalsha(flavor);
+        let run = &*run;
+        let send = async |current: &Current| -> redis::RedisResult<T> {
+            let mut conn = current.conn.clone();
             if load {
-                return Box::pin(load_and_run(conn)).await;
+                return Box::pin(current.load_and_run(call, run, flavor)).await;
             }
-            match run.query_async::<T>(conn).await {
+            match run.query_async::<T>(&mut conn).await {
                 // The server lost its scripts (SCRIPT FLUSH, or a restart this
                 // connection did not see): load it and run it again.
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    Box::pin(load_and_run(conn)).await
+                    Box::pin(current.load_and_run(call, run, flavor)).await
                 }
                 answer => answer,
             }
         };
-        let refused = |e| refused(call, e, Flavor::Standalone);
+        let refused = |e| refused(call, e, flavor);
         let attempt = async {
             let current = self.current().await?;
-            let mut conn = current.conn.clone();
-            match send(&mut conn).await {
+            match send(&current).await {
                 Ok(v) => {
                     current.answered.store(true, Ordering::Relaxed);
                     Ok(v)
@@ -997,10 +1241,7 @@ impl Standalone {
                             return Err(refused(current.error(&e)));
                         }
                         let current = read(&self.current).clone();
-                        let mut conn = current.conn.clone();
-                        send(&mut conn)
-                            .await
-                            .map_err(|e| refused(current.error(&e)))
+                        send(&current).await.map_err(|e| refused(current.error(&e)))
                     })
                     .await
                 }
@@ -1009,6 +1250,19 @@ impl Standalone {
         };
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
+            Err(_) => Err(timed_out(&read(&self.current).addr, within)),
+        }
+    }
+
+    /// What the server the node talks to now offers, asked within `within` (see
+    /// [`Current::offers`]).
+    async fn learn(&self, within: Duration) -> Result<Capabilities, Error> {
+        let asking = async {
+            let current = self.current().await?;
+            current.offers().await
+        };
+        match tokio::time::timeout(within, asking).await {
+            Ok(offers) => offers,
             Err(_) => Err(timed_out(&read(&self.current).addr, within)),
         }
     }
@@ -1075,6 +1329,7 @@ impl Standalone {
             conn,
             epoch: current.epoch + 1,
             answered: AtomicBool::new(false),
+            no_script_load: AtomicBool::new(false),
         });
         // Another connection: nothing sent on the old one is waited for.
         self.stall.answered();
@@ -1185,7 +1440,7 @@ fn watch_switches(inner: &Arc<Inner>) {
 /// Whether an error says that a Sentinel node's master may be another one now: it was
 /// demoted (`READONLY`), lost its master role (`MASTERDOWN`), or is gone.
 fn master_may_have_moved(e: &RedisError) -> bool {
-    matches!(e.code(), Some("READONLY" | "MASTERDOWN"))
+    matches!(code(e), Some("READONLY" | "MASTERDOWN"))
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || matches!(e.kind(), ErrorKind::Io)
@@ -1248,6 +1503,58 @@ fn first_error(addr: &str, client: &redis::Client, e: &RedisError) -> Error {
 }
 
 impl Current {
+    /// Loads the script of `call` and runs it (`run`, its `EVALSHA`): `SCRIPT LOAD` and
+    /// the `EVALSHA`, both sent before either answer is awaited (the futures are polled
+    /// in order, and the connection sends in the order it is given). Where the server
+    /// refuses `SCRIPT LOAD`, `EVAL` instead, from then on.
+    async fn load_and_run<T: FromRedisValue>(
+        &self,
+        call: &Call,
+        run: &redis::Cmd,
+        flavor: Flavor,
+    ) -> redis::RedisResult<T> {
+        let mut conn = self.conn.clone();
+        if self.no_script_load.load(Ordering::Relaxed) {
+            return call.eval(flavor).query_async(&mut conn).await;
+        }
+        let mut same = conn.clone();
+        let load = call.load(flavor);
+        let (loaded, answer) = futures_util::join!(
+            load.query_async::<()>(&mut conn),
+            run.query_async::<T>(&mut same)
+        );
+        match (loaded, answer) {
+            (Err(e), answer) if capabilities::refuses(&e) => {
+                if !self.no_script_load.swap(true, Ordering::Relaxed) {
+                    tracing::info!(node = %self.addr, error = %e, "the server refuses SCRIPT LOAD; scripts it lacks are sent with EVAL");
+                }
+                match answer {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        call.eval(flavor).query_async(&mut conn).await
+                    }
+                    answer => answer,
+                }
+            }
+            (Err(e), Err(_)) => Err(e),
+            (_, answer) => answer,
+        }
+    }
+
+    /// What the server offers, asked with `INFO server` (`HELLO` where that is
+    /// refused), judged by [`capabilities::judge`].
+    async fn offers(&self) -> Result<Capabilities, Error> {
+        let send = |cmd: redis::Cmd| {
+            let mut conn = self.conn.clone();
+            async move { cmd.query_async(&mut conn).await }
+        };
+        let server = match capabilities::ask(send).await {
+            Ok(server) => server,
+            Err(e) => return Err(self.error(&e)),
+        };
+        self.answered.store(true, Ordering::Relaxed);
+        capabilities::judge(&self.addr, server.as_ref())
+    }
+
     /// A driver error of this connection, sorted (see [`map_error`]); before the server
     /// answered anything here, as [`first_error`].
     fn error(&self, e: &RedisError) -> Error {

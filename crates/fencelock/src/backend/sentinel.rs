@@ -181,7 +181,7 @@ fn redis_info(
     if let Some(p) = password {
         info = info.set_password(p.clone());
     }
-    info
+    access::quiet(info)
 }
 
 /// Percent-decoding for the user name and password parts of a URL.

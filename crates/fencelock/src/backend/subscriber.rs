@@ -39,7 +39,13 @@
 //! On a Redis Cluster the connection is a cluster connection with **sharded** pub/sub
 //! (`SSUBSCRIBE`; the scripts announce with `SPUBLISH`), so a release reaches only the
 //! nodes of the lock's shard, never every node of the cluster. The driver keeps one
-//! connection per node and routes each channel to the master of its slot. Two things
+//! connection per node and routes each channel to the master of its slot. A cluster
+//! without sharded pub/sub (Redis 6.2: the node learns what its masters offer and says
+//! so with [`Subscriber::set_sharded`]) announces with classic `PUBLISH`, which the
+//! cluster sends on to every node; its channels are subscribed with classic `SUBSCRIBE`,
+//! routed the same way, so that a release is heard from the lock's own master, as
+//! quickly as on a standalone server. When what the masters offer changes (a rolling
+//! upgrade), every channel is subscribed again the new way, as after a lost node. Two things
 //! mean messages may have been missed, and make the dispatcher subscribe again to every
 //! channel with waiters (the driver sends each to the master that serves its slot now)
 //! and wake them all, as after a reconnection: a node's connection dropped (a failover,
@@ -47,7 +53,7 @@
 //! master: Redis then sends `sunsubscribe`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -86,25 +92,28 @@ pub(crate) enum Source {
 }
 
 /// The live pub/sub connection: one connection to a standalone node, or a cluster
-/// connection that subscribes each channel on the master of its slot (sharded).
+/// connection that subscribes each channel on the master of its slot, sharded (`true`)
+/// or classic.
 #[derive(Clone)]
 enum Link {
     Node(PubSubSink),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, bool),
 }
 
 impl Link {
     async fn subscribe(&mut self, channel: &str) -> Result<(), RedisError> {
         match self {
             Link::Node(sink) => sink.subscribe(channel).await,
-            Link::Cluster(conn) => conn.ssubscribe(channel).await,
+            Link::Cluster(conn, true) => conn.ssubscribe(channel).await,
+            Link::Cluster(conn, false) => conn.subscribe(channel).await,
         }
     }
 
     async fn unsubscribe(&mut self, channel: &str) -> Result<(), RedisError> {
         match self {
             Link::Node(sink) => sink.unsubscribe(channel).await,
-            Link::Cluster(conn) => conn.sunsubscribe(channel).await,
+            Link::Cluster(conn, true) => conn.sunsubscribe(channel).await,
+            Link::Cluster(conn, false) => conn.unsubscribe(channel).await,
         }
     }
 }
@@ -144,7 +153,7 @@ impl Messages {
                     _ => None,
                 };
                 match push.kind {
-                    PushKind::SMessage => {
+                    PushKind::SMessage | PushKind::Message => {
                         if let (Some(channel), Some(payload)) =
                             (text(push.data.first()), text(push.data.get(1)))
                         {
@@ -179,6 +188,10 @@ struct Inner {
     epoch: AtomicU64,
     /// See [`Subscriber::hand_on_with`].
     hand_on: OnceLock<HandOn>,
+    /// A cluster's channels go by sharded pub/sub (see [`Subscriber::set_sharded`]).
+    sharded: AtomicBool,
+    /// Told when `sharded` changed: the dispatcher subscribes every channel again.
+    regroup: Arc<Notify>,
     /// Cancelled when the last handle goes (the client was dropped): the dispatcher,
     /// which holds only a weak reference, then drops the connection at once instead of
     /// waiting for a message that will never come.
@@ -291,6 +304,8 @@ impl Subscriber {
                 connecting: tokio::sync::Mutex::new(()),
                 epoch: AtomicU64::new(0),
                 hand_on: OnceLock::new(),
+                sharded: AtomicBool::new(true),
+                regroup: Arc::new(Notify::new()),
                 closed: CancellationToken::new(),
             }),
         }
@@ -381,6 +396,20 @@ impl Subscriber {
             .values()
             .filter(|w| w.kind == Kind::Plain)
             .count()
+    }
+
+    /// On a cluster, whether its channels go by sharded pub/sub (`SSUBSCRIBE`; the
+    /// default) or classic (`SUBSCRIBE`), as the scripts announce: the node says so once
+    /// it learned what its masters offer. A change subscribes every channel with waiters
+    /// again, the new way, and wakes them (a release may have gone the other way
+    /// meanwhile). No effect on a standalone node's subscriber.
+    pub fn set_sharded(&self, sharded: bool) {
+        // Under the connection's lock: a connection made meanwhile reads the new way.
+        let live = lock(&self.inner.conn);
+        if self.inner.sharded.swap(sharded, Ordering::Relaxed) != sharded && live.is_some() {
+            tracing::debug!(sharded, "the cluster's release notifications change ways");
+            self.inner.regroup.notify_one();
+        }
     }
 
     /// Sets what hands on a wake that a client's own channel got with no plain waiter
@@ -500,11 +529,19 @@ impl Inner {
                 let conn = tokio::time::timeout(within, client.get_async_connection())
                     .await
                     .map_err(|_| io_timeout("connecting to the cluster for pub/sub"))??;
-                (Link::Cluster(conn), Messages::Cluster(messages))
+                (Link::Cluster(conn, true), Messages::Cluster(messages))
             }
         };
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
-        *lock(&self.conn) = Some((link.clone(), epoch));
+        let mut live = lock(&self.conn);
+        // The way a cluster's channels go, read under the lock that set_sharded takes:
+        // a change after this finds the connection and has it subscribed again.
+        let link = match link {
+            Link::Cluster(conn, _) => Link::Cluster(conn, self.sharded.load(Ordering::Relaxed)),
+            link => link,
+        };
+        *live = Some((link.clone(), epoch));
+        drop(live);
         Ok(((link, epoch), Some(messages)))
     }
 
@@ -513,7 +550,13 @@ impl Inner {
     /// disconnected.
     fn renew_epoch(&self) -> Option<(Link, u64)> {
         let mut conn = lock(&self.conn);
-        let link = conn.as_ref()?.0.clone();
+        let link = match &conn.as_ref()?.0 {
+            // The way its channels go now (see Subscriber::set_sharded).
+            Link::Cluster(cluster, _) => {
+                Link::Cluster(cluster.clone(), self.sharded.load(Ordering::Relaxed))
+            }
+            link => link.clone(),
+        };
         let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
         *conn = Some((link.clone(), epoch));
         Some((link.clone(), epoch))
@@ -572,7 +615,7 @@ impl Inner {
         // A standalone connection of an earlier epoch is gone, and its subscriptions with
         // it; a cluster connection lives on through its epochs.
         if let (Some((epoch, _)), Some((mut link, live_epoch))) = (*subscribed, live)
-            && (epoch == live_epoch || matches!(link, Link::Cluster(_)))
+            && (epoch == live_epoch || matches!(link, Link::Cluster(..)))
         {
             let unsub = tokio::time::timeout(self.timeouts.response, link.unsubscribe(&ch.name));
             if !matches!(unsub.await, Ok(Ok(()))) {
@@ -730,6 +773,7 @@ async fn read(
     mut epoch: u64,
 ) -> Option<u64> {
     let mut retry: Backoff = None;
+    let regroup = inner.upgrade()?.regroup.clone();
     loop {
         let again = async {
             match retry {
@@ -740,6 +784,8 @@ async fn read(
         let event = tokio::select! {
             event = stream.next() => event,
             () = again => Some(Event::NodeLost),
+            // Subscribed again, the new way, as after a lost node.
+            () = regroup.notified(), if matches!(stream, Messages::Cluster(_)) => Some(Event::NodeLost),
             () = closed.cancelled() => return None,
         };
         let Some(event) = event else {

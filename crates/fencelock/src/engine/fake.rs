@@ -187,7 +187,7 @@ impl FakeNodes {
 /// acquire), and a plain acquire's listing.
 fn attempt_sent(call: &Call) -> Sent {
     let words: Vec<String> = call
-        .evalsha(Flavor::Standalone)
+        .evalsha(Flavor::STANDALONE)
         .args_iter()
         .map(|arg| match arg {
             redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),

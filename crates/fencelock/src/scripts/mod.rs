@@ -12,25 +12,31 @@
 //! before the functions only its other paths use are defined. Every script refuses a
 //! key that holds data fencelock did not write the same way (`types.lua`'s error reply, decoded in one place, [`replies::wrong_type`]).
 //!
-//! Scripts come in two [`Flavor`]s, composed from the same files: a standalone node's
-//! (also a Sentinel-managed master's and a Redlock node's), which announces releases with
-//! classic `PUBLISH` (`fragments/publish.lua`), and a Redis Cluster's, which announces
-//! them with sharded `SPUBLISH` (`fragments/spublish.lua` in its place) and adds
-//! `renew_across_slots.lua`, the watchdog's batch over every slot of one cluster node.
-//! The node a call goes to picks the flavor ([`Call::invocation`]).
+//! Scripts come in [`Flavor`]s, composed from the same files for what the server they
+//! go to offers (learned once per connection, `backend/capabilities.rs`): a standalone
+//! node (also a Sentinel-managed master and a Redlock node) announces releases with
+//! classic `PUBLISH` (`fragments/publish.lua`); a Redis Cluster with sharded pub/sub
+//! announces them with `SPUBLISH` (`fragments/spublish.lua` in its place), one without
+//! it (Redis 6.2) with classic `PUBLISH`, and a cluster's scripts add
+//! `renew_across_slots.lua`, the watchdog's batch over every slot of one cluster node. A
+//! server that cannot read a script's `#!lua` line (Redis 6.2) gets the script without
+//! it. The node a call goes to picks the flavor ([`Call::evalsha`]).
 //!
 //! A call is sent as `EVALSHA`; the node loads the script with its first call on each
 //! connection, and again when the server answers `NOSCRIPT` (after a restart or
-//! `SCRIPT FLUSH`).
+//! `SCRIPT FLUSH`): with `SCRIPT LOAD`, or with `EVAL` where the server refuses
+//! `SCRIPT LOAD` (renamed away, as some managed services do, or refused by the user's
+//! ACL).
 //! [`lua_scripts`] gives the composed sources, as sent, for review and for the tests that
 //! run them by hand.
 
 pub(crate) mod replies;
 
+use std::borrow::Cow;
 use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
-use redis::{RedisWrite, ScriptInvocation};
+use redis::RedisWrite;
 
 use crate::keys::{LockKeys, QueueKeys};
 use crate::token::{FencingToken, HolderToken};
@@ -95,28 +101,78 @@ fn split_at_marks(body: &str) -> Vec<&str> {
 }
 
 impl Fragment {
-    /// The fragment as composed for `flavor`: a cluster announces on sharded pub/sub.
+    /// The fragment as composed for `flavor`: announced on sharded pub/sub where the
+    /// flavor says so.
     fn for_flavor(self, flavor: Flavor) -> Fragment {
-        match flavor {
-            Flavor::Cluster if self.0 == PUBLISH.0 => SHARDED_PUBLISH,
-            _ => self,
+        if flavor.sharded && self.0 == PUBLISH.0 {
+            SHARDED_PUBLISH
+        } else {
+            self
         }
     }
 }
 
-/// Which kind of Redis a script is composed for.
+/// What a script is composed for: the kind of node and what its server offers. The
+/// node picks it from what it learned of its server ([`Flavor::STANDALONE`] and
+/// [`Flavor::CLUSTER`] are Redis 7's and Valkey's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
-    /// A standalone node, a Sentinel-managed master or a Redlock node: releases are
-    /// announced with classic `PUBLISH`.
-    Standalone,
-    /// A Redis Cluster: releases are announced with sharded `SPUBLISH`, which reaches only
-    /// the nodes of the lock's shard (classic `PUBLISH` goes to every node).
-    Cluster,
+pub struct Flavor {
+    /// A Redis Cluster: its scripts include `renew_across_slots.lua`.
+    pub cluster: bool,
+    /// Releases are announced with sharded `SPUBLISH`, which reaches only the nodes of
+    /// the lock's shard (classic `PUBLISH` goes to every node of a cluster); only on a
+    /// cluster whose servers have sharded pub/sub.
+    pub sharded: bool,
+    /// The server reads a script's `#!lua` line (Redis 7 and later, Valkey): a script
+    /// keeps it. Without (Redis 6.2) the line is left out, and the script runs as every
+    /// script did before Redis 7 (see the scripts that have one).
+    pub shebang: bool,
 }
 
 impl Flavor {
-    const ALL: [Flavor; 2] = [Flavor::Standalone, Flavor::Cluster];
+    /// A standalone node of Redis 7 or Valkey.
+    pub const STANDALONE: Flavor = Flavor {
+        cluster: false,
+        sharded: false,
+        shebang: true,
+    };
+    /// A Redis Cluster of Redis 7 or Valkey.
+    pub const CLUSTER: Flavor = Flavor {
+        cluster: true,
+        sharded: true,
+        shebang: true,
+    };
+    /// How many distinct flavors [`Flavor::index`] numbers.
+    const COUNT: usize = 8;
+
+    /// Its place among every combination, below [`Flavor::COUNT`].
+    fn index(self) -> usize {
+        usize::from(self.cluster) * 4 + usize::from(self.sharded) * 2 + usize::from(self.shebang)
+    }
+
+    /// The flavors [`lua_scripts`] lists, each with the prefix its differing scripts get:
+    /// Redis 7's and Valkey's, then those of servers without script flags or sharded
+    /// pub/sub (Redis 6.2).
+    const LISTED: [(Flavor, &'static str); 4] = [
+        (Flavor::STANDALONE, ""),
+        (Flavor::CLUSTER, "cluster/"),
+        (
+            Flavor {
+                cluster: false,
+                sharded: false,
+                shebang: false,
+            },
+            "no-flags/",
+        ),
+        (
+            Flavor {
+                cluster: true,
+                sharded: false,
+                shebang: false,
+            },
+            "no-flags/cluster/",
+        ),
+    ];
 }
 
 /// Every script fencelock runs.
@@ -234,19 +290,26 @@ impl Lua {
     /// Whether the script is sent to `flavor`'s nodes: the batch across slots only to a
     /// cluster's.
     fn sent_to(self, flavor: Flavor) -> bool {
-        self != Lua::RenewAcrossSlots || flavor == Flavor::Cluster
+        self != Lua::RenewAcrossSlots || flavor.cluster
     }
 
-    /// The script as sent to `flavor`'s nodes: its shebang line if it has one, its
-    /// fragments (each for `flavor`), then the rest of its own source; each group of
-    /// fragments after a [`LATER`] goes in at the next [`LATER_MARK`] line instead.
+    /// The script as sent to `flavor`'s nodes: its shebang line if it has one and the
+    /// flavor reads it, its fragments (each for `flavor`), then the rest of its own
+    /// source; each group of fragments after a [`LATER`] goes in at the next
+    /// [`LATER_MARK`] line instead.
     fn source(self, flavor: Flavor) -> String {
         let (_, fragments, body) = self.parts();
         let (shebang, body) = match body.split_once('\n') {
             Some((first, rest)) if first.starts_with("#!") => (&body[..=first.len()], rest),
             _ => ("", body),
         };
-        let mut source = shebang.to_owned();
+        // Without its shebang a script runs as before Redis 7: what the line asked for is
+        // said, for such servers, where it is asked (write.lua, renew_across_slots.lua).
+        let mut source = if flavor.shebang {
+            shebang.to_owned()
+        } else {
+            String::new()
+        };
         let mut groups = fragments.split(|f| f.0 == LATER.0);
         // Group i of fragments, then part i of the body (the unit tests check that
         // there are as many marks as LATERs: a group without its mark would be lost).
@@ -258,25 +321,20 @@ impl Lua {
         source
     }
 
+    /// The composed source for `flavor` and its SHA1, composed when first asked for
+    /// (a process uses one or two flavors), for `EVALSHA`, `SCRIPT LOAD` and `EVAL`.
     fn script(self, flavor: Flavor) -> &'static redis::Script {
-        static SCRIPTS: LazyLock<Vec<redis::Script>> = LazyLock::new(|| {
-            Lua::ALL
-                .iter()
-                .flat_map(|lua| Flavor::ALL.map(|flavor| redis::Script::new(&lua.source(flavor))))
-                .collect()
-        });
-        &SCRIPTS[self.index() * Flavor::ALL.len() + flavor as usize]
+        static SCRIPTS: [OnceLock<redis::Script>; Lua::ALL.len() * Flavor::COUNT] =
+            [const { OnceLock::new() }; Lua::ALL.len() * Flavor::COUNT];
+        SCRIPTS[self.index() * Flavor::COUNT + flavor.index()]
+            .get_or_init(|| redis::Script::new(&self.source(flavor)))
     }
 
-    /// The composed source for `flavor`, composed once, for `SCRIPT LOAD`.
+    /// The composed source for `flavor`, composed once.
     fn composed(self, flavor: Flavor) -> &'static str {
-        static SOURCES: LazyLock<Vec<String>> = LazyLock::new(|| {
-            Lua::ALL
-                .iter()
-                .flat_map(|lua| Flavor::ALL.map(|flavor| lua.source(flavor)))
-                .collect()
-        });
-        &SOURCES[self.index() * Flavor::ALL.len() + flavor as usize]
+        static SOURCES: [OnceLock<String>; Lua::ALL.len() * Flavor::COUNT] =
+            [const { OnceLock::new() }; Lua::ALL.len() * Flavor::COUNT];
+        SOURCES[self.index() * Flavor::COUNT + flavor.index()].get_or_init(|| self.source(flavor))
     }
 
     /// Whether the script takes a lock, a permit or a place in line (an acquire of any
@@ -312,9 +370,11 @@ pub struct Call {
     args: Parts,
     /// Which arguments are keys (`renew_across_slots.lua`): named in errors too.
     keys_in_args: Vec<usize>,
-    /// The `EVALSHA` command per [`Flavor`], built when first sent: a call sent again (an
-    /// acquire's next attempt) is not built again.
-    evalsha: [OnceLock<redis::Cmd>; 2],
+    /// The `EVALSHA` command, built when first sent: a call sent again (an acquire's
+    /// next attempt, a Redlock call to each node) is not built again. Built for the
+    /// script's hash in the flavor it was first sent in; one for another hash (a flavor
+    /// that composes the script otherwise) is built for each send.
+    evalsha: OnceLock<(&'static str, redis::Cmd)>,
     /// A release or withdrawal: when the token it undoes was drawn (see
     /// [`Call::undoing`]).
     undoes: Option<Instant>,
@@ -407,7 +467,7 @@ impl Call {
             keys: Parts::with_capacity(4, 160),
             args: Parts::with_capacity(8, 96),
             keys_in_args: Vec::new(),
-            evalsha: [OnceLock::new(), OnceLock::new()],
+            evalsha: OnceLock::new(),
             undoes: None,
             last: false,
         }
@@ -476,31 +536,37 @@ impl Call {
             .chain(self.keys_in_args.iter().map(|&i| self.args.text(i)))
     }
 
-    /// What is sent to a node of `flavor`: `EVALSHA`, and the script itself after a
-    /// `NOSCRIPT` (routed by the first key on a cluster).
-    pub(crate) fn invocation(&self, flavor: Flavor) -> ScriptInvocation<'static> {
-        let mut invocation = self.lua.script(flavor).prepare_invoke();
-        for key in self.keys.iter() {
-            invocation.key(key);
-        }
-        for arg in self.args.iter() {
-            invocation.arg(arg);
-        }
-        invocation
-    }
-
-    /// `EVALSHA` of this call for `flavor`, as one command (to route it by hand, e.g. to a
-    /// cluster node by address); [`Self::load`] after a `NOSCRIPT`.
-    pub(crate) fn evalsha(&self, flavor: Flavor) -> &redis::Cmd {
-        self.evalsha[flavor as usize].get_or_init(|| self.build_evalsha(flavor))
-    }
-
-    fn build_evalsha(&self, flavor: Flavor) -> redis::Cmd {
+    /// `EVALSHA` of this call for `flavor`, as one command (a cluster's connection routes
+    /// it by its first key; or by hand, to a cluster node by address); [`Self::load`]
+    /// or [`Self::eval`] after a `NOSCRIPT`.
+    pub(crate) fn evalsha(&self, flavor: Flavor) -> Cow<'_, redis::Cmd> {
         let hash = self.lua.script(flavor).get_hash();
-        // A capacity hint: the command name, the hash, the key count's digits, the rest.
-        let data = "EVALSHA".len() + hash.len() + 20 + self.keys.data.len() + self.args.data.len();
+        let (built_for, built) = self
+            .evalsha
+            .get_or_init(|| (hash, self.build("EVALSHA", hash, hash.len())));
+        // Flavors that compose the script alike share its hash, and the command.
+        if *built_for == hash {
+            Cow::Borrowed(built)
+        } else {
+            Cow::Owned(self.build("EVALSHA", hash, hash.len()))
+        }
+    }
+
+    /// `EVAL` of this call for `flavor`: the script's source with the call's keys and
+    /// arguments, where the server refuses `SCRIPT LOAD` (the server keeps the script,
+    /// so later calls go as `EVALSHA` again).
+    pub(crate) fn eval(&self, flavor: Flavor) -> redis::Cmd {
+        let source = self.lua.composed(flavor);
+        self.build("EVAL", source, source.len())
+    }
+
+    /// `command script numkeys keys... args...`; `len`: the script's length, a capacity
+    /// hint.
+    fn build(&self, command: &str, script: &str, len: usize) -> redis::Cmd {
+        // A capacity hint: the command name, the script, the key count's digits, the rest.
+        let data = command.len() + len + 20 + self.keys.data.len() + self.args.data.len();
         let mut cmd = redis::Cmd::with_capacity(3 + self.keys.len() + self.args.len(), data);
-        cmd.arg("EVALSHA").arg(hash).arg(self.keys.len());
+        cmd.arg(command).arg(script).arg(self.keys.len());
         for part in self.keys.iter().chain(self.args.iter()) {
             cmd.arg(part);
         }
@@ -532,25 +598,45 @@ impl Call {
     pub(crate) fn refusal(&self, message: &str, flavor: Flavor) -> Option<String> {
         let (file, _, _) = self.lua.parts();
         let keys = self.all_keys().collect::<Vec<_>>().join(", ");
-        if message.contains("no permissions to run the") {
-            return Some(format!("{message} (running {file})"));
+        // Each server says it its own way: Redis 7, Redis 6.2, Valkey.
+        let says = |ways: &[&str]| {
+            let lower = message.to_ascii_lowercase();
+            ways.iter().any(|way| lower.contains(way))
+        };
+        let key_refused = says(&[
+            "no permissions to access one of the keys",
+            "can't access at least one of the keys",
+            "no permissions to access a key",
+        ]);
+        if !message.contains("@user_script") {
+            // Refused before the script ran.
+            if says(&["no permissions to run the"]) {
+                return Some(format!("{message} (running {file})"));
+            }
+            if key_refused {
+                return Some(format!(
+                    "the Redis user may not access these keys, which {file} was given: {keys}"
+                ));
+            }
+            return None;
         }
-        if message.contains("no permissions to access one of the keys") {
-            return Some(format!(
-                "the Redis user may not access these keys, which {file} was given: {keys}"
-            ));
-        }
-        let command_refused = message.contains("script can't run this command");
-        let key_refused = message.contains("script can't access at least one of the keys");
-        let channel_refused = message.contains("script can't publish to the channel");
+        let command_refused = says(&["can't run this command", "no permissions to run the"]);
+        let channel_refused = says(&[
+            "can't publish to the channel",
+            "no permissions to access a channel",
+        ]);
         if !command_refused && !key_refused && !channel_refused {
             return None;
         }
-        // "... script: <sha>, on @user_script:<line>."
-        let line: Option<usize> = message
-            .rsplit("@user_script:")
-            .next()
-            .and_then(|rest| rest.trim_end_matches(['.', ' ']).parse().ok());
+        // Redis 7: "... script: <sha>, on @user_script:<line>."; Redis 6.2: "... (call to
+        // f_<sha>): @user_script:<line>: @user_script: <line>: The user ...".
+        let line: Option<usize> = message.split("@user_script:").skip(1).find_map(|rest| {
+            let rest = rest.trim_start();
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
+            rest[..digits].parse().ok()
+        });
         let source = self.lua.source(flavor);
         let text = line
             .and_then(|n| source.lines().nth(n.checked_sub(1)?))
@@ -618,40 +704,57 @@ impl Call {
 /// its `-- (later fragments)` lines). For review (what runs on your Redis, with which
 /// keys), and for running a script by hand with `EVAL`.
 ///
-/// First every script as a standalone node gets it (a Sentinel-managed master and a
-/// Redlock node too), then, under `cluster/` (`cluster/lock/release.lua`, ...), those
-/// that a Redis Cluster gets in another form: the ones that announce releases (with
-/// `SPUBLISH`, sharded pub/sub, instead of `PUBLISH`), and
-/// `cluster/lock/renew_across_slots.lua`, the watchdog's batch over every slot of one
-/// cluster node. A cluster gets the others as listed first.
+/// First every script as a standalone node of Redis 7 or Valkey gets it (a
+/// Sentinel-managed master and a Redlock node too), then, under a prefix, the scripts
+/// that other servers get in another form:
+///
+/// - `cluster/` (`cluster/lock/release.lua`, ...): a Redis Cluster of Redis 7 or Valkey,
+///   whose scripts announce releases with `SPUBLISH` (sharded pub/sub) instead of
+///   `PUBLISH`, and `cluster/lock/renew_across_slots.lua`, the watchdog's batch over
+///   every slot of one cluster node. It gets the others as listed first.
+/// - `no-flags/` (`no-flags/fence/write.lua`): a server that cannot read a script's
+///   `#!lua` line (Redis 6.2) gets the scripts that have one without it, and the others
+///   as listed first.
+/// - `no-flags/cluster/lock/renew_across_slots.lua`: a Redis Cluster of such servers,
+///   which have no sharded pub/sub either: its scripts announce with classic `PUBLISH`,
+///   as the first list's and the `no-flags/` ones do.
 pub fn lua_scripts() -> impl Iterator<Item = (&'static str, String)> {
-    let standalone = Lua::ALL
-        .into_iter()
-        .filter(|lua| lua.sent_to(Flavor::Standalone))
-        .map(|lua| (lua.parts().0, lua.source(Flavor::Standalone)));
-    let cluster = Lua::ALL.into_iter().filter_map(|lua| {
-        let source = lua.source(Flavor::Cluster);
-        let differs = !lua.sent_to(Flavor::Standalone) || source != lua.source(Flavor::Standalone);
-        differs.then(|| (cluster_name(lua.parts().0), source))
-    });
-    standalone.chain(cluster)
+    // (file, name, source)
+    let mut listed: Vec<(&'static str, &'static str, String)> = Vec::new();
+    for (flavor, prefix) in Flavor::LISTED {
+        for lua in Lua::ALL.into_iter().filter(|lua| lua.sent_to(flavor)) {
+            let file = lua.parts().0;
+            let source = lua.source(flavor);
+            // Listed once per form: a flavor that composes it as another did gets that.
+            if !listed.iter().any(|(f, _, s)| *f == file && *s == source) {
+                listed.push((file, prefixed(prefix, file), source));
+            }
+        }
+    }
+    listed.into_iter().map(|(_, name, source)| (name, source))
 }
 
-/// `cluster/` and the file name, as a static string (the table's names are few and fixed).
-fn cluster_name(file: &'static str) -> &'static str {
-    static NAMES: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock::new(|| {
-        Lua::ALL
+/// `prefix` and the file name, as a static string (the table's names are few and
+/// fixed).
+fn prefixed(prefix: &'static str, file: &'static str) -> &'static str {
+    if prefix.is_empty() {
+        return file;
+    }
+    static NAMES: LazyLock<Vec<(&'static str, &'static str, &'static str)>> = LazyLock::new(|| {
+        Flavor::LISTED
             .iter()
-            .map(|lua| {
-                let file = lua.parts().0;
-                (file, &*format!("cluster/{file}").leak())
+            .flat_map(|(_, prefix)| {
+                Lua::ALL.iter().map(move |lua| {
+                    let file = lua.parts().0;
+                    (*prefix, file, &*format!("{prefix}{file}").leak())
+                })
             })
             .collect()
     });
     NAMES
         .iter()
-        .find(|(f, _)| *f == file)
-        .map_or(file, |(_, name)| name)
+        .find(|(p, f, _)| *p == prefix && *f == file)
+        .map_or(file, |(_, _, name)| name)
 }
 
 /// Durations in whole milliseconds (validated before they get here; queue delays may be
@@ -999,7 +1102,7 @@ mod tests {
         assert!(!is_later_mark("-- (later fragments) go here\n"));
         // Composed, no marker is left, and every fragment is in.
         for lua in Lua::ALL {
-            let source = lua.source(Flavor::Standalone);
+            let source = lua.source(Flavor::STANDALONE);
             assert!(!source.contains(LATER_MARK), "{}", lua.parts().0);
             for f in lua.parts().1.iter().filter(|f| f.0 != LATER.0) {
                 assert!(source.contains(f.0), "{}", lua.parts().0);
@@ -1009,27 +1112,36 @@ mod tests {
 
     #[test]
     fn a_cluster_announces_on_sharded_pub_sub_and_only_two_scripts_have_a_shebang() {
+        let (no_flags, _) = Flavor::LISTED[2];
+        let (no_flags_cluster, _) = Flavor::LISTED[3];
         for lua in Lua::ALL {
             let file = lua.parts().0;
+            // No flavor without flags has a shebang, nor one without sharded pub/sub
+            // SPUBLISH; a Redis 6.2 Cluster announces with classic PUBLISH.
+            for flavor in [no_flags, no_flags_cluster] {
+                let source = lua.source(flavor);
+                assert!(!source.contains("#!"), "{file}: {flavor:?}");
+                assert!(!source.contains("'SPUBLISH'"), "{file}: {flavor:?}");
+            }
             // The fenced write's flagless shebang (refused when the server is out of
-            // memory, before it starts) is the same everywhere.
+            // memory, before it starts) is the same everywhere it is read.
             if lua == Lua::FencedWrite {
-                for flavor in Flavor::ALL {
+                for flavor in [Flavor::STANDALONE, Flavor::CLUSTER] {
                     let source = lua.source(flavor);
                     assert!(source.starts_with("#!lua\n"), "{file}");
                     assert_eq!(source.matches("#!").count(), 1, "{file}");
                 }
                 continue;
             }
-            if lua.sent_to(Flavor::Standalone) {
-                let source = lua.source(Flavor::Standalone);
+            if lua.sent_to(Flavor::STANDALONE) {
+                let source = lua.source(Flavor::STANDALONE);
                 assert!(!source.contains("'SPUBLISH'"), "{file}");
                 assert!(
                     !source.contains("#!"),
                     "{file}: no shebang on a standalone node"
                 );
             }
-            let source = lua.source(Flavor::Cluster);
+            let source = lua.source(Flavor::CLUSTER);
             assert!(
                 !source.contains("'PUBLISH'"),
                 "{file}: never classic PUBLISH"
@@ -1045,14 +1157,113 @@ mod tests {
             );
         }
         let names: Vec<&str> = lua_scripts().map(|(name, _)| name).collect();
-        assert!(names.contains(&"lock/release.lua"));
-        assert!(names.contains(&"cluster/lock/release.lua"));
-        assert!(names.contains(&"cluster/lock/renew_across_slots.lua"));
-        assert!(!names.contains(&"lock/renew_across_slots.lua"));
-        assert!(
-            !names.contains(&"cluster/lock/acquire.lua"),
-            "the same in both"
+        for listed in [
+            "lock/release.lua",
+            "cluster/lock/release.lua",
+            "cluster/lock/renew_across_slots.lua",
+            "no-flags/fence/write.lua",
+            "no-flags/cluster/lock/renew_across_slots.lua",
+        ] {
+            assert!(names.contains(&listed), "{listed}: {names:?}");
+        }
+        for same in [
+            "lock/renew_across_slots.lua",
+            "cluster/lock/acquire.lua",
+            "no-flags/lock/release.lua",
+            "no-flags/cluster/lock/release.lua",
+        ] {
+            assert!(!names.contains(&same), "{same}: the same as another's");
+        }
+        // A Redis 6.2 Cluster's release is a standalone node's, its renewal batch the
+        // cluster's without the flags line.
+        let source = |name: &str| lua_scripts().find(|(n, _)| *n == name).unwrap().1;
+        assert_eq!(
+            Lua::Release.source(no_flags_cluster),
+            source("lock/release.lua")
         );
+        assert_eq!(
+            source("no-flags/cluster/lock/renew_across_slots.lua"),
+            source("cluster/lock/renew_across_slots.lua")
+                .strip_prefix("#!lua flags=allow-cross-slot-keys\n")
+                .unwrap()
+        );
+    }
+
+    #[test]
+    fn a_call_of_a_script_composed_alike_shares_its_command_and_eval_sends_the_source() {
+        let (no_flags, _) = Flavor::LISTED[2];
+        let mut call = Call::new(Lua::Acquire);
+        call.key("k").arg("a");
+        // acquire.lua has no shebang: one hash for both, one command built.
+        assert!(matches!(call.evalsha(Flavor::STANDALONE), Cow::Borrowed(_)));
+        assert!(matches!(call.evalsha(no_flags), Cow::Borrowed(_)));
+        let mut write = Call::new(Lua::FencedWrite);
+        write.key("f").arg(1u64);
+        let hash = |flavor| Lua::FencedWrite.script(flavor).get_hash().to_owned();
+        assert_ne!(hash(Flavor::STANDALONE), hash(no_flags));
+        assert_eq!(words(&write.evalsha(no_flags))[1], hash(no_flags));
+        assert_eq!(
+            words(&write.evalsha(Flavor::STANDALONE))[1],
+            hash(Flavor::STANDALONE)
+        );
+        let eval = words(&write.eval(no_flags));
+        assert_eq!(eval[0], "EVAL");
+        assert_eq!(eval[1], Lua::FencedWrite.source(no_flags));
+        assert_eq!(eval[2..], ["1", "f", "1"]);
+    }
+
+    #[test]
+    fn a_refused_line_is_found_in_either_servers_message() {
+        let call = Call::new(Lua::Release);
+        let source = Lua::Release.source(Flavor::STANDALONE);
+        let n = source
+            .lines()
+            .position(|l| l.contains("call('PUBLISH'"))
+            .unwrap()
+            + 1;
+        for message in [
+            format!(
+                "ERR The user executing the script can't run this command or subcommand \
+                 script: 0123, on @user_script:{n}."
+            ),
+            format!(
+                "ERR Error running script (call to f_0123): @user_script:{n}: \
+                 @user_script: {n}: The user executing the script can't run this command \
+                 or subcommand"
+            ),
+            format!(
+                "ERR ACL failure in script: User fencelock has no permissions to run the \
+                 'publish' command script: on @user_script:{n}."
+            ),
+        ] {
+            let refusal = call.refusal(&message, Flavor::STANDALONE).unwrap();
+            assert!(
+                refusal.starts_with("the Redis user may not run PUBLISH"),
+                "{refusal}"
+            );
+            assert!(refusal.contains(&format!("line {n} as sent")), "{refusal}");
+        }
+        // Valkey's channel and key refusals.
+        let channel = call
+            .refusal(
+                &format!(
+                    "ERR ACL failure in script: No permissions to access a channel script: \
+                     on @user_script:{n}."
+                ),
+                Flavor::STANDALONE,
+            )
+            .unwrap();
+        assert!(
+            channel.contains("may not publish to the channel"),
+            "{channel}"
+        );
+        let mut call = Call::new(Lua::Release);
+        call.key("billing:{x}");
+        let keys = call
+            .refusal("NOPERM No permissions to access a key", Flavor::STANDALONE)
+            .unwrap();
+        assert!(keys.contains("billing:{x}"), "{keys}");
+        assert_eq!(call.refusal("ERR something else", Flavor::STANDALONE), None);
     }
 
     /// Every argument of `cmd`, as text.
@@ -1073,10 +1284,10 @@ mod tests {
             .arg("tok")
             .arg(42u64);
         let hash = Lua::Release
-            .script(Flavor::Standalone)
+            .script(Flavor::STANDALONE)
             .get_hash()
             .to_owned();
-        let sent = words(call.evalsha(Flavor::Standalone));
+        let sent = words(&call.evalsha(Flavor::STANDALONE));
         let expected = [
             "EVALSHA",
             hash.as_str(),
@@ -1092,12 +1303,12 @@ mod tests {
         // Empty arguments stay arguments; formatted ones (numbers) are one each.
         let mut call = Call::new(Lua::Acquire);
         call.key("k").arg("").arg(7u64).arg(-1i64).arg("x");
-        let sent = words(call.evalsha(Flavor::Standalone));
+        let sent = words(&call.evalsha(Flavor::STANDALONE));
         assert_eq!(sent[2..], ["1", "k", "", "7", "-1", "x"]);
         // A second send is the same command, not built again.
         assert!(std::ptr::eq(
-            call.evalsha(Flavor::Standalone),
-            call.evalsha(Flavor::Standalone)
+            &*call.evalsha(Flavor::STANDALONE),
+            &*call.evalsha(Flavor::STANDALONE)
         ));
     }
 
@@ -1108,7 +1319,7 @@ mod tests {
         let refusal = call
             .refusal(
                 "NOPERM this user has no permissions to access one of the keys used as arguments",
-                Flavor::Cluster,
+                Flavor::CLUSTER,
             )
             .unwrap();
         assert!(refusal.contains("fl:{a}, fl:{a}:holder"), "{refusal}");

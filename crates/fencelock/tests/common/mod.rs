@@ -255,3 +255,21 @@ pub fn listed(r: &testkit::RedisServer, name: &str) -> Vec<String> {
         .filter_map(|v| v.as_str().map(str::to_owned))
         .collect()
 }
+
+/// The guide's `ACL SETUSER fencelock ...` line (its security chapter), as arguments, with `password` in place
+/// of its placeholder and `edit` applied to each word (`None` leaves it out): the user the
+/// guide documents, read from the guide so that the two cannot drift.
+pub fn guide_acl(password: &str, edit: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    const GUIDE: &str = include_str!("../../../../docs/guide/src/security.md");
+    let line = GUIDE
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER fencelock "))
+        .expect("the security chapter has a line starting `ACL SETUSER fencelock`");
+    line.split_whitespace()
+        .map(|word| match word {
+            ">CHANGE-ME" => format!(">{password}"),
+            _ => word.to_owned(),
+        })
+        .filter_map(|word| edit(&word))
+        .collect()
+}
