@@ -52,6 +52,10 @@ use crate::error::{Error, UnavailableReason};
 use crate::scripts::replies::{Owned, Renewed};
 use crate::scripts::{self, Call, Flavor};
 
+/// What makes an application's cluster client builder
+/// ([`Client::from_redis_cluster`](crate::Client::from_redis_cluster)).
+pub(crate) type MakeCluster = Arc<dyn Fn() -> ClusterClientBuilder + Send + Sync>;
+
 /// A parsed `redis+cluster://[user:password@]host:port[,host:port...]` URL (or
 /// `rediss+cluster://`): the seed nodes, any of which tells the driver the rest.
 #[derive(Clone)]
@@ -63,7 +67,7 @@ pub(crate) struct ClusterUrl {
     tls: Option<TlsSettings>,
     /// An application's cluster client builder, in place of the seeds, credentials and
     /// TLS above: its settings are kept, fencelock's needs added.
-    made_by: Option<super::node::MakeCluster>,
+    made_by: Option<MakeCluster>,
 }
 
 impl std::fmt::Debug for ClusterUrl {
@@ -120,7 +124,7 @@ impl ClusterUrl {
     }
 
     /// The cluster of an application's own cluster client builder.
-    pub fn made_by(make: super::node::MakeCluster) -> Self {
+    pub fn made_by(make: MakeCluster) -> Self {
         Self {
             seeds: Vec::new(),
             username: None,
@@ -575,9 +579,24 @@ impl ClusterLink {
                 Err(_) => {}
             }
         }
-        if per_slot.is_empty() {
-            return answers;
+        if !per_slot.is_empty() {
+            self.renew_per_slot(leases, per_slot, deadline, flavor, &mut answers)
+                .await;
         }
+        answers
+    }
+
+    /// The leases of `renew`'s batch at `per_slot` renewed one slot per call, routed by
+    /// slot (the driver follows a slot that moved), until `deadline`; their answers put
+    /// into `answers`.
+    async fn renew_per_slot(
+        &self,
+        leases: &[(&str, &str, Duration)],
+        per_slot: Vec<usize>,
+        deadline: tokio::time::Instant,
+        flavor: Flavor,
+        answers: &mut [Option<Owned>],
+    ) {
         let mut by_slot: HashMap<u16, Vec<usize>> = HashMap::new();
         for i in per_slot {
             by_slot.entry(key_slot(leases[i].0)).or_default().push(i);
@@ -600,7 +619,6 @@ impl ClusterLink {
                 }
             }
         }
-        answers
     }
 
     /// Sends `call` (in `flavor`) to the node at `addr` (and only there: an error comes

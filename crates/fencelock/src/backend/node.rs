@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::access::{self, Access, Timeouts};
 use super::capabilities::{self, Capabilities};
-use super::cluster::{ClusterLink, ClusterUrl};
+use super::cluster::{ClusterLink, ClusterUrl, MakeCluster};
 use super::errors::{
     Scheme, code, is_timeout, link_broke, link_failed, map_error, new_connection_hint, refused,
     timed_out,
@@ -29,7 +29,7 @@ use super::subscriber::{HandOn, Source, Subscriber};
 use crate::error::{Error, UnavailableReason};
 use crate::keys::LockKeys;
 use crate::scripts::replies::{Owned, Renewed};
-use crate::scripts::{self, Call, Flavor};
+use crate::scripts::{self, Call, Flavor, Lua};
 
 /// One node: a connection that reconnects by itself, shared by every lock of a client.
 /// Cheap to clone.
@@ -50,9 +50,8 @@ struct Inner {
     /// How many calls failed: each may have made the driver reconnect (see
     /// [`Node::generation`]).
     failures: AtomicU64,
-    /// The scripts known loaded on the connection of a generation: `(generation, one
-    /// bit per [`Lua::index`](crate::scripts::Lua::index))`.
-    loaded: Mutex<(u64, u32)>,
+    /// The scripts known loaded on the connection of a generation.
+    loaded: Loaded,
     /// What the server offers (a cluster: every master), as last learned, and the
     /// generation it holds for: a call that finds a later generation has it asked again
     /// (see [`Node::flavor`]).
@@ -85,7 +84,7 @@ impl Inner {
             subscriber,
             health: Mutex::new(Health::default()),
             failures: AtomicU64::new(0),
-            loaded: Mutex::new((0, 0)),
+            loaded: Loaded::default(),
             offers: Mutex::new(None),
             learning: tokio::sync::Mutex::new(()),
             unfit: Mutex::new(None),
@@ -165,6 +164,30 @@ impl Unfit {
             code: self.code.clone(),
             message: self.message.clone(),
         }
+    }
+}
+
+/// The scripts known loaded on the connection of one generation (see
+/// [`Node::generation`]): a script's first call on a connection loads it in the same
+/// write.
+#[derive(Default)]
+struct Loaded(Mutex<(u64, u32)>);
+
+impl Loaded {
+    /// Whether `lua` is known loaded on the connection of `generation`.
+    fn has(&self, generation: u64, lua: Lua) -> bool {
+        let loaded = lock(&self.0);
+        loaded.0 == generation && loaded.1 & (1u32 << lua.index()) != 0
+    }
+
+    /// `lua` answered on the connection of `generation`: it is loaded there (an older
+    /// generation's scripts are forgotten).
+    fn mark(&self, generation: u64, lua: Lua) {
+        let mut loaded = lock(&self.0);
+        if loaded.0 != generation {
+            *loaded = (generation, 0);
+        }
+        loaded.1 |= 1u32 << lua.index();
     }
 }
 
@@ -267,9 +290,6 @@ pub(crate) enum AppClient {
     /// each client fencelock builds from it (commands, pub/sub).
     Cluster(MakeCluster),
 }
-
-/// What makes an application's cluster client builder.
-pub(crate) type MakeCluster = Arc<dyn Fn() -> redis::cluster::ClusterClientBuilder + Send + Sync>;
 
 impl std::fmt::Debug for AppClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -587,60 +607,71 @@ impl Node {
         within: Option<Duration>,
         keep: bool,
     ) -> Result<T, Error> {
+        let within = within.unwrap_or(self.inner.call_timeout);
         let result = match &self.inner.link {
-            Link::Standalone(s) => {
-                if s.stall.stalled() && s.holds_back(call) {
-                    // Not sent: no failure of the connection (its generation stays).
-                    return Err(not_sent(&read(&s.current).addr));
-                }
-                // A script is loaded with its first call on each connection, in the same
-                // write: an EVALSHA answered NOSCRIPT is sent again after whatever this
-                // connection sent meanwhile (a Redlock release after a late grant).
-                let generation = self.generation();
-                let bit = 1u32 << call.lua().index();
-                let known = {
-                    let loaded = lock(&self.inner.loaded);
-                    loaded.0 == generation && loaded.1 & bit != 0
-                };
-                let within = within.unwrap_or(self.inner.call_timeout);
-                let started = tokio::time::Instant::now();
-                let result = match self.flavor(within).await {
-                    Ok(flavor) => {
-                        let left = within.saturating_sub(started.elapsed());
-                        s.run(call, Some(left), !known, flavor).await
-                    }
-                    Err(e) => Err(e),
-                };
-                self.count_reply(s, &result);
-                if keep && call.may_resend() && matches!(result, Err(ref e) if link_failed(e)) {
-                    self.owe(s, call.clone(), 0);
-                }
-                if result.is_ok() && !known {
-                    let mut loaded = lock(&self.inner.loaded);
-                    if loaded.0 != generation {
-                        *loaded = (generation, 0);
-                    }
-                    loaded.1 |= bit;
-                }
-                result
-            }
+            Link::Standalone(s) => self.run_standalone(s, call, within, keep).await,
             // Boxed, as the rare paths below: a future is as large as its largest await,
             // and a call's future is moved several times on every call.
-            Link::Cluster(c) => {
-                Box::pin(async {
-                    let within = within.unwrap_or(self.inner.call_timeout);
-                    let started = tokio::time::Instant::now();
-                    let flavor = self.flavor(within).await?;
-                    let left = within.saturating_sub(started.elapsed());
-                    c.run(call, left, flavor).await
-                })
-                .await
-            }
+            Link::Cluster(c) => Box::pin(self.run_cluster(c, call, within)).await,
         };
         if result.is_ok() {
             self.check_eviction_once();
         }
         self.noted(result)
+    }
+
+    /// One call on a standalone server, step by step: held back from a server that
+    /// stopped answering; sent in the flavor its server offers, its script loaded in the
+    /// same write where this connection may lack it; what the answer says of the server
+    /// counted (a stall begins or ends; releases kept are sent again); a release lost
+    /// with its connection kept to send again (unless `keep` is false: this is that
+    /// sending); the script known loaded.
+    async fn run_standalone<T: FromRedisValue>(
+        &self,
+        s: &Standalone,
+        call: &Call,
+        within: Duration,
+        keep: bool,
+    ) -> Result<T, Error> {
+        if s.stall.stalled() && s.holds_back(call) {
+            // Not sent: no failure of the connection (its generation stays).
+            return Err(not_sent(&read(&s.current).addr));
+        }
+        // A script is loaded with its first call on each connection, in the same write:
+        // an EVALSHA answered NOSCRIPT is sent again after whatever this connection sent
+        // meanwhile (a Redlock release after a late grant).
+        let generation = self.generation();
+        let known = self.inner.loaded.has(generation, call.lua());
+        let started = tokio::time::Instant::now();
+        let result = match self.flavor(within).await {
+            Ok(flavor) => {
+                let left = within.saturating_sub(started.elapsed());
+                s.run(call, Some(left), !known, flavor).await
+            }
+            Err(e) => Err(e),
+        };
+        self.count_reply(s, &result);
+        if keep && call.may_resend() && matches!(result, Err(ref e) if link_failed(e)) {
+            self.owe(s, call.clone(), 0);
+        }
+        if result.is_ok() && !known {
+            self.inner.loaded.mark(generation, call.lua());
+        }
+        result
+    }
+
+    /// One call on a cluster, in the flavor its masters offer, to the master of its keys'
+    /// slot ([`ClusterLink::run`]).
+    async fn run_cluster<T: FromRedisValue>(
+        &self,
+        c: &ClusterLink,
+        call: &Call,
+        within: Duration,
+    ) -> Result<T, Error> {
+        let started = tokio::time::Instant::now();
+        let flavor = self.flavor(within).await?;
+        let left = within.saturating_sub(started.elapsed());
+        c.run(call, left, flavor).await
     }
 
     /// The flavor of the scripts for the node's server: what the server offers, as
