@@ -71,10 +71,18 @@ struct Shared {
 
 impl Shared {
     /// Runs `future` to its end on this client's runtime, blocking the calling thread;
-    /// [`Error::Blocking`] from inside a Tokio runtime, with nothing run.
+    /// [`Error::Blocking`] from inside a Tokio runtime, with nothing run. There the
+    /// future is dropped in the context of this client's runtime: a guard it owns
+    /// releases in the background on this runtime, which outlives the caller's (a
+    /// caller's runtime stopped first would cancel that release, leaving the key to
+    /// expire), and a client dropped outside a runtime waits for it.
     fn block_on<F: Future>(&self, future: F) -> Result<F::Output, Error> {
-        outside_runtime()?;
         let runtime = self.runtime.as_ref().expect("the runtime lives until Drop");
+        if let Err(e) = outside_runtime() {
+            let _own = runtime.enter();
+            drop(future);
+            return Err(e);
+        }
         Ok(runtime.block_on(future))
     }
 }
@@ -494,7 +502,8 @@ impl LockGuard {
     ///
     /// # Errors
     /// As [`crate::LockGuard::release`]; [`Error::Blocking`] inside a Tokio runtime (the
-    /// guard is then released as a dropped async guard is: in the background).
+    /// guard is then released as a dropped async guard is: in the background, on the
+    /// client's runtime).
     pub fn release(mut self) -> Result<(), Error> {
         let guard = self
             .inner
@@ -520,8 +529,9 @@ impl Drop for LockGuard {
     }
 }
 
-/// A guard's release when it is dropped: waited for, outside a runtime; inside one the
-/// future is dropped unrun, and the async guard's own drop releases in the background.
+/// A guard's release when it is dropped: waited for, outside a runtime. Inside one the
+/// future is dropped unrun (see [`Shared::block_on`]): the async guard's own drop
+/// releases in the background, on the client's runtime.
 fn release_on_drop(
     shared: &Shared,
     name: String,

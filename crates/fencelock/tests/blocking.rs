@@ -106,6 +106,37 @@ fn inside_a_tokio_runtime_calls_are_refused_without_a_panic() {
     );
 }
 
+/// A guard dropped or released inside a caller's runtime that stops at once is still
+/// released: its release runs on the blocking client's own runtime, not the caller's.
+#[test]
+fn a_guard_let_go_in_a_runtime_that_stops_at_once_is_still_released() {
+    let redis = RedisServer::start();
+    let client = Client::connect(&redis.url()).unwrap();
+    let dropped = client.lock("dropped").try_acquire().unwrap();
+    let released = client.lock("released").try_acquire().unwrap();
+    // A current-thread runtime runs nothing spawned on it after block_on's future ends.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let refused = rt.block_on(async move {
+        drop(dropped);
+        released.release()
+    });
+    assert!(
+        matches!(refused, Err(Error::Blocking { .. })),
+        "{refused:?}"
+    );
+    drop(rt);
+    for name in ["dropped", "released"] {
+        testkit::eventually(
+            &format!("the guard of {name} is released"),
+            Duration::from_secs(5),
+            || !redis.exists(&format!("fencelock:{{{name}}}")),
+        );
+    }
+}
+
 /// `run` cannot cancel blocking work: it runs to its end, and a lease lost meanwhile
 /// (the lock broken under it) comes back as `LeaseLost`, the work's result dropped.
 #[test]
