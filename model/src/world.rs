@@ -362,14 +362,7 @@ impl World {
                         stays: false,
                     };
                     let call = Call::of(&engine.call(&attempt, &site, false));
-                    let mark = client.pending;
-                    client.phase = Phase::Calling {
-                        engine,
-                        sent_ms: now,
-                        mark,
-                    };
-                    Self::send(state, c, Purpose::Attempt, call);
-                    return;
+                    return Self::call_out(state, c, engine, Purpose::Attempt, call);
                 }
                 Command::Subscribe(subscribe) => {
                     // One waiter per client: no other keeps its channels open.
@@ -406,14 +399,7 @@ impl World {
                 Command::Withdraw(undo) => {
                     let req = engine.request();
                     let call = client::release(&*req.protocol, engine.token(), undo);
-                    let mark = client.pending;
-                    client.phase = Phase::Calling {
-                        engine,
-                        sent_ms: now,
-                        mark,
-                    };
-                    Self::send(state, c, Purpose::Withdraw, call);
-                    return;
+                    return Self::call_out(state, c, engine, Purpose::Withdraw, call);
                 }
                 Command::Done(done) => {
                     // Its subscriptions go with the acquire.
@@ -443,6 +429,24 @@ impl World {
                 }
             }
         }
+    }
+
+    /// The engine's call goes out; the wakes delivered so far are marked, for its
+    /// answer to use up.
+    fn call_out(
+        state: &mut State,
+        c: usize,
+        engine: Acquiring<'static>,
+        purpose: Purpose,
+        call: Call,
+    ) {
+        let client = &mut state.clients[c];
+        client.phase = Phase::Calling {
+            engine,
+            sent_ms: state.now_ms,
+            mark: client.pending,
+        };
+        Self::send(state, c, purpose, call);
     }
 
     fn next_round(&self, client: &mut Client) {
