@@ -139,6 +139,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         )),
         holds(rwlock),
         holds(of(
+            "election: 2 candidates (one leader per term)",
+            shipped(),
+            &[Kind::Election; 2],
+        )),
+        holds(of(
             "multi-lock: 2 clients take x and y",
             shipped(),
             &[Kind::Multi; 2],
@@ -162,6 +167,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     let control = controls::WAKE_LIST_DROPS_A_WAITER;
     out.push(Entry {
         world: plain(control.name, mutated(&control), |_| {}),
+        expect: Expect::Violated(control.caught_by),
+    });
+    let control = controls::CAMPAIGN_WITHOUT_NX;
+    out.push(Entry {
+        world: of(control.name, mutated(&control), &[Kind::Election; 2]),
         expect: Expect::Violated(control.caught_by),
     });
     let control = controls::FAIR_QUEUE_JUMPED;

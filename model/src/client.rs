@@ -69,12 +69,14 @@ pub enum Kind {
     Read,
     /// Both names [`NAME`] and [`SECOND`] at once (a multi-lock).
     Multi,
+    /// A candidate of a leader election (its term: the fencing token).
+    Election,
 }
 
 impl Kind {
     /// The library's protocol for client `client`.
     pub fn protocol(self, client: usize) -> SharedProtocol {
-        use fencelock::model::{Fair, Plain, Read, Reentrant, Semaphore, multi};
+        use fencelock::model::{Election, Fair, Plain, Read, Reentrant, Semaphore, multi};
         match self {
             Kind::Plain => Arc::new(Plain),
             Kind::Fair => Arc::new(Fair::new(FAIR_TIMEOUT)),
@@ -82,6 +84,7 @@ impl Kind {
             Kind::Semaphore(permits) => Arc::new(Semaphore::new(permits, None)),
             Kind::Read => Arc::new(Read::new(String::new())),
             Kind::Multi => Arc::new(multi(vec![keys(NAME), keys(SECOND)])),
+            Kind::Election => Arc::new(Election),
         }
     }
 

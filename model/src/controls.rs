@@ -92,3 +92,15 @@ pub const FAIR_QUEUE_JUMPED: Control = Control {
     }],
     caught_by: crate::world::FAIR_ORDER,
 };
+
+/// A campaign without NX: a candidate takes the leadership from the leader, two
+/// leaders in one term.
+pub const CAMPAIGN_WITHOUT_NX: Control = Control {
+    name: "a campaign without NX",
+    patches: &[Patch {
+        script: "election/campaign.lua",
+        find: "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+        replace: "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+    }],
+    caught_by: ONE_HOLDER,
+};

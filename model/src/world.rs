@@ -483,7 +483,7 @@ impl World {
         server.subscribers.clear();
         let published = server.take_published();
         let mut granted = Vec::new();
-        if call.script.contains("acquire")
+        if (call.script.contains("acquire") || call.script == "election/campaign.lua")
             && let Ok(reply) = client::decode(&reply)
             && let fencelock::model::Answer::Granted { fence, .. } = reply.answer
         {

@@ -4,7 +4,7 @@
 //! takes no lower token, under a lost reply, a lost release message and a client crash,
 //! and wakes its waiters without faults; the fair lock grants in queue order, the
 //! semaphore gives at most 2 permits, the read-write lock no reader beside a writer,
-//! the reentrant and multi-locks one holder; a server restart and a failover break "one
+//! the reentrant and multi-locks and the election one holder; a server restart and a failover break "one
 //! holder" (known, and documented); each control's mutated script is caught with a
 //! readable counterexample.
 
@@ -31,7 +31,7 @@ fn every_world_shows_what_it_must() {
         {
             // The counterexample names the scripts' calls and shows the keyspace.
             assert!(
-                trace.contains("acquire.lua KEYS") && trace.contains("{x} = "),
+                trace.contains(".lua KEYS") && trace.contains("{x} = "),
                 "{trace}"
             );
         }
