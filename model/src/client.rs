@@ -10,7 +10,7 @@
 //! [`judge_one`]; a lost reply is the timeout error a connection reports), and the
 //! subscriber (`backend/subscriber.rs`), for one waiter per client: a message wakes the
 //! waiter it is meant for ([`Wake`]), a wake by name that finds its client's waiter
-//! gone is handed on (`lock/wake.lua`, [`hand_on`]), and a wake that came before an
+//! gone is handed on (`lock/wake.lua`, [`fencelock::model::hand_on`]), and a wake that came before an
 //! attempt Redis answered is used up by it.
 
 use std::sync::{Arc, LazyLock};
