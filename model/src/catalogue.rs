@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use stateright::{Checker, HasDiscoveries, Model};
 
+use crate::client::Kind;
 use crate::controls::{self, Control, ONE_HOLDER};
 use crate::scripts::Scripts;
 use crate::world::{self, World};
@@ -57,6 +58,11 @@ fn plain(name: &'static str, scripts: Scripts, faults: impl Fn(&mut world::Fault
     world
 }
 
+/// A world of one client of each kind, without faults.
+fn of(name: &'static str, scripts: Scripts, kinds: &[Kind]) -> World {
+    World::new(name, scripts, kinds.to_vec(), 2)
+}
+
 fn mutated(control: &Control) -> Scripts {
     control
         .patches
@@ -68,27 +74,46 @@ fn mutated(control: &Control) -> Scripts {
         })
 }
 
-/// Every world, `quick` for the bounded run CI makes.
+/// Every world, `quick` for the bounded run CI makes (each client takes the lock once,
+/// a lost reply within two ticks).
 pub fn worlds(quick: bool) -> Vec<Entry> {
     let shipped = Scripts::shipped;
+    let holds = |world| Entry {
+        world,
+        expect: Expect::Holds,
+    };
+    let mut semaphore = of(
+        "semaphore of 2 permits, 3 clients",
+        shipped(),
+        &[Kind::Semaphore(2); 3],
+    );
+    semaphore.max_holders = 2;
+    let mut rwlock = of(
+        "read-write lock: a writer and 2 readers",
+        shipped(),
+        &[Kind::Plain, Kind::Read, Kind::Read],
+    );
+    // Three clients: a shorter horizon keeps them in bounds (quick: no lease runs out;
+    // the semaphore's full run: one lease and a bit).
+    semaphore.ticks = if quick { 1 } else { 2 };
+    rwlock.ticks = 1;
+    let mut lost_reply = plain("plain lock; a lost reply", shipped(), |f| {
+        f.lost_reply = true
+    });
+    if quick {
+        lost_reply.ticks = 2;
+    }
     let mut out = vec![
-        Entry {
-            world: plain("plain lock; a lost reply", shipped(), |f| {
-                f.lost_reply = true
-            }),
-            expect: Expect::Holds,
-        },
-        Entry {
-            world: plain(
-                "plain lock; a lost release message or a client crash",
-                shipped(),
-                |f| {
-                    f.lost_message = true;
-                    f.crash = true;
-                },
-            ),
-            expect: Expect::Holds,
-        },
+        holds(plain("plain lock; no faults", shipped(), |_| {})),
+        holds(lost_reply),
+        holds(plain(
+            "plain lock; a lost release message or a client crash",
+            shipped(),
+            |f| {
+                f.lost_message = true;
+                f.crash = true;
+            },
+        )),
         Entry {
             world: plain(
                 "plain lock; a server restart without persistence (known not to hold)",
@@ -105,20 +130,56 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             ),
             expect: Expect::Violated(ONE_HOLDER),
         },
+        holds(of("fair lock, 2 clients", shipped(), &[Kind::Fair; 2])),
+        holds(semaphore),
+        holds(of(
+            "reentrant lock, 2 clients",
+            shipped(),
+            &[Kind::Reentrant; 2],
+        )),
+        holds(rwlock),
+        holds(of(
+            "election: 2 candidates (one leader per term)",
+            shipped(),
+            &[Kind::Election; 2],
+        )),
+        holds(of(
+            "multi-lock: 2 clients take x and y",
+            shipped(),
+            &[Kind::Multi; 2],
+        )),
     ];
+    // Each client takes the lock once, but in the full run's fault-free plain world
+    // twice (4.7 million states; with a fault, twice outgrows 9 GB).
+    for entry in &mut out {
+        if quick || entry.world.name != "plain lock; no faults" {
+            entry.world.rounds = 1;
+        }
+    }
+    // The controls: each stops at its (shortest) counterexample.
     for control in controls::PLAIN {
-        let mut world = plain("", mutated(&control), |f| f.lost_reply = true);
+        let mut world = plain("", mutated(&control), |_| {});
         world.name = control.name;
         out.push(Entry {
             world,
             expect: Expect::Violated(control.caught_by),
         });
     }
-    if quick {
-        for entry in &mut out {
-            entry.world.ticks = entry.world.ticks.min(3);
-        }
-    }
+    let control = controls::WAKE_LIST_DROPS_A_WAITER;
+    out.push(Entry {
+        world: plain(control.name, mutated(&control), |_| {}),
+        expect: Expect::Violated(control.caught_by),
+    });
+    let control = controls::CAMPAIGN_WITHOUT_NX;
+    out.push(Entry {
+        world: of(control.name, mutated(&control), &[Kind::Election; 2]),
+        expect: Expect::Violated(control.caught_by),
+    });
+    let control = controls::FAIR_QUEUE_JUMPED;
+    out.push(Entry {
+        world: of(control.name, mutated(&control), &[Kind::Fair; 3]),
+        expect: Expect::Violated(control.caught_by),
+    });
     out
 }
 

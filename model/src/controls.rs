@@ -16,7 +16,7 @@ pub struct Control {
 }
 
 /// The property every lock world checks first.
-pub const ONE_HOLDER: &str = "at most one holder with an unexpired lease";
+pub const ONE_HOLDER: &str = crate::world::ONE_HOLDER;
 
 /// Release without the owner check: a release deletes the lock whoever holds it.
 pub const RELEASE_WITHOUT_OWNER_CHECK: Control = Control {
@@ -48,7 +48,7 @@ pub const TOKEN_NOT_RAISED: Control = Control {
         find: "local fence = math.max((value or 0) + 1, now_us or server_us())",
         replace: "local fence = math.max(value or 0, now_us or server_us())",
     }],
-    caught_by: "fencing tokens strictly increase",
+    caught_by: crate::world::TOKENS_RISE,
 };
 
 /// A fenced write that skips the token check: the resource takes an older token.
@@ -59,7 +59,7 @@ pub const FENCE_CHECK_SKIPPED: Control = Control {
         find: "  if lower(token, highest) then",
         replace: "  if false then",
     }],
-    caught_by: "the resource accepts no lower token",
+    caught_by: crate::world::RESOURCE,
 };
 
 /// Every control of the plain lock world.
@@ -69,3 +69,38 @@ pub const PLAIN: [Control; 4] = [
     TOKEN_NOT_RAISED,
     FENCE_CHECK_SKIPPED,
 ];
+
+/// A wake list that drops its waiter: a refused waiting attempt does not list its
+/// client, so a release wakes nobody and the waiter sleeps until the lease's bound.
+pub const WAKE_LIST_DROPS_A_WAITER: Control = Control {
+    name: "a wake list that drops a waiter",
+    patches: &[Patch {
+        script: "lock/acquire.lua",
+        find: "redis.pcall('ZADD', list, 'NX', now or server_ms(), member)",
+        replace: "local _ = member",
+    }],
+    caught_by: crate::world::NO_LOST_WAKEUP,
+};
+
+/// A fair lock that grants a free lock to whoever asks, ahead of its queue.
+pub const FAIR_QUEUE_JUMPED: Control = Control {
+    name: "a fair acquire that ignores the queue",
+    patches: &[Patch {
+        script: "lock/fair_acquire.lua",
+        find: "if kind == 'none' and (not head or head == ARGV[1]) then",
+        replace: "if kind == 'none' then",
+    }],
+    caught_by: crate::world::FAIR_ORDER,
+};
+
+/// A campaign without NX: a candidate takes the leadership from the leader, two
+/// leaders in one term.
+pub const CAMPAIGN_WITHOUT_NX: Control = Control {
+    name: "a campaign without NX",
+    patches: &[Patch {
+        script: "election/campaign.lua",
+        find: "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+        replace: "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+    }],
+    caught_by: ONE_HOLDER,
+};

@@ -6,18 +6,19 @@
 //!   `redis.call` served by a [`keyspace::Server`];
 //! - [`scripts`]: the library's script registry, and textual mutations of it for the
 //!   checker's controls;
-//! - [`world`]: the checker's worlds (servers, clients, messages, clock, faults) and
-//!   their properties, driven by [`standin`]'s scripted client until the library's
-//!   engine can drive them;
+//! - [`client`]: the worlds' clients, the library's own acquire engine
+//!   (`fencelock::model`), and what the model does in place of its I/O;
+//! - [`world`]: the checker's worlds (a server, clients, messages, clock, faults) and
+//!   their properties;
 //! - [`controls`]: the mutations each property must be caught violated by;
 //! - [`catalogue`]: the worlds `scripts/model` checks and what each must show.
 //!
 //! The keyspace is proven against real servers by `tests/differential.rs`.
 
 pub mod catalogue;
+pub mod client;
 pub mod controls;
 pub mod keyspace;
 pub mod lua;
 pub mod scripts;
-pub mod standin;
 pub mod world;

@@ -1,30 +1,35 @@
-//! A world for the model checker: lock servers (one node, or three Redlock nodes) that
-//! run the shipped scripts, clients, the messages between them, a clock with bounded
-//! drift, and faults as actions; the properties as checks over its state.
+//! A world for the model checker: a lock server that runs the shipped scripts, clients
+//! that are the library's acquire engine ([`crate::client`]), the messages between them,
+//! a clock with bounded drift, and faults as actions; the properties as checks over its
+//! state.
 //!
 //! Everything a world does happens by an action the checker chooses, so every
-//! interleaving of the clients' calls, the servers' executions, the deliveries and the
-//! faults is explored: a call waits in the network until a node executes it (in any
+//! interleaving of the clients' calls, the server's executions, the deliveries and the
+//! faults is explored: a call waits in the network until the node executes it (in any
 //! order), its reply and the messages its script published wait until delivered (in
-//! any order) or lost, and the clock moves only by a tick.
+//! any order) or lost, and the clock moves only by a tick, or to a sleeping client's
+//! timer when that comes sooner.
 //!
-//! Faults: lease expiry (the clock's ticks; a node's clock runs fast by up to the
-//! drift bound), a lost reply (the client sends the same call again: the retry with the
-//! same holder token), a lost or late release message, a client crash, a client pause
-//! past its lease (a client that takes no step while the clock ticks: every
-//! interleaving has it), a node restart that wipes its keyspace (a new run id, uptime
-//! from zero), a failover that loses the last writes (the node's data becomes its
-//! replica's, which copied it at the last `Replicate`).
-//!
-//! The clients are [`crate::standin`]'s scripted plain-lock client for now: see there.
+//! Faults: lease expiry (the clock's ticks; the node's clock runs fast by up to the
+//! drift bound), a lost reply (the client's connection reports a timeout: the engine
+//! tries again with the same holder token), a lost or late release message, a client
+//! crash, a client pause past its lease (a client that takes no step while the clock
+//! ticks: every interleaving has it), a node restart that wipes its keyspace, a
+//! failover that loses the last writes (the node's data becomes its replica's, which
+//! copied it at the last `Replicate`).
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
+use fencelock::model::{
+    Acquiring, Channels, Command, Event, Handover, HolderToken, Site, Undo, Woken, WokenBy,
+    hand_on, own_channel,
+};
 use stateright::{Model, Property};
 
+use crate::client::{self, Call, Kind};
 use crate::keyspace::{Bytes, Published, Reply, Server, Value};
 use crate::scripts::Scripts;
-use crate::standin::{self, Answer, Call};
 
 /// The world's start: the servers' clocks read this (µs since the epoch).
 const EPOCH_US: i64 = 1_800_000_000_000_000;
@@ -46,32 +51,39 @@ pub struct Faults {
     pub budget: u8,
 }
 
+impl Faults {
+    /// Whether a fault may leave a waiter asleep with nothing in flight for a while
+    /// (it then waits for its timer, by design).
+    fn delay_wakes(&self) -> bool {
+        self.lost_reply || self.lost_message || self.crash || self.restart || self.failover
+    }
+}
+
 /// One world: its settings (the checker's model).
 #[derive(Clone, Debug)]
 pub struct World {
     /// A name for reports.
     pub name: &'static str,
-    /// The scripts the servers run (shipped, or a control's mutation).
+    /// The scripts the server runs (shipped, or a control's mutation).
     pub scripts: Scripts,
-    /// How many clients.
-    pub clients: usize,
+    /// What each client takes (one client each).
+    pub kinds: Vec<Kind>,
     /// How many times each client takes the lock.
     pub rounds: u8,
-    /// How many lock servers (1, or 3 for Redlock).
-    pub nodes: usize,
     /// The lease, ms.
     pub lease_ms: i64,
     /// One clock tick, ms.
     pub tick_ms: i64,
-    /// How many ticks at most.
+    /// How many ticks at most: the clock stops at `ticks * tick_ms`.
     pub ticks: u8,
-    /// How far a node's clock may run ahead of the true time, ms (0: none).
+    /// How far the node's clock may run ahead of the true time, ms (0: none).
     pub max_drift_ms: i64,
     /// Each client writes to the fenced resource while it holds the lock.
     pub fenced_writes: bool,
     /// The faults.
     pub faults: Faults,
-    /// At most this many holders with an unexpired lease (1; N for a semaphore).
+    /// At most this many holders with an unexpired lease (1; N for a semaphore;
+    /// readers aside).
     pub max_holders: usize,
 }
 
@@ -80,32 +92,28 @@ pub struct World {
 pub enum Phase {
     /// About to acquire.
     Idle,
-    /// An attempt's call or reply is in flight.
-    Acquiring {
-        /// The acquisition's holder token (the same for every attempt of it).
-        token: String,
-        /// When the attempt was sent (true ms): its lease is counted from here.
+    /// The engine's attempt (or its withdrawal) is in flight: its call, then its reply.
+    Calling {
+        /// The engine.
+        engine: Acquiring<'static>,
+        /// When it was sent (true ms).
         sent_ms: i64,
-        /// A waiting acquire's attempt (listed on the wake list).
-        waiting: bool,
-        /// A release woke it by name.
-        woken: bool,
+        /// The wakes delivered before it was sent: an answer uses them up.
+        mark: u8,
     },
-    /// Refused: waits for a release message, or for the holder's lease to end.
-    Waiting {
-        /// The acquisition's holder token.
-        token: String,
-        /// When it tries again without a message (true ms).
-        retry_ms: i64,
-        /// A release message arrived.
-        woken: bool,
+    /// The engine sleeps until a release message wakes it, or its timer.
+    Asleep {
+        /// The engine.
+        engine: Acquiring<'static>,
+        /// When its timer ends (true ms).
+        until_ms: i64,
     },
     /// Holds the lock (in its own view).
     Holding {
         /// The holder token.
-        token: String,
+        token: HolderToken,
         /// The fencing token.
-        fence: i64,
+        fence: u64,
         /// The end of its lease, by its own count (true ms).
         until_ms: i64,
         /// Its fenced write is done (or not wanted).
@@ -114,30 +122,50 @@ pub enum Phase {
     /// Its fenced write is in flight.
     Writing {
         /// The holder token.
-        token: String,
+        token: HolderToken,
         /// The fencing token.
-        fence: i64,
+        fence: u64,
         /// The end of its lease (true ms).
         until_ms: i64,
     },
     /// Its release is in flight.
-    Releasing {
-        /// The holder token.
-        token: String,
-    },
+    Releasing,
     /// Took the lock as often as it would.
     Done,
-    /// Crashed: takes no step again.
+    /// Crashed: takes no step again (its connections are closed).
     Crashed,
 }
 
-/// One client.
+/// One client: what it does, and what its subscriber holds for its waiter.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Client {
     /// What it does.
     pub phase: Phase,
     /// How many times it took and released the lock.
     pub round: u8,
+    /// The waiter's channels: the lock's, and its client's own channel of the lock.
+    pub listens: Option<(Bytes, Option<Bytes>)>,
+    /// Wakes delivered and not yet taken.
+    pub pending: u8,
+    /// Wakes by name (on its own channel) delivered since it subscribed.
+    pub named: u64,
+    /// A fair handover delivered and not yet taken: (fencing token, lease ms).
+    pub handover: Option<(u64, u64)>,
+}
+
+/// What a call is for, which says what its reply does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    /// The engine's attempt.
+    Attempt,
+    /// The engine's withdrawal.
+    Withdraw,
+    /// A holder's release.
+    Release,
+    /// A holder's fenced write.
+    Write,
+    /// In the background: nobody waits for its reply.
+    Background,
 }
 
 /// What travels between clients and nodes.
@@ -147,8 +175,8 @@ pub enum Packet {
     Call {
         /// The sender.
         from: usize,
-        /// The node.
-        node: usize,
+        /// What it is for.
+        purpose: Purpose,
         /// The call.
         call: Call,
     },
@@ -156,8 +184,8 @@ pub enum Packet {
     Reply {
         /// The client.
         to: usize,
-        /// The node that answered.
-        node: usize,
+        /// What its call was for.
+        purpose: Purpose,
         /// The script it answers.
         script: &'static str,
         /// The reply.
@@ -174,16 +202,7 @@ pub enum Packet {
     },
 }
 
-impl Packet {
-    fn client(&self) -> usize {
-        match self {
-            Packet::Call { from, .. } => *from,
-            Packet::Reply { to, .. } | Packet::Message { to, .. } => *to,
-        }
-    }
-}
-
-/// One lock server: its data and clock, and its replica's copy.
+/// The lock server: its data and clock, and its replica's copy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
     /// The server.
@@ -196,17 +215,23 @@ pub struct Node {
     pub restarts: u8,
 }
 
-/// What the properties read besides the clients and nodes: every grant delivered
+/// What the properties read besides the clients and nodes: every grant a server made
 /// (holder token and fencing token), in order, and the resource's accepted writes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Log {
-    /// (holder token, fencing token) of each grant a server made (a retried acquire's
-    /// second grant of the same token once).
-    pub grants: Vec<(String, i64)>,
+    /// (holder token, fencing token) of each grant (a retried acquire's second grant of
+    /// the same token once), a fair handover's included.
+    pub grants: Vec<(String, u64)>,
     /// A grant's fencing token was not above every earlier grant's.
     pub token_fell: bool,
+    /// A fair grant went to another than the first live waiter of the queue.
+    pub out_of_turn: bool,
     /// The fencing tokens the resource accepted, in order.
-    pub accepted: Vec<i64>,
+    pub accepted: Vec<u64>,
+    /// A lease ran out before its release (in its holder's view, on the server, or
+    /// before its grant's reply came): its waiters may then sleep until the lease's
+    /// bound, by design, as nobody releases.
+    pub lapsed: bool,
 }
 
 /// The world's state.
@@ -214,8 +239,8 @@ pub struct Log {
 pub struct State {
     /// The true time since the start, ms.
     pub now_ms: i64,
-    /// The lock servers.
-    pub nodes: Vec<Node>,
+    /// The lock server.
+    pub node: Node,
     /// The fenced resource's server (no faults: it is the thing protected).
     pub resource: Server,
     /// The clients.
@@ -224,8 +249,6 @@ pub struct State {
     pub net: Vec<Packet>,
     /// Faults left.
     pub faults_left: u8,
-    /// Ticks left.
-    pub ticks_left: u8,
     /// What the properties read.
     pub log: Log,
 }
@@ -233,117 +256,255 @@ pub struct State {
 /// A step the checker may take.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// A client sends an attempt (its first, or a waiting one's next).
+    /// A client starts an acquire.
     Acquire(usize),
-    /// A node runs the call at this place in the network.
+    /// A sleeping client wakes (a message came, or its timer ran out).
+    Wake(usize),
+    /// The node runs the call at this place in the network.
     Execute(usize),
     /// The reply or message at this place arrives.
     Deliver(usize),
     /// Fault: the reply or message at this place is lost.
     Lose(usize),
-    /// A client whose call or reply was lost sends the same call again.
-    Resend(usize),
     /// A holder writes to the fenced resource.
     Write(usize),
     /// A holder releases.
     Release(usize),
     /// The clock moves by a tick.
     Tick,
-    /// A node's clock runs ahead by a tick, within the drift bound.
-    Drift(usize),
+    /// The clock moves to the soonest sleeper's timer, sooner than a tick.
+    Elapse,
+    /// The node's clock runs ahead by a tick, within the drift bound.
+    Drift,
     /// Fault: a client crashes.
     Crash(usize),
-    /// Fault: a node restarts without persistence.
-    Restart(usize),
-    /// A node's replica catches up.
-    Replicate(usize),
-    /// Fault: a node's replica takes over, with what it copied last.
-    Failover(usize),
+    /// Fault: the node restarts without persistence.
+    Restart,
+    /// The node's replica catches up.
+    Replicate,
+    /// Fault: the node's replica takes over, with what it copied last.
+    Failover,
 }
 
 fn run_id(node: usize, restarts: u8) -> String {
     format!("{node:x}{restarts:x}").repeat(20)
 }
 
+/// A fenced write of `value` to the resource's key with `fence` (`fence/write.lua`:
+/// the resource, not the lock, so built here).
+fn fenced_write(fence: u64, value: &str) -> Call {
+    let bytes = |items: &[&str]| items.iter().map(|s| s.as_bytes().to_vec()).collect();
+    Call {
+        script: "fence/write.lua",
+        keys: bytes(&["{resource}:accepted", "{resource}"]),
+        argv: bytes(&[&fence.to_string(), "SET", "2", "1", value]),
+    }
+}
+
 impl World {
-    /// The plain lock: `clients` clients take it `rounds` times each on one server,
-    /// each writing to a fenced resource while it holds it.
-    pub fn plain(scripts: Scripts, clients: usize, rounds: u8) -> World {
+    /// `kinds.len()` clients, each taking what its kind says `rounds` times on one
+    /// server, with no faults.
+    pub fn new(name: &'static str, scripts: Scripts, kinds: Vec<Kind>, rounds: u8) -> World {
         World {
-            name: "plain lock, 1 server",
+            name,
             scripts,
-            clients,
+            kinds,
             rounds,
-            nodes: 1,
             lease_ms: 1_000,
             tick_ms: 600,
             ticks: 3,
             max_drift_ms: 0,
-            fenced_writes: true,
+            fenced_writes: false,
             faults: Faults::default(),
             max_holders: 1,
         }
     }
 
-    /// Whether nothing of the client's call is in flight any more (lost).
-    fn lost(state: &State, client: usize) -> bool {
-        !state.net.iter().any(|p| {
-            p.client() == client && matches!(p, Packet::Call { .. } | Packet::Reply { .. })
-        })
+    /// The plain lock: `clients` clients take it `rounds` times each, each writing to a
+    /// fenced resource while it holds it.
+    pub fn plain(scripts: Scripts, clients: usize, rounds: u8) -> World {
+        World {
+            fenced_writes: true,
+            ..World::new(
+                "plain lock, 1 server",
+                scripts,
+                vec![Kind::Plain; clients],
+                rounds,
+            )
+        }
     }
 
-    /// Which channels a client listens on: a waiting acquire's (the lock's and its own).
-    fn subscribed(phase: &Phase) -> bool {
-        matches!(
-            phase,
-            Phase::Waiting { .. } | Phase::Acquiring { waiting: true, .. }
-        )
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.unsigned_abs())
     }
 
-    fn send(state: &mut State, from: usize, call: Call) {
+    fn send(state: &mut State, from: usize, purpose: Purpose, call: Call) {
         state.net.push(Packet::Call {
             from,
-            node: 0,
+            purpose,
             call,
         });
     }
 
-    fn execute(&self, state: &mut State, at: usize) {
-        let Packet::Call { from, node, call } = state.net.remove(at) else {
-            unreachable!("only calls execute")
+    /// Carries out the engine's commands for client `c` until one waits on the world
+    /// (a call in flight, a sleep) or the acquire ends.
+    fn drive(&self, state: &mut State, c: usize, mut engine: Acquiring<'static>, first: Command) {
+        let now = state.now_ms;
+        let mut command = first;
+        loop {
+            let client = &mut state.clients[c];
+            match command {
+                Command::Attempt(attempt) => {
+                    let tag = client::tag(c);
+                    let site = Site {
+                        client_tag: &tag,
+                        counter_idle: client::COUNTER_IDLE,
+                        stays: false,
+                    };
+                    let call = Call::of(&engine.call(&attempt, &site, false));
+                    return Self::call_out(state, c, engine, Purpose::Attempt, call);
+                }
+                Command::Subscribe(subscribe) => {
+                    // One waiter per client: no other keeps its channels open.
+                    if subscribe.only_if_open {
+                        command = engine.on(Event::Subscribed(None), client::instant(now));
+                        continue;
+                    }
+                    let req = engine.request();
+                    let keys = subscribe
+                        .at
+                        .and_then(|at| req.protocol.keys_at(at))
+                        .unwrap_or(&req.keys);
+                    let own = (req.protocol.waiting().own_channel)
+                        .then(|| own_channel(keys, &client::tag(c)).into_bytes());
+                    let channels = Channels {
+                        everywhere: true,
+                        own_everywhere: own.is_some(),
+                        named_wakes: 0,
+                    };
+                    client.listens = Some((keys.channel().into_bytes(), own));
+                    client.named = 0;
+                    command = engine.on(Event::Subscribed(Some(channels)), client::instant(now));
+                }
+                Command::WaitReplicas { .. } => {
+                    unreachable!("the worlds ask for no replicas")
+                }
+                Command::Sleep { until } => {
+                    client.phase = Phase::Asleep {
+                        engine,
+                        until_ms: client::ms(until),
+                    };
+                    return;
+                }
+                Command::Withdraw(undo) => {
+                    let req = engine.request();
+                    let call = client::release(&*req.protocol, engine.token(), undo);
+                    return Self::call_out(state, c, engine, Purpose::Withdraw, call);
+                }
+                Command::Done(done) => {
+                    // Its subscriptions go with the acquire.
+                    client.listens = None;
+                    client.pending = 0;
+                    client.handover = None;
+                    match done.result {
+                        Ok(acquired) => {
+                            client.phase = Phase::Holding {
+                                token: acquired.token,
+                                fence: acquired.grant.fence.get(),
+                                until_ms: client::ms(acquired.grant.valid_until) - 1,
+                                wrote: !self.fenced_writes,
+                            };
+                        }
+                        Err(_) => {
+                            if done.cleanup.withdraw {
+                                let req = engine.request();
+                                let call =
+                                    client::release(&*req.protocol, engine.token(), Undo::Withdraw);
+                                Self::send(state, c, Purpose::Background, call);
+                            }
+                            self.next_round(&mut state.clients[c]);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The engine's call goes out; the wakes delivered so far are marked, for its
+    /// answer to use up.
+    fn call_out(
+        state: &mut State,
+        c: usize,
+        engine: Acquiring<'static>,
+        purpose: Purpose,
+        call: Call,
+    ) {
+        let client = &mut state.clients[c];
+        client.phase = Phase::Calling {
+            engine,
+            sent_ms: state.now_ms,
+            mark: client.pending,
         };
-        let listeners: Vec<usize> = (0..state.clients.len())
-            .filter(|c| Self::subscribed(&state.clients[*c].phase))
+        Self::send(state, c, purpose, call);
+    }
+
+    fn next_round(&self, client: &mut Client) {
+        client.round += 1;
+        client.phase = if client.round < self.rounds {
+            Phase::Idle
+        } else {
+            Phase::Done
+        };
+    }
+
+    /// Runs `call` on the lock server (or the resource), records what the properties
+    /// need, and sends the messages its script published to the clients subscribed.
+    fn run(&self, state: &mut State, call: &Call) -> Reply {
+        let live: Vec<usize> = (0..state.clients.len())
+            .filter(|c| state.clients[*c].phase != Phase::Crashed)
             .collect();
         let server = if call.script == "fence/write.lua" {
             &mut state.resource
         } else {
-            &mut state.nodes[node].server
+            &mut state.node.server
         };
-        for c in &listeners {
-            for channel in [standin::channel(), standin::own_channel(*c)] {
-                *server.subscribers.entry(channel.into_bytes()).or_default() += 1;
+        server.subscribers.clear();
+        for c in &live {
+            if let Some((channel, own)) = &state.clients[*c].listens {
+                for ch in std::iter::once(channel).chain(own) {
+                    *server.subscribers.entry(ch.clone()).or_default() += 1;
+                }
             }
         }
+        let first_in_line = first_in_line(server, call.script);
         let script = self.scripts.get(call.script);
         let reply = crate::lua::eval(server, script, &call.keys, &call.argv);
-        Self::record(&mut state.log, &call, &reply);
         server.subscribers.clear();
         let published = server.take_published();
-        state.net.push(Packet::Reply {
-            to: from,
-            node,
-            script: call.script,
-            reply,
-        });
+        let mut granted = Vec::new();
+        if (call.script.contains("acquire") || call.script == "election/campaign.lua")
+            && let Ok(reply) = client::decode(&reply)
+            && let fencelock::model::Answer::Granted { fence, .. } = reply.answer
+        {
+            granted.push((
+                String::from_utf8_lossy(&call.argv[0]).into_owned(),
+                fence.get(),
+            ));
+        }
         for Published {
             channel, message, ..
-        } in published
+        } in &published
         {
-            for c in &listeners {
-                let mine = channel == standin::channel().into_bytes()
-                    || channel == standin::own_channel(*c).into_bytes();
-                if mine {
+            if let Some((token, h)) = Handover::parse(message) {
+                granted.push((String::from_utf8_lossy(token).into_owned(), h.fence));
+            }
+            for c in &live {
+                let listens = state.clients[*c]
+                    .listens
+                    .as_ref()
+                    .is_some_and(|(ch, own)| ch == channel || own.as_ref() == Some(channel));
+                if listens {
                     state.net.push(Packet::Message {
                         to: *c,
                         channel: channel.clone(),
@@ -352,124 +513,254 @@ impl World {
                 }
             }
         }
+        let log = &mut state.log;
+        for (holder, fence) in granted {
+            if let Some(first) = &first_in_line
+                && *first != holder
+            {
+                log.out_of_turn = true;
+            }
+            if !log.grants.contains(&(holder.clone(), fence)) {
+                let top = log.grants.iter().map(|(_, f)| *f).max();
+                log.token_fell |= top.is_some_and(|top| fence <= top);
+                log.grants.push((holder, fence));
+            }
+        }
+        if call.script == "fence/write.lua"
+            && reply.as_array().and_then(|r| r.first()) == Some(&Reply::Int(1))
+        {
+            let fence = String::from_utf8_lossy(&call.argv[0]).parse().unwrap_or(0);
+            log.accepted.push(fence);
+        }
+        reply
     }
 
-    /// What the properties need of an execution, taken when the server runs it (the
-    /// order of grants and accepted writes is the servers', not the deliveries').
-    fn record(log: &mut Log, call: &Call, reply: &Reply) {
-        let arg = |i: usize| String::from_utf8_lossy(&call.argv[i]).into_owned();
-        match (call.script, standin::answer(reply)) {
-            ("lock/acquire.lua", Answer::Granted(fence)) => {
-                let holder = arg(0);
-                if !log.grants.contains(&(holder.clone(), fence)) {
-                    let top = log.grants.iter().map(|(_, f)| *f).max();
-                    log.token_fell |= top.is_some_and(|top| fence <= top);
-                    log.grants.push((holder, fence));
-                }
-            }
-            ("fence/write.lua", _) => {
-                let accepted = reply.as_array().and_then(|r| r.first()) == Some(&Reply::Int(1));
-                if accepted {
-                    log.accepted.push(arg(0).parse().unwrap_or(i64::MAX));
-                }
-            }
-            _ => {}
+    fn execute(&self, state: &mut State, at: usize) {
+        let Packet::Call {
+            from,
+            purpose,
+            call,
+        } = state.net.remove(at)
+        else {
+            unreachable!("only calls execute")
+        };
+        let reply = self.run(state, &call);
+        if purpose != Purpose::Background {
+            state.net.push(Packet::Reply {
+                to: from,
+                purpose,
+                script: call.script,
+                reply,
+            });
         }
     }
 
-    fn deliver(&self, state: &mut State, at: usize) {
-        let packet = state.net.remove(at);
+    /// The reply at `at` arrives (`lost`: its connection times out instead).
+    fn reply(&self, state: &mut State, at: usize, lost: bool) {
+        let Packet::Reply {
+            to: c,
+            purpose,
+            reply,
+            ..
+        } = state.net.remove(at)
+        else {
+            unreachable!("a reply")
+        };
         let now = state.now_ms;
-        let client = &mut state.clients[packet.client()];
-        match (packet, &client.phase) {
+        let phase = std::mem::replace(&mut state.clients[c].phase, Phase::Idle);
+        match (purpose, phase) {
             (
-                Packet::Message { .. },
-                Phase::Waiting {
-                    token, retry_ms, ..
+                Purpose::Attempt,
+                Phase::Calling {
+                    mut engine,
+                    sent_ms,
+                    mark,
                 },
             ) => {
-                client.phase = Phase::Waiting {
-                    token: token.clone(),
-                    retry_ms: *retry_ms,
-                    woken: true,
+                let event = if lost {
+                    client::lost()
+                } else {
+                    let (event, take_back) = client::answered(&reply, sent_ms, self.lease(), now);
+                    if take_back {
+                        state.log.lapsed = true;
+                        // The library takes a late grant back before its next attempt.
+                        let req = engine.request();
+                        let call = client::release(&*req.protocol, engine.token(), Undo::TakeBack);
+                        self.run(state, &call);
+                    }
+                    event
                 };
+                if matches!(event, Event::Answered(Ok(_))) {
+                    let client = &mut state.clients[c];
+                    client.pending = client.pending.saturating_sub(mark);
+                }
+                let command = engine.on(event, client::instant(now));
+                self.drive(state, c, engine, command);
             }
-            (Packet::Reply { reply, .. }, Phase::Acquiring { token, sent_ms, .. }) => {
-                let token = token.clone();
-                client.phase = match standin::answer(&reply) {
-                    Answer::Granted(fence) => Phase::Holding {
-                        token,
-                        fence,
-                        until_ms: sent_ms + self.lease_ms,
-                        wrote: !self.fenced_writes,
-                    },
-                    Answer::Held(ms) => Phase::Waiting {
-                        token,
-                        retry_ms: now + if ms < 0 { self.lease_ms } else { ms },
-                        woken: false,
-                    },
-                    Answer::Failed(_) => Phase::Waiting {
-                        token,
-                        retry_ms: now,
-                        woken: false,
-                    },
+            (Purpose::Withdraw, Phase::Calling { mut engine, .. }) => {
+                let result = match (&reply, lost) {
+                    (_, true) => Err(fencelock::model::timed_out("model:0")),
+                    (Reply::Error(e), _) => Err(fencelock::model::rejected("model:0", e)),
+                    _ => Ok(()),
                 };
+                let command = engine.on(Event::Withdrawn(result), client::instant(now));
+                self.drive(state, c, engine, command);
             }
             (
-                Packet::Reply { reply, .. },
+                Purpose::Write,
                 Phase::Writing {
                     token,
                     fence,
                     until_ms,
                 },
             ) => {
-                let _ = reply;
-                client.phase = Phase::Holding {
-                    token: token.clone(),
-                    fence: *fence,
-                    until_ms: *until_ms,
+                state.clients[c].phase = Phase::Holding {
+                    token,
+                    fence,
+                    until_ms,
                     wrote: true,
                 };
             }
-            (Packet::Reply { .. }, Phase::Releasing { .. }) => {
-                client.round += 1;
-                client.phase = if client.round < self.rounds {
-                    Phase::Idle
-                } else {
-                    Phase::Done
-                };
+            (Purpose::Release, Phase::Releasing) => self.next_round(&mut state.clients[c]),
+            // A crashed client's reply finds nobody.
+            (_, phase) => state.clients[c].phase = phase,
+        }
+    }
+
+    /// The message at `at` reaches its client's subscriber: it wakes the waiter it is
+    /// meant for, or, a wake by name whose client has no waiter left, is handed on.
+    fn message(&self, state: &mut State, at: usize) {
+        let Packet::Message {
+            to: c,
+            channel,
+            message,
+        } = state.net.remove(at)
+        else {
+            unreachable!("a message")
+        };
+        let client = &mut state.clients[c];
+        let engine = match &client.phase {
+            Phase::Calling { engine, .. } | Phase::Asleep { engine, .. } => Some(engine),
+            _ => None,
+        };
+        let listening = client
+            .listens
+            .as_ref()
+            .filter(|(ch, own)| *ch == channel || own.as_ref() == Some(&channel));
+        match (engine, listening) {
+            (Some(engine), Some((_, own))) => {
+                let req = engine.request();
+                let (wakes, handover) = client::wakes(&*req.protocol, engine.token(), &message);
+                if wakes {
+                    client.pending = client.pending.saturating_add(1).min(3);
+                    if own.as_ref() == Some(&channel) {
+                        client.named += 1;
+                    }
+                    if let Some(h) = handover {
+                        client.handover = Some((h.fence, h.px));
+                    }
+                }
             }
-            // Anything else finds nobody waiting for it (a crashed client, a stale
-            // message).
+            _ if message.is_empty() => {
+                // Its own channel of a lock (`{x}:released:c0`): handed on.
+                let own = String::from_utf8_lossy(&channel);
+                for name in [client::NAME, client::SECOND] {
+                    let keys = client::keys(name);
+                    if own == own_channel(&keys, &client::tag(c)) {
+                        let call = Call::of(&hand_on(&keys));
+                        Self::send(state, c, Purpose::Background, call);
+                    }
+                }
+            }
             _ => {}
         }
     }
 
-    /// The call a client whose call or reply was lost sends again: the same call (an
-    /// acquire's retry keeps its holder token).
-    fn resend(&self, state: &mut State, client: usize) {
-        let call = match &state.clients[client].phase {
-            Phase::Acquiring {
-                token,
-                waiting,
-                woken,
-                ..
-            } => standin::acquire(token, self.lease_ms, client, *waiting, *woken),
-            Phase::Writing { fence, .. } => standin::fenced_write(*fence, &standin::tag(client)),
-            Phase::Releasing { token } => standin::release(token),
-            _ => return,
+    /// A sleeping client wakes: the engine's next command.
+    fn wake(&self, state: &mut State, c: usize) {
+        let now = state.now_ms;
+        let client = &mut state.clients[c];
+        let Phase::Asleep { mut engine, .. } = std::mem::replace(&mut client.phase, Phase::Idle)
+        else {
+            unreachable!("only a sleeper wakes")
         };
-        Self::send(state, client, call);
+        let by = if client.pending > 0 || client.handover.is_some() {
+            WokenBy::Notification
+        } else {
+            WokenBy::Timer
+        };
+        client.pending = 0;
+        let woken = Woken {
+            by,
+            named_wakes: client.named,
+            handover: client
+                .handover
+                .take()
+                .map(|(fence, px)| Handover { fence, px }),
+        };
+        let command = engine.on(Event::Woken(woken), client::instant(now));
+        self.drive(state, c, engine, command);
     }
 
     fn advance(state: &mut State, ms: i64) {
+        let lock = client::keys(client::NAME).lock.into_bytes();
+        let held = |state: &State| state.node.server.entries().any(|(k, _)| *k == lock);
+        let was_held = held(state);
         state.now_ms += ms;
-        for node in &mut state.nodes {
-            node.server.advance_us(ms * 1000);
-            node.replica.advance_us(ms * 1000);
-        }
+        let now = state.now_ms;
+        state.log.lapsed |= state.clients.iter().any(|c| {
+            matches!(c.phase, Phase::Holding { until_ms, .. } | Phase::Writing { until_ms, .. } if until_ms <= now)
+        });
+        state.node.server.advance_us(ms * 1000);
+        state.node.replica.advance_us(ms * 1000);
         state.resource.advance_us(ms * 1000);
+        state.log.lapsed |= was_held && !held(state);
     }
+
+    /// The horizon: the clock stops here.
+    fn horizon(&self) -> i64 {
+        i64::from(self.ticks) * self.tick_ms
+    }
+
+    /// The soonest sleeper's timer, if it ends after now and before the next tick.
+    fn next_timer(&self, state: &State) -> Option<i64> {
+        state
+            .clients
+            .iter()
+            .filter_map(|c| match c.phase {
+                Phase::Asleep { until_ms, .. } => Some(until_ms),
+                _ => None,
+            })
+            .filter(|t| *t > state.now_ms && *t < state.now_ms + self.tick_ms)
+            .filter(|t| *t <= self.horizon())
+            .min()
+    }
+}
+
+/// The first waiter of a fair lock's queue whose deadline has not passed, when `script`
+/// is one of the fair lock's that may grant (`None`: nobody is in line).
+fn first_in_line(server: &Server, script: &str) -> Option<String> {
+    if !matches!(script, "lock/fair_acquire.lua" | "lock/fair_release.lua") {
+        return None;
+    }
+    let keys = client::keys(client::NAME);
+    let get = |key: String| {
+        let key = key.into_bytes();
+        server
+            .entries()
+            .find(|(k, _)| **k == key)
+            .map(|(_, e)| e.value.clone())
+    };
+    let (Some(Value::List(queue)), Some(Value::ZSet(deadlines))) =
+        (get(keys.queue()), get(keys.waiters()))
+    else {
+        return None;
+    };
+    let now = server.now_ms() as f64;
+    queue
+        .iter()
+        .find(|w| deadlines.get(*w).is_some_and(|d| d.0 > now))
+        .map(|w| String::from_utf8_lossy(w).into_owned())
 }
 
 impl Model for World {
@@ -477,31 +768,29 @@ impl Model for World {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let nodes = (0..self.nodes)
-            .map(|n| {
-                let server = Server::new(EPOCH_US, run_id(n, 0));
-                Node {
-                    replica: server.clone(),
-                    server,
-                    drift_ms: 0,
-                    restarts: 0,
-                }
-            })
-            .collect();
+        let server = Server::new(EPOCH_US, run_id(0, 0));
         vec![State {
             now_ms: 0,
-            nodes,
+            node: Node {
+                replica: server.clone(),
+                server,
+                drift_ms: 0,
+                restarts: 0,
+            },
             resource: Server::new(EPOCH_US, run_id(0xf, 0)),
             clients: vec![
                 Client {
                     phase: Phase::Idle,
                     round: 0,
+                    listens: None,
+                    pending: 0,
+                    named: 0,
+                    handover: None,
                 };
-                self.clients
+                self.kinds.len()
             ],
             net: Vec::new(),
             faults_left: self.faults.budget,
-            ticks_left: self.ticks,
             log: Log::default(),
         }]
     }
@@ -510,20 +799,19 @@ impl Model for World {
         for (c, client) in state.clients.iter().enumerate() {
             match &client.phase {
                 Phase::Idle => actions.push(Action::Acquire(c)),
-                Phase::Waiting {
-                    retry_ms, woken, ..
-                } if *woken || state.now_ms >= *retry_ms => actions.push(Action::Acquire(c)),
+                Phase::Asleep { until_ms, .. }
+                    if client.pending > 0
+                        || client.handover.is_some()
+                        || state.now_ms >= *until_ms =>
+                {
+                    actions.push(Action::Wake(c));
+                }
                 Phase::Holding {
                     wrote: false,
                     until_ms,
                     ..
                 } if state.now_ms < *until_ms => actions.push(Action::Write(c)),
                 Phase::Holding { wrote: true, .. } => actions.push(Action::Release(c)),
-                Phase::Acquiring { .. } | Phase::Writing { .. } | Phase::Releasing { .. }
-                    if Self::lost(state, c) =>
-                {
-                    actions.push(Action::Resend(c));
-                }
                 _ => {}
             }
             let alive = !matches!(client.phase, Phase::Crashed | Phase::Done);
@@ -548,23 +836,25 @@ impl Model for World {
                 }
             }
         }
-        if state.ticks_left > 0 {
+        if state.now_ms + self.tick_ms <= self.horizon() {
             actions.push(Action::Tick);
         }
-        for (n, node) in state.nodes.iter().enumerate() {
-            if node.drift_ms + self.tick_ms <= self.max_drift_ms {
-                actions.push(Action::Drift(n));
+        if self.next_timer(state).is_some() {
+            actions.push(Action::Elapse);
+        }
+        let node = &state.node;
+        if node.drift_ms + self.tick_ms <= self.max_drift_ms {
+            actions.push(Action::Drift);
+        }
+        if state.faults_left > 0 && self.faults.restart {
+            actions.push(Action::Restart);
+        }
+        if self.faults.failover {
+            if node.replica.entries().ne(node.server.entries()) {
+                actions.push(Action::Replicate);
             }
-            if state.faults_left > 0 && self.faults.restart {
-                actions.push(Action::Restart(n));
-            }
-            if self.faults.failover {
-                if node.replica.entries().ne(node.server.entries()) {
-                    actions.push(Action::Replicate(n));
-                }
-                if state.faults_left > 0 {
-                    actions.push(Action::Failover(n));
-                }
+            if state.faults_left > 0 {
+                actions.push(Action::Failover);
             }
         }
     }
@@ -574,30 +864,26 @@ impl Model for World {
         let now = state.now_ms;
         match action {
             Action::Acquire(c) => {
-                let (token, waiting, woken) = match &state.clients[c].phase {
-                    Phase::Idle => (format!("c{c}r{}", state.clients[c].round), false, false),
-                    Phase::Waiting { token, woken, .. } => (token.clone(), true, *woken),
-                    _ => return None,
-                };
-                Self::send(
-                    &mut state,
-                    c,
-                    standin::acquire(&token, self.lease_ms, c, waiting, woken),
-                );
-                state.clients[c].phase = Phase::Acquiring {
-                    token,
-                    sent_ms: now,
-                    waiting,
-                    woken,
-                };
+                let client = &state.clients[c];
+                let mut engine = client::acquire(self.kinds[c], c, client.round, self.lease(), now);
+                let command = engine.start(client::instant(now));
+                self.drive(&mut state, c, engine, command);
             }
+            Action::Wake(c) => self.wake(&mut state, c),
             Action::Execute(at) => self.execute(&mut state, at),
-            Action::Deliver(at) => self.deliver(&mut state, at),
+            Action::Deliver(at) => match state.net[at] {
+                Packet::Reply { .. } => self.reply(&mut state, at, false),
+                _ => self.message(&mut state, at),
+            },
             Action::Lose(at) => {
-                state.net.remove(at);
                 state.faults_left -= 1;
+                match state.net[at] {
+                    Packet::Reply { .. } => self.reply(&mut state, at, true),
+                    _ => {
+                        state.net.remove(at);
+                    }
+                }
             }
-            Action::Resend(c) => self.resend(&mut state, c),
             Action::Write(c) => {
                 let Phase::Holding {
                     token,
@@ -608,11 +894,8 @@ impl Model for World {
                 else {
                     return None;
                 };
-                Self::send(
-                    &mut state,
-                    c,
-                    standin::fenced_write(fence, &standin::tag(c)),
-                );
+                let call = fenced_write(fence, &client::tag(c));
+                Self::send(&mut state, c, Purpose::Write, call);
                 state.clients[c].phase = Phase::Writing {
                     token,
                     fence,
@@ -623,80 +906,132 @@ impl Model for World {
                 let Phase::Holding { token, .. } = state.clients[c].phase.clone() else {
                     return None;
                 };
-                Self::send(&mut state, c, standin::release(&token));
-                state.clients[c].phase = Phase::Releasing { token };
+                let protocol = self.kinds[c].protocol(c);
+                let call = client::release(&*protocol, &token, Undo::Release);
+                Self::send(&mut state, c, Purpose::Release, call);
+                state.clients[c].phase = Phase::Releasing;
             }
-            Action::Tick => {
-                state.ticks_left -= 1;
-                Self::advance(&mut state, self.tick_ms);
+            Action::Tick => Self::advance(&mut state, self.tick_ms),
+            Action::Elapse => {
+                let until = self.next_timer(&state)?;
+                Self::advance(&mut state, until - now);
             }
-            Action::Drift(n) => {
-                state.nodes[n].drift_ms += self.tick_ms;
-                state.nodes[n].server.advance_us(self.tick_ms * 1000);
+            Action::Drift => {
+                state.node.drift_ms += self.tick_ms;
+                state.node.server.advance_us(self.tick_ms * 1000);
             }
             Action::Crash(c) => {
                 state.faults_left -= 1;
-                state.clients[c].phase = Phase::Crashed;
+                let client = &mut state.clients[c];
+                client.phase = Phase::Crashed;
+                client.listens = None;
             }
-            Action::Restart(n) => {
+            Action::Restart => {
                 state.faults_left -= 1;
-                let node = &mut state.nodes[n];
+                let node = &mut state.node;
                 node.restarts += 1;
-                node.server.wipe(run_id(n, node.restarts));
+                node.server.wipe(run_id(0, node.restarts));
                 node.replica = node.server.clone();
             }
-            Action::Replicate(n) => {
-                let node = &mut state.nodes[n];
+            Action::Replicate => {
+                let node = &mut state.node;
                 let copy = node.server.clone();
                 node.replica.replace_keys_from(&copy);
             }
-            Action::Failover(n) => {
+            Action::Failover => {
                 state.faults_left -= 1;
-                let node = &mut state.nodes[n];
+                let node = &mut state.node;
                 let replica = node.replica.clone();
                 node.server.replace_keys_from(&replica);
                 node.restarts += 1;
-                node.server.run_id = run_id(n, node.restarts);
+                node.server.run_id = run_id(0, node.restarts);
             }
         }
         Some(state)
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
-            Property::always(
-                "at most one holder with an unexpired lease",
-                |world: &World, state: &State| holders(state).len() <= world.max_holders,
-            ),
-            Property::always("fencing tokens strictly increase", |_, state: &State| {
-                !state.log.token_fell
+        let mut out = vec![
+            Property::always(ONE_HOLDER, |world: &World, state: &State| {
+                let (owners, sharers) = holders(world, state);
+                owners.len() <= world.max_holders && (owners.is_empty() || sharers.is_empty())
             }),
-            Property::always("the resource accepts no lower token", |_, state: &State| {
+            Property::always(TOKENS_RISE, |_, state: &State| !state.log.token_fell),
+            Property::always(RESOURCE, |_, state: &State| {
                 state.log.accepted.windows(2).all(|w| w[0] <= w[1])
             }),
-            Property::sometimes(HELD, |_, state: &State| !holders(state).is_empty()),
-        ]
+            Property::always(FAIR_ORDER, |_, state: &State| !state.log.out_of_turn),
+            Property::sometimes(HELD, |world: &World, state: &State| {
+                let (owners, sharers) = holders(world, state);
+                !owners.is_empty() || !sharers.is_empty()
+            }),
+        ];
+        if !self.faults.delay_wakes() {
+            out.push(Property::always(NO_LOST_WAKEUP, |_, state: &State| {
+                !stranded(state) || state.log.lapsed
+            }));
+        }
+        out
     }
 }
+
+/// At most one holder with an unexpired lease (N for a semaphore, readers aside).
+pub const ONE_HOLDER: &str = "at most one holder with an unexpired lease";
+/// Each grant's fencing token is above every earlier one's.
+pub const TOKENS_RISE: &str = "fencing tokens strictly increase";
+/// The fenced resource never takes a token lower than one it took.
+pub const RESOURCE: &str = "the resource accepts no lower token";
+/// A fair lock grants to the first live waiter of its queue.
+pub const FAIR_ORDER: &str = "a fair lock grants in queue order";
+/// No waiter is left asleep on its timer alone while nothing is in flight (a lost
+/// wake-up, or a deadlock), as long as every lease ended by its release: checked in the
+/// worlds without faults.
+pub const NO_LOST_WAKEUP: &str = "no waiter left asleep with nothing in flight";
 
 /// The reachability check beside the safety properties: some state has a holder (a
 /// world where nobody ever gets the lock passes every safety property vacuously).
 pub const HELD: &str = "a client holds the lock";
 
-/// The clients that hold the lock with a lease unexpired by their own count.
-pub fn holders(state: &State) -> Vec<usize> {
-    state
-        .clients
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| match &c.phase {
+/// The clients that hold with a lease unexpired by their own count: those that own the
+/// lock (or a permit), and readers.
+pub fn holders(world: &World, state: &State) -> (Vec<usize>, Vec<usize>) {
+    let (mut owners, mut sharers) = (Vec::new(), Vec::new());
+    for (i, c) in state.clients.iter().enumerate() {
+        let holds = match &c.phase {
             Phase::Holding { until_ms, .. } | Phase::Writing { until_ms, .. } => {
                 state.now_ms < *until_ms
             }
             _ => false,
-        })
-        .map(|(i, _)| i)
-        .collect()
+        };
+        if holds {
+            if world.kinds[i].shares() {
+                sharers.push(i);
+            } else {
+                owners.push(i);
+            }
+        }
+    }
+    (owners, sharers)
+}
+
+/// The retry schedule's longest pause (the library's default, 100 ms): a waiter whose
+/// timer ends sooner is trying again anyway (after a node error, a late grant).
+const RETRY_MAX_MS: i64 = 100;
+
+/// Whether every client still at work sleeps on a timer longer than a retry's, with no
+/// message or reply on its way and no wake waiting: nobody holds, so a release (or a
+/// deadlock) left them asleep until a lease bound.
+pub fn stranded(state: &State) -> bool {
+    let mut working = state
+        .clients
+        .iter()
+        .filter(|c| !matches!(c.phase, Phase::Done | Phase::Crashed))
+        .peekable();
+    state.net.is_empty() && working.peek().is_some() && working.all(|c| {
+        matches!(c.phase, Phase::Asleep { until_ms, .. } if until_ms > state.now_ms + RETRY_MAX_MS)
+            && c.pending == 0
+            && c.handover.is_none()
+    })
 }
 
 /// A state, readably: the clock, each client, each node's keys (with their TTLs), the
@@ -705,17 +1040,20 @@ pub fn describe(state: &State) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "    clock: +{} ms", state.now_ms);
     for (i, c) in state.clients.iter().enumerate() {
-        let _ = writeln!(out, "    client {i}: {:?} (round {})", c.phase, c.round);
-    }
-    for (n, node) in state.nodes.iter().enumerate() {
         let _ = writeln!(
             out,
-            "    node {n} (run {}, clock +{} ms): {}",
-            &node.server.run_id[..4],
-            node.drift_ms,
-            keys(&node.server)
+            "    client {i}: {:?} (round {}, wakes pending {}, handover {:?})",
+            c.phase, c.round, c.pending, c.handover
         );
     }
+    let node = &state.node;
+    let _ = writeln!(
+        out,
+        "    node (run {}, clock +{} ms): {}",
+        &node.server.run_id[..4],
+        node.drift_ms,
+        keys(&node.server)
+    );
     let _ = writeln!(out, "    resource: {}", keys(&state.resource));
     for p in &state.net {
         let _ = writeln!(out, "    in flight: {}", packet(p));
@@ -769,18 +1107,15 @@ fn packet(p: &Packet) -> String {
             .join(" ")
     };
     match p {
-        Packet::Call { from, node, call } => format!(
-            "client {from} -> node {node}: {} KEYS {} ARGV {}",
+        Packet::Call { from, call, .. } => format!(
+            "client {from} -> node: {} KEYS {} ARGV {}",
             call.script,
             text(&call.keys),
             text(&call.argv)
         ),
         Packet::Reply {
-            to,
-            node,
-            script,
-            reply,
-        } => format!("node {node} -> client {to}: {script} answered {reply}"),
+            to, script, reply, ..
+        } => format!("node -> client {to}: {script} answered {reply}"),
         Packet::Message {
             to,
             channel,

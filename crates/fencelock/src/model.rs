@@ -70,7 +70,7 @@ pub use crate::observe::{ModeLabel, WokenBy};
 pub use crate::protocols::{Election, Fair, Multi, Plain, Read, Reentrant, Semaphore};
 pub use crate::scripts::replies::{AcquireReply, Answer, Code, Identity, Owned, Renewed};
 pub use crate::scripts::{Call, CallParts, Flavor, Listing, renew};
-use crate::token::HolderToken;
+pub use crate::token::HolderToken;
 
 /// A holder token with the text the model chose (32 lowercase hex digits, as the
 /// library draws them).
@@ -91,3 +91,52 @@ pub fn decode_acquire(reply: redis::Value) -> Result<AcquireReply, redis::Parsin
 
 /// A protocol, shared as the engine holds it.
 pub type SharedProtocol = Arc<dyn Protocol>;
+
+/// A multi-lock over `names` (its keys, in the global order the library sorts them
+/// into), as `MultiLockBuilder` builds it.
+pub fn multi(names: Vec<LockKeys>) -> Multi {
+    Multi::new(names)
+}
+
+/// What a node's subscriber runs when a wake by name finds no waiter of its client left
+/// (`lock/wake.lua`, the `HandOn` of `backend/subscriber.rs`): the wake goes on to the
+/// next client of the wake list.
+pub fn hand_on(keys: &LockKeys) -> Call {
+    crate::scripts::wake(keys)
+}
+
+/// The release channel of the client tagged `tag` on the lock of `keys` (where a wake by
+/// name or a fair handover reaches it).
+pub fn own_channel(keys: &LockKeys, tag: &str) -> String {
+    keys.own_channel(tag)
+}
+
+/// The error of a call whose reply did not come back in time (a lost reply), as the
+/// node's connection reports it: its outcome is unknown.
+pub fn timed_out(node: &str) -> crate::Error {
+    crate::Error::Unavailable {
+        node: node.to_owned(),
+        reason: crate::UnavailableReason::TimedOut,
+        detail: "the reply was lost".to_owned(),
+        source: None,
+    }
+}
+
+/// The error of a script that answered an error reply (`message`, without the `-`).
+pub fn rejected(node: &str, message: &str) -> crate::Error {
+    crate::Error::Rejected {
+        node: node.to_owned(),
+        code: message.split(' ').next().unwrap_or_default().to_owned(),
+        message: message.to_owned(),
+    }
+}
+
+impl std::fmt::Debug for Acquiring<'_> {
+    /// Its token and the number of attempts: the rest is read through its accessors.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acquiring")
+            .field("token", &self.token().as_str())
+            .field("attempts", &self.attempts())
+            .finish_non_exhaustive()
+    }
+}
