@@ -1296,3 +1296,79 @@ async fn an_uncontended_acquire_and_release_leave_the_waiting_writers_alone() {
         "the scripts ran"
     );
 }
+
+/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`,
+/// leaving out the test's own commands.
+fn commands_run(r: &RedisServer) -> Vec<(String, u64)> {
+    let stats = r.cmd(&["INFO", "commandstats"]);
+    let mut calls: Vec<(String, u64)> = stats
+        .as_str()
+        .expect("INFO's text")
+        .lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = fields
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let command = name.split('|').next()?;
+            (!matches!(command, "info" | "config" | "slowlog")).then(|| (name.to_owned(), n))
+        })
+        .collect();
+    calls.sort();
+    calls
+}
+
+/// What an uncontended acquire and release cost Redis (docs/benchmarks.md, "Redis's
+/// work per lock"): the common case's scripts, with the fewest keys and arguments, and
+/// the fewest commands inside them; a release that nobody waits for reads the wake list
+/// once and announces nothing.
+#[tokio::test]
+async fn an_uncontended_acquire_and_release_run_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    // Once first: the scripts loaded, the server asked what it offers.
+    c.lock("stock:42")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    r.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    r.cmd(&["SLOWLOG", "RESET"]);
+    r.cmd(&["CONFIG", "RESETSTAT"]);
+    let guard = c.lock("stock:42").try_acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let expected = [
+        ("del", 1),     // the lock key and its holder info
+        ("evalsha", 2), // take.lua, release.lua
+        ("exists", 1),  // the wake list: nobody listed, nothing announced
+        ("get", 2),     // the counter, then (release) the lock key
+        ("set", 2),     // the lock key NX, the counter
+        ("time", 1),    // the token's floor
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
+    // Each script's keys and arguments (SLOWLOG keeps each command's): take.lua 2 keys
+    // and 3 arguments, release.lua 4 keys and 2 arguments.
+    let log = r.cmd(&["SLOWLOG", "GET", "100"]);
+    let mut sizes: Vec<(String, usize)> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|entry| {
+            let args = entry.as_array()?.get(3)?.as_array()?.to_vec();
+            (args.first()?.as_str()?.eq_ignore_ascii_case("evalsha"))
+                .then(|| (args[2].as_str().unwrap().to_owned(), args.len() - 3))
+        })
+        .collect();
+    sizes.sort();
+    assert_eq!(
+        sizes,
+        [("2".to_owned(), 5), ("4".to_owned(), 6)],
+        "(keys, keys + arguments)"
+    );
+}

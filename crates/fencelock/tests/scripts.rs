@@ -999,3 +999,200 @@ fn a_fair_waiter_refused_by_a_plain_holder_lists_everyone() {
     assert_eq!(release_listed(&r, THEIRS), 1);
     assert_eq!(publishes(&r), before + 1);
 }
+
+static TAKE: LazyLock<&str> = LazyLock::new(|| source("lock/take.lua"));
+const WRITERS: &str = "fencelock:{s}:writers";
+
+/// The lock's keys as a comparable text: each key's type and contents (ZSET members
+/// without their scores, which are times; a counter minted from the clock as "clock").
+fn lock_keys(r: &RedisServer, ahead: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in [LOCK, FENCE, WRITERS] {
+        let kind = r.cmd(&["TYPE", key]).as_str().unwrap_or("?").to_owned();
+        let value = match kind.as_str() {
+            "string" => match r.get(key).and_then(|v| v.parse::<i64>().ok()) {
+                Some(n) if n > 1_000_000_000_000 && n != ahead && n != ahead + 1 => {
+                    "clock".to_owned()
+                }
+                _ => format!("{:?}", r.get(key)),
+            },
+            "hash" => format!("{:?}", r.cmd(&["HGETALL", key])),
+            "zset" | "list" => {
+                let read = if kind == "zset" { "ZRANGE" } else { "LRANGE" };
+                format!("{:?}", r.cmd(&[read, key, "0", "-1"]))
+            }
+            _ => String::new(),
+        };
+        out.push(format!("{key} {kind} {value}"));
+    }
+    out
+}
+
+/// A reply with its times rounded away: a PTTL or a wait to the second, a token minted
+/// from the clock as "clock"; take.lua's bare token as acquire.lua's {1, token}.
+fn comparable(reply: &Reply, ahead: i64) -> String {
+    let norm = |n: i64| {
+        if n > 1_000_000_000_000 && n != ahead && n != ahead + 1 {
+            "clock".to_owned()
+        } else if n > 100 {
+            format!("~{}s", (n + 500) / 1000)
+        } else {
+            n.to_string()
+        }
+    };
+    match (reply.as_int(), reply.as_array()) {
+        (Some(n), _) => format!("[1, {}]", norm(n)),
+        (None, Some(items)) => {
+            let items: Vec<String> = items
+                .iter()
+                .map(|i| i.as_int().map_or_else(|| format!("{i:?}"), norm))
+                .collect();
+            format!("[{}]", items.join(", "))
+        }
+        _ => format!("{reply:?}"),
+    }
+}
+
+/// take.lua answers and writes what acquire.lua does for the attempts it serves (one
+/// node, no holder info, not listed, never queued among writers; waiting or not), in
+/// every state the lock's keys can be in; its grant alone is a bare integer.
+#[test]
+fn take_answers_and_writes_as_acquire_does_in_every_key_state() {
+    let r = RedisServer::start();
+    let ahead = r.server_time().as_micros() as i64 + 3_600_000_000;
+    let ahead_text = ahead.to_string();
+    let counter = |r: &RedisServer| {
+        r.cmd(&["SET", FENCE, &ahead_text]);
+    };
+    let states: Vec<(&str, Box<dyn Fn(&RedisServer)>)> = vec![
+        ("free", Box::new(counter)),
+        ("free, no counter", Box::new(|_: &RedisServer| {})),
+        (
+            "mine",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["SET", LOCK, MINE, "PX", "3000"]);
+            }),
+        ),
+        (
+            "mine, counter wiped",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", LOCK, MINE, "PX", "3000"]);
+            }),
+        ),
+        (
+            "theirs",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["SET", LOCK, THEIRS, "PX", "7000"]);
+            }),
+        ),
+        (
+            "theirs, no expiry",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", LOCK, THEIRS]);
+            }),
+        ),
+        (
+            "a reentrant holder",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["HSET", LOCK, "owner", "job", "fence", "5"]);
+                r.cmd(&["PEXPIRE", LOCK, "4000"]);
+            }),
+        ),
+        (
+            "a hash of someone else's",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["HSET", LOCK, "f", "v"]);
+            }),
+        ),
+        (
+            "a semaphore's permits",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["ZADD", LOCK, "99999999999999", MINE]);
+            }),
+        ),
+        (
+            "readers",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["ZADD", LOCK, "+inf", "rwlock", "99999999999999", THEIRS]);
+            }),
+        ),
+        (
+            "readers whose leases ended",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["ZADD", LOCK, "+inf", "rwlock", "1", THEIRS]);
+            }),
+        ),
+        (
+            "readers, writers of another type",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["ZADD", LOCK, "+inf", "rwlock", "99999999999999", THEIRS]);
+                r.cmd(&["SET", WRITERS, "x"]);
+            }),
+        ),
+        (
+            "a counter of another type",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["RPUSH", FENCE, "x"]);
+            }),
+        ),
+        (
+            "a counter that is no number",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "12ab"]);
+            }),
+        ),
+        (
+            "a counter too long",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "9999999999999999999"]);
+            }),
+        ),
+        (
+            "a semaphore's counter",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "s12"]);
+            }),
+        ),
+    ];
+    for (state, set_up) in &states {
+        for join in [false, true] {
+            // Not waiting, take.lua is not given the writers' key, so it does not see
+            // it is of another type; it refuses for the readers, writing nothing.
+            if !join && *state == "readers, writers of another type" {
+                continue;
+            }
+            let join_flag = if join { "1" } else { "0" };
+            r.cmd(&["FLUSHALL"]);
+            set_up(&r);
+            let general = r.cmd(&[
+                "EVAL", &ACQUIRE, "4", LOCK, FENCE, INFO, WRITERS, MINE, "10000", "0", "", "0",
+                join_flag, "0",
+            ]);
+            let general_keys = lock_keys(&r, ahead);
+            r.cmd(&["FLUSHALL"]);
+            set_up(&r);
+            let take = if join {
+                r.cmd(&["EVAL", &TAKE, "3", LOCK, FENCE, WRITERS, MINE, "10000", "0"])
+            } else {
+                r.cmd(&["EVAL", &TAKE, "2", LOCK, FENCE, MINE, "10000", "0"])
+            };
+            assert_eq!(
+                comparable(&take, ahead),
+                comparable(&general, ahead),
+                "{state}, waiting {join}: the reply"
+            );
+            assert_eq!(
+                lock_keys(&r, ahead),
+                general_keys,
+                "{state}, waiting {join}: the keys"
+            );
+            if *state == "free" {
+                assert_eq!(take.as_int(), Some(ahead + 1), "a bare integer");
+            }
+        }
+    }
+}

@@ -179,6 +179,7 @@ impl Flavor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lua {
     Acquire,
+    Take,
     Release,
     Renew,
     RenewAcrossSlots,
@@ -210,8 +211,9 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 29] = [
+    const ALL: [Lua; 30] = [
         Lua::Acquire,
+        Lua::Take,
         Lua::Release,
         Lua::Renew,
         Lua::RenewAcrossSlots,
@@ -256,7 +258,8 @@ impl Lua {
         use Lua::*;
         match self {
             Acquire => lua!("lock/acquire.lua", [CLOCK, FENCE, WAITING, LATER, TYPES, HOLDER, READERS]),
-            Release => lua!("lock/release.lua", [PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS]),
+            Take => lua!("lock/take.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, READERS]),
+            Release => lua!("lock/release.lua", [LATER, PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS]),
             Renew => lua!("lock/renew.lua", [HOLDER, CLOCK, LEASE]),
             RenewAcrossSlots => lua!("lock/renew_across_slots.lua", [HOLDER, CLOCK, LEASE]),
             ReentrantAcquire => lua!("lock/reentrant_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
@@ -344,6 +347,7 @@ impl Lua {
         matches!(
             self,
             Lua::Acquire
+                | Lua::Take
                 | Lua::ReentrantAcquire
                 | Lua::FairAcquire
                 | Lua::SemaphoreAcquire
