@@ -1196,3 +1196,50 @@ fn take_answers_and_writes_as_acquire_does_in_every_key_state() {
         }
     }
 }
+
+static READ_RELEASE: LazyLock<&str> = LazyLock::new(|| source("rwlock/read_release.lua"));
+
+/// The last reader's release announces itself only when someone may wait for it: a
+/// writer waiting among the writers, or a client listed on the wake list.
+#[test]
+fn the_last_readers_release_announces_itself_only_when_someone_may_wait() {
+    let r = RedisServer::start();
+    let far = (r.server_time().as_millis() as u64 + 60_000).to_string();
+    let release = |keys: &[&str]| {
+        r.cmd(&["ZADD", LOCK, "+inf", "rwlock", &far, MINE]);
+        let before = publishes(&r);
+        let mut args = vec!["EVAL", *READ_RELEASE];
+        let n = keys.len().to_string();
+        args.push(&n);
+        args.extend_from_slice(keys);
+        args.extend_from_slice(&[MINE, CHANNEL]);
+        assert_eq!(r.cmd(&args).as_int(), Some(1), "released");
+        assert!(!r.exists(LOCK), "the last reader took the key with it");
+        publishes(&r) - before
+    };
+    assert_eq!(release(&[LOCK, WRITERS, WAKES]), 0, "nobody waits");
+    r.cmd(&["ZADD", WRITERS, &far, THEIRS]);
+    assert_eq!(release(&[LOCK, WRITERS, WAKES]), 1, "a writer waits");
+    r.cmd(&["DEL", WRITERS]);
+    r.cmd(&["ZADD", WAKES, "1", "*"]);
+    assert_eq!(release(&[LOCK, WRITERS, WAKES]), 1, "a client is listed");
+    r.cmd(&["DEL", WAKES]);
+    assert_eq!(release(&[LOCK]), 1, "a caller that names neither key");
+    // A reader that is not the last one announces nothing.
+    r.cmd(&["ZADD", WRITERS, &far, THEIRS]);
+    r.cmd(&["ZADD", LOCK, "+inf", "rwlock", &far, THEIRS]);
+    let before = publishes(&r);
+    r.cmd(&["ZADD", LOCK, &far, MINE]);
+    let n = r.cmd(&[
+        "EVAL",
+        &READ_RELEASE,
+        "3",
+        LOCK,
+        WRITERS,
+        WAKES,
+        MINE,
+        CHANNEL,
+    ]);
+    assert_eq!(n.as_int(), Some(1));
+    assert_eq!(publishes(&r) - before, 0, "readers remain");
+}

@@ -3,8 +3,15 @@
 -- only. The layout: readers.lua.
 --
 -- KEYS[1]  lock key
+-- KEYS[2]  waiting writers optional: the writers that readers hold back (readers.lua)
+-- KEYS[3]  wake list       optional, with KEYS[2]: the clients listed as waiting for the
+--                          lock (wakes.lua: a multi-lock's waiter that readers refused)
 -- ARGV[1]  the reader's member: its holder token, or "<token>:<owner>"
--- ARGV[2]  release channel: an empty message there announces that the readers are gone
+-- ARGV[2]  release channel: an empty message there announces that the readers are gone,
+--          when someone may wait for them: a writer waits (KEYS[2] holds one) or a
+--          client is listed (KEYS[3]), or the caller named neither key. Every waiter
+--          that readers refuse registers as a waiting writer or lists itself before it
+--          sleeps, so a release that finds neither wakes nobody by keeping quiet
 --
 -- Reply, an integer:
 --    1   released (the lock held this reader with a lease not yet over)
@@ -43,7 +50,7 @@ end
 redis.call('ZREM', KEYS[1], ARGV[1])
 local now = server_ms()
 local readers = readers_held(KEYS[1], now)
-if readers == 0 then
+if readers == 0 and (not KEYS[2] or redis.call('EXISTS', unpack(KEYS, 2)) > 0) then
   announce(ARGV[2], '')
 end
 if tonumber(ends) <= now then
