@@ -7,7 +7,7 @@ use fencelock::{Client, Error, LockGuard, LossCause, Retry, UnavailableReason};
 use testkit::{Fault, FaultProxy, RedisServer};
 
 mod common;
-use common::eventually;
+use common::{commands_run, count_commands, eventually, script_sizes};
 
 async fn client(r: &RedisServer) -> Client {
     Client::connect(&r.url()).await.expect("connect")
@@ -1297,30 +1297,6 @@ async fn an_uncontended_acquire_and_release_leave_the_waiting_writers_alone() {
     );
 }
 
-/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`,
-/// leaving out the test's own commands.
-fn commands_run(r: &RedisServer) -> Vec<(String, u64)> {
-    let stats = r.cmd(&["INFO", "commandstats"]);
-    let mut calls: Vec<(String, u64)> = stats
-        .as_str()
-        .expect("INFO's text")
-        .lines()
-        .filter_map(|line| {
-            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let n = fields
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            let command = name.split('|').next()?;
-            (!matches!(command, "info" | "config" | "slowlog")).then(|| (name.to_owned(), n))
-        })
-        .collect();
-    calls.sort();
-    calls
-}
-
 /// What an uncontended acquire and release cost Redis (docs/benchmarks.md, "Redis's
 /// work per lock"): the common case's scripts, with the fewest keys and arguments, and
 /// the fewest commands inside them; a release that nobody waits for reads the wake list
@@ -1337,9 +1313,7 @@ async fn an_uncontended_acquire_and_release_run_the_fewest_commands() {
         .release()
         .await
         .unwrap();
-    r.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
-    r.cmd(&["SLOWLOG", "RESET"]);
-    r.cmd(&["CONFIG", "RESETSTAT"]);
+    count_commands(&r);
     let guard = c.lock("stock:42").try_acquire().await.unwrap();
     guard.release().await.unwrap();
     let expected = [
@@ -1354,18 +1328,7 @@ async fn an_uncontended_acquire_and_release_run_the_fewest_commands() {
     assert_eq!(commands_run(&r), expected);
     // Each script's keys and arguments (SLOWLOG keeps each command's): take.lua 2 keys
     // and 3 arguments, release.lua 4 keys and 2 arguments.
-    let log = r.cmd(&["SLOWLOG", "GET", "100"]);
-    let mut sizes: Vec<(String, usize)> = log
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|entry| {
-            let args = entry.as_array()?.get(3)?.as_array()?.to_vec();
-            (args.first()?.as_str()?.eq_ignore_ascii_case("evalsha"))
-                .then(|| (args[2].as_str().unwrap().to_owned(), args.len() - 3))
-        })
-        .collect();
-    sizes.sort();
+    let sizes = script_sizes(&r);
     assert_eq!(
         sizes,
         [("2".to_owned(), 5), ("4".to_owned(), 6)],

@@ -22,6 +22,26 @@
 -- ("hold:<token>") is given back (1), if there is one.
 -- A key of another type: wrong_type(); nothing written.
 
+-- The common case first, before any function is defined (each definition makes a
+-- closure on every call): the last reader (its lease and the mark are all the set
+-- holds; a holder token is never a member of another set) takes the key with it, and
+-- announces nothing when nobody waits.
+local last = nil
+local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(ends) == 'string' and redis.call('ZCARD', KEYS[1]) == 2 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('DEL', KEYS[1])
+  last = tonumber(ends) > now and 1 or 0
+  if KEYS[2] and redis.call('EXISTS', unpack(KEYS, 2)) == 0 then
+    return last
+  end
+end
+-- (later fragments)
+if last then
+  announce(ARGV[2], '')
+  return last
+end
 local kind, found = lock_holder(KEYS[1])
 if kind == 'none' then
   return 0
@@ -43,7 +63,7 @@ elseif kind == 'foreign' and found ~= 'readers' and found ~= 'zset' then
 elseif kind ~= 'foreign' or found ~= 'readers' then
   return -1
 end
-local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not ends then
   return 0
 end
