@@ -265,10 +265,10 @@ impl Lua {
             ReentrantAcquire => lua!("lock/reentrant_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReentrantRelease => lua!("lock/reentrant_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
             FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
-            FairRelease => lua!("lock/fair_release.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
+            FairRelease => lua!("lock/fair_release.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
             SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, LATER, FAIR_QUEUE, PUBLISH]),
-            SemaphoreRelease => lua!("semaphore/release.lua", [TYPES, CLOCK, FAIR_QUEUE, PUBLISH, WAKES]),
+            SemaphoreRelease => lua!("semaphore/release.lua", [LATER, TYPES, CLOCK, FAIR_QUEUE, PUBLISH, WAKES]),
             SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH, WAKES]),
             ReadAcquire => lua!("rwlock/read_acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReadRelease => lua!("rwlock/read_release.lua", [LATER, TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
@@ -1025,6 +1025,39 @@ mod tests {
             .filter(|l| !l.trim_start().starts_with("--"))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The common cases that an uncontended lock, read or permit runs define no
+    /// function (a closure on every call: docs/benchmarks.md, "Redis's work per lock"):
+    /// every fragment of these scripts goes in after their fast path, which answers.
+    #[test]
+    fn the_common_cases_run_before_any_function_is_defined() {
+        for lua in [
+            Lua::Take,
+            Lua::Release,
+            Lua::ReadAcquire,
+            Lua::ReadRelease,
+            Lua::FairRelease,
+            Lua::SemaphoreRelease,
+        ] {
+            let (file, fragments, body) = lua.parts();
+            assert!(
+                fragments.first().is_some_and(|f| f.0 == LATER.0),
+                "{file}: a fragment goes in front of its fast path"
+            );
+            let code: Vec<&str> = split_at_marks(body)[0]
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect();
+            assert!(
+                code.iter().all(|l| !l.contains("function")),
+                "{file}: its fast path defines a function"
+            );
+            assert!(
+                code.iter().any(|l| l.trim_start().starts_with("return")),
+                "{file}: its fast path answers"
+            );
+        }
     }
 
     #[test]
