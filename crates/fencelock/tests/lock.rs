@@ -1335,3 +1335,28 @@ async fn an_uncontended_acquire_and_release_run_the_fewest_commands() {
         "(keys, keys + arguments)"
     );
 }
+
+/// What an uncontended fair lock costs Redis (docs/benchmarks.md, "Redis's work per
+/// lock"): with nobody holding it or in line, its acquire and release run the fewest
+/// commands.
+#[tokio::test]
+async fn an_uncontended_fair_lock_runs_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    // Once first: the scripts loaded, the server asked what it offers.
+    let g = c.lock("stock:42").fair().try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    count_commands(&r);
+    let g = c.lock("stock:42").fair().try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    let expected = [
+        ("del", 1),     // the lock key and its holder info
+        ("evalsha", 2), // fair_acquire.lua, fair_release.lua
+        ("exists", 2),  // nobody holds it or is in line; nobody in line for the release
+        ("get", 2),     // the counter, then (release) the lock key
+        ("set", 2),     // the lock key, the counter
+        ("time", 1),    // the token's floor
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
+}

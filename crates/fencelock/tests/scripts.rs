@@ -297,8 +297,13 @@ fn fair_acquire_raw(r: &RedisServer, token: &str, join: bool) -> Reply {
     ])
 }
 
+/// fair_acquire.lua's reply as an array: its grant of a lock that nobody held or waited
+/// for, a bare integer, as {1, token} (as the library decodes it).
 fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
     let reply = fair_acquire_raw(r, token, join);
+    if let Some(fence) = reply.as_int() {
+        return vec![Reply::Int(1), Reply::Int(fence)];
+    }
     reply
         .as_array()
         .unwrap_or_else(|| panic!("fair_acquire replied {reply:?}"))

@@ -264,7 +264,7 @@ impl Lua {
             RenewAcrossSlots => lua!("lock/renew_across_slots.lua", [HOLDER, CLOCK, LEASE]),
             ReentrantAcquire => lua!("lock/reentrant_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReentrantRelease => lua!("lock/reentrant_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
-            FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
+            FairAcquire => lua!("lock/fair_acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
             FairRelease => lua!("lock/fair_release.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
             SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, LATER, FAIR_QUEUE, PUBLISH]),
@@ -1035,6 +1035,7 @@ mod tests {
         for lua in [
             Lua::Take,
             Lua::Release,
+            Lua::FairAcquire,
             Lua::ReadAcquire,
             Lua::ReadRelease,
             Lua::FairRelease,
