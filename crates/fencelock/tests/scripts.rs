@@ -1058,6 +1058,9 @@ fn comparable(reply: &Reply, ahead: i64) -> String {
     }
 }
 
+/// How a state of the lock's keys is made.
+type SetUp<'a> = Box<dyn Fn(&RedisServer) + 'a>;
+
 /// take.lua answers and writes what acquire.lua does for the attempts it serves (one
 /// node, no holder info, not listed, never queued among writers; waiting or not), in
 /// every state the lock's keys can be in; its grant alone is a bare integer.
@@ -1069,7 +1072,7 @@ fn take_answers_and_writes_as_acquire_does_in_every_key_state() {
     let counter = |r: &RedisServer| {
         r.cmd(&["SET", FENCE, &ahead_text]);
     };
-    let states: Vec<(&str, Box<dyn Fn(&RedisServer)>)> = vec![
+    let states: Vec<(&str, SetUp<'_>)> = vec![
         ("free", Box::new(counter)),
         ("free, no counter", Box::new(|_: &RedisServer| {})),
         (

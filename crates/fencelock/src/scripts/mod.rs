@@ -72,9 +72,9 @@ const SHARDED_PUBLISH: Fragment = Fragment(include_str!("fragments/spublish.lua"
 /// Not a file: in a script's list, the fragments after it (up to the next `LATER`) go
 /// in at the script's next [`LATER_MARK`] line instead of in front. What comes before
 /// that line is a fast path, which then runs without defining the functions only the
-/// later paths use: every definition makes a closure on every call. An uncontended
-/// acquire and release define 7 functions instead of 29 (docs/benchmarks.md has the
-/// count of Redis's instructions).
+/// later paths use: every definition makes a closure on every call. A script whose list
+/// starts with `LATER` defines none before its fast path: an uncontended plain, fair or
+/// read lock defines none (docs/benchmarks.md has the count of Redis's instructions).
 const LATER: Fragment = Fragment("");
 /// The line of a script at which the next group of fragments after a [`LATER`] goes in
 /// (a whole line, trailing `\r` or spaces allowed).
