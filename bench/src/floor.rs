@@ -1,9 +1,11 @@
-//! The handoff floor: a bare `PUBLISH` from this process to a subscriber in another
-//! process (this binary re-executed as the hidden `floor` subcommand), from just before
-//! the `PUBLISH` until the subscriber has read the message, by `CLOCK_MONOTONIC` (the
-//! message carries the time). Every lock handoff includes one such message, so no
-//! handoff by pub/sub can be faster on this machine; a lock's handoff is reported as a
-//! multiple of it. The messages go [`GAP`] apart, as the handoffs go about a hold apart.
+//! The handoff floors: a message from this process to a subscriber in another process
+//! (this binary re-executed as the hidden `floor` subcommand), from just before it is
+//! sent until the subscriber has read it, by `CLOCK_MONOTONIC` (the message carries the
+//! time). Two shapes: a bare `PUBLISH`, the floor of any handoff by pub/sub on this
+//! machine; and a release-shaped round trip, one `EVALSHA` of a script that deletes a
+//! key and publishes (what a lock's release does at the least), which the handoff
+//! targets are measured against. The messages go [`GAP`] apart, as the handoffs go
+//! about a hold apart.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -13,6 +15,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::clock::mono_ns;
 use crate::latency::{Summary, summarize};
+use crate::report::{fmt_ns, x};
+use crate::results::HandoffRow;
 
 /// The pause between two messages.
 const GAP: Duration = Duration::from_millis(1);
@@ -69,25 +73,62 @@ async fn subscribe(args: FloorArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// The floor measured twice, `count` messages each time, around what `between` does
+/// The release-shaped floor's script: a release's delete and announcement, nothing
+/// else.
+const RELEASE_SHAPED: &str =
+    "redis.call('DEL', KEYS[1]) return redis.call('PUBLISH', ARGV[1], ARGV[2])";
+/// The key it deletes (set again before each message, outside the time taken).
+const KEY: &str = "bench-floor-key";
+
+/// How the message is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `PUBLISH`.
+    Publish,
+    /// `EVALSHA` of [`RELEASE_SHAPED`].
+    Release,
+}
+
+/// Both floors, measured in the same run.
+pub(crate) struct Floors {
+    /// A bare `PUBLISH`: the reference.
+    pub(crate) publish: Result<Summary, String>,
+    /// One `EVALSHA` of a script that deletes a key and publishes: what the handoff
+    /// targets are against.
+    pub(crate) release: Result<Summary, String>,
+}
+
+/// Each floor measured twice, `count` messages each time, around what `between` does
 /// (the handoff rows), so that drift hits both alike; the percentiles of all samples.
 pub(crate) async fn around<T>(
     url: &str,
     count: usize,
     between: impl std::future::Future<Output = T>,
-) -> (Result<Summary, String>, T) {
-    let before = measure(url, count).await;
+) -> (Floors, T) {
+    let before = (
+        measure(url, count, Shape::Publish).await,
+        measure(url, count, Shape::Release).await,
+    );
     let out = between.await;
-    let after = measure(url, count).await;
-    let floor = before.and_then(|mut b| {
-        b.extend(after?);
-        summarize(&b).ok_or_else(|| "no samples".to_owned())
-    });
-    (floor, out)
+    let after = (
+        measure(url, count, Shape::Publish).await,
+        measure(url, count, Shape::Release).await,
+    );
+    let both = |before: Result<Vec<u64>, String>, after: Result<Vec<u64>, String>| {
+        before.and_then(|mut b| {
+            b.extend(after?);
+            summarize(&b).ok_or_else(|| "no samples".to_owned())
+        })
+    };
+    let floors = Floors {
+        publish: both(before.0, after.0),
+        release: both(before.1, after.1),
+    };
+    (floors, out)
 }
 
-/// Publishes `count` messages to a subscriber process on `url`; the samples (ns).
-async fn measure(url: &str, count: usize) -> Result<Vec<u64>, String> {
+/// Sends `count` messages in `shape` to a subscriber process on `url`; the samples (ns).
+async fn measure(url: &str, count: usize, shape: Shape) -> Result<Vec<u64>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = tokio::process::Command::new(exe)
         .args(["floor", "--url", url, "--count", &count.to_string()])
@@ -102,13 +143,41 @@ async fn measure(url: &str, count: usize) -> Result<Vec<u64>, String> {
         other => return Err(format!("floor subscriber did not start: {other:?}")),
     }
     let mut conn = crate::latency::connect(url).await?;
-    for _ in 0..count {
-        let receivers: i64 = redis::cmd("PUBLISH")
-            .arg(CHANNEL)
-            .arg(mono_ns().to_string())
-            .query_async(&mut conn)
+    let script = redis::Script::new(RELEASE_SHAPED);
+    if shape == Shape::Release {
+        // Loaded before the first message, as a lock's scripts are.
+        let _: i64 = script
+            .key(KEY)
+            .arg("bench-floor-warm-up")
+            .arg("0")
+            .invoke_async(&mut conn)
             .await
-            .map_err(|e| format!("PUBLISH: {e}"))?;
+            .map_err(|e| format!("the release-shaped script: {e}"))?;
+    }
+    for _ in 0..count {
+        let receivers: i64 = match shape {
+            Shape::Publish => redis::cmd("PUBLISH")
+                .arg(CHANNEL)
+                .arg(mono_ns().to_string())
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("PUBLISH: {e}"))?,
+            Shape::Release => {
+                let _: () = redis::cmd("SET")
+                    .arg(KEY)
+                    .arg("held")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| format!("SET: {e}"))?;
+                script
+                    .key(KEY)
+                    .arg(CHANNEL)
+                    .arg(mono_ns().to_string())
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(|e| format!("the release-shaped script: {e}"))?
+            }
+        };
         if receivers != 1 {
             return Err(format!("PUBLISH reached {receivers} subscribers, not 1"));
         }
@@ -125,4 +194,63 @@ async fn measure(url: &str, count: usize) -> Result<Vec<u64>, String> {
         return Err(format!("{} of {count} messages timed", samples.len()));
     }
     Ok(samples)
+}
+
+/// `--only handoff`'s section: each row's p50 against both floors.
+pub(crate) fn render(s: &mut String, floors: &Floors, rows: &[HandoffRow]) {
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "## Handoff against its floors\n");
+    for (what, floor) in [
+        ("a bare `PUBLISH`", &floors.publish),
+        (
+            "release-shaped: an `EVALSHA` that deletes a key and publishes",
+            &floors.release,
+        ),
+    ] {
+        match floor {
+            Ok(f) => {
+                let _ = writeln!(
+                    s,
+                    "- floor, {what}: p50 {}, p99 {}, max {}",
+                    fmt_ns(f.p50),
+                    fmt_ns(f.p99),
+                    fmt_ns(f.max)
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(s, "- floor, {what}: not measured: {e}");
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n| | waiters | handoff p50 | over the release-shaped floor | over a bare PUBLISH |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
+    for row in rows {
+        let Some(p50) = row.summary.as_ref().map(|h| h.p50) else {
+            let error = row.error.as_deref().unwrap_or("no samples");
+            let _ = writeln!(
+                s,
+                "| {} | {} | {error} | | |",
+                row.peer.label(),
+                row.waiters
+            );
+            continue;
+        };
+        let over = |f: &Result<Summary, String>| {
+            f.as_ref()
+                .map_or("–".into(), |f| x(p50 as f64 / f.p50 as f64))
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            row.peer.label(),
+            row.waiters,
+            fmt_ns(p50),
+            over(&floors.release),
+            over(&floors.publish)
+        );
+    }
+    let _ = writeln!(s);
 }

@@ -143,6 +143,9 @@ enum Only {
     Election,
     /// The uncontended and 1-waiter handoff rows through a 0.5 ms round trip.
     Network,
+    /// fencelock's handoff rows (plain and fair, 1, 8 and 64 waiters) between the two
+    /// handoff floors: a bare PUBLISH and a release-shaped EVALSHA to another process.
+    Handoff,
     /// Where Redis's work per lock goes: each kind of lock and its peers, broken down
     /// inside redis-server (callgrind on a build with symbols; commandstats, SLOWLOG).
     Cost,
@@ -283,6 +286,42 @@ fn only(section: Only, plan: &'static Plan, node: Result<PathBuf, String>, out: 
                 ));
                 election::render(&mut s, &t, plan);
                 (s, t.failed())
+            }
+            Only::Handoff => {
+                let launch = Launcher::new(Err("not needed".to_owned()), node);
+                let rows = async {
+                    let mut rows = Vec::new();
+                    for peer in [Peer::Fencelock, Peer::FencelockFair] {
+                        for waiters in WAITERS {
+                            eprintln!("handoff: {} with {waiters} waiters", peer.label());
+                            let name = format!("handoff-{}-{waiters}", peer.slug());
+                            rows.push(
+                                launcher::handoff_row(
+                                    &launch,
+                                    &server,
+                                    peer,
+                                    name,
+                                    waiters,
+                                    plan.handoff_run,
+                                )
+                                .await,
+                            );
+                        }
+                    }
+                    rows
+                };
+                let (floors, rows) = floor::around(&server.url(), plan.floor_messages, rows).await;
+                let mut s = format!(
+                    "# fencelock-bench ({} run, handoff against its floors only)\n\n",
+                    plan.name
+                );
+                floor::render(&mut s, &floors, &rows);
+                let failed = floors.publish.is_err()
+                    || floors.release.is_err()
+                    || rows
+                        .iter()
+                        .any(|r| r.error.is_some() || !r.report.errors.is_empty());
+                (s, failed)
             }
             Only::Cost => {
                 let c = cost::run(plan, &server).await;
@@ -551,11 +590,14 @@ async fn bench(
         .into_iter()
         .partition(|p| matches!(p, Peer::Fencelock | Peer::FencelockFair));
     eprintln!(
-        "handoff floor: {} PUBLISHes to another process",
+        "handoff floors: {} PUBLISHes and as many release-shaped EVALSHAs to another process",
         plan.floor_messages
     );
     let (floor, mut handoff) = floor::around(&url, plan.floor_messages, handoff_rows(ours)).await;
-    if let Err(e) = &floor {
+    for e in [&floor.publish, &floor.release]
+        .into_iter()
+        .filter_map(|f| f.as_ref().err())
+    {
         eprintln!("handoff floor failed: {e}");
         failed = true;
     }

@@ -894,7 +894,14 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
         );
     }
     let _ = writeln!(s);
-    match &r.floor {
+    floor_text(s, r, unit);
+    chart_link(s, charts, &charts.handoff, "Handoff p50 by waiter count");
+}
+
+/// The two handoff floors measured around fencelock's rows, and fencelock's handoff over
+/// the release-shaped one (what the targets are against).
+fn floor_text(s: &mut String, r: &Results, unit: f64) {
+    match &r.floor.publish {
         Ok(f) => {
             let _ = writeln!(
                 s,
@@ -921,7 +928,43 @@ fn handoff_section(s: &mut String, r: &Results, charts: &Charts) {
             );
         }
     }
-    chart_link(s, charts, &charts.handoff, "Handoff p50 by waiter count");
+    match &r.floor.release {
+        Ok(f) => {
+            let over = |peer| {
+                WAITERS
+                    .iter()
+                    .map(|&w| {
+                        handoff_p50(r, peer, w).map_or(format!("{w}: –"), |p| {
+                            format!("{w}: {}", x(p as f64 / f.p50 as f64))
+                        })
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let _ = writeln!(
+                s,
+                "The release-shaped floor, measured in the same turns: one `EVALSHA` of a \
+                 script that deletes a key and publishes, to the same subscriber: p50 {}, p99 \
+                 {}, max {} ({} the bare `PUBLISH`). fencelock's handoff p50 over it, by \
+                 waiters: {}; fair() {}.\n",
+                fmt_ns(f.p50),
+                fmt_ns(f.p99),
+                fmt_ns(f.max),
+                r.floor
+                    .publish
+                    .as_ref()
+                    .map_or("–".into(), |b| x(f.p50 as f64 / b.p50 as f64)),
+                over(Peer::Fencelock),
+                over(Peer::FencelockFair),
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(
+                s,
+                "The release-shaped handoff floor was not measured: {e}.\n"
+            );
+        }
+    }
 }
 
 fn hot_key_section(s: &mut String, r: &Results, charts: &Charts) {

@@ -93,9 +93,11 @@ pub(crate) struct Results {
     pub(crate) election: crate::election::Takeover,
     /// The uncontended and handoff rows through a 0.5 ms round trip.
     pub(crate) network: crate::network::Network,
-    /// A bare PUBLISH to a subscriber in another process, around fencelock's handoff
-    /// rows: the floor of any handoff by pub/sub.
-    pub(crate) floor: Result<Summary, String>,
+    /// Around fencelock's handoff rows, to a subscriber in another process: a bare
+    /// PUBLISH (the floor of any handoff by pub/sub), and a release-shaped round trip
+    /// (an EVALSHA that deletes a key and publishes: what the handoff targets are
+    /// against).
+    pub(crate) floor: crate::floor::Floors,
     /// What fencing costs at the resource: PostgreSQL and Redis, fenced and not.
     pub(crate) fencing: Fencing,
     pub(crate) held: Result<HeldRun, String>,

@@ -271,7 +271,7 @@ async fn a_command_refused_inside_a_script_is_named() {
     let c = client(&server).await;
     let line = refusal(c.lock("x").try_acquire().await.unwrap_err());
     assert!(line.contains("may not run TIME"), "{line}");
-    assert!(line.contains("lock/acquire.lua"), "{line}");
+    assert!(line.contains("lock/take.lua"), "{line}");
     assert!(!server.exists("fencelock:{x}"));
 }
 

@@ -7,7 +7,7 @@ use fencelock::{Client, Error, LockGuard, LossCause, Retry, UnavailableReason};
 use testkit::{Fault, FaultProxy, RedisServer};
 
 mod common;
-use common::eventually;
+use common::{commands_run, count_commands, eventually, script_sizes};
 
 async fn client(r: &RedisServer) -> Client {
     Client::connect(&r.url()).await.expect("connect")
@@ -1295,4 +1295,68 @@ async fn an_uncontended_acquire_and_release_leave_the_waiting_writers_alone() {
         r.info_field("commandstats", "cmdstat_evalsha").is_some(),
         "the scripts ran"
     );
+}
+
+/// What an uncontended acquire and release cost Redis (docs/benchmarks.md, "Redis's
+/// work per lock"): the common case's scripts, with the fewest keys and arguments, and
+/// the fewest commands inside them; a release that nobody waits for reads the wake list
+/// once and announces nothing.
+#[tokio::test]
+async fn an_uncontended_acquire_and_release_run_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    // Once first: the scripts loaded, the server asked what it offers.
+    c.lock("stock:42")
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    count_commands(&r);
+    let guard = c.lock("stock:42").try_acquire().await.unwrap();
+    guard.release().await.unwrap();
+    let expected = [
+        ("del", 1),     // the lock key and its holder info
+        ("evalsha", 2), // take.lua, release.lua
+        ("exists", 1),  // the wake list: nobody listed, nothing announced
+        ("get", 2),     // the counter, then (release) the lock key
+        ("set", 2),     // the lock key NX, the counter
+        ("time", 1),    // the token's floor
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
+    // Each script's keys and arguments (SLOWLOG keeps each command's): take.lua 2 keys
+    // and 3 arguments, release.lua 4 keys and 2 arguments.
+    let sizes = script_sizes(&r);
+    assert_eq!(
+        sizes,
+        [("2".to_owned(), 5), ("4".to_owned(), 6)],
+        "(keys, keys + arguments)"
+    );
+}
+
+/// What an uncontended fair lock costs Redis (docs/benchmarks.md, "Redis's work per
+/// lock"): with nobody holding it or in line, its acquire and release run the fewest
+/// commands.
+#[tokio::test]
+async fn an_uncontended_fair_lock_runs_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = client(&r).await;
+    // Once first: the scripts loaded, the server asked what it offers.
+    let g = c.lock("stock:42").fair().try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    count_commands(&r);
+    let g = c.lock("stock:42").fair().try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    let expected = [
+        ("del", 1),     // the lock key and its holder info
+        ("evalsha", 2), // fair_acquire.lua, fair_release.lua
+        ("exists", 2),  // nobody holds it or is in line; nobody in line for the release
+        ("get", 2),     // the counter, then (release) the lock key
+        ("set", 2),     // the lock key, the counter
+        ("time", 1),    // the token's floor
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
 }

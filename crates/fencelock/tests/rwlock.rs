@@ -8,7 +8,7 @@ use fencelock::{Blocker, Client, Error, Holder, LossCause};
 use testkit::{Cluster, RedisServer, SentinelGroup};
 
 mod common;
-use common::{eventually, numsub, spawn_helper};
+use common::{commands_run, count_commands, eventually, numsub, script_sizes, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_RWLOCK_HELPER";
 
@@ -626,5 +626,43 @@ async fn a_withdrawn_read_hold_under_its_owners_write_lock_is_given_back() {
     assert!(
         !r.exists("fencelock:{h}"),
         "free with the writer's own release"
+    );
+}
+
+/// What an uncontended read costs Redis (docs/benchmarks.md, "Redis's work per lock"):
+/// with nobody holding the lock or waiting, the acquire's common case and the last
+/// reader's release run the fewest commands, and the release announces nothing.
+#[tokio::test]
+async fn an_uncontended_read_runs_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // Once first: the scripts loaded, the server asked what it offers.
+    let g = c.read_lock("report").try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    count_commands(&r);
+    let g = c.read_lock("report").try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    let expected = [
+        ("del", 1),     // the last reader's release
+        ("evalsha", 2), // read_acquire.lua, read_release.lua
+        ("exists", 2),  // no holder nor waiting writer; nobody waits for the release
+        ("get", 1),     // the counter
+        ("pexpire", 1), // the readers' set lives as long as the lease
+        ("set", 1),     // the counter
+        ("time", 2),    // the token's floor and the lease's end; the lease not over
+        ("zadd", 1),    // the reader and the readers' mark
+        ("zcard", 1),   // the last reader
+        ("zscore", 1),  // the reader's lease
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
+    assert_eq!(
+        script_sizes(&r),
+        [("3".to_owned(), 5), ("3".to_owned(), 7)],
+        "(keys, keys + arguments)"
+    );
+    assert!(
+        !r.exists("fencelock:{report}"),
+        "the last reader took the key with it"
     );
 }

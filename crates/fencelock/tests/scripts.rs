@@ -297,8 +297,13 @@ fn fair_acquire_raw(r: &RedisServer, token: &str, join: bool) -> Reply {
     ])
 }
 
+/// fair_acquire.lua's reply as an array: its grant of a lock that nobody held or waited
+/// for, a bare integer, as {1, token} (as the library decodes it).
 fn fair_acquire(r: &RedisServer, token: &str, join: bool) -> Vec<Reply> {
     let reply = fair_acquire_raw(r, token, join);
+    if let Some(fence) = reply.as_int() {
+        return vec![Reply::Int(1), Reply::Int(fence)];
+    }
     reply
         .as_array()
         .unwrap_or_else(|| panic!("fair_acquire replied {reply:?}"))
@@ -998,4 +1003,251 @@ fn a_fair_waiter_refused_by_a_plain_holder_lists_everyone() {
     let before = publishes(&r);
     assert_eq!(release_listed(&r, THEIRS), 1);
     assert_eq!(publishes(&r), before + 1);
+}
+
+static TAKE: LazyLock<&str> = LazyLock::new(|| source("lock/take.lua"));
+const WRITERS: &str = "fencelock:{s}:writers";
+
+/// The lock's keys as a comparable text: each key's type and contents (ZSET members
+/// without their scores, which are times; a counter minted from the clock as "clock").
+fn lock_keys(r: &RedisServer, ahead: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in [LOCK, FENCE, WRITERS] {
+        let kind = r.cmd(&["TYPE", key]).as_str().unwrap_or("?").to_owned();
+        let value = match kind.as_str() {
+            "string" => match r.get(key).and_then(|v| v.parse::<i64>().ok()) {
+                Some(n) if n > 1_000_000_000_000 && n != ahead && n != ahead + 1 => {
+                    "clock".to_owned()
+                }
+                _ => format!("{:?}", r.get(key)),
+            },
+            "hash" => format!("{:?}", r.cmd(&["HGETALL", key])),
+            "zset" | "list" => {
+                let read = if kind == "zset" { "ZRANGE" } else { "LRANGE" };
+                format!("{:?}", r.cmd(&[read, key, "0", "-1"]))
+            }
+            _ => String::new(),
+        };
+        out.push(format!("{key} {kind} {value}"));
+    }
+    out
+}
+
+/// A reply with its times rounded away: a PTTL or a wait to the second, a token minted
+/// from the clock as "clock"; take.lua's bare token as acquire.lua's {1, token}.
+fn comparable(reply: &Reply, ahead: i64) -> String {
+    let norm = |n: i64| {
+        if n > 1_000_000_000_000 && n != ahead && n != ahead + 1 {
+            "clock".to_owned()
+        } else if n > 100 {
+            format!("~{}s", (n + 500) / 1000)
+        } else {
+            n.to_string()
+        }
+    };
+    match (reply.as_int(), reply.as_array()) {
+        (Some(n), _) => format!("[1, {}]", norm(n)),
+        (None, Some(items)) => {
+            let items: Vec<String> = items
+                .iter()
+                .map(|i| i.as_int().map_or_else(|| format!("{i:?}"), norm))
+                .collect();
+            format!("[{}]", items.join(", "))
+        }
+        _ => format!("{reply:?}"),
+    }
+}
+
+/// How a state of the lock's keys is made.
+type SetUp<'a> = Box<dyn Fn(&RedisServer) + 'a>;
+
+/// take.lua answers and writes what acquire.lua does for the attempts it serves (one
+/// node, no holder info, not listed, never queued among writers; waiting or not), in
+/// every state the lock's keys can be in; its grant alone is a bare integer.
+#[test]
+fn take_answers_and_writes_as_acquire_does_in_every_key_state() {
+    let r = RedisServer::start();
+    let ahead = r.server_time().as_micros() as i64 + 3_600_000_000;
+    let ahead_text = ahead.to_string();
+    let counter = |r: &RedisServer| {
+        r.cmd(&["SET", FENCE, &ahead_text]);
+    };
+    let states: Vec<(&str, SetUp<'_>)> = vec![
+        ("free", Box::new(counter)),
+        ("free, no counter", Box::new(|_: &RedisServer| {})),
+        (
+            "mine",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["SET", LOCK, MINE, "PX", "3000"]);
+            }),
+        ),
+        (
+            "mine, counter wiped",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", LOCK, MINE, "PX", "3000"]);
+            }),
+        ),
+        (
+            "theirs",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["SET", LOCK, THEIRS, "PX", "7000"]);
+            }),
+        ),
+        (
+            "theirs, no expiry",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", LOCK, THEIRS]);
+            }),
+        ),
+        (
+            "a reentrant holder",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["HSET", LOCK, "owner", "job", "fence", "5"]);
+                r.cmd(&["PEXPIRE", LOCK, "4000"]);
+            }),
+        ),
+        (
+            "a hash of someone else's",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["HSET", LOCK, "f", "v"]);
+            }),
+        ),
+        (
+            "a semaphore's permits",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["ZADD", LOCK, "99999999999999", MINE]);
+            }),
+        ),
+        (
+            "readers",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["ZADD", LOCK, "+inf", "rwlock", "99999999999999", THEIRS]);
+            }),
+        ),
+        (
+            "readers whose leases ended",
+            Box::new(move |r: &RedisServer| {
+                counter(r);
+                r.cmd(&["ZADD", LOCK, "+inf", "rwlock", "1", THEIRS]);
+            }),
+        ),
+        (
+            "readers, writers of another type",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["ZADD", LOCK, "+inf", "rwlock", "99999999999999", THEIRS]);
+                r.cmd(&["SET", WRITERS, "x"]);
+            }),
+        ),
+        (
+            "a counter of another type",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["RPUSH", FENCE, "x"]);
+            }),
+        ),
+        (
+            "a counter that is no number",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "12ab"]);
+            }),
+        ),
+        (
+            "a counter too long",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "9999999999999999999"]);
+            }),
+        ),
+        (
+            "a semaphore's counter",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "s12"]);
+            }),
+        ),
+    ];
+    for (state, set_up) in &states {
+        for join in [false, true] {
+            // Not waiting, take.lua is not given the writers' key, so it does not see
+            // it is of another type; it refuses for the readers, writing nothing.
+            if !join && *state == "readers, writers of another type" {
+                continue;
+            }
+            let join_flag = if join { "1" } else { "0" };
+            r.cmd(&["FLUSHALL"]);
+            set_up(&r);
+            let general = r.cmd(&[
+                "EVAL", &ACQUIRE, "4", LOCK, FENCE, INFO, WRITERS, MINE, "10000", "0", "", "0",
+                join_flag, "0",
+            ]);
+            let general_keys = lock_keys(&r, ahead);
+            r.cmd(&["FLUSHALL"]);
+            set_up(&r);
+            let take = if join {
+                r.cmd(&["EVAL", &TAKE, "3", LOCK, FENCE, WRITERS, MINE, "10000", "0"])
+            } else {
+                r.cmd(&["EVAL", &TAKE, "2", LOCK, FENCE, MINE, "10000", "0"])
+            };
+            assert_eq!(
+                comparable(&take, ahead),
+                comparable(&general, ahead),
+                "{state}, waiting {join}: the reply"
+            );
+            assert_eq!(
+                lock_keys(&r, ahead),
+                general_keys,
+                "{state}, waiting {join}: the keys"
+            );
+            if *state == "free" {
+                assert_eq!(take.as_int(), Some(ahead + 1), "a bare integer");
+            }
+        }
+    }
+}
+
+static READ_RELEASE: LazyLock<&str> = LazyLock::new(|| source("rwlock/read_release.lua"));
+
+/// The last reader's release announces itself only when someone may wait for it: a
+/// writer waiting among the writers, or a client listed on the wake list.
+#[test]
+fn the_last_readers_release_announces_itself_only_when_someone_may_wait() {
+    let r = RedisServer::start();
+    let far = (r.server_time().as_millis() as u64 + 60_000).to_string();
+    let release = |keys: &[&str]| {
+        r.cmd(&["ZADD", LOCK, "+inf", "rwlock", &far, MINE]);
+        let before = publishes(&r);
+        let mut args = vec!["EVAL", *READ_RELEASE];
+        let n = keys.len().to_string();
+        args.push(&n);
+        args.extend_from_slice(keys);
+        args.extend_from_slice(&[MINE, CHANNEL]);
+        assert_eq!(r.cmd(&args).as_int(), Some(1), "released");
+        assert!(!r.exists(LOCK), "the last reader took the key with it");
+        publishes(&r) - before
+    };
+    assert_eq!(release(&[LOCK, WRITERS, WAKES]), 0, "nobody waits");
+    r.cmd(&["ZADD", WRITERS, &far, THEIRS]);
+    assert_eq!(release(&[LOCK, WRITERS, WAKES]), 1, "a writer waits");
+    r.cmd(&["DEL", WRITERS]);
+    r.cmd(&["ZADD", WAKES, "1", "*"]);
+    assert_eq!(release(&[LOCK, WRITERS, WAKES]), 1, "a client is listed");
+    r.cmd(&["DEL", WAKES]);
+    assert_eq!(release(&[LOCK]), 1, "a caller that names neither key");
+    // A reader that is not the last one announces nothing.
+    r.cmd(&["ZADD", WRITERS, &far, THEIRS]);
+    r.cmd(&["ZADD", LOCK, "+inf", "rwlock", &far, THEIRS]);
+    let before = publishes(&r);
+    r.cmd(&["ZADD", LOCK, &far, MINE]);
+    let n = r.cmd(&[
+        "EVAL",
+        &READ_RELEASE,
+        "3",
+        LOCK,
+        WRITERS,
+        WAKES,
+        MINE,
+        CHANNEL,
+    ]);
+    assert_eq!(n.as_int(), Some(1));
+    assert_eq!(publishes(&r) - before, 0, "readers remain");
 }

@@ -9,7 +9,7 @@ use fencelock::{Blocker, Client, Error, Holder, LossCause};
 use testkit::{Cluster, RedisServer, SentinelGroup};
 
 mod common;
-use common::{eventually, listed, numsub, spawn_helper};
+use common::{commands_run, count_commands, eventually, listed, numsub, spawn_helper};
 
 const HELPER_ENV: &str = "FENCELOCK_SEMAPHORE_HELPER";
 
@@ -1024,4 +1024,28 @@ async fn a_fair_semaphores_waiters_wait_for_their_turn_without_polling() {
         .release()
         .await
         .unwrap();
+}
+
+/// What an uncontended permit costs Redis (docs/benchmarks.md, "Redis's work per lock"):
+/// its release, with nobody listed on the wake list, runs four commands and announces
+/// nothing.
+#[tokio::test]
+async fn an_uncontended_permit_release_runs_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // Once first: the scripts loaded, the server asked what it offers.
+    let g = c.semaphore("pool", 4).try_acquire().await.unwrap();
+    g.release().await.unwrap();
+    let g = c.semaphore("pool", 4).try_acquire().await.unwrap();
+    count_commands(&r);
+    g.release().await.unwrap();
+    let expected = [
+        ("evalsha", 1), // release.lua
+        ("exists", 1),  // the wake list: nobody listed, nothing announced
+        ("time", 1),    // the lease not over
+        ("zrem", 1),    // the permit
+        ("zscore", 1),  // the permit's lease
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
 }

@@ -21,8 +21,21 @@ impl Protocol for Plain {
 
     /// `lock/acquire.lua`: the key set to the token if free; a waiting attempt lists the
     /// client on the wake list when refused, and waits among a read-write lock's writers
-    /// when readers hold it.
+    /// when readers hold it. The common case, an attempt on one node with no holder info,
+    /// not listed and never queued among writers, calls `lock/take.lua` instead, which
+    /// costs Redis less.
     fn acquire(&self, a: &Acquire<'_>) -> Call {
+        if !a.identify && a.info.is_empty() && a.listing.is_none() && !a.queued {
+            let mut call = Call::new(Lua::Take);
+            call.key(&a.keys.lock).key(a.keys.fence());
+            if a.join {
+                call.key(a.keys.writers());
+            }
+            call.arg(a.token.as_str())
+                .arg(ms(a.ttl))
+                .arg(ms(a.counter_idle));
+            return call;
+        }
         let mut call = Call::new(Lua::Acquire);
         call.key(&a.keys.lock)
             .key(a.keys.fence())
@@ -59,10 +72,11 @@ impl Protocol for Plain {
         if withdraw {
             call.key(r.keys.writers());
         }
-        call.arg(r.token.as_str())
-            .arg(r.keys.channel())
-            .arg(r.fence)
-            .arg(ms(r.counter_idle));
+        call.arg(r.token.as_str()).arg(r.keys.channel());
+        // On one node there is no token to raise the counter to.
+        if r.fence > 0 {
+            call.arg(r.fence).arg(ms(r.counter_idle));
+        }
         r.undoing(call)
     }
 

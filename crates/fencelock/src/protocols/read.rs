@@ -76,10 +76,12 @@ impl Protocol for Read {
     }
 
     /// `rwlock/read_release.lua`: this reader's lease ended; the last reader's release
-    /// is announced.
+    /// is announced when a writer waits or a client is listed.
     fn release(&self, r: &Release<'_>) -> Call {
         let mut call = Call::new(Lua::ReadRelease);
         call.key(&r.keys.lock)
+            .key(r.keys.writers())
+            .key(r.keys.wake_list())
             .arg(self.holder_id(r.token).as_ref())
             .arg(r.keys.channel());
         r.undoing(call)

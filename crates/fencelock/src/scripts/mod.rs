@@ -72,9 +72,9 @@ const SHARDED_PUBLISH: Fragment = Fragment(include_str!("fragments/spublish.lua"
 /// Not a file: in a script's list, the fragments after it (up to the next `LATER`) go
 /// in at the script's next [`LATER_MARK`] line instead of in front. What comes before
 /// that line is a fast path, which then runs without defining the functions only the
-/// later paths use: every definition makes a closure on every call. An uncontended
-/// acquire and release define 7 functions instead of 29 (docs/benchmarks.md has the
-/// count of Redis's instructions).
+/// later paths use: every definition makes a closure on every call. A script whose list
+/// starts with `LATER` defines none before its fast path: an uncontended plain, fair or
+/// read lock defines none (docs/benchmarks.md has the count of Redis's instructions).
 const LATER: Fragment = Fragment("");
 /// The line of a script at which the next group of fragments after a [`LATER`] goes in
 /// (a whole line, trailing `\r` or spaces allowed).
@@ -179,6 +179,7 @@ impl Flavor {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lua {
     Acquire,
+    Take,
     Release,
     Renew,
     RenewAcrossSlots,
@@ -210,8 +211,9 @@ pub(crate) enum Lua {
 }
 
 impl Lua {
-    const ALL: [Lua; 29] = [
+    const ALL: [Lua; 30] = [
         Lua::Acquire,
+        Lua::Take,
         Lua::Release,
         Lua::Renew,
         Lua::RenewAcrossSlots,
@@ -256,19 +258,20 @@ impl Lua {
         use Lua::*;
         match self {
             Acquire => lua!("lock/acquire.lua", [CLOCK, FENCE, WAITING, LATER, TYPES, HOLDER, READERS]),
-            Release => lua!("lock/release.lua", [PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS]),
+            Take => lua!("lock/take.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, READERS]),
+            Release => lua!("lock/release.lua", [LATER, PUBLISH, CLOCK, WAKES, LATER, FENCE, LATER, TYPES, HOLDER, READERS]),
             Renew => lua!("lock/renew.lua", [HOLDER, CLOCK, LEASE]),
             RenewAcrossSlots => lua!("lock/renew_across_slots.lua", [HOLDER, CLOCK, LEASE]),
             ReentrantAcquire => lua!("lock/reentrant_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
             ReentrantRelease => lua!("lock/reentrant_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
-            FairAcquire => lua!("lock/fair_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
-            FairRelease => lua!("lock/fair_release.lua", [TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
+            FairAcquire => lua!("lock/fair_acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
+            FairRelease => lua!("lock/fair_release.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
             SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, LATER, FAIR_QUEUE, PUBLISH]),
-            SemaphoreRelease => lua!("semaphore/release.lua", [TYPES, CLOCK, FAIR_QUEUE, PUBLISH, WAKES]),
+            SemaphoreRelease => lua!("semaphore/release.lua", [LATER, TYPES, CLOCK, FAIR_QUEUE, PUBLISH, WAKES]),
             SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH, WAKES]),
-            ReadAcquire => lua!("rwlock/read_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
-            ReadRelease => lua!("rwlock/read_release.lua", [TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
+            ReadAcquire => lua!("rwlock/read_acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
+            ReadRelease => lua!("rwlock/read_release.lua", [LATER, TYPES, HOLDER, CLOCK, READERS, PUBLISH]),
             Campaign => lua!("election/campaign.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, PUBLISH]),
             Resign => lua!("election/resign.lua", [TYPES, HOLDER, CLOCK, PUBLISH, WAKES]),
             MultiAcquire => lua!("lock/multi_acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING]),
@@ -344,6 +347,7 @@ impl Lua {
         matches!(
             self,
             Lua::Acquire
+                | Lua::Take
                 | Lua::ReentrantAcquire
                 | Lua::FairAcquire
                 | Lua::SemaphoreAcquire
@@ -1021,6 +1025,40 @@ mod tests {
             .filter(|l| !l.trim_start().starts_with("--"))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The common cases that an uncontended lock, read or permit runs define no
+    /// function (a closure on every call: docs/benchmarks.md, "Redis's work per lock"):
+    /// every fragment of these scripts goes in after their fast path, which answers.
+    #[test]
+    fn the_common_cases_run_before_any_function_is_defined() {
+        for lua in [
+            Lua::Take,
+            Lua::Release,
+            Lua::FairAcquire,
+            Lua::ReadAcquire,
+            Lua::ReadRelease,
+            Lua::FairRelease,
+            Lua::SemaphoreRelease,
+        ] {
+            let (file, fragments, body) = lua.parts();
+            assert!(
+                fragments.first().is_some_and(|f| f.0 == LATER.0),
+                "{file}: a fragment goes in front of its fast path"
+            );
+            let code: Vec<&str> = split_at_marks(body)[0]
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .collect();
+            assert!(
+                code.iter().all(|l| !l.contains("function")),
+                "{file}: its fast path defines a function"
+            );
+            assert!(
+                code.iter().any(|l| l.trim_start().starts_with("return")),
+                "{file}: its fast path answers"
+            );
+        }
     }
 
     #[test]

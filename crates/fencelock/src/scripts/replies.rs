@@ -143,8 +143,20 @@ impl Code {
 
 impl FromRedisValue for AcquireReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
-        let Value::Array(items) = &v else {
-            return Err(Fields(&[], &v).bad());
+        let items = match &v {
+            Value::Array(items) => items,
+            // `lock/take.lua`'s grant: the new fencing token alone.
+            Value::Int(fence) if *fence > 0 => {
+                return Ok(Self {
+                    answer: Answer::Granted {
+                        fence: FencingToken::new(fence.unsigned_abs()),
+                        fresh: true,
+                    },
+                    identity: None,
+                    owner_hold: false,
+                });
+            }
+            _ => return Err(Fields(&[], &v).bad()),
         };
         let fields = Fields(items, &v);
         let code = Code::parse(fields.int(0)?).ok_or_else(|| fields.bad())?;

@@ -273,3 +273,53 @@ pub fn guide_acl(password: &str, edit: impl Fn(&str) -> Option<String>) -> Vec<S
         .filter_map(|word| edit(&word))
         .collect()
 }
+
+/// Counts commands from now on: `INFO commandstats` reset, and every command logged in
+/// `SLOWLOG` (with its arguments) from now on.
+pub fn count_commands(r: &testkit::RedisServer) {
+    r.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    r.cmd(&["SLOWLOG", "RESET"]);
+    r.cmd(&["CONFIG", "RESETSTAT"]);
+}
+
+/// Calls per command since the last `CONFIG RESETSTAT`, from `INFO commandstats`,
+/// leaving out the test's own commands.
+pub fn commands_run(r: &testkit::RedisServer) -> Vec<(String, u64)> {
+    let stats = r.cmd(&["INFO", "commandstats"]);
+    let mut calls: Vec<(String, u64)> = stats
+        .as_str()
+        .expect("INFO's text")
+        .lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = fields
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let command = name.split('|').next()?;
+            (!matches!(command, "info" | "config" | "slowlog")).then(|| (name.to_owned(), n))
+        })
+        .collect();
+    calls.sort();
+    calls
+}
+
+/// Each `EVALSHA` in `SLOWLOG` (logged with `slowlog-log-slower-than` 0), sorted: its key
+/// count, and its keys and arguments in all.
+pub fn script_sizes(r: &testkit::RedisServer) -> Vec<(String, usize)> {
+    let log = r.cmd(&["SLOWLOG", "GET", "100"]);
+    let mut sizes: Vec<(String, usize)> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|entry| {
+            let args = entry.as_array()?.get(3)?.as_array()?.to_vec();
+            (args.first()?.as_str()?.eq_ignore_ascii_case("evalsha"))
+                .then(|| (args[2].as_str().unwrap().to_owned(), args.len() - 3))
+        })
+        .collect();
+    sizes.sort();
+    sizes
+}

@@ -33,6 +33,7 @@
 -- ARGV[9]  the listing's margin, ms (with KEYS[7])
 --
 -- Reply:
+--   an integer        acquired now, nobody holding it or in line: the new fencing token
 --   {1, fence}        acquired now
 --   {2, fence}        the key already held this token (a retried acquire)
 --   {0, pttl, fence}  not acquired: held by another holder (pttl ms left, -1 for no
@@ -46,6 +47,30 @@
 -- Deadlines come from the server's clock (TIME), never from the clients'. Every check
 -- happens before the first write: scripts do not roll back.
 
+-- The common case first, before any function is defined (each definition makes a
+-- closure on every call): a free lock that nobody waits for (none of its keys but the
+-- counter and the holder info exists) and a counter of ours: the grant (as below, with
+-- nothing to leave in line) answers a bare integer, its new fencing token (as {1,
+-- token}). The counter is read and advanced as fence.lua's read_counter and next_fence
+-- do, written out here.
+local raw = redis.pcall('GET', KEYS[2])
+local counted = raw == false
+  or (type(raw) == 'string' and #raw <= 18 and string.match(raw, '^%d+$') ~= nil)
+if counted and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[6]) == 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if ARGV[6] ~= '' then
+    redis.call('SET', KEYS[5], ARGV[6], 'PX', ARGV[2])
+  end
+  local t = redis.call('TIME')
+  local fence = math.max((tonumber(raw) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  if ARGV[8] and ARGV[8] ~= '0' then
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[8])
+  else
+    redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  return fence
+end
+-- (later fragments)
 local kind, holder = lock_holder(KEYS[1], 'plain')
 if kind == 'reentrant' then
   return {0, redis.call('PTTL', KEYS[1])} -- a reentrant holder: not ours to queue behind

@@ -29,15 +29,25 @@
 -- type nobody is woken; with the grants of another type the head is told its turn
 -- (TOKEN on the release channel), as a head without a grants entry is.
 
-local kind, holder = lock_holder(KEYS[1], 'plain')
-if kind == 'foreign' then
-  return wrong_type(KEYS[1], holder)
-elseif kind == 'none' then
-  return 0
-elseif kind ~= 'plain' or holder ~= ARGV[1] then
+-- The common case first, before any function is defined (each definition makes a
+-- closure on every call): the caller's own lock, and nobody in line (no queue key).
+local found = redis.pcall('GET', KEYS[1])
+if found == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[4])
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+  end
+end
+-- (later fragments)
+if found ~= ARGV[1] then
+  local kind, holder = holder_of(KEYS[1], found)
+  if kind == 'foreign' then
+    return wrong_type(KEYS[1], holder)
+  elseif kind == 'none' then
+    return 0
+  end
   return -1
 end
-redis.call('DEL', KEYS[1], KEYS[4])
 
 -- Queue keys are read through redis.pcall: the first read of each (LINDEX,
 -- ZRANGEBYSCORE, HGET) checks its type on the way (see the header for keys of another

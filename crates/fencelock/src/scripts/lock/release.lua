@@ -13,9 +13,10 @@
 -- ARGV[2]  release channel: an empty message there (or on one listed client's own
 --          channel, wakes.lua) announces the release, when a client is listed
 -- ARGV[3]  the grant's fencing token (decimal), raised into the counter, whoever holds
---          the key (Redlock: the next grant on any majority gets a higher token); "0":
---          leave the counter alone
--- ARGV[4]  counter idle time, ms, for a raised counter (as acquire.lua's ARGV[5])
+--          the key (Redlock: the next grant on any majority gets a higher token); absent
+--          or "0": leave the counter alone
+-- ARGV[4]  counter idle time, ms, for a raised counter (as acquire.lua's ARGV[5]); only
+--          with ARGV[3]
 --
 -- Reply, an integer:
 --    1   released (the key held this token and is gone now)
@@ -29,18 +30,27 @@
 -- (the fragments after the marker lines below: each definition makes a closure on
 -- every call): the caller's own plain lock, called without a waiting-writers key (a
 -- read-write lock's writer passes KEYS[5], and takes the general path), on one node (no
--- token to raise the counter to), then on a Redlock node.
+-- token to raise the counter to), with nobody listed on the wake list (every waiter
+-- lists itself: nobody waits, and nothing is announced), then with someone listed, then
+-- on a Redlock node.
 local found = redis.pcall('GET', KEYS[1])
 local own = found == ARGV[1] and not KEYS[5]
-if own and ARGV[3] == '0' then
+local one_node = not ARGV[3] or ARGV[3] == '0'
+if own and one_node then
   redis.call('DEL', KEYS[1], KEYS[3])
+  if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then
+    return 1
+  end
+end
+-- (later fragments)
+if own and one_node then
   wake_next(KEYS[4], ARGV[2])
   return 1
 end
 -- (later fragments)
 
 local function raise_counter()
-  local floor = tonumber(ARGV[3])
+  local floor = tonumber(ARGV[3] or '0')
   if floor > 0 then
     local counter, bad = read_counter(KEYS[2])
     if not bad and (counter == nil or counter < floor) then

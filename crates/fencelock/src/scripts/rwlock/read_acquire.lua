@@ -24,7 +24,8 @@
 -- ARGV[4]  counter idle time, ms ("0": never), as acquire.lua's ARGV[5]
 -- ARGV[5]  the listing's margin, ms (with KEYS[4])
 --
--- Reply {code, value} or {code, ms, count}:
+-- Reply {code, value} or {code, ms, count}, or an integer:
+--   an integer  acquired now, nobody holding it or waiting before: the new fencing token
 --   code 1  acquired now; value is the new fencing token
 --   code 2  the lock already held this reader (a retried acquire whose first reply was
 --           lost): the same grant, its lease reset to ttl; value is the token already
@@ -38,6 +39,33 @@
 -- A key of another type (a semaphore's permits included): wrong_type(), nothing
 -- written. Everything is checked before the first write.
 
+-- The common case first, before any function is defined (each definition makes a
+-- closure on every call): neither a holder nor a waiting writer, a counter of ours. The
+-- grant answers a bare integer, its new fencing token (as {1, token}). The counter is
+-- read and advanced as fence.lua's read_counter and next_fence do, and the readers'
+-- set written as grant() below does (READERS_MARK is holder.lua's), written out here.
+local raw = redis.pcall('GET', KEYS[2])
+local counted = raw == false
+  or (type(raw) == 'string' and #raw <= 18 and string.match(raw, '^%d+$') ~= nil)
+if counted and redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = math.max((tonumber(raw) or 0) + 1, now_us)
+  if ARGV[4] ~= '0' then
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[4])
+  else
+    redis.call('SET', KEYS[2], string.format('%d', fence))
+  end
+  local member = ARGV[1]
+  if ARGV[3] ~= '' then
+    member = ARGV[1] .. ':' .. ARGV[3]
+  end
+  local ends = math.floor(now_us / 1000) + tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], ends, member, '+inf', 'rwlock')
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return fence
+end
+-- (later fragments)
 local counter, bad = read_counter(KEYS[2])
 if bad then
   return wrong_type(KEYS[2], bad)

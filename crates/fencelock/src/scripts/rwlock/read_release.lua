@@ -3,8 +3,15 @@
 -- only. The layout: readers.lua.
 --
 -- KEYS[1]  lock key
+-- KEYS[2]  waiting writers optional: the writers that readers hold back (readers.lua)
+-- KEYS[3]  wake list       optional, with KEYS[2]: the clients listed as waiting for the
+--                          lock (wakes.lua: a multi-lock's waiter that readers refused)
 -- ARGV[1]  the reader's member: its holder token, or "<token>:<owner>"
--- ARGV[2]  release channel: an empty message there announces that the readers are gone
+-- ARGV[2]  release channel: an empty message there announces that the readers are gone,
+--          when someone may wait for them: a writer waits (KEYS[2] holds one) or a
+--          client is listed (KEYS[3]), or the caller named neither key. Every waiter
+--          that readers refuse registers as a waiting writer or lists itself before it
+--          sleeps, so a release that finds neither wakes nobody by keeping quiet
 --
 -- Reply, an integer:
 --    1   released (the lock held this reader with a lease not yet over)
@@ -15,6 +22,26 @@
 -- ("hold:<token>") is given back (1), if there is one.
 -- A key of another type: wrong_type(); nothing written.
 
+-- The common case first, before any function is defined (each definition makes a
+-- closure on every call): the last reader (its lease and the mark are all the set
+-- holds; a holder token is never a member of another set) takes the key with it, and
+-- announces nothing when nobody waits.
+local last = nil
+local ends = redis.pcall('ZSCORE', KEYS[1], ARGV[1])
+if type(ends) == 'string' and redis.call('ZCARD', KEYS[1]) == 2 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('DEL', KEYS[1])
+  last = tonumber(ends) > now and 1 or 0
+  if KEYS[2] and redis.call('EXISTS', unpack(KEYS, 2)) == 0 then
+    return last
+  end
+end
+-- (later fragments)
+if last then
+  announce(ARGV[2], '')
+  return last
+end
 local kind, found = lock_holder(KEYS[1])
 if kind == 'none' then
   return 0
@@ -36,14 +63,14 @@ elseif kind == 'foreign' and found ~= 'readers' and found ~= 'zset' then
 elseif kind ~= 'foreign' or found ~= 'readers' then
   return -1
 end
-local ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
+ends = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not ends then
   return 0
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 local now = server_ms()
 local readers = readers_held(KEYS[1], now)
-if readers == 0 then
+if readers == 0 and (not KEYS[2] or redis.call('EXISTS', unpack(KEYS, 2)) > 0) then
   announce(ARGV[2], '')
 end
 if tonumber(ends) <= now then
