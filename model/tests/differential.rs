@@ -29,7 +29,8 @@
 //! Valkey 9.1; `scripts/servers` fetches the first and the last). On Redis 6.2, scripts
 //! with a `#!lua` line and `SPUBLISH` are left out (6.2 has neither).
 //!
-//! Seeded: `MODEL_SEED=<n>` replays a run; `MODEL_CASES` and `MODEL_STEPS` size it. A
+//! Seeded: `MODEL_SEED=<n>` replays a run (default 2: CI runs one known run);
+//! `MODEL_CASES` and `MODEL_STEPS` size it. A
 //! failure prints the seed and the shortest sequence found that still fails.
 
 use std::collections::BTreeMap;
@@ -766,7 +767,10 @@ fn env_number(name: &str, default: u64) -> u64 {
 }
 
 fn differential(build: &ServerBuild) {
-    let seed = env_number("MODEL_SEED", rand::random::<u32>().into());
+    // A fixed seed by default, so that a run in CI is one known run: some seeds draw
+    // arguments on which a script loops for hours (on a real server too), which a
+    // random seed in CI would meet by chance. MODEL_SEED explores others.
+    let seed = env_number("MODEL_SEED", 2);
     let cases = env_number("MODEL_CASES", 200);
     let steps_per_case = env_number("MODEL_STEPS", 30) as usize;
     let mut real = Real::start(build);
