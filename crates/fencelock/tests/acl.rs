@@ -389,6 +389,12 @@ async fn a_channel_refused_is_named() {
         },
     )
     .await;
+    // The release announces only to a listed waiter: the waiter's attempt lists it after
+    // its subscription is refused, and the release must come after that.
+    eventually("the waiter is listed", Duration::from_secs(5), async || {
+        !listed(&server, "ch").is_empty()
+    })
+    .await;
     let line = refusal(g.release().await.unwrap_err());
     assert!(line.contains("may not publish to the channel"), "{line}");
     assert!(line.contains("release.lua"), "{line}");
