@@ -38,13 +38,10 @@
 //! // The protocol builds the call: script, keys, arguments.
 //! let call = acquire.call(&attempt, &Site::default(), false);
 //! let parts = call_parts(&call);
-//! assert_eq!(parts.file, "lock/acquire.lua");
-//! // ... the model runs `parts.source` on its keyspace, which answers {1, 42} ...
-//! let reply = decode_acquire(redis::Value::Array(vec![
-//!     redis::Value::Int(1),
-//!     redis::Value::Int(42),
-//! ]))
-//! .unwrap();
+//! // The common attempt's own script (one node, no holder info, not listed).
+//! assert_eq!(parts.file, "lock/take.lua");
+//! // ... the model runs `parts.source` on its keyspace, which grants: the token, 42 ...
+//! let reply = decode_acquire(redis::Value::Int(42)).unwrap();
 //! let lease = Duration::from_secs(10);
 //! let (outcome, _take_back) = judge_one(|| "model:1".into(), Ok(reply), t0, lease, t0);
 //! match acquire.on(Event::Answered(outcome), t0) {
