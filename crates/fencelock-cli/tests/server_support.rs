@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::Path;
 
-use testkit::{Fault, FaultProxy, RedisServer, ServerBuild};
+use testkit::{Fault, FaultProxy, RedisServer, ServerBuild, ServerBuilder};
 
 mod common;
 use common::{fencelock, fencelock_with};
@@ -16,14 +16,10 @@ const PASSWORD: &str = "managed-cli-pw";
 /// A server with `CONFIG`, `CLIENT`, `DEBUG`, `MODULE`, `SCRIPT` and `extra` renamed away,
 /// and the guide's `ACL SETUSER fencelock ...` user.
 fn managed(extra: &[&str]) -> RedisServer {
-    let mut builder = RedisServer::builder();
-    for command in ["CONFIG", "CLIENT", "DEBUG", "MODULE", "SCRIPT"]
-        .iter()
-        .chain(extra)
-    {
-        builder = builder.arg("--rename-command").arg(*command).arg("");
-    }
-    let server = builder.start();
+    let server = RedisServer::builder()
+        .rename_away(ServerBuilder::MANAGED_AWAY)
+        .rename_away(extra.iter().copied())
+        .start();
     common::add_guide_user(&server, PASSWORD);
     server
 }

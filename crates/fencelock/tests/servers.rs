@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use fencelock::{Client, Error, FencingToken};
-use testkit::{Cluster, Fault, FaultProxy, RedisServer, SentinelGroup, ServerBuild};
+use testkit::{Cluster, Fault, FaultProxy, RedisServer, SentinelGroup, ServerBuild, ServerBuilder};
 
 mod common;
 use common::eventually;
@@ -215,14 +215,10 @@ const PASSWORD: &str = "managed-pw";
 /// A server as some managed services run it: `CONFIG`, `CLIENT`, `DEBUG`, `MODULE` and
 /// `SCRIPT` renamed away (and `extra` too), with the guide's ACL user.
 fn managed(extra: &[&str]) -> RedisServer {
-    let mut builder = RedisServer::builder();
-    for command in ["CONFIG", "CLIENT", "DEBUG", "MODULE", "SCRIPT"]
-        .iter()
-        .chain(extra)
-    {
-        builder = builder.arg("--rename-command").arg(*command).arg("");
-    }
-    let server = builder.start();
+    let server = RedisServer::builder()
+        .rename_away(ServerBuilder::MANAGED_AWAY)
+        .rename_away(extra.iter().copied())
+        .start();
     let args = common::guide_acl(PASSWORD, |w| Some(w.to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_eq!(server.cmd(&args).as_str(), Some("OK"), "{args:?}");

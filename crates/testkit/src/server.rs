@@ -247,6 +247,27 @@ impl ServerBuilder {
         self
     }
 
+    /// Renames each of `commands` away (`--rename-command NAME ""`): the server then
+    /// answers them as unknown, as managed services do with the admin commands they keep
+    /// to themselves ([`ServerBuilder::MANAGED_AWAY`]).
+    ///
+    /// ```
+    /// let server = testkit::RedisServer::builder()
+    ///     .rename_away(["SCRIPT"])
+    ///     .start();
+    /// assert!(server.cmd(&["SCRIPT", "LOAD", "return 1"]).is_error());
+    /// ```
+    pub fn rename_away<'a>(mut self, commands: impl IntoIterator<Item = &'a str>) -> Self {
+        for command in commands {
+            self = self.arg("--rename-command").arg(command).arg("");
+        }
+        self
+    }
+
+    /// The admin commands that managed Redis services commonly rename away:
+    /// `CONFIG`, `CLIENT`, `DEBUG`, `MODULE` and `SCRIPT`.
+    pub const MANAGED_AWAY: [&'static str; 5] = ["CONFIG", "CLIENT", "DEBUG", "MODULE", "SCRIPT"];
+
     /// Durable persistence. Off (the default): `--save "" --appendonly no`,
     /// so a killed server loses everything. On: `--appendonly yes
     /// --appendfsync always` (RDB snapshots stay off), so every acknowledged
