@@ -1286,6 +1286,28 @@ fn semaphore_keys(r: &RedisServer, ahead: i64) -> Vec<String> {
     out
 }
 
+/// A state of plain strings: each (key, value) set, without expiry.
+fn strings<'a>(pairs: &'a [(&'a str, &'a str)]) -> SetUp<'a> {
+    Box::new(move |r: &RedisServer| {
+        for (key, value) in pairs {
+            r.cmd(&["SET", key, value]);
+        }
+    })
+}
+
+/// A semaphore's state: its counter (`marked`) and permit count (2) stored, and
+/// `members` (score, holder token) holding permits in a set living `pttl` ms.
+fn holding<'a>(marked: &'a str, members: Vec<(&'a str, &'a str)>, pttl: &'a str) -> SetUp<'a> {
+    Box::new(move |r: &RedisServer| {
+        r.cmd(&["SET", FENCE, marked, "PX", "60000"]);
+        r.cmd(&["SET", PERMITS, "2", "PX", "60000"]);
+        for (score, member) in &members {
+            r.cmd(&["ZADD", LOCK, score, member]);
+        }
+        r.cmd(&["PEXPIRE", LOCK, pttl]);
+    })
+}
+
 /// semaphore/acquire.lua's common case (not fair, not listed: three keys, four
 /// arguments, which the library sends for such an attempt) answers and writes what its
 /// full path does for the same attempt (six keys, eleven arguments, no client tag), in
@@ -1309,49 +1331,26 @@ fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state(
         r.cmd(&["PEXPIRE", LOCK, pttl]);
     };
     let other = "22222222222222222222222222222222";
+    // Both stored, and these permits held (score, member) in a set living `pttl` ms.
+    let holding = |members, pttl| holding(marked, members, pttl);
     let states: Vec<(&str, SetUp<'_>)> = vec![
         ("free", Box::new(stored)),
         ("free, nothing stored", Box::new(|_: &RedisServer| {})),
-        (
-            "free, no permit count",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", FENCE, "s5"]);
-            }),
-        ),
-        (
-            "free, no counter",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", PERMITS, "2"]);
-            }),
-        ),
+        ("free, no permit count", strings(&[(FENCE, "s5")])),
+        ("free, no counter", strings(&[(PERMITS, "2")])),
         (
             "free, counter and count that never expire",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", FENCE, "s5"]);
-                r.cmd(&["SET", PERMITS, "2"]);
-            }),
+            strings(&[(FENCE, "s5"), (PERMITS, "2")]),
         ),
         (
             "another permit count",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", FENCE, "s5"]);
-                r.cmd(&["SET", PERMITS, "3"]);
-            }),
+            strings(&[(FENCE, "s5"), (PERMITS, "3")]),
         ),
         (
             "a lock's counter, unmarked",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", FENCE, "5"]);
-                r.cmd(&["SET", PERMITS, "2"]);
-            }),
+            strings(&[(FENCE, "5"), (PERMITS, "2")]),
         ),
-        (
-            "mine (a retry)",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(later, MINE)], "7000");
-            }),
-        ),
+        ("mine (a retry)", holding(vec![(later, MINE)], "7000")),
         (
             "mine, counter wiped",
             Box::new(move |r: &RedisServer| {
@@ -1359,61 +1358,34 @@ fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state(
                 held(r, &[(later, MINE)], "7000");
             }),
         ),
-        (
-            "mine, its lease over",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(ended, MINE)], "7000");
-            }),
-        ),
+        ("mine, its lease over", holding(vec![(ended, MINE)], "7000")),
         (
             "one of two held, the set living longer",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(later, THEIRS)], "30000");
-            }),
+            holding(vec![(later, THEIRS)], "30000"),
         ),
         (
             "one of two held, the set living shorter",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(later, THEIRS)], "3000");
-            }),
+            holding(vec![(later, THEIRS)], "3000"),
         ),
         (
             "every permit held",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(later, THEIRS), (later, other)], "7000");
-            }),
+            holding(vec![(later, THEIRS), (later, other)], "7000"),
         ),
         (
             "every permit held, mine among them",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(later, THEIRS), (later, MINE)], "7000");
-            }),
+            holding(vec![(later, THEIRS), (later, MINE)], "7000"),
         ),
         (
             "every permit held, one lease over",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(later, THEIRS), (ended, other)], "7000");
-            }),
+            holding(vec![(later, THEIRS), (ended, other)], "7000"),
         ),
         (
             "every lease over",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[(ended, THEIRS), (ended, other)], "7000");
-            }),
+            holding(vec![(ended, THEIRS), (ended, other)], "7000"),
         ),
         (
             "readers",
-            Box::new(move |r: &RedisServer| {
-                stored(r);
-                held(r, &[("+inf", "rwlock"), (later, THEIRS)], "7000");
-            }),
+            holding(vec![("+inf", "rwlock"), (later, THEIRS)], "7000"),
         ),
         (
             "a lock",
@@ -1438,17 +1410,11 @@ fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state(
         ),
         (
             "a counter that is no number",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", FENCE, "s12ab"]);
-                r.cmd(&["SET", PERMITS, "2"]);
-            }),
+            strings(&[(FENCE, "s12ab"), (PERMITS, "2")]),
         ),
         (
             "a counter too long",
-            Box::new(|r: &RedisServer| {
-                r.cmd(&["SET", FENCE, "s9999999999999999999"]);
-                r.cmd(&["SET", PERMITS, "2"]);
-            }),
+            strings(&[(FENCE, "s9999999999999999999"), (PERMITS, "2")]),
         ),
     ];
     for (state, set_up) in &states {
