@@ -1251,3 +1251,226 @@ fn the_last_readers_release_announces_itself_only_when_someone_may_wait() {
     assert_eq!(n.as_int(), Some(1));
     assert_eq!(publishes(&r) - before, 0, "readers remain");
 }
+
+/// A semaphore's keys as a comparable text: each key's type, contents (ZSET members
+/// without their scores, which are times; a counter minted from the clock as "clock",
+/// its semaphore's mark kept) and time to live to the second.
+fn semaphore_keys(r: &RedisServer, ahead: i64) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in [LOCK, FENCE, PERMITS, QUEUE, WAITERS, WAKES] {
+        let kind = r.cmd(&["TYPE", key]).as_str().unwrap_or("?").to_owned();
+        let value = match kind.as_str() {
+            "string" => {
+                let text = r.get(key).unwrap_or_default();
+                let (mark, digits) = text.strip_prefix('s').map_or(("", &*text), |d| ("s", d));
+                match digits.parse::<i64>() {
+                    Ok(n) if n > 1_000_000_000_000 && n != ahead && n != ahead + 1 => {
+                        format!("{mark}clock")
+                    }
+                    _ => text.clone(),
+                }
+            }
+            "zset" => format!("{:?}", r.cmd(&["ZRANGE", key, "0", "-1"])),
+            "list" => format!("{:?}", r.cmd(&["LRANGE", key, "0", "-1"])),
+            "hash" => format!("{:?}", r.cmd(&["HGETALL", key])),
+            _ => String::new(),
+        };
+        let pttl = r.cmd(&["PTTL", key]).as_int().unwrap_or(-3);
+        let lives = if pttl > 0 {
+            format!("~{}s", (pttl + 500) / 1000)
+        } else {
+            pttl.to_string()
+        };
+        out.push(format!("{key} {kind} {value} {lives}"));
+    }
+    out
+}
+
+/// A state of plain strings: each (key, value) set, without expiry.
+fn strings<'a>(pairs: &'a [(&'a str, &'a str)]) -> SetUp<'a> {
+    Box::new(move |r: &RedisServer| {
+        for (key, value) in pairs {
+            r.cmd(&["SET", key, value]);
+        }
+    })
+}
+
+/// A semaphore's state: its counter (`marked`) and permit count (2) stored, and
+/// `members` (score, holder token) holding permits in a set living `pttl` ms.
+fn holding<'a>(marked: &'a str, members: Vec<(&'a str, &'a str)>, pttl: &'a str) -> SetUp<'a> {
+    Box::new(move |r: &RedisServer| {
+        r.cmd(&["SET", FENCE, marked, "PX", "60000"]);
+        r.cmd(&["SET", PERMITS, "2", "PX", "60000"]);
+        for (score, member) in &members {
+            r.cmd(&["ZADD", LOCK, score, member]);
+        }
+        r.cmd(&["PEXPIRE", LOCK, pttl]);
+    })
+}
+
+/// semaphore/acquire.lua's common case (not fair, not listed: three keys, four
+/// arguments, which the library sends for such an attempt) answers and writes what its
+/// full path does for the same attempt (six keys, eleven arguments, no client tag), in
+/// every state the semaphore's keys can be in; its grant alone is a bare integer.
+#[test]
+fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state() {
+    let r = RedisServer::start();
+    let now_ms = r.server_time().as_millis() as i64;
+    let ahead = r.server_time().as_micros() as i64 + 3_600_000_000;
+    let marked = format!("s{ahead}");
+    let (later, ended) = ((now_ms + 7_000).to_string(), (now_ms - 1_000).to_string());
+    let (later, ended, marked) = (later.as_str(), ended.as_str(), marked.as_str());
+    let stored = move |r: &RedisServer| {
+        r.cmd(&["SET", FENCE, marked, "PX", "60000"]);
+        r.cmd(&["SET", PERMITS, "2", "PX", "60000"]);
+    };
+    let held = move |r: &RedisServer, members: &[(&str, &str)], pttl: &str| {
+        for (score, member) in members {
+            r.cmd(&["ZADD", LOCK, score, member]);
+        }
+        r.cmd(&["PEXPIRE", LOCK, pttl]);
+    };
+    let other = "22222222222222222222222222222222";
+    // Both stored, and these permits held (score, member) in a set living `pttl` ms.
+    let holding = |members, pttl| holding(marked, members, pttl);
+    let states: Vec<(&str, SetUp<'_>)> = vec![
+        ("free", Box::new(stored)),
+        ("free, nothing stored", Box::new(|_: &RedisServer| {})),
+        ("free, no permit count", strings(&[(FENCE, "s5")])),
+        ("free, no counter", strings(&[(PERMITS, "2")])),
+        (
+            "free, counter and count that never expire",
+            strings(&[(FENCE, "s5"), (PERMITS, "2")]),
+        ),
+        (
+            "another permit count",
+            strings(&[(FENCE, "s5"), (PERMITS, "3")]),
+        ),
+        (
+            "a lock's counter, unmarked",
+            strings(&[(FENCE, "5"), (PERMITS, "2")]),
+        ),
+        ("mine (a retry)", holding(vec![(later, MINE)], "7000")),
+        (
+            "mine, counter wiped",
+            Box::new(move |r: &RedisServer| {
+                r.cmd(&["SET", PERMITS, "2"]);
+                held(r, &[(later, MINE)], "7000");
+            }),
+        ),
+        ("mine, its lease over", holding(vec![(ended, MINE)], "7000")),
+        (
+            "one of two held, the set living longer",
+            holding(vec![(later, THEIRS)], "30000"),
+        ),
+        (
+            "one of two held, the set living shorter",
+            holding(vec![(later, THEIRS)], "3000"),
+        ),
+        (
+            "every permit held",
+            holding(vec![(later, THEIRS), (later, other)], "7000"),
+        ),
+        (
+            "every permit held, mine among them",
+            holding(vec![(later, THEIRS), (later, MINE)], "7000"),
+        ),
+        (
+            "every permit held, one lease over",
+            holding(vec![(later, THEIRS), (ended, other)], "7000"),
+        ),
+        (
+            "every lease over",
+            holding(vec![(ended, THEIRS), (ended, other)], "7000"),
+        ),
+        (
+            "readers",
+            holding(vec![("+inf", "rwlock"), (later, THEIRS)], "7000"),
+        ),
+        (
+            "a lock",
+            Box::new(move |r: &RedisServer| {
+                stored(r);
+                r.cmd(&["SET", LOCK, THEIRS, "PX", "7000"]);
+            }),
+        ),
+        (
+            "a permit count of another type",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["SET", FENCE, "s5"]);
+                r.cmd(&["RPUSH", PERMITS, "x"]);
+            }),
+        ),
+        (
+            "a counter of another type",
+            Box::new(|r: &RedisServer| {
+                r.cmd(&["HSET", FENCE, "f", "v"]);
+                r.cmd(&["SET", PERMITS, "2"]);
+            }),
+        ),
+        (
+            "a counter that is no number",
+            strings(&[(FENCE, "s12ab"), (PERMITS, "2")]),
+        ),
+        (
+            "a counter too long",
+            strings(&[(FENCE, "s9999999999999999999"), (PERMITS, "2")]),
+        ),
+    ];
+    for (state, set_up) in &states {
+        for idle in ["0", "60000"] {
+            r.cmd(&["FLUSHALL"]);
+            set_up(&r);
+            let full = r.cmd(&[
+                "EVAL",
+                &SEMAPHORE_ACQUIRE,
+                "6",
+                LOCK,
+                FENCE,
+                PERMITS,
+                QUEUE,
+                WAITERS,
+                WAKES,
+                MINE,
+                "10000",
+                "2",
+                idle,
+                "0",
+                "0",
+                "",
+                "",
+                "500",
+                "0",
+                "0",
+            ]);
+            let full_keys = semaphore_keys(&r, ahead);
+            r.cmd(&["FLUSHALL"]);
+            set_up(&r);
+            let common = r.cmd(&[
+                "EVAL",
+                &SEMAPHORE_ACQUIRE,
+                "3",
+                LOCK,
+                FENCE,
+                PERMITS,
+                MINE,
+                "10000",
+                "2",
+                idle,
+            ]);
+            assert_eq!(
+                comparable(&common, ahead),
+                comparable(&full, ahead),
+                "{state}, idle {idle}: the reply"
+            );
+            assert_eq!(
+                semaphore_keys(&r, ahead),
+                full_keys,
+                "{state}, idle {idle}: the keys"
+            );
+            if *state == "free" {
+                assert_eq!(common.as_int(), Some(ahead + 1), "a bare integer");
+            }
+        }
+    }
+}

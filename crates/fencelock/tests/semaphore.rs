@@ -9,7 +9,9 @@ use fencelock::{Blocker, Client, Error, Holder, LossCause};
 use testkit::{Cluster, RedisServer, SentinelGroup};
 
 mod common;
-use common::{commands_run, count_commands, eventually, listed, numsub, spawn_helper};
+use common::{
+    commands_run, count_commands, eventually, listed, numsub, script_sizes, spawn_helper,
+};
 
 const HELPER_ENV: &str = "FENCELOCK_SEMAPHORE_HELPER";
 
@@ -1048,4 +1050,39 @@ async fn an_uncontended_permit_release_runs_the_fewest_commands() {
     ];
     let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
     assert_eq!(commands_run(&r), expected);
+}
+
+/// What an uncontended permit costs Redis (docs/benchmarks.md, "Redis's work per lock"):
+/// its acquire, a free permit of a semaphore that is not fair with nobody waiting,
+/// sends three keys and four arguments and runs the fewest commands (no expired permit
+/// to drop from an empty set, one TIME), answering its fencing token.
+#[tokio::test]
+async fn an_uncontended_permit_acquire_runs_the_fewest_commands() {
+    let r = RedisServer::start();
+    let c = Client::connect(&r.url()).await.unwrap();
+    // Once first: the scripts loaded, the server asked what it offers, the counter and
+    // the permit count stored.
+    let g = c.semaphore("pool", 4).try_acquire().await.unwrap();
+    let first = g.fencing_token();
+    g.release().await.unwrap();
+    count_commands(&r);
+    let g = c.semaphore("pool", 4).try_acquire().await.unwrap();
+    assert!(g.fencing_token() > first, "a higher token");
+    let expected = [
+        ("evalsha", 1), // acquire.lua
+        ("get", 2),     // the counter, the permit count
+        ("pexpire", 1), // the permit set lives with its lease
+        ("set", 2),     // the permit count, the counter
+        ("time", 1),    // the lease's end, the token's floor
+        ("zadd", 1),    // the permit
+        ("zcard", 1),   // the permits held: none
+    ];
+    let expected: Vec<(String, u64)> = expected.iter().map(|(n, c)| ((*n).into(), *c)).collect();
+    assert_eq!(commands_run(&r), expected);
+    assert_eq!(
+        script_sizes(&r),
+        [("3".to_owned(), 7)],
+        "(keys, keys + arguments)"
+    );
+    g.release().await.unwrap();
 }

@@ -267,7 +267,7 @@ impl Lua {
             FairAcquire => lua!("lock/fair_acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH, LATER, WAITING]),
             FairRelease => lua!("lock/fair_release.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, FAIR_QUEUE, PUBLISH]),
             FairLeave => lua!("lock/fair_leave.lua", [TYPES, HOLDER, PUBLISH]),
-            SemaphoreAcquire => lua!("semaphore/acquire.lua", [TYPES, HOLDER, CLOCK, FENCE, WAITING, LATER, FAIR_QUEUE, PUBLISH]),
+            SemaphoreAcquire => lua!("semaphore/acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, WAITING, FAIR_QUEUE, PUBLISH]),
             SemaphoreRelease => lua!("semaphore/release.lua", [LATER, TYPES, CLOCK, FAIR_QUEUE, PUBLISH, WAKES]),
             SemaphoreResize => lua!("semaphore/resize.lua", [TYPES, HOLDER, CLOCK, FENCE, PUBLISH, WAKES]),
             ReadAcquire => lua!("rwlock/read_acquire.lua", [LATER, TYPES, HOLDER, CLOCK, FENCE, READERS, WAITING]),
@@ -1039,6 +1039,7 @@ mod tests {
             Lua::ReadAcquire,
             Lua::ReadRelease,
             Lua::FairRelease,
+            Lua::SemaphoreAcquire,
             Lua::SemaphoreRelease,
         ] {
             let (file, fragments, body) = lua.parts();

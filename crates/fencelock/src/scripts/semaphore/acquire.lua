@@ -36,7 +36,9 @@
 -- ARGV[11] "1": a release woke this client by name since its last attempt: refused,
 --          it goes back to the head of the list (ARGV[8])
 --
--- Reply {code, value} or {3, ms, permits}:
+-- Reply {code, value}, {3, ms, permits}, or an integer:
+--   an integer  acquired now by the common case below (not fair, not listed): the new
+--           fencing token (as {1, token})
 --   code 1  acquired now; value is the new fencing token
 --   code 2  the set already held this token (a retried acquire whose first reply was
 --           lost): the same grant, its lease reset to ttl; value is the token already
@@ -52,6 +54,62 @@
 -- after one lease), and in a fair semaphore the waiters that stopped calling. Everything
 -- is checked before the first write (a failed read, or the drop of expired permits,
 -- which writes nothing when it fails, tells a key of another type).
+
+-- The common case first, before any function is defined (each definition makes a
+-- closure on every call): an attempt that neither waits in line nor lists its client
+-- (not fair, no ARGV[5]: three keys, four arguments), a marked counter and this
+-- caller's permit count both stored (a first grant, or one after they expired, goes
+-- the full way below), and a free permit (or the token's own, when a retry finds it
+-- there). It reads, answers and writes what the full path does, in fewer commands (an
+-- empty set is not trimmed; one TIME), and answers a new grant with a bare integer, its
+-- fencing token ({1, token}); a permit held by every holder is refused here too. The
+-- counter is read and advanced as fence.lua's read_counter and next_fence do, written
+-- out here.
+if not ARGV[5] then
+  local raw = redis.pcall('GET', KEYS[2])
+  local digits = type(raw) == 'string' and string.match(raw, '^s(%d+)$')
+  local held = digits and #digits <= 18 and redis.pcall('GET', KEYS[3]) == ARGV[3]
+    and redis.pcall('ZCARD', KEYS[1])
+  if type(held) == 'number' then
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if held > 0 then
+      -- Expired permits dropped: a crashed holder's permit frees itself.
+      held = held - redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    end
+    -- A read-write lock's readers (their mark, holder.lua's READERS_MARK) go the full
+    -- way, to be refused.
+    if held == 0 or not redis.call('ZSCORE', KEYS[1], 'rwlock') then
+      local ttl = tonumber(ARGV[2])
+      if held < tonumber(ARGV[3]) then
+        local added = redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+        if held == 0 or redis.call('PTTL', KEYS[1]) < ttl then
+          redis.call('PEXPIRE', KEYS[1], ttl)
+        end
+        local idle = ARGV[4] ~= '0'
+        if idle then
+          redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+        else
+          redis.call('SET', KEYS[3], ARGV[3])
+        end
+        if added == 0 then
+          return {2, tonumber(digits)}
+        end
+        local fence = math.max(tonumber(digits) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+        if idle then
+          redis.call('SET', KEYS[2], 's' .. string.format('%d', fence), 'PX', ARGV[4])
+        else
+          redis.call('SET', KEYS[2], 's' .. string.format('%d', fence))
+        end
+        return fence
+      elseif not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+        local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+        return {3, math.max(tonumber(first[2]) - now, 0), tonumber(ARGV[3])}
+      end
+    end
+  end
+end
+-- (later fragments)
 
 local timeout = tonumber(ARGV[5] or '0')
 local fair = timeout > 0
@@ -133,7 +191,6 @@ if not fair and held < asked then
   end
   return granted(1, mint())
 end
--- (later fragments)
 if fair then
   purge_waiters(KEYS[4], KEYS[5], now, nil)
 end
