@@ -227,8 +227,7 @@ pub fn eval(server: &mut Server, script: &str, keys: &[Bytes], argv: &[Bytes]) -
             let name = script
                 .lines()
                 .filter_map(|l| l.strip_prefix("-- ")?.split_once(": ").map(|(n, _)| n))
-                .filter(|n| n.ends_with(".lua"))
-                .last()
+                .rfind(|n| n.ends_with(".lua"))
                 .unwrap_or("a script");
             let shown = |items: &[Bytes]| -> Vec<String> {
                 items
