@@ -180,6 +180,26 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         world: of(control.name, mutated(&control), &[Kind::Fair; 3]),
         expect: Expect::Violated(control.caught_by),
     });
+    for control in [
+        controls::FAIR_FAST_PATH_IGNORES_HOLDER,
+        controls::FAIR_FAST_TOKEN_NOT_RAISED,
+    ] {
+        out.push(Entry {
+            world: of(control.name, mutated(&control), &[Kind::Fair; 2]),
+            expect: Expect::Violated(control.caught_by),
+        });
+    }
+    let control = controls::READ_FAST_TOKEN_NOT_RAISED;
+    let mut readers = of(
+        control.name,
+        mutated(&control),
+        &[Kind::Plain, Kind::Read, Kind::Read],
+    );
+    readers.ticks = 1;
+    out.push(Entry {
+        world: readers,
+        expect: Expect::Violated(control.caught_by),
+    });
     out
 }
 

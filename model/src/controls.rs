@@ -62,13 +62,73 @@ pub const FENCE_CHECK_SKIPPED: Control = Control {
     caught_by: crate::world::RESOURCE,
 };
 
+/// The plain attempt's fast path (`lock/take.lua`, a first attempt's script) without
+/// NX: it overwrites the holder.
+pub const TAKE_WITHOUT_NX: Control = Control {
+    name: "a first attempt (take.lua) without NX",
+    patches: &[Patch {
+        script: "lock/take.lua",
+        find: "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+        replace: "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+    }],
+    caught_by: ONE_HOLDER,
+};
+
+/// The plain attempt's fast path minting the counter's value again, not above it.
+pub const TAKE_TOKEN_NOT_RAISED: Control = Control {
+    name: "a first attempt (take.lua) that does not raise the fencing counter",
+    patches: &[Patch {
+        script: "lock/take.lua",
+        find: "local fence = math.max((tonumber(raw) or 0) + 1,",
+        replace: "local fence = math.max(tonumber(raw) or 0,",
+    }],
+    caught_by: crate::world::TOKENS_RISE,
+};
+
 /// Every control of the plain lock world.
-pub const PLAIN: [Control; 4] = [
+pub const PLAIN: [Control; 6] = [
     RELEASE_WITHOUT_OWNER_CHECK,
     ACQUIRE_WITHOUT_NX,
     TOKEN_NOT_RAISED,
     FENCE_CHECK_SKIPPED,
+    TAKE_WITHOUT_NX,
+    TAKE_TOKEN_NOT_RAISED,
 ];
+
+/// The fair acquire's fast path (a free lock, nobody queued) that does not look at the
+/// lock itself: it grants a held lock.
+pub const FAIR_FAST_PATH_IGNORES_HOLDER: Control = Control {
+    name: "a fair acquire's fast path that ignores the holder",
+    patches: &[Patch {
+        script: "lock/fair_acquire.lua",
+        find: "redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[6]) == 0",
+        replace: "redis.call('EXISTS', KEYS[3], KEYS[4], KEYS[6]) == 0",
+    }],
+    caught_by: ONE_HOLDER,
+};
+
+/// The fair acquire's fast path minting the counter's value again.
+pub const FAIR_FAST_TOKEN_NOT_RAISED: Control = Control {
+    name: "a fair acquire's fast path that does not raise the fencing counter",
+    patches: &[Patch {
+        script: "lock/fair_acquire.lua",
+        find: "local fence = math.max((tonumber(raw) or 0) + 1,",
+        replace: "local fence = math.max(tonumber(raw) or 0,",
+    }],
+    caught_by: crate::world::TOKENS_RISE,
+};
+
+/// The read acquire's fast path (no writer, no readers) minting the counter's value
+/// again.
+pub const READ_FAST_TOKEN_NOT_RAISED: Control = Control {
+    name: "a read acquire's fast path that does not raise the fencing counter",
+    patches: &[Patch {
+        script: "rwlock/read_acquire.lua",
+        find: "local fence = math.max((tonumber(raw) or 0) + 1, now_us)",
+        replace: "local fence = math.max(tonumber(raw) or 0, now_us)",
+    }],
+    caught_by: crate::world::TOKENS_RISE,
+};
 
 /// A wake list that drops its waiter: a refused waiting attempt does not list its
 /// client, so a release wakes nobody and the waiter sleeps until the lease's bound.

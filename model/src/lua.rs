@@ -13,10 +13,11 @@
 //! them), the debug library, and the text Redis adds to an error that ends a script
 //! (`" script: <sha>, on @user_script:<line>."`): the model gives the message alone.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::rc::Rc;
 
-use mlua::{Function, Lua, LuaOptions, MultiValue, StdLib, Table, Value};
+use mlua::{Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value, VmState};
 
 use crate::keyspace::{Bytes, Reply, Server, format_double};
 
@@ -104,9 +105,19 @@ const WRITES: [&str; 18] = [
     "EXPIRE",
 ];
 
+/// How many Lua instructions one script run may take before the model fails the
+/// case: a shipped script takes a few thousand; a loop that a bad argument makes
+/// unbounded (a count of 1.8e15 or `inf`) would otherwise hang the checker or the
+/// differential test for hours, as it hangs a real server (BUSY until `SCRIPT KILL`).
+const INSTRUCTION_BUDGET: u64 = 10_000_000;
+/// The hook runs every this many instructions.
+const HOOK_EVERY: u32 = 1_000;
+
 /// One thread's Lua state and its compiled scripts.
 struct Host {
     lua: Lua,
+    /// Hook calls in the current run (each `HOOK_EVERY` instructions).
+    hooks: Rc<Cell<u64>>,
     host: Table,
     run: Function,
     /// By script text: the compiled chunk and whether its `#!lua` line said `no-writes`,
@@ -126,8 +137,23 @@ impl Host {
         )?;
         let host: Table = lua.load(PRELUDE).set_name("@host").eval()?;
         let run = host.get("run")?;
+        let hooks = Rc::new(Cell::new(0));
+        let seen = Rc::clone(&hooks);
+        lua.set_hook(
+            HookTriggers::new().every_nth_instruction(HOOK_EVERY),
+            move |_, _| {
+                seen.set(seen.get() + 1);
+                if seen.get() * u64::from(HOOK_EVERY) > INSTRUCTION_BUDGET {
+                    return Err(mlua::Error::runtime(
+                        "the model's instruction budget ran out",
+                    ));
+                }
+                Ok(VmState::Continue)
+            },
+        )?;
         Ok(Host {
             lua,
+            hooks,
             host,
             run,
             compiled: HashMap::new(),
@@ -180,6 +206,12 @@ fn shebang(text: &str) -> Result<(String, bool), String> {
 
 /// Runs `script` (the exact text as sent) on `server` with `keys` and `argv`, as
 /// `EVAL` would, and returns its reply.
+///
+/// # Panics
+///
+/// When the script runs past [`INSTRUCTION_BUDGET`] instructions (a loop that its
+/// arguments made unbounded), naming the script (its last `-- name.lua:` header) and its keys
+/// and arguments: the case fails instead of hanging.
 pub fn eval(server: &mut Server, script: &str, keys: &[Bytes], argv: &[Bytes]) -> Reply {
     HOST.with(|cell| {
         let mut slot = cell.borrow_mut();
@@ -187,7 +219,30 @@ pub fn eval(server: &mut Server, script: &str, keys: &[Bytes], argv: &[Bytes]) -
             *slot = Some(Host::new().expect("the Lua host starts"));
         }
         let host = slot.as_mut().expect("set above");
-        match run(host, server, script, keys, argv) {
+        host.hooks.set(0);
+        let reply = run(host, server, script, keys, argv);
+        if host.hooks.get() * u64::from(HOOK_EVERY) > INSTRUCTION_BUDGET {
+            host.hooks.set(0);
+            // Its own header comes after its fragments': the last "-- name.lua:".
+            let name = script
+                .lines()
+                .filter_map(|l| l.strip_prefix("-- ")?.split_once(": ").map(|(n, _)| n))
+                .rfind(|n| n.ends_with(".lua"))
+                .unwrap_or("a script");
+            let shown = |items: &[Bytes]| -> Vec<String> {
+                items
+                    .iter()
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .collect()
+            };
+            panic!(
+                "{name} ran past {INSTRUCTION_BUDGET} Lua instructions (a loop its arguments \
+                 left unbounded): keys {:?}, argv {:?}",
+                shown(keys),
+                shown(argv)
+            );
+        }
+        match reply {
             Ok(reply) => reply,
             Err(e) => Reply::Error(format!("ERR the model's Lua host failed: {e}")),
         }

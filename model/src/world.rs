@@ -483,7 +483,11 @@ impl World {
         server.subscribers.clear();
         let published = server.take_published();
         let mut granted = Vec::new();
-        if (call.script.contains("acquire") || call.script == "election/campaign.lua")
+        // The scripts that grant: every acquire, the plain first attempt (take.lua,
+        // whose bare-integer reply is a grant) and a campaign.
+        let grants = call.script.contains("acquire")
+            || matches!(call.script, "lock/take.lua" | "election/campaign.lua");
+        if grants
             && let Ok(reply) = client::decode(&reply)
             && let fencelock::model::Answer::Granted { fence, .. } = reply.answer
         {

@@ -119,3 +119,38 @@ fn values_convert_as_redis_converts_them() {
         "{e:?}"
     );
 }
+
+/// A loop that a script's arguments leave unbounded fails the case, naming the script
+/// and its arguments, instead of hanging (found by the differential test's seeds 1 and
+/// 8: `fence/write.lua` told that a write has 1.8e15 arguments, a real server loops
+/// there too, BUSY until `SCRIPT KILL`; the library always sends the true count).
+#[test]
+#[should_panic(expected = "write.lua ran past 10000000 Lua instructions")]
+fn a_script_that_loops_fails_the_case_by_name() {
+    let scripts = Scripts::shipped();
+    let mut server = Server::new(1_000_000, "r");
+    eval(
+        &mut server,
+        scripts.get("fence/write.lua"),
+        &b(&["k2", "k1"]),
+        &b(&["x", "x", "t2", "1800000000000000"]),
+    );
+}
+
+/// The budget leaves the host usable for the next run.
+#[test]
+fn the_host_runs_scripts_again_after_a_loop_fails() {
+    let mut server = Server::new(1_000_000, "r");
+    let looped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eval(
+            &mut server,
+            "-- spin.lua: forever\nwhile true do end",
+            &[],
+            &[],
+        )
+    }));
+    let message = looped.expect_err("the loop fails the run");
+    let message = message.downcast_ref::<String>().expect("a message");
+    assert!(message.starts_with("spin.lua ran past"), "{message}");
+    assert_eq!(eval(&mut server, "return 7", &[], &[]), Reply::Int(7));
+}
