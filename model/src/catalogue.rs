@@ -58,6 +58,21 @@ fn plain(name: &'static str, scripts: Scripts, faults: impl Fn(&mut world::Fault
     world
 }
 
+/// Redlock's world with one node restart (its keys lost), with restart protection or
+/// without: one tick; in the quick run each acquire makes 2 attempts at most (the
+/// fewest that reach a restarted node again: the first call after the restart fails
+/// on the connection it closed), in the full run 3.
+fn redlock_restart(name: &'static str, protected: bool, quick: bool) -> World {
+    let mut world = World::redlock(name, Scripts::shipped(), protected);
+    world.faults.restart = true;
+    world.faults.budget = 1;
+    world.ticks = 1;
+    if quick {
+        world.max_attempts = Some(2);
+    }
+    world
+}
+
 /// A world of one client of each kind, without faults.
 fn of(name: &'static str, scripts: Scripts, kinds: &[Kind]) -> World {
     World::new(name, scripts, kinds.to_vec(), 2)
@@ -103,6 +118,9 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     if quick {
         lost_reply.ticks = 2;
     }
+    // Redlock: one tick in the quick run (a lease does not run out), two in the full.
+    let mut redlock = World::redlock("Redlock, 3 nodes; no faults", shipped(), true);
+    redlock.ticks = if quick { 1 } else { 2 };
     let mut out = vec![
         holds(plain("plain lock; no faults", shipped(), |_| {})),
         holds(lost_reply),
@@ -148,6 +166,20 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             shipped(),
             &[Kind::Multi; 2],
         )),
+        holds(redlock),
+        holds(redlock_restart(
+            "Redlock; a node restart, with restart protection",
+            true,
+            quick,
+        )),
+        Entry {
+            world: redlock_restart(
+                "Redlock; a node restart without restart protection (known not to hold)",
+                false,
+                quick,
+            ),
+            expect: Expect::Violated(ONE_HOLDER),
+        },
     ];
     // Each client takes the lock once, but in the full run's fault-free plain world
     // twice (4.7 million states; with a fault, twice outgrows 9 GB).
@@ -189,6 +221,13 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             expect: Expect::Violated(control.caught_by),
         });
     }
+    let control = controls::REDLOCK_COUNTER_NOT_RAISED;
+    let mut world = World::redlock(control.name, mutated(&control), true);
+    world.ticks = 1;
+    out.push(Entry {
+        world,
+        expect: Expect::Violated(control.caught_by),
+    });
     let control = controls::READ_FAST_TOKEN_NOT_RAISED;
     let mut readers = of(
         control.name,

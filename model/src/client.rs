@@ -40,7 +40,8 @@ pub fn keys(name: &str) -> LockKeys {
 
 /// The model's time zero, as the engine reads it: one [`Instant`] for the whole run,
 /// so that states that hold machines compare and hash alike.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+// An hour on: a Redlock client's estimate of when a node started lies before it.
+static EPOCH: LazyLock<Instant> = LazyLock::new(|| Instant::now() + Duration::from_secs(3600));
 
 /// The model's time `ms` (since its start) as an [`Instant`].
 pub fn instant(ms: i64) -> Instant {
@@ -161,12 +162,14 @@ impl Call {
 
 /// The call that gives back what `token` holds or may hold (`undo`), as the library
 /// builds it (a held lock's release, an acquire's withdrawal, a late grant's take-back).
-pub fn release(protocol: &dyn Protocol, token: &HolderToken, undo: Undo) -> Call {
+/// `fence`: a Redlock release's grant token, raised into each node's counter (0: one
+/// node, or a withdrawal).
+pub fn release(protocol: &dyn Protocol, token: &HolderToken, undo: Undo, fence: u64) -> Call {
     let keys = keys(NAME);
     let release = Release {
         keys: &keys,
         token,
-        fence: 0,
+        fence,
         counter_idle: COUNTER_IDLE,
         undo,
     };

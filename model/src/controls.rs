@@ -95,6 +95,19 @@ pub const PLAIN: [Control; 6] = [
     TAKE_TOKEN_NOT_RAISED,
 ];
 
+/// A Redlock release that does not raise the nodes' fencing counters to the grant's
+/// token (`release.lua`'s `raise_counter`): a majority that did not grant it may then
+/// mint a token no higher.
+pub const REDLOCK_COUNTER_NOT_RAISED: Control = Control {
+    name: "a Redlock release that does not raise the counters",
+    patches: &[Patch {
+        script: "lock/release.lua",
+        find: "  if floor > 0 then",
+        replace: "  if false then",
+    }],
+    caught_by: crate::world::TOKENS_RISE,
+};
+
 /// The fair acquire's fast path (a free lock, nobody queued) that does not look at the
 /// lock itself: it grants a held lock.
 pub const FAIR_FAST_PATH_IGNORES_HOLDER: Control = Control {

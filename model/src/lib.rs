@@ -10,6 +10,8 @@
 //!   (`fencelock::model`), and what the model does in place of its I/O;
 //! - [`world`]: the checker's worlds (a server, clients, messages, clock, faults) and
 //!   their properties;
+//! - [`redlock`]: a Redlock client's memory of its nodes and the library's tally of
+//!   their answers, for the worlds of 3 nodes;
 //! - [`controls`]: the mutations each property must be caught violated by;
 //! - [`catalogue`]: the worlds `scripts/model` checks and what each must show.
 //!
@@ -20,5 +22,6 @@ pub mod client;
 pub mod controls;
 pub mod keyspace;
 pub mod lua;
+pub mod redlock;
 pub mod scripts;
 pub mod world;

@@ -109,7 +109,7 @@ const WRITES: [&str; 18] = [
 /// case: a shipped script takes a few thousand; a loop that a bad argument makes
 /// unbounded (a count of 1.8e15 or `inf`) would otherwise hang the checker or the
 /// differential test for hours, as it hangs a real server (BUSY until `SCRIPT KILL`).
-const INSTRUCTION_BUDGET: u64 = 10_000_000;
+pub const INSTRUCTION_BUDGET: u64 = 10_000_000;
 /// The hook runs every this many instructions.
 const HOOK_EVERY: u32 = 1_000;
 

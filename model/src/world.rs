@@ -22,17 +22,26 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use fencelock::model::{
-    Acquiring, Channels, Command, Event, Handover, HolderToken, Site, Undo, Woken, WokenBy,
-    hand_on, own_channel,
+    Acquiring, Channels, Command, Event, Handover, HolderToken, Outcome, Site, Undo, Woken,
+    WokenBy, hand_on, own_channel,
 };
 use stateright::{Model, Property};
 
 use crate::client::{self, Call, Kind};
 use crate::keyspace::{Bytes, Published, Reply, Server, Value};
+use crate::redlock::Vote;
 use crate::scripts::Scripts;
 
 /// The world's start: the servers' clocks read this (µs since the epoch).
 const EPOCH_US: i64 = 1_800_000_000_000_000;
+
+/// Redlock: the attempts an acquire makes at most in the worlds (see
+/// [`World::max_attempts`]).
+pub const REDLOCK_ATTEMPTS: u32 = 3;
+
+/// How long Redlock's nodes have been up at the world's start (µs): longer than any
+/// quarantine, so that only a restart in the world quarantines a node.
+const REDLOCK_UPTIME_US: i64 = 60_000_000;
 
 /// Which faults a world may inject, and how many in all.
 #[derive(Clone, Debug, Default)]
@@ -85,6 +94,17 @@ pub struct World {
     /// At most this many holders with an unexpired lease (1; N for a semaphore;
     /// readers aside).
     pub max_holders: usize,
+    /// How many lock nodes: 1, or 3 for Redlock (plain clients only, each node its own
+    /// keyspace running the scripts, the clients' attempts tallied by the library's
+    /// `Quorum`).
+    pub nodes: usize,
+    /// Redlock's restart protection: the clients' quarantine (`None`: off).
+    pub quarantine: Option<Duration>,
+    /// The checker explores no further a state where an acquire made more attempts
+    /// than this (`None`: no bound). Redlock's split votes and quarantined nodes
+    /// answer "no quorum", retried within 100 ms: without a bound, each retry at its
+    /// own time multiplies the states.
+    pub max_attempts: Option<u32>,
 }
 
 /// What a client is doing.
@@ -100,6 +120,10 @@ pub enum Phase {
         sent_ms: i64,
         /// The wakes delivered before it was sent: an answer uses them up.
         mark: u8,
+        /// What it is (an attempt, a withdrawal).
+        purpose: Purpose,
+        /// Redlock: the nodes' answers so far.
+        votes: Vec<crate::redlock::Vote>,
     },
     /// The engine sleeps until a release message wakes it, or its timer.
     Asleep {
@@ -128,8 +152,8 @@ pub enum Phase {
         /// The end of its lease (true ms).
         until_ms: i64,
     },
-    /// Its release is in flight.
-    Releasing,
+    /// Its release is in flight: this many nodes have yet to answer.
+    Releasing(u8),
     /// Took the lock as often as it would.
     Done,
     /// Crashed: takes no step again (its connections are closed).
@@ -151,6 +175,8 @@ pub struct Client {
     pub named: u64,
     /// A fair handover delivered and not yet taken: (fencing token, lease ms).
     pub handover: Option<(u64, u64)>,
+    /// Redlock: what it knows of each node (empty with one node).
+    pub seen: Vec<crate::redlock::Seen>,
 }
 
 /// What a call is for, which says what its reply does.
@@ -175,26 +201,37 @@ pub enum Packet {
     Call {
         /// The sender.
         from: usize,
+        /// The node it goes to.
+        node: usize,
         /// What it is for.
         purpose: Purpose,
         /// The call.
         call: Call,
+        /// Redlock: the sender's connection (its [`Seen`](crate::redlock::Seen)'s
+        /// `conn` and generation) and the attempt's number (0 with one node).
+        via: (u8, u64, u32),
     },
     /// A reply on its way back.
     Reply {
         /// The client.
         to: usize,
+        /// The node that answers.
+        node: usize,
+        /// The call's connection generation and attempt (see [`Packet::Call`]).
+        via: (u64, u32),
         /// What its call was for.
         purpose: Purpose,
         /// The script it answers.
         script: &'static str,
-        /// The reply.
-        reply: Reply,
+        /// The reply; `None`: the connection closed first (the node restarted).
+        reply: Option<Reply>,
     },
     /// A published message on its way to a subscribed client.
     Message {
         /// The client.
         to: usize,
+        /// The node that published it.
+        node: usize,
         /// The channel.
         channel: Bytes,
         /// The message.
@@ -239,8 +276,8 @@ pub struct Log {
 pub struct State {
     /// The true time since the start, ms.
     pub now_ms: i64,
-    /// The lock server.
-    pub node: Node,
+    /// The lock nodes (one, or Redlock's).
+    pub nodes: Vec<Node>,
     /// The fenced resource's server (no faults: it is the thing protected).
     pub resource: Server,
     /// The clients.
@@ -279,7 +316,7 @@ pub enum Action {
     /// Fault: a client crashes.
     Crash(usize),
     /// Fault: the node restarts without persistence.
-    Restart,
+    Restart(usize),
     /// The node's replica catches up.
     Replicate,
     /// Fault: the node's replica takes over, with what it copied last.
@@ -301,6 +338,17 @@ fn fenced_write(fence: u64, value: &str) -> Call {
     }
 }
 
+impl Log {
+    /// Logs a grant: a grant of a token already logged (a retried acquire's) once.
+    fn grant(&mut self, holder: String, fence: u64) {
+        if !self.grants.contains(&(holder.clone(), fence)) {
+            let top = self.grants.iter().map(|(_, f)| *f).max();
+            self.token_fell |= top.is_some_and(|top| fence <= top);
+            self.grants.push((holder, fence));
+        }
+    }
+}
+
 impl World {
     /// `kinds.len()` clients, each taking what its kind says `rounds` times on one
     /// server, with no faults.
@@ -317,7 +365,28 @@ impl World {
             fenced_writes: false,
             faults: Faults::default(),
             max_holders: 1,
+            nodes: 1,
+            quarantine: None,
+            max_attempts: None,
         }
+    }
+
+    /// Redlock: 2 plain clients, each taking the lock once by a majority of 3 nodes,
+    /// with restart protection of one lease (`protected`) or none.
+    ///
+    /// Three reductions keep it small, each named where it acts: a node's answer
+    /// reaches its client as the node runs the call (no reply waits in the network: a
+    /// late answer is not modelled, only the clock running out the validity while the
+    /// nodes are asked in turn); a client's calls run in the order sent, so its
+    /// attempt asks the nodes in turn, 0, 1, 2 (every order of the two clients at each
+    /// node remains, and a restart of each node); an acquire makes at most
+    /// [`REDLOCK_ATTEMPTS`] attempts ([`World::max_attempts`]).
+    pub fn redlock(name: &'static str, scripts: Scripts, protected: bool) -> World {
+        let mut world = World::new(name, scripts, vec![Kind::Plain; 2], 1);
+        world.nodes = 3;
+        world.quarantine = protected.then(|| world.lease());
+        world.max_attempts = Some(REDLOCK_ATTEMPTS);
+        world
     }
 
     /// The plain lock: `clients` clients take it `rounds` times each, each writing to a
@@ -338,12 +407,45 @@ impl World {
         Duration::from_millis(self.lease_ms.unsigned_abs())
     }
 
-    fn send(state: &mut State, from: usize, purpose: Purpose, call: Call) {
+    /// The library's Redlock rules for this world's clients (`None`: one node).
+    fn quorum(&self) -> Option<fencelock::model::Quorum> {
+        (self.nodes > 1).then(|| crate::redlock::quorum(self.nodes, self.quarantine))
+    }
+
+    /// Sends `call` from client `from` to `node` on its connection there (`attempt`:
+    /// the attempt's number, for its answers).
+    fn send_to(
+        state: &mut State,
+        from: usize,
+        node: usize,
+        purpose: Purpose,
+        call: Call,
+        attempt: u32,
+    ) {
+        let via = state.clients[from]
+            .seen
+            .get(node)
+            .map_or((0, 0, 0), |s| (s.conn, s.generation, attempt));
         state.net.push(Packet::Call {
             from,
+            node,
             purpose,
             call,
+            via,
         });
+    }
+
+    /// Sends `call` to every node (the resource's calls, and every call with one node,
+    /// go to node 0).
+    fn send(&self, state: &mut State, from: usize, purpose: Purpose, call: Call) {
+        let nodes = if call.script == "fence/write.lua" {
+            1
+        } else {
+            self.nodes
+        };
+        for node in 0..nodes {
+            Self::send_to(state, from, node, purpose, call.clone(), 0);
+        }
     }
 
     /// Carries out the engine's commands for client `c` until one waits on the world
@@ -361,8 +463,22 @@ impl World {
                         counter_idle: client::COUNTER_IDLE,
                         stays: false,
                     };
-                    let call = Call::of(&engine.call(&attempt, &site, false));
-                    return Self::call_out(state, c, engine, Purpose::Attempt, call);
+                    let Some(q) = self.quorum() else {
+                        let call = Call::of(&engine.call(&attempt, &site, false));
+                        return self.call_out(state, c, engine, Purpose::Attempt, call);
+                    };
+                    // Redlock: each node is asked who it is when the library would.
+                    let n = engine.attempts();
+                    let voters = crate::redlock::voters(&client.seen);
+                    let calls: Vec<Call> = voters
+                        .iter()
+                        .map(|v| Call::of(&engine.call(&attempt, &site, q.identify(v))))
+                        .collect();
+                    Self::calling(state, c, engine, Purpose::Attempt);
+                    for (node, call) in calls.into_iter().enumerate() {
+                        Self::send_to(state, c, node, Purpose::Attempt, call, n);
+                    }
+                    return;
                 }
                 Command::Subscribe(subscribe) => {
                     // One waiter per client: no other keeps its channels open.
@@ -398,8 +514,8 @@ impl World {
                 }
                 Command::Withdraw(undo) => {
                     let req = engine.request();
-                    let call = client::release(&*req.protocol, engine.token(), undo);
-                    return Self::call_out(state, c, engine, Purpose::Withdraw, call);
+                    let call = client::release(&*req.protocol, engine.token(), undo, 0);
+                    return self.call_out(state, c, engine, Purpose::Withdraw, call);
                 }
                 Command::Done(done) => {
                     // Its subscriptions go with the acquire.
@@ -418,9 +534,13 @@ impl World {
                         Err(_) => {
                             if done.cleanup.withdraw {
                                 let req = engine.request();
-                                let call =
-                                    client::release(&*req.protocol, engine.token(), Undo::Withdraw);
-                                Self::send(state, c, Purpose::Background, call);
+                                let call = client::release(
+                                    &*req.protocol,
+                                    engine.token(),
+                                    Undo::Withdraw,
+                                    0,
+                                );
+                                self.send(state, c, Purpose::Background, call);
                             }
                             self.next_round(&mut state.clients[c]);
                         }
@@ -434,19 +554,27 @@ impl World {
     /// The engine's call goes out; the wakes delivered so far are marked, for its
     /// answer to use up.
     fn call_out(
+        &self,
         state: &mut State,
         c: usize,
         engine: Acquiring<'static>,
         purpose: Purpose,
         call: Call,
     ) {
+        Self::calling(state, c, engine, purpose);
+        self.send(state, c, purpose, call);
+    }
+
+    /// Client `c` waits for its engine's call to be answered.
+    fn calling(state: &mut State, c: usize, engine: Acquiring<'static>, purpose: Purpose) {
         let client = &mut state.clients[c];
         client.phase = Phase::Calling {
             engine,
             sent_ms: state.now_ms,
             mark: client.pending,
+            purpose,
+            votes: Vec::new(),
         };
-        Self::send(state, c, purpose, call);
     }
 
     fn next_round(&self, client: &mut Client) {
@@ -458,16 +586,16 @@ impl World {
         };
     }
 
-    /// Runs `call` on the lock server (or the resource), records what the properties
+    /// Runs `call` on lock node `node` (or the resource), records what the properties
     /// need, and sends the messages its script published to the clients subscribed.
-    fn run(&self, state: &mut State, call: &Call) -> Reply {
+    fn run(&self, state: &mut State, node: usize, call: &Call) -> Reply {
         let live: Vec<usize> = (0..state.clients.len())
             .filter(|c| state.clients[*c].phase != Phase::Crashed)
             .collect();
         let server = if call.script == "fence/write.lua" {
             &mut state.resource
         } else {
-            &mut state.node.server
+            &mut state.nodes[node].server
         };
         server.subscribers.clear();
         for c in &live {
@@ -485,9 +613,11 @@ impl World {
         let mut granted = Vec::new();
         // The scripts that grant: every acquire, the plain first attempt (take.lua,
         // whose bare-integer reply is a grant) and a campaign.
+        // (Redlock: a node's grant is a vote; the client's tally logs the grant.)
         let grants = call.script.contains("acquire")
             || matches!(call.script, "lock/take.lua" | "election/campaign.lua");
         if grants
+            && self.nodes == 1
             && let Ok(reply) = client::decode(&reply)
             && let fencelock::model::Answer::Granted { fence, .. } = reply.answer
         {
@@ -511,6 +641,7 @@ impl World {
                 if listens {
                     state.net.push(Packet::Message {
                         to: *c,
+                        node,
                         channel: channel.clone(),
                         message: message.clone(),
                     });
@@ -524,11 +655,7 @@ impl World {
             {
                 log.out_of_turn = true;
             }
-            if !log.grants.contains(&(holder.clone(), fence)) {
-                let top = log.grants.iter().map(|(_, f)| *f).max();
-                log.token_fell |= top.is_some_and(|top| fence <= top);
-                log.grants.push((holder, fence));
-            }
+            log.grant(holder, fence);
         }
         if call.script == "fence/write.lua"
             && reply.as_array().and_then(|r| r.first()) == Some(&Reply::Int(1))
@@ -542,20 +669,142 @@ impl World {
     fn execute(&self, state: &mut State, at: usize) {
         let Packet::Call {
             from,
+            node,
             purpose,
             call,
+            via: (conn, generation, attempt),
         } = state.net.remove(at)
         else {
             unreachable!("only calls execute")
         };
-        let reply = self.run(state, &call);
-        if purpose != Purpose::Background {
+        // Redlock: a call sent on a connection the node closed since (it restarted)
+        // fails unrun, and its client reconnects.
+        let reply = if self.nodes > 1 && conn != state.nodes[node].restarts {
+            None
+        } else {
+            Some(self.run(state, node, &call))
+        };
+        if self.nodes > 1 && purpose != Purpose::Background {
+            // Redlock: the answer reaches its client at once (see `World::redlock`).
+            let vote = Vote {
+                node,
+                reply,
+                generation,
+                at_ms: state.now_ms,
+            };
+            self.redlock_reply(state, from, vote, purpose, attempt);
+        } else if purpose != Purpose::Background {
             state.net.push(Packet::Reply {
                 to: from,
+                node,
+                via: (generation, attempt),
                 purpose,
                 script: call.script,
                 reply,
             });
+        } else if reply.is_none() {
+            Self::reconnect(state, from, node);
+        }
+    }
+
+    /// Client `c`'s call to `node` failed: its connection there changes (the library
+    /// reconnects), to the node as it is now.
+    fn reconnect(state: &mut State, c: usize, node: usize) {
+        let seen = &mut state.clients[c].seen[node];
+        seen.generation += 1;
+        seen.conn = state.nodes[node].restarts;
+    }
+
+    /// A Redlock node's answer to client `c` arrives: an attempt's is tallied (or, come
+    /// after its verdict, recorded as `judge_late` does), a withdrawal or a release
+    /// goes on when every node answered.
+    fn redlock_reply(&self, state: &mut State, c: usize, vote: Vote, purpose: Purpose, n: u32) {
+        let now = state.now_ms;
+        let q = self.quorum().expect("Redlock");
+        if vote.reply.is_none() {
+            Self::reconnect(state, c, vote.node);
+        }
+        let client = &mut state.clients[c];
+        let phase = std::mem::replace(&mut client.phase, Phase::Idle);
+        match (purpose, phase) {
+            (
+                Purpose::Attempt,
+                Phase::Calling {
+                    mut engine,
+                    sent_ms,
+                    mark,
+                    purpose: Purpose::Attempt,
+                    mut votes,
+                },
+            ) if n == engine.attempts() => {
+                votes.push(vote);
+                let verdict =
+                    crate::redlock::tally(&q, &mut client.seen, &votes, sent_ms, self.lease(), now);
+                let Some((outcome, take_back)) = verdict else {
+                    client.phase = Phase::Calling {
+                        engine,
+                        sent_ms,
+                        mark,
+                        purpose: Purpose::Attempt,
+                        votes,
+                    };
+                    return;
+                };
+                if outcome.is_ok() {
+                    client.pending = client.pending.saturating_sub(mark);
+                }
+                if take_back {
+                    // Sent before the next attempt, which each node runs after it.
+                    let req = engine.request();
+                    let call = client::release(&*req.protocol, engine.token(), Undo::TakeBack, 0);
+                    self.send(state, c, Purpose::Background, call);
+                }
+                if let Ok(Outcome::Granted { grant, .. }) = &outcome {
+                    let holder = engine.token().as_str().to_owned();
+                    state.log.grant(holder, grant.fence.get());
+                }
+                let command = engine.on(Event::Answered(outcome), client::instant(now));
+                self.drive(state, c, engine, command);
+            }
+            (Purpose::Attempt, phase) => {
+                crate::redlock::late(&q, &mut client.seen, &vote, self.lease());
+                client.phase = phase;
+            }
+            (
+                Purpose::Withdraw,
+                Phase::Calling {
+                    mut engine,
+                    sent_ms,
+                    mark,
+                    purpose: Purpose::Withdraw,
+                    mut votes,
+                },
+            ) => {
+                votes.push(vote);
+                if votes.len() < self.nodes {
+                    client.phase = Phase::Calling {
+                        engine,
+                        sent_ms,
+                        mark,
+                        purpose: Purpose::Withdraw,
+                        votes,
+                    };
+                    return;
+                }
+                // As the library's: done when any node answered.
+                let result = if votes.iter().any(|v| v.reply.is_some()) {
+                    Ok(())
+                } else {
+                    Err(fencelock::model::broken(&crate::redlock::addr(0)))
+                };
+                let command = engine.on(Event::Withdrawn(result), client::instant(now));
+                self.drive(state, c, engine, command);
+            }
+            (Purpose::Release, Phase::Releasing(left)) if left > 1 => {
+                client.phase = Phase::Releasing(left - 1);
+            }
+            (Purpose::Release, Phase::Releasing(_)) => self.next_round(client),
+            (_, phase) => client.phase = phase,
         }
     }
 
@@ -563,6 +812,8 @@ impl World {
     fn reply(&self, state: &mut State, at: usize, lost: bool) {
         let Packet::Reply {
             to: c,
+            node,
+            via: (generation, attempt),
             purpose,
             reply,
             ..
@@ -571,6 +822,16 @@ impl World {
             unreachable!("a reply")
         };
         let now = state.now_ms;
+        if self.nodes > 1 {
+            let vote = Vote {
+                node,
+                reply: if lost { None } else { reply },
+                generation,
+                at_ms: now,
+            };
+            return self.redlock_reply(state, c, vote, purpose, attempt);
+        }
+        let reply = reply.expect("one node answers every call it runs");
         let phase = std::mem::replace(&mut state.clients[c].phase, Phase::Idle);
         match (purpose, phase) {
             (
@@ -579,6 +840,7 @@ impl World {
                     mut engine,
                     sent_ms,
                     mark,
+                    ..
                 },
             ) => {
                 let event = if lost {
@@ -589,8 +851,9 @@ impl World {
                         state.log.lapsed = true;
                         // The library takes a late grant back before its next attempt.
                         let req = engine.request();
-                        let call = client::release(&*req.protocol, engine.token(), Undo::TakeBack);
-                        self.run(state, &call);
+                        let call =
+                            client::release(&*req.protocol, engine.token(), Undo::TakeBack, 0);
+                        self.run(state, 0, &call);
                     }
                     event
                 };
@@ -625,7 +888,7 @@ impl World {
                     wrote: true,
                 };
             }
-            (Purpose::Release, Phase::Releasing) => self.next_round(&mut state.clients[c]),
+            (Purpose::Release, Phase::Releasing(_)) => self.next_round(&mut state.clients[c]),
             // A crashed client's reply finds nobody.
             (_, phase) => state.clients[c].phase = phase,
         }
@@ -636,6 +899,7 @@ impl World {
     fn message(&self, state: &mut State, at: usize) {
         let Packet::Message {
             to: c,
+            node,
             channel,
             message,
         } = state.net.remove(at)
@@ -672,7 +936,7 @@ impl World {
                     let keys = client::keys(name);
                     if own == own_channel(&keys, &client::tag(c)) {
                         let call = Call::of(&hand_on(&keys));
-                        Self::send(state, c, Purpose::Background, call);
+                        Self::send_to(state, c, node, Purpose::Background, call, 0);
                     }
                 }
             }
@@ -708,17 +972,25 @@ impl World {
 
     fn advance(state: &mut State, ms: i64) {
         let lock = client::keys(client::NAME).lock.into_bytes();
-        let held = |state: &State| state.node.server.entries().any(|(k, _)| *k == lock);
+        // Per node: a lease that ran out on any node.
+        let held = |state: &State| -> Vec<bool> {
+            (state.nodes.iter())
+                .map(|n| n.server.entries().any(|(k, _)| *k == lock))
+                .collect()
+        };
         let was_held = held(state);
         state.now_ms += ms;
         let now = state.now_ms;
         state.log.lapsed |= state.clients.iter().any(|c| {
             matches!(c.phase, Phase::Holding { until_ms, .. } | Phase::Writing { until_ms, .. } if until_ms <= now)
         });
-        state.node.server.advance_us(ms * 1000);
-        state.node.replica.advance_us(ms * 1000);
+        for node in &mut state.nodes {
+            node.server.advance_us(ms * 1000);
+            node.replica.advance_us(ms * 1000);
+        }
         state.resource.advance_us(ms * 1000);
-        state.log.lapsed |= was_held && !held(state);
+        let is_held = held(state);
+        state.log.lapsed |= was_held.iter().zip(is_held).any(|(was, is)| *was && !is);
     }
 
     /// The horizon: the clock stops here.
@@ -739,6 +1011,22 @@ impl World {
             .filter(|t| *t <= self.horizon())
             .min()
     }
+}
+
+/// Redlock: whether the call or message at `at` is its client's first in the network.
+/// A client's calls run in the order sent, the nodes in turn (the library's go out at
+/// once, one connection per node, each in order: so a take-back runs before the next
+/// attempt and a release after the acquire; that the nodes answer in one order is
+/// the reduction that keeps the world small, see `World::redlock`), and the messages
+/// to it arrive in the order published.
+fn first_on_its_connection(state: &State, at: usize) -> bool {
+    let key = |p: &Packet| match p {
+        Packet::Call { from, .. } => (0, *from),
+        Packet::Reply { to, .. } => (1, *to),
+        Packet::Message { to, .. } => (2, *to),
+    };
+    let mine = key(&state.net[at]);
+    !state.net[..at].iter().any(|p| key(p) == mine)
 }
 
 /// The first waiter of a fair lock's queue whose deadline has not passed, when `script`
@@ -772,15 +1060,31 @@ impl Model for World {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let server = Server::new(EPOCH_US, run_id(0, 0));
+        let nodes: Vec<Node> = (0..self.nodes)
+            .map(|i| {
+                let mut server = Server::new(EPOCH_US, run_id(i, 0));
+                if self.nodes > 1 {
+                    // Up for a while: no quarantine at the start.
+                    server.started_us -= REDLOCK_UPTIME_US;
+                }
+                Node {
+                    replica: server.clone(),
+                    server,
+                    drift_ms: 0,
+                    restarts: 0,
+                }
+            })
+            .collect();
+        // Redlock: each client asked each node who it is when it connected.
+        let who: Vec<(String, Duration)> = if self.nodes > 1 {
+            let uptime = Duration::from_micros(REDLOCK_UPTIME_US.unsigned_abs());
+            (nodes.iter().map(|n| (n.server.run_id.clone(), uptime))).collect()
+        } else {
+            Vec::new()
+        };
         vec![State {
             now_ms: 0,
-            node: Node {
-                replica: server.clone(),
-                server,
-                drift_ms: 0,
-                restarts: 0,
-            },
+            nodes,
             resource: Server::new(EPOCH_US, run_id(0xf, 0)),
             clients: vec![
                 Client {
@@ -790,6 +1094,7 @@ impl Model for World {
                     pending: 0,
                     named: 0,
                     handover: None,
+                    seen: crate::redlock::connect(&who, 0),
                 };
                 self.kinds.len()
             ],
@@ -824,6 +1129,9 @@ impl Model for World {
             }
         }
         for (at, packet) in state.net.iter().enumerate() {
+            if self.nodes > 1 && !first_on_its_connection(state, at) {
+                continue;
+            }
             match packet {
                 Packet::Call { .. } => actions.push(Action::Execute(at)),
                 Packet::Reply { .. } => {
@@ -846,12 +1154,12 @@ impl Model for World {
         if self.next_timer(state).is_some() {
             actions.push(Action::Elapse);
         }
-        let node = &state.node;
+        let node = &state.nodes[0];
         if node.drift_ms + self.tick_ms <= self.max_drift_ms {
             actions.push(Action::Drift);
         }
         if state.faults_left > 0 && self.faults.restart {
-            actions.push(Action::Restart);
+            actions.extend((0..self.nodes).map(Action::Restart));
         }
         if self.faults.failover {
             if node.replica.entries().ne(node.server.entries()) {
@@ -899,7 +1207,7 @@ impl Model for World {
                     return None;
                 };
                 let call = fenced_write(fence, &client::tag(c));
-                Self::send(&mut state, c, Purpose::Write, call);
+                self.send(&mut state, c, Purpose::Write, call);
                 state.clients[c].phase = Phase::Writing {
                     token,
                     fence,
@@ -911,9 +1219,14 @@ impl Model for World {
                     return None;
                 };
                 let protocol = self.kinds[c].protocol(c);
-                let call = client::release(&*protocol, &token, Undo::Release);
-                Self::send(&mut state, c, Purpose::Release, call);
-                state.clients[c].phase = Phase::Releasing;
+                // Redlock raises every node's counter to the grant's token.
+                let Phase::Holding { fence, .. } = state.clients[c].phase else {
+                    unreachable!("a holder")
+                };
+                let raise = if self.nodes > 1 { fence } else { 0 };
+                let call = client::release(&*protocol, &token, Undo::Release, raise);
+                self.send(&mut state, c, Purpose::Release, call);
+                state.clients[c].phase = Phase::Releasing(self.nodes as u8);
             }
             Action::Tick => Self::advance(&mut state, self.tick_ms),
             Action::Elapse => {
@@ -921,8 +1234,8 @@ impl Model for World {
                 Self::advance(&mut state, until - now);
             }
             Action::Drift => {
-                state.node.drift_ms += self.tick_ms;
-                state.node.server.advance_us(self.tick_ms * 1000);
+                state.nodes[0].drift_ms += self.tick_ms;
+                state.nodes[0].server.advance_us(self.tick_ms * 1000);
             }
             Action::Crash(c) => {
                 state.faults_left -= 1;
@@ -930,21 +1243,22 @@ impl Model for World {
                 client.phase = Phase::Crashed;
                 client.listens = None;
             }
-            Action::Restart => {
+            Action::Restart(i) => {
+                // Its clock goes on; its keys, run id and uptime start afresh.
                 state.faults_left -= 1;
-                let node = &mut state.node;
+                let node = &mut state.nodes[i];
                 node.restarts += 1;
-                node.server.wipe(run_id(0, node.restarts));
+                node.server.wipe(run_id(i, node.restarts));
                 node.replica = node.server.clone();
             }
             Action::Replicate => {
-                let node = &mut state.node;
+                let node = &mut state.nodes[0];
                 let copy = node.server.clone();
                 node.replica.replace_keys_from(&copy);
             }
             Action::Failover => {
                 state.faults_left -= 1;
-                let node = &mut state.node;
+                let node = &mut state.nodes[0];
                 let replica = node.replica.clone();
                 node.server.replace_keys_from(&replica);
                 node.restarts += 1;
@@ -952,6 +1266,18 @@ impl Model for World {
             }
         }
         Some(state)
+    }
+
+    fn within_boundary(&self, state: &State) -> bool {
+        let Some(max) = self.max_attempts else {
+            return true;
+        };
+        state.clients.iter().all(|c| match &c.phase {
+            Phase::Calling { engine, .. } | Phase::Asleep { engine, .. } => {
+                engine.attempts() <= max
+            }
+            _ => true,
+        })
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
@@ -1050,14 +1376,15 @@ pub fn describe(state: &State) -> String {
             c.phase, c.round, c.pending, c.handover
         );
     }
-    let node = &state.node;
-    let _ = writeln!(
-        out,
-        "    node (run {}, clock +{} ms): {}",
-        &node.server.run_id[..4],
-        node.drift_ms,
-        keys(&node.server)
-    );
+    for (i, node) in state.nodes.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "    node {i} (run {}, clock +{} ms): {}",
+            &node.server.run_id[..4],
+            node.drift_ms,
+            keys(&node.server)
+        );
+    }
     let _ = writeln!(out, "    resource: {}", keys(&state.resource));
     for p in &state.net {
         let _ = writeln!(out, "    in flight: {}", packet(p));
@@ -1111,21 +1438,31 @@ fn packet(p: &Packet) -> String {
             .join(" ")
     };
     match p {
-        Packet::Call { from, call, .. } => format!(
-            "client {from} -> node: {} KEYS {} ARGV {}",
+        Packet::Call {
+            from, node, call, ..
+        } => format!(
+            "client {from} -> node {node}: {} KEYS {} ARGV {}",
             call.script,
             text(&call.keys),
             text(&call.argv)
         ),
         Packet::Reply {
-            to, script, reply, ..
-        } => format!("node -> client {to}: {script} answered {reply}"),
+            to,
+            node,
+            script,
+            reply,
+            ..
+        } => match reply {
+            Some(reply) => format!("node {node} -> client {to}: {script} answered {reply}"),
+            None => format!("node {node} -> client {to}: {script}: the connection closed"),
+        },
         Packet::Message {
             to,
+            node,
             channel,
             message,
         } => format!(
-            "message -> client {to} on {}: {:?}",
+            "message from node {node} -> client {to} on {}: {:?}",
             String::from_utf8_lossy(channel),
             String::from_utf8_lossy(message)
         ),

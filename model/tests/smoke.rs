@@ -154,3 +154,64 @@ fn the_host_runs_scripts_again_after_a_loop_fails() {
     assert!(message.starts_with("spin.lua ran past"), "{message}");
     assert_eq!(eval(&mut server, "return 7", &[], &[]), Reply::Int(7));
 }
+
+#[test]
+fn a_redlock_client_keeps_what_the_tally_learnt_and_a_fresh_restart_does_not_vote() {
+    // The glue between the worlds and the library's tally (`model::redlock`): what a
+    // node says about itself reaches the client's memory through the tally's `Voter`,
+    // and with restart protection a node that just came back grants but does not vote.
+    use std::time::Duration;
+
+    use fencelock::model::Outcome;
+    use model::keyspace::Reply;
+    use model::redlock::{Vote, connect, quorum, tally};
+
+    let lease = Duration::from_secs(1);
+    let up = Duration::from_secs(60);
+    let ids: Vec<(String, Duration)> = ["a", "b", "c"]
+        .iter()
+        .map(|id| (id.repeat(40), up))
+        .collect();
+    // Node 0 restarted (a new run id, up 0 s); nodes 1 and 2 as they were.
+    let grant = |fence: i64, id: &str, uptime: i64| {
+        Some(Reply::Array(Some(vec![
+            Reply::Int(1),
+            Reply::Int(fence),
+            Reply::Bulk(Some(id.as_bytes().to_vec())),
+            Reply::Int(uptime),
+        ])))
+    };
+    let held = Some(Reply::Array(Some(vec![Reply::Int(0), Reply::Int(900)])));
+    let votes = [
+        Vote {
+            node: 0,
+            reply: grant(7, &"d".repeat(40), 0),
+            generation: 0,
+            at_ms: 0,
+        },
+        Vote {
+            node: 1,
+            reply: held,
+            generation: 0,
+            at_ms: 0,
+        },
+        Vote {
+            node: 2,
+            reply: grant(5, &ids[2].0, 60),
+            generation: 0,
+            at_ms: 0,
+        },
+    ];
+    for (protected, granted) in [(true, false), (false, true)] {
+        let q = quorum(3, protected.then_some(lease));
+        let mut seen = connect(&ids, 0);
+        let (verdict, take_back) = tally(&q, &mut seen, &votes, 0, lease, 0).expect("all answered");
+        assert_eq!(
+            matches!(verdict, Ok(Outcome::Granted { .. })),
+            granted,
+            "protected {protected}: {verdict:?}"
+        );
+        assert_eq!(take_back, !granted);
+        assert_eq!(seen[0].health.run_id.as_deref(), Some(&*"d".repeat(40)));
+    }
+}

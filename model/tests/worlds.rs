@@ -4,9 +4,11 @@
 //! takes no lower token, under a lost reply, a lost release message and a client crash,
 //! and wakes its waiters without faults; the fair lock grants in queue order, the
 //! semaphore gives at most 2 permits, the read-write lock no reader beside a writer,
-//! the reentrant and multi-locks and the election one holder; a server restart and a failover break "one
-//! holder" (known, and documented); each control's mutated script is caught with a
-//! readable counterexample.
+//! the reentrant and multi-locks and the election one holder; Redlock over 3 nodes
+//! keeps one holder and rising tokens, a node restart included with restart protection;
+//! a server restart, a failover and a Redlock node restart without restart protection
+//! break "one holder" (known, and documented); each control's mutated script is caught
+//! with a readable counterexample.
 
 use model::catalogue::{self, Expect};
 use std::time::Duration;

@@ -9,7 +9,8 @@
 //! arguments, [`call_parts`]), the decoding of an
 //! acquire script's reply ([`AcquireReply`]), and the tally of the nodes' answers
 //! ([`judge_one`] for one node, [`Quorum::tally`] for Redlock, [`Quorum::confirm`] for a
-//! release or a renewal), with the holder tokens and the retry jitter it chooses
+//! release or a renewal; a Redlock client's memory of each node, [`Health`], which
+//! [`Voter::observe`] updates), with the holder tokens and the retry jitter it chooses
 //! ([`holder_token`], the seed of [`Acquiring::new`]).
 //!
 //! One acquire by hand, as the driver (`engine/driver.rs`) does it:
@@ -54,6 +55,7 @@
 use std::sync::Arc;
 
 pub use crate::backend::judge_one;
+pub use crate::backend::node::Health;
 pub use crate::backend::quorum::{AcquireTally, Confirmation, Quorum, Voter};
 pub use crate::engine::acquire::{
     Acquired, Acquiring, Attempt, Channels, Cleanup, Command, Done, Event, Found, Handover,
@@ -115,6 +117,19 @@ pub fn timed_out(node: &str) -> crate::Error {
         node: node.to_owned(),
         reason: crate::UnavailableReason::TimedOut,
         detail: "the reply was lost".to_owned(),
+        source: None,
+    }
+}
+
+/// The error of a call whose connection closed before its reply came (a Redlock node
+/// that restarted: a server restarts only by closing its connections), as the node's
+/// connection reports it: its outcome is unknown, and the node's connection changes
+/// (its generation: see [`Voter::generation`]).
+pub fn broken(node: &str) -> crate::Error {
+    crate::Error::Unavailable {
+        node: node.to_owned(),
+        reason: crate::UnavailableReason::Io,
+        detail: "the connection closed (the server restarted)".to_owned(),
         source: None,
     }
 }

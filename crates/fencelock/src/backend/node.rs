@@ -220,14 +220,17 @@ struct Current {
 /// What a Redlock client remembers of a node: who it is (two nodes that are one server
 /// must not vote twice), and when it started (one that restarted recently may have lost
 /// the locks it held, so it must not vote too soon).
-#[derive(Debug, Default)]
-pub(crate) struct Health {
+///
+/// Exported by `fencelock::model` (the `model` feature): the model checker's Redlock
+/// clients keep it in their hashed state, hence `Clone`, `Eq` and `Hash`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Health {
     /// The server's run id when last seen; a change means it restarted.
     pub run_id: Option<String>,
     /// When the server process started, from its uptime when last asked (whole seconds,
     /// rounded towards earlier).
     pub up_since: Option<Instant>,
-    /// The node's [`generation`](Node::generation) when run id and uptime were last
+    /// The node's generation (`Node::generation`) when run id and uptime were last
     /// read: a server restarts only by closing its connections, so they stay true until
     /// the connection changes.
     pub identified_at: Option<u64>,
