@@ -1301,12 +1301,32 @@ fn holding<'a>(marked: &'a str, members: Vec<(&'a str, &'a str)>, pttl: &'a str)
     Box::new(move |r: &RedisServer| {
         r.cmd(&["SET", FENCE, marked, "PX", "60000"]);
         r.cmd(&["SET", PERMITS, "2", "PX", "60000"]);
-        for (score, member) in &members {
-            r.cmd(&["ZADD", LOCK, score, member]);
-        }
-        r.cmd(&["PEXPIRE", LOCK, pttl]);
+        add_permits(r, &members, pttl);
     })
 }
+
+/// Adds each (score, member) to the permit set, which then lives `pttl` ms. A score of
+/// [`LATER`] or [`ENDED`] is a lease's end 7 s after or 1 s before the server's clock
+/// now, read at each set-up: a refusal's wait, computed from it, is then the same for
+/// the two scripts a state is given to, however long the test has run.
+fn add_permits(r: &RedisServer, members: &[(&str, &str)], pttl: &str) {
+    let now_ms = r.server_time().as_millis() as i64;
+    for (score, member) in members {
+        let score = match *score {
+            LATER => (now_ms + 7_000).to_string(),
+            ENDED => (now_ms - 1_000).to_string(),
+            other => other.to_owned(),
+        };
+        let added = r.cmd(&["ZADD", LOCK, &score, member]);
+        assert_eq!(added.as_int(), Some(1), "ZADD {score} {member}");
+    }
+    r.cmd(&["PEXPIRE", LOCK, pttl]);
+}
+
+/// A permit's score: its lease ends 7 s from the set-up ([`add_permits`]).
+const LATER: &str = "later";
+/// A permit's score: its lease ended 1 s before the set-up ([`add_permits`]).
+const ENDED: &str = "ended";
 
 /// semaphore/acquire.lua's common case (not fair, not listed: three keys, four
 /// arguments, which the library sends for such an attempt) answers and writes what its
@@ -1315,20 +1335,12 @@ fn holding<'a>(marked: &'a str, members: Vec<(&'a str, &'a str)>, pttl: &'a str)
 #[test]
 fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state() {
     let r = RedisServer::start();
-    let now_ms = r.server_time().as_millis() as i64;
     let ahead = r.server_time().as_micros() as i64 + 3_600_000_000;
     let marked = format!("s{ahead}");
-    let (later, ended) = ((now_ms + 7_000).to_string(), (now_ms - 1_000).to_string());
-    let (later, ended, marked) = (later.as_str(), ended.as_str(), marked.as_str());
+    let (later, ended, marked) = (LATER, ENDED, marked.as_str());
     let stored = move |r: &RedisServer| {
         r.cmd(&["SET", FENCE, marked, "PX", "60000"]);
         r.cmd(&["SET", PERMITS, "2", "PX", "60000"]);
-    };
-    let held = move |r: &RedisServer, members: &[(&str, &str)], pttl: &str| {
-        for (score, member) in members {
-            r.cmd(&["ZADD", LOCK, score, member]);
-        }
-        r.cmd(&["PEXPIRE", LOCK, pttl]);
     };
     let other = "22222222222222222222222222222222";
     // Both stored, and these permits held (score, member) in a set living `pttl` ms.
@@ -1355,7 +1367,7 @@ fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state(
             "mine, counter wiped",
             Box::new(move |r: &RedisServer| {
                 r.cmd(&["SET", PERMITS, "2"]);
-                held(r, &[(later, MINE)], "7000");
+                add_permits(r, &[(later, MINE)], "7000");
             }),
         ),
         ("mine, its lease over", holding(vec![(ended, MINE)], "7000")),
