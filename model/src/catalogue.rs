@@ -228,6 +228,14 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         world,
         expect: Expect::Violated(control.caught_by),
     });
+    let control = controls::SEMAPHORE_FAST_PATH_ONE_TOO_MANY;
+    let mut permits = of(control.name, mutated(&control), &[Kind::Semaphore(2); 3]);
+    permits.max_holders = 2;
+    permits.ticks = 1;
+    out.push(Entry {
+        world: permits,
+        expect: Expect::Violated(control.caught_by),
+    });
     let control = controls::READ_FAST_TOKEN_NOT_RAISED;
     let mut readers = of(
         control.name,

@@ -143,6 +143,18 @@ pub const READ_FAST_TOKEN_NOT_RAISED: Control = Control {
     caught_by: crate::world::TOKENS_RISE,
 };
 
+/// The semaphore's fast path (a free permit, not fair, not listed) granting one permit
+/// more than the semaphore has.
+pub const SEMAPHORE_FAST_PATH_ONE_TOO_MANY: Control = Control {
+    name: "a semaphore acquire's fast path that grants one permit too many",
+    patches: &[Patch {
+        script: "semaphore/acquire.lua",
+        find: "      if held < tonumber(ARGV[3]) then",
+        replace: "      if held <= tonumber(ARGV[3]) then",
+    }],
+    caught_by: ONE_HOLDER,
+};
+
 /// A wake list that drops its waiter: a refused waiting attempt does not list its
 /// client, so a release wakes nobody and the waiter sleeps until the lease's bound.
 pub const WAKE_LIST_DROPS_A_WAITER: Control = Control {

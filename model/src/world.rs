@@ -381,6 +381,15 @@ impl World {
     /// attempt asks the nodes in turn, 0, 1, 2 (every order of the two clients at each
     /// node remains, and a restart of each node); an acquire makes at most
     /// [`REDLOCK_ATTEMPTS`] attempts ([`World::max_attempts`]).
+    ///
+    /// Where it departs from the library besides: a restart is instant (no time in
+    /// which the node is unreachable) and closes the clients' call connections but not
+    /// their subscriptions (the library's subscription to a restarted node drops and is
+    /// made again, a window in which a release message could be missed: not checked
+    /// here); no clock drift on any node; messages from different nodes reach a client
+    /// in the order they were published; fenced writes are not routed in a Redlock
+    /// world (`fenced_writes` stays off: a resource call there would go to node 0 and
+    /// its reply would not be handled).
     pub fn redlock(name: &'static str, scripts: Scripts, protected: bool) -> World {
         let mut world = World::new(name, scripts, vec![Kind::Plain; 2], 1);
         world.nodes = 3;
