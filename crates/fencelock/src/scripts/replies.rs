@@ -145,7 +145,8 @@ impl FromRedisValue for AcquireReply {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         let items = match &v {
             Value::Array(items) => items,
-            // `lock/take.lua`'s grant: the new fencing token alone.
+            // A fast path's grant (take.lua, fair_acquire.lua, read_acquire.lua,
+            // semaphore/acquire.lua): the new fencing token alone.
             Value::Int(fence) if *fence > 0 => {
                 return Ok(Self {
                     answer: Answer::Granted {

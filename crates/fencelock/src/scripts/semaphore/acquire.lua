@@ -61,7 +61,7 @@
 -- caller's permit count both stored (a first grant, or one after they expired, goes
 -- the full way below), and a free permit (or the token's own, when a retry finds it
 -- there). It reads, answers and writes what the full path does, in fewer commands (an
--- empty set is not trimmed; one TIME), and answers a new grant with a bare integer, its
+-- empty set is not trimmed), and answers a new grant with a bare integer, its
 -- fencing token ({1, token}); a permit held by every holder is refused here too. The
 -- counter is read and advanced as fence.lua's read_counter and next_fence do, written
 -- out here.
