@@ -1058,6 +1058,26 @@ fn comparable(reply: &Reply, ahead: i64) -> String {
     }
 }
 
+/// A fast path's reply and the keys it left (`fast`) are the full path's (`full`) in
+/// the key state and variant `case` names; in the state "free", its grant is a bare
+/// integer, the token after the counter `ahead`.
+fn assert_as_full_path(
+    (state, variant): (&str, String),
+    fast: (&Reply, Vec<String>),
+    full: (&Reply, Vec<String>),
+    ahead: i64,
+) {
+    assert_eq!(
+        comparable(fast.0, ahead),
+        comparable(full.0, ahead),
+        "{state}, {variant}: the reply"
+    );
+    assert_eq!(fast.1, full.1, "{state}, {variant}: the keys");
+    if state == "free" {
+        assert_eq!(fast.0.as_int(), Some(ahead + 1), "a bare integer");
+    }
+}
+
 /// How a state of the lock's keys is made.
 type SetUp<'a> = Box<dyn Fn(&RedisServer) + 'a>;
 
@@ -1188,19 +1208,9 @@ fn take_answers_and_writes_as_acquire_does_in_every_key_state() {
             } else {
                 r.cmd(&["EVAL", &TAKE, "2", LOCK, FENCE, MINE, "10000", "0"])
             };
-            assert_eq!(
-                comparable(&take, ahead),
-                comparable(&general, ahead),
-                "{state}, waiting {join}: the reply"
-            );
-            assert_eq!(
-                lock_keys(&r, ahead),
-                general_keys,
-                "{state}, waiting {join}: the keys"
-            );
-            if *state == "free" {
-                assert_eq!(take.as_int(), Some(ahead + 1), "a bare integer");
-            }
+            let case = (*state, format!("waiting {join}"));
+            let keys = lock_keys(&r, ahead);
+            assert_as_full_path(case, (&take, keys), (&general, general_keys), ahead);
         }
     }
 }
@@ -1470,19 +1480,9 @@ fn a_permits_common_case_answers_and_writes_as_the_full_path_in_every_key_state(
                 "2",
                 idle,
             ]);
-            assert_eq!(
-                comparable(&common, ahead),
-                comparable(&full, ahead),
-                "{state}, idle {idle}: the reply"
-            );
-            assert_eq!(
-                semaphore_keys(&r, ahead),
-                full_keys,
-                "{state}, idle {idle}: the keys"
-            );
-            if *state == "free" {
-                assert_eq!(common.as_int(), Some(ahead + 1), "a bare integer");
-            }
+            let case = (*state, format!("idle {idle}"));
+            let keys = semaphore_keys(&r, ahead);
+            assert_as_full_path(case, (&common, keys), (&full, full_keys), ahead);
         }
     }
 }
