@@ -356,11 +356,12 @@ fn spawn_command(
             .env_remove("FENCELOCK_NAME")
             .env_remove("FENCELOCK_TOKEN");
     }
-    // SAFETY: between fork and exec only async-signal-safe calls: tcsetpgrp(3),
-    // getpgrp(2), signal(2). The child is in `group` already (std sets the process group
-    // before these hooks run).
+    // SAFETY: between fork and exec only async-signal-safe calls: sigaction(2),
+    // tcsetpgrp(3), getpgrp(2), signal(2). The child is in `group` already (std sets the
+    // process group before these hooks run).
     unsafe {
         command.pre_exec(move || {
+            pass_signals_to_parent_until_exec();
             if take_terminal {
                 // SIGTTOU is still ignored here (inherited), so this works from the
                 // background.
@@ -372,6 +373,42 @@ fn spawn_command(
         });
     }
     command.spawn()
+}
+
+/// The signals that fencelock catches and acts on for COMMAND's group.
+const PASSED_ON: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGTSTP];
+
+/// In COMMAND's child before its exec: the signals fencelock catches are sent on to
+/// fencelock until the exec, which resets them to their defaults.
+///
+/// Once the child has given the terminal to its group, a Ctrl-Z or Ctrl-C reaches the
+/// child, not fencelock. Before its exec the child still has fencelock's handlers, which
+/// only note a signal in the child's own copy of fencelock's memory: the keystroke would
+/// be lost (seen: a Ctrl-Z pressed as COMMAND started never suspended the job). The
+/// default action is no better: a child stopped before its exec leaves fencelock waiting
+/// in `spawn` for that exec. Sent on, fencelock acts on it as on any other: it passes it
+/// to the group once COMMAND runs.
+#[allow(unsafe_code)]
+fn pass_signals_to_parent_until_exec() {
+    extern "C" fn pass_on(signal: libc::c_int) {
+        // SAFETY: getppid, kill and errno's location are async-signal-safe; errno is
+        // restored for the code the handler interrupted.
+        unsafe {
+            let errno = *libc::__errno_location();
+            libc::kill(libc::getppid(), signal);
+            *libc::__errno_location() = errno;
+        }
+    }
+    for signal in PASSED_ON {
+        // SAFETY: `action` is a plain C struct, for which all zeroes is a valid value
+        // (an empty mask, no flags); sigaction reads it and writes nothing back (null).
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = pass_on as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
 }
 
 /// What a child's wait status shows, without reaping it.
@@ -744,5 +781,42 @@ impl Signals {
             Some(()) = self.child.recv() => Event::Child,
             else => std::future::pending().await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Ctrl-Z that reaches COMMAND's child before its exec (the terminal is its group's
+    /// by then) reaches fencelock: the child here stops itself with SIGTSTP between its
+    /// hooks and its exec, the widest form of that moment. With fencelock's handlers
+    /// inherited instead, the signal was noted in the child's memory and lost.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_ctrl_z_before_command_s_exec_reaches_fencelock() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut stop = signal(SignalKind::from_raw(libc::SIGTSTP)).unwrap();
+            let mut command = Command::new("true");
+            // SAFETY: sigaction(2), getpid(2) and kill(2) are async-signal-safe.
+            unsafe {
+                command.pre_exec(|| {
+                    pass_signals_to_parent_until_exec();
+                    libc::kill(libc::getpid(), libc::SIGTSTP);
+                    Ok(())
+                });
+            }
+            let mut child = command.spawn().unwrap();
+            let heard = tokio::time::timeout(Duration::from_secs(10), stop.recv()).await;
+            assert!(heard.is_ok(), "fencelock did not hear the Ctrl-Z");
+            assert!(
+                child.wait().unwrap().success(),
+                "the child went on to its exec"
+            );
+        });
     }
 }
