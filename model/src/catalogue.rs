@@ -236,17 +236,21 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         world: permits,
         expect: Expect::Violated(control.caught_by),
     });
-    let control = controls::READ_FAST_TOKEN_NOT_RAISED;
-    let mut readers = of(
-        control.name,
-        mutated(&control),
-        &[Kind::Plain, Kind::Read, Kind::Read],
-    );
-    readers.ticks = 1;
-    out.push(Entry {
-        world: readers,
-        expect: Expect::Violated(control.caught_by),
-    });
+    for control in [
+        controls::READ_FAST_TOKEN_NOT_RAISED,
+        controls::WRITER_OVER_READERS,
+    ] {
+        let mut readers = of(
+            control.name,
+            mutated(&control),
+            &[Kind::Plain, Kind::Read, Kind::Read],
+        );
+        readers.ticks = 1;
+        out.push(Entry {
+            world: readers,
+            expect: Expect::Violated(control.caught_by),
+        });
+    }
     out
 }
 

@@ -85,6 +85,25 @@ pub const TAKE_TOKEN_NOT_RAISED: Control = Control {
     caught_by: crate::world::TOKENS_RISE,
 };
 
+/// A writer that does not check for readers: its attempts (`take.lua` first, then
+/// `acquire.lua`) set the lock key without NX, over the readers' set.
+pub const WRITER_OVER_READERS: Control = Control {
+    name: "a writer's acquire without NX (a writer and 2 readers)",
+    patches: &[
+        Patch {
+            script: "lock/take.lua",
+            find: "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+            replace: "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+        },
+        Patch {
+            script: "lock/acquire.lua",
+            find: "redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+            replace: "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])",
+        },
+    ],
+    caught_by: ONE_HOLDER,
+};
+
 /// Every control of the plain lock world.
 pub const PLAIN: [Control; 6] = [
     RELEASE_WITHOUT_OWNER_CHECK,
