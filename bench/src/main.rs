@@ -41,7 +41,7 @@ mod peers;
 mod plan;
 mod report;
 mod results;
-mod round3;
+mod round4;
 mod semaphores;
 mod servers;
 mod spawn;

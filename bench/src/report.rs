@@ -325,14 +325,14 @@ fn targets(s: &mut String, r: &Results) {
     let _ = writeln!(s, "## Targets\n");
     let _ = writeln!(
         s,
-        "The third performance round's targets (issue 34; ratios within this run), then \
-         the earlier issues' (17, 15) for the uncontended cycle, the handoff, the hot key, \
-         Redlock, the held leases and the topologies.\n"
+        "The fourth performance round's targets (issue 47; ratios within this run), then \
+         the earlier issues' (17, 15) for the uncontended cycle against redis-rs alone, \
+         the handoff, the hot key, Redlock, the held leases and the topologies.\n"
     );
     let _ = writeln!(s, "| target | figure | met |\n|---|---|---|");
-    crate::round3::rows(s, r);
+    crate::round4::rows(s, r);
     let unit = ping_unit(r);
-    // 1. Uncontended: against rslock, and against redis-rs alone.
+    // 1. Uncontended: against redis-rs alone (against rslock: issue 47's bound, above).
     match &r.latency {
         Ok(lat) => {
             let p50 = |peer| {
@@ -341,16 +341,7 @@ fn targets(s: &mut String, r: &Results) {
                     .find(|(p, _)| *p == peer)
                     .map(|(_, s)| s.summary.p50)
             };
-            if let (Some(f), Some(rs)) = (p50(Peer::Fencelock), p50(Peer::Rslock)) {
-                let _ = writeln!(
-                    s,
-                    "| uncontended acquire + release p50 at most rslock's | {} vs {} ({} \
-                     fencelock's) | {} |",
-                    fmt_ns(f),
-                    fmt_ns(rs),
-                    x(rs as f64 / f as f64),
-                    yes_no(f <= rs)
-                );
+            if let Some(f) = p50(Peer::Fencelock) {
                 let raw = lat.raw.summary.p50;
                 let vs = f as f64 / raw as f64;
                 let _ = writeln!(
