@@ -77,6 +77,14 @@ pub fn report(
          stream (replayed, not from the scripts' replies); **C6** after a holder is killed \
          or a fault heals, the next acquire comes within one TTL + 300 ms.\n"
     );
+    // The model checker's table lives in a file of its own: this report is rewritten
+    // whole at each run.
+    let _ = writeln!(
+        out,
+        "Beside these samples, the model checker explores every interleaving of small \
+         worlds running the shipped scripts, with faults: its worlds, the states explored \
+         in each, its depth and time, and each control caught, are in [model.md](model.md).\n"
+    );
     let _ = writeln!(
         out,
         "| scenario | acquisitions | under faults | faults injected (last round) | C1 | C2 | C3 | C4 | C5 | C6 | unavailability | expectations |"
