@@ -58,6 +58,16 @@ fn main() -> ExitCode {
                     .join(", ")
             ),
             (Expect::Violated(p), false) => format!("FAILED: {p} was not violated"),
+            (Expect::Only(p), true) => format!("{p} violated (known), every other holds"),
+            (Expect::Only(p), false) => format!(
+                "FAILED: violated {} (expected {p} only)",
+                outcome
+                    .violated
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         };
         println!(
             "{:<72} {:>10} {:>6} {:>8.1}s  {result}",
