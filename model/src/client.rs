@@ -30,7 +30,8 @@ pub const NAME: &str = "x";
 pub const SECOND: &str = "y";
 /// The fencing counter's idle time the library uses by default (7 days).
 pub const COUNTER_IDLE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// A fair lock's waiter timeout in the worlds: its waiters call again within a third.
+/// A fair lock's waiter timeout in the worlds ([`Kind::FAIR`]): its waiters call again
+/// within a third.
 pub const FAIR_TIMEOUT: Duration = Duration::from_millis(3_000);
 
 /// The keys of the lock `name` (no prefix: `{x}`, `{x}:fence`, ...).
@@ -60,8 +61,8 @@ pub fn ms(t: Instant) -> i64 {
 pub enum Kind {
     /// A plain lock (also a read-write lock's writer).
     Plain,
-    /// A fair lock.
-    Fair,
+    /// A fair lock, with this waiter timeout.
+    Fair(Duration),
     /// A reentrant lock, owned by the client.
     Reentrant,
     /// A permit of a semaphore of this many permits.
@@ -75,12 +76,15 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// A fair lock with the worlds' waiter timeout, [`FAIR_TIMEOUT`].
+    pub const FAIR: Kind = Kind::Fair(FAIR_TIMEOUT);
+
     /// The library's protocol for client `client`.
     pub fn protocol(self, client: usize) -> SharedProtocol {
         use fencelock::model::{Election, Fair, Plain, Read, Reentrant, Semaphore, multi};
         match self {
             Kind::Plain => Arc::new(Plain),
-            Kind::Fair => Arc::new(Fair::new(FAIR_TIMEOUT)),
+            Kind::Fair(timeout) => Arc::new(Fair::new(timeout)),
             Kind::Reentrant => Arc::new(Reentrant::new(format!("owner{client}"))),
             Kind::Semaphore(permits) => Arc::new(Semaphore::new(permits, None)),
             Kind::Read => Arc::new(Read::new(String::new())),

@@ -208,3 +208,16 @@ pub const CAMPAIGN_WITHOUT_NX: Control = Control {
     }],
     caught_by: ONE_HOLDER,
 };
+
+/// A fair acquire that never purges a dead head: a waiter whose deadline to call again
+/// passed (it crashed) stays first in line, and the live waiters behind it wait on it
+/// for as long as they call.
+pub const FAIR_DEAD_HEAD_KEPT: Control = Control {
+    name: "a fair queue that never purges a dead head",
+    patches: &[Patch {
+        script: "lock/fair_acquire.lua",
+        find: "purge_overdue(KEYS[3], KEYS[4], dead, now, KEYS[6])",
+        replace: "dead = {}",
+    }],
+    caught_by: crate::world::DEAD_HEAD,
+};

@@ -100,6 +100,9 @@ pub struct World {
     pub nodes: usize,
     /// Redlock's restart protection: the clients' quarantine (`None`: off).
     pub quarantine: Option<Duration>,
+    /// The lock is held at the start, for one lease, by a holder that is gone (it never
+    /// releases): the clients queue behind it from their first attempt.
+    pub held_at_start: bool,
     /// The checker explores no further a state where an acquire made more attempts
     /// than this (`None`: no bound). Redlock's split votes and quarantined nodes
     /// answer "no quorum", retried within 100 ms: without a bound, each retry at its
@@ -269,6 +272,9 @@ pub struct Log {
     /// before its grant's reply came): its waiters may then sleep until the lease's
     /// bound, by design, as nobody releases.
     pub lapsed: bool,
+    /// A fair attempt was turned away for the head of the queue (free, another's turn)
+    /// while that head's deadline to call again had passed: a dead head not purged.
+    pub dead_head: bool,
 }
 
 /// The world's state.
@@ -323,6 +329,12 @@ pub enum Action {
     Failover,
 }
 
+/// The node number of the fenced resource's server in calls and replies: a store of its
+/// own, not a lock node (the library's fenced write goes to a client of the one Redis
+/// that keeps the resource, and a Redlock client refuses to make one), so it has no
+/// connection generation, no restart and no vote.
+pub const RESOURCE_SERVER: usize = usize::MAX;
+
 fn run_id(node: usize, restarts: u8) -> String {
     format!("{node:x}{restarts:x}").repeat(20)
 }
@@ -367,6 +379,7 @@ impl World {
             max_holders: 1,
             nodes: 1,
             quarantine: None,
+            held_at_start: false,
             max_attempts: None,
         }
     }
@@ -387,9 +400,10 @@ impl World {
     /// their subscriptions (the library's subscription to a restarted node drops and is
     /// made again, a window in which a release message could be missed: not checked
     /// here); no clock drift on any node; messages from different nodes reach a client
-    /// in the order they were published; fenced writes are not routed in a Redlock
-    /// world (`fenced_writes` stays off: a resource call there would go to node 0 and
-    /// its reply would not be handled).
+    /// in the order they were published. A fenced write ([`World::fenced_writes`])
+    /// goes, as the library's must, to the resource's own server
+    /// ([`RESOURCE_SERVER`]), not to the lock nodes: its reply waits in the network as
+    /// with one node.
     pub fn redlock(name: &'static str, scripts: Scripts, protected: bool) -> World {
         let mut world = World::new(name, scripts, vec![Kind::Plain; 2], 1);
         world.nodes = 3;
@@ -444,15 +458,19 @@ impl World {
         });
     }
 
-    /// Sends `call` to every node (the resource's calls, and every call with one node,
-    /// go to node 0).
+    /// Sends `call` to every node (every call with one node goes to node 0), or a
+    /// fenced write to the resource's server.
     fn send(&self, state: &mut State, from: usize, purpose: Purpose, call: Call) {
-        let nodes = if call.script == "fence/write.lua" {
-            1
-        } else {
-            self.nodes
-        };
-        for node in 0..nodes {
+        if call.script == "fence/write.lua" {
+            return state.net.push(Packet::Call {
+                from,
+                node: RESOURCE_SERVER,
+                purpose,
+                call,
+                via: (0, 0, 0),
+            });
+        }
+        for node in 0..self.nodes {
             Self::send_to(state, from, node, purpose, call.clone(), 0);
         }
     }
@@ -595,13 +613,21 @@ impl World {
         };
     }
 
-    /// Runs `call` on lock node `node` (or the resource), records what the properties
-    /// need, and sends the messages its script published to the clients subscribed.
+    /// Runs `call` on lock node `node` (or the resource's server), records what the
+    /// properties need, and sends the messages its script published to the clients
+    /// subscribed.
     fn run(&self, state: &mut State, node: usize, call: &Call) -> Reply {
         let live: Vec<usize> = (0..state.clients.len())
             .filter(|c| state.clients[*c].phase != Phase::Crashed)
             .collect();
-        let server = if call.script == "fence/write.lua" {
+        let to_resource = call.script == "fence/write.lua";
+        assert_eq!(
+            to_resource,
+            node == RESOURCE_SERVER,
+            "{} sent to node {node}: fenced writes go to the resource, the rest to lock nodes",
+            call.script
+        );
+        let server = if to_resource {
             &mut state.resource
         } else {
             &mut state.nodes[node].server
@@ -618,6 +644,11 @@ impl World {
         let script = self.scripts.get(call.script);
         let reply = crate::lua::eval(server, script, &call.keys, &call.argv);
         server.subscribers.clear();
+        let dead_head = call.script == "lock/fair_acquire.lua"
+            && reply
+                .as_array()
+                .is_some_and(|r| r.get(1) == Some(&Reply::Int(-2)))
+            && head_overdue(server);
         let published = server.take_published();
         let mut granted = Vec::new();
         // The scripts that grant: every acquire, the plain first attempt (take.lua,
@@ -658,6 +689,7 @@ impl World {
             }
         }
         let log = &mut state.log;
+        log.dead_head |= dead_head;
         for (holder, fence) in granted {
             if let Some(first) = &first_in_line
                 && *first != holder
@@ -688,12 +720,13 @@ impl World {
         };
         // Redlock: a call sent on a connection the node closed since (it restarted)
         // fails unrun, and its client reconnects.
-        let reply = if self.nodes > 1 && conn != state.nodes[node].restarts {
+        let redlock = self.nodes > 1 && node != RESOURCE_SERVER;
+        let reply = if redlock && conn != state.nodes[node].restarts {
             None
         } else {
             Some(self.run(state, node, &call))
         };
-        if self.nodes > 1 && purpose != Purpose::Background {
+        if redlock && purpose != Purpose::Background {
             // Redlock: the answer reaches its client at once (see `World::redlock`).
             let vote = Vote {
                 node,
@@ -831,7 +864,7 @@ impl World {
             unreachable!("a reply")
         };
         let now = state.now_ms;
-        if self.nodes > 1 {
+        if self.nodes > 1 && node != RESOURCE_SERVER {
             let vote = Vote {
                 node,
                 reply: if lost { None } else { reply },
@@ -840,7 +873,7 @@ impl World {
             };
             return self.redlock_reply(state, c, vote, purpose, attempt);
         }
-        let reply = reply.expect("one node answers every call it runs");
+        let reply = reply.expect("one node, and the resource, answer every call they run");
         let phase = std::mem::replace(&mut state.clients[c].phase, Phase::Idle);
         match (purpose, phase) {
             (
@@ -1029,13 +1062,55 @@ impl World {
 /// the reduction that keeps the world small, see `World::redlock`), and the messages
 /// to it arrive in the order published.
 fn first_on_its_connection(state: &State, at: usize) -> bool {
+    // The resource's server is reached on a connection of its own.
     let key = |p: &Packet| match p {
-        Packet::Call { from, .. } => (0, *from),
-        Packet::Reply { to, .. } => (1, *to),
-        Packet::Message { to, .. } => (2, *to),
+        Packet::Call { from, node, .. } => (usize::from(*node == RESOURCE_SERVER), *from),
+        Packet::Reply { to, .. } => (2, *to),
+        Packet::Message { to, .. } => (3, *to),
     };
     let mine = key(&state.net[at]);
     !state.net[..at].iter().any(|p| key(p) == mine)
+}
+
+/// A fair lock's queue as its keys hold it.
+struct FairQueue {
+    /// The waiters, in line.
+    line: Vec<Bytes>,
+    /// Each waiter's deadline to call again (server ms).
+    deadlines: Vec<(Bytes, f64)>,
+    /// The server's time (ms).
+    now: f64,
+}
+
+impl FairQueue {
+    /// The queue of the lock on `server` (`None` while nobody waits).
+    fn read(server: &Server) -> Option<FairQueue> {
+        let keys = client::keys(client::NAME);
+        let get = |key: String| {
+            let key = key.into_bytes();
+            server
+                .entries()
+                .find(|(k, _)| **k == key)
+                .map(|(_, e)| e.value.clone())
+        };
+        let (Some(Value::List(line)), Some(Value::ZSet(deadlines))) =
+            (get(keys.queue()), get(keys.waiters()))
+        else {
+            return None;
+        };
+        Some(FairQueue {
+            line: line.into_iter().collect(),
+            deadlines: deadlines.into_iter().map(|(w, d)| (w, d.0)).collect(),
+            now: server.now_ms() as f64,
+        })
+    }
+
+    /// Whether `waiter`'s deadline has not passed.
+    fn live(&self, waiter: &Bytes) -> bool {
+        self.deadlines
+            .iter()
+            .any(|(w, d)| w == waiter && *d > self.now)
+    }
 }
 
 /// The first waiter of a fair lock's queue whose deadline has not passed, when `script`
@@ -1044,24 +1119,18 @@ fn first_in_line(server: &Server, script: &str) -> Option<String> {
     if !matches!(script, "lock/fair_acquire.lua" | "lock/fair_release.lua") {
         return None;
     }
-    let keys = client::keys(client::NAME);
-    let get = |key: String| {
-        let key = key.into_bytes();
-        server
-            .entries()
-            .find(|(k, _)| **k == key)
-            .map(|(_, e)| e.value.clone())
-    };
-    let (Some(Value::List(queue)), Some(Value::ZSet(deadlines))) =
-        (get(keys.queue()), get(keys.waiters()))
-    else {
-        return None;
-    };
-    let now = server.now_ms() as f64;
+    let queue = FairQueue::read(server)?;
     queue
+        .line
         .iter()
-        .find(|w| deadlines.get(*w).is_some_and(|d| d.0 > now))
+        .find(|w| queue.live(w))
         .map(|w| String::from_utf8_lossy(w).into_owned())
+}
+
+/// Whether the head of a fair lock's queue is past its deadline to call again (or has
+/// none): a waiter the scripts must purge as dead before they make anyone wait for it.
+fn head_overdue(server: &Server) -> bool {
+    FairQueue::read(server).is_some_and(|q| q.line.first().is_some_and(|head| !q.live(head)))
 }
 
 impl Model for World {
@@ -1069,7 +1138,7 @@ impl Model for World {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let nodes: Vec<Node> = (0..self.nodes)
+        let mut nodes: Vec<Node> = (0..self.nodes)
             .map(|i| {
                 let mut server = Server::new(EPOCH_US, run_id(i, 0));
                 if self.nodes > 1 {
@@ -1084,6 +1153,14 @@ impl Model for World {
                 }
             })
             .collect();
+        if self.held_at_start {
+            let lock = client::keys(client::NAME).lock.into_bytes();
+            let px = self.lease_ms.to_string().into_bytes();
+            let args = [b"SET".to_vec(), lock, b"gone".to_vec(), b"PX".to_vec(), px];
+            let reply = nodes[0].server.call(&args);
+            assert_eq!(reply, Reply::Status("OK".into()), "the held lock's SET");
+            nodes[0].replica = nodes[0].server.clone();
+        }
         // Redlock: each client asked each node who it is when it connected.
         let who: Vec<(String, Duration)> = if self.nodes > 1 {
             let uptime = Duration::from_micros(REDLOCK_UPTIME_US.unsigned_abs());
@@ -1109,7 +1186,11 @@ impl Model for World {
             ],
             net: Vec::new(),
             faults_left: self.faults.budget,
-            log: Log::default(),
+            log: Log {
+                // The lease held at the start runs out unreleased.
+                lapsed: self.held_at_start,
+                ..Log::default()
+            },
         }]
     }
 
@@ -1300,6 +1381,7 @@ impl Model for World {
                 state.log.accepted.windows(2).all(|w| w[0] <= w[1])
             }),
             Property::always(FAIR_ORDER, |_, state: &State| !state.log.out_of_turn),
+            Property::always(DEAD_HEAD, |_, state: &State| !state.log.dead_head),
             Property::sometimes(HELD, |world: &World, state: &State| {
                 let (owners, sharers) = holders(world, state);
                 !owners.is_empty() || !sharers.is_empty()
@@ -1322,6 +1404,9 @@ pub const TOKENS_RISE: &str = "fencing tokens strictly increase";
 pub const RESOURCE: &str = "the resource accepts no lower token";
 /// A fair lock grants to the first live waiter of its queue.
 pub const FAIR_ORDER: &str = "a fair lock grants in queue order";
+/// A fair attempt is never turned away for a head of the queue whose deadline to call
+/// again passed (crashed, or paused that long): the script purges it first.
+pub const DEAD_HEAD: &str = "no fair waiter waits on a head past its deadline";
 /// No waiter is left asleep on its timer alone while nothing is in flight (a lost
 /// wake-up, or a deadlock), as long as every lease ended by its release: checked in the
 /// worlds without faults.
@@ -1439,6 +1524,15 @@ fn value(v: &Value) -> String {
     }
 }
 
+/// A node in reports: `node N`, or the resource's server.
+fn server(node: usize) -> String {
+    if node == RESOURCE_SERVER {
+        "resource".into()
+    } else {
+        format!("node {node}")
+    }
+}
+
 fn packet(p: &Packet) -> String {
     let text = |b: &[Bytes]| {
         b.iter()
@@ -1450,7 +1544,8 @@ fn packet(p: &Packet) -> String {
         Packet::Call {
             from, node, call, ..
         } => format!(
-            "client {from} -> node {node}: {} KEYS {} ARGV {}",
+            "client {from} -> {}: {} KEYS {} ARGV {}",
+            server(*node),
             call.script,
             text(&call.keys),
             text(&call.argv)
@@ -1462,8 +1557,14 @@ fn packet(p: &Packet) -> String {
             reply,
             ..
         } => match reply {
-            Some(reply) => format!("node {node} -> client {to}: {script} answered {reply}"),
-            None => format!("node {node} -> client {to}: {script}: the connection closed"),
+            Some(reply) => format!(
+                "{} -> client {to}: {script} answered {reply}",
+                server(*node)
+            ),
+            None => format!(
+                "{} -> client {to}: {script}: the connection closed",
+                server(*node)
+            ),
         },
         Packet::Message {
             to,

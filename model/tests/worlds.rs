@@ -2,10 +2,12 @@
 //! library's own acquire engine: each world shows what it must. With the scripts as
 //! shipped the plain lock keeps one holder, rising tokens and a fenced resource that
 //! takes no lower token, under a lost reply, a lost release message and a client crash,
-//! and wakes its waiters without faults; the fair lock grants in queue order, the
+//! and wakes its waiters without faults; the fair lock grants in queue order and
+//! purges a crashed head of its queue before it makes a live waiter wait on it, the
 //! semaphore gives at most 2 permits, the read-write lock no reader beside a writer,
 //! the reentrant and multi-locks and the election one holder; Redlock over 3 nodes
-//! keeps one holder and rising tokens, a node restart included with restart protection;
+//! keeps one holder and rising tokens, a node restart included with restart protection,
+//! and its fenced resource (a store of its own) takes no lower token;
 //! a server restart, a failover and a Redlock node restart without restart protection
 //! break "one holder" (known, and documented); each control's mutated script is caught
 //! with a readable counterexample.
@@ -71,7 +73,7 @@ fn the_model_runs_the_text_the_library_sends() {
     // which must be what `call_parts` says the library loads.
     use fencelock::model::{Command, Site, call_parts};
     let mut engine =
-        model::client::acquire(model::client::Kind::Fair, 0, 0, Duration::from_secs(1), 0);
+        model::client::acquire(model::client::Kind::FAIR, 0, 0, Duration::from_secs(1), 0);
     let command = engine.start(model::client::instant(0));
     let command = match command {
         Command::Subscribe(_) => engine.on(

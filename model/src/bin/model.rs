@@ -44,20 +44,20 @@ fn main() -> ExitCode {
             continue;
         }
         let outcome = catalogue::check(&entry, threads);
+        let violated = (outcome.violated.iter())
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ");
         let result = match (entry.expect, outcome.as_expected) {
             (Expect::Holds, true) => "every property holds".to_owned(),
             (Expect::Violated(p), true) => format!("caught as expected: {p}"),
-            (Expect::Holds, false) if !outcome.held => "FAILED: nobody ever held the lock".into(),
-            (Expect::Holds, false) => format!(
-                "FAILED: violated {}",
-                outcome
-                    .violated
-                    .iter()
-                    .map(|(n, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
+            (Expect::Only(p), true) => format!("{p} violated (known), every other holds"),
+            (Expect::Holds | Expect::Only(_), false) if !outcome.held => {
+                "FAILED: nobody ever held the lock".into()
+            }
+            (Expect::Holds, false) => format!("FAILED: violated {violated}"),
             (Expect::Violated(p), false) => format!("FAILED: {p} was not violated"),
+            (Expect::Only(p), false) => format!("FAILED: violated {violated} (expected {p} only)"),
         };
         println!(
             "{:<72} {:>10} {:>6} {:>8.1}s  {result}",
