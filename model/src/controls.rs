@@ -221,3 +221,17 @@ pub const FAIR_DEAD_HEAD_KEPT: Control = Control {
     }],
     caught_by: crate::world::DEAD_HEAD,
 };
+
+/// A refusal that reports a longer wait than the lease in the way: a waiting attempt
+/// (`acquire.lua`) refused by another holder answers its PTTL and 3 s more, and the
+/// waiter's fallback timer (what it sleeps on when a release message is lost) runs
+/// past the lease.
+pub const REFUSAL_OVERSTATES_THE_LEASE: Control = Control {
+    name: "a refusal that reports 3 s more than the lease (acquire.lua)",
+    patches: &[Patch {
+        script: "lock/acquire.lua",
+        find: "  relist(pttl)\n  return reply(0, pttl)",
+        replace: "  relist(pttl)\n  return reply(0, pttl + 3000)",
+    }],
+    caught_by: crate::world::FALLBACK_BOUND,
+};

@@ -346,6 +346,12 @@ impl Server {
         std::mem::take(&mut self.published)
     }
 
+    /// The key's entry, unless it is gone (absent, or its end passed): what a read
+    /// would see, without a write (an expired key stays until a write removes it).
+    pub fn entry(&self, key: &[u8]) -> Option<&Entry> {
+        self.live(key)
+    }
+
     fn live(&self, key: &[u8]) -> Option<&Entry> {
         let entry = self.keys.get(key)?;
         match entry.expires_ms {

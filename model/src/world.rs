@@ -28,7 +28,7 @@ use fencelock::model::{
 use stateright::{Model, Property};
 
 use crate::client::{self, Call, Kind};
-use crate::keyspace::{Bytes, Published, Reply, Server, Value};
+use crate::keyspace::{Bytes, Entry, Published, Reply, Server, Value};
 use crate::redlock::Vote;
 use crate::scripts::Scripts;
 
@@ -228,6 +228,11 @@ pub enum Packet {
         script: &'static str,
         /// The reply; `None`: the connection closed first (the node restarted).
         reply: Option<Reply>,
+        /// A refusal's, in a world that checks [`FALLBACK_BOUND`]: the longest its
+        /// waiter may sleep on it, ms, by the library's rule applied to the node's
+        /// keyspace as the script left it ([`max_wait`]). (Any other answer allows the
+        /// retry schedule's longest pause.)
+        max_wait_ms: Option<i64>,
     },
     /// A published message on its way to a subscribed client.
     Message {
@@ -275,6 +280,9 @@ pub struct Log {
     /// A fair attempt was turned away for the head of the queue (free, another's turn)
     /// while that head's deadline to call again had passed: a dead head not purged.
     pub dead_head: bool,
+    /// A waiter fell asleep on an answer for longer than the lease in its way allows
+    /// ([`max_wait`]): (the client, the ms it sleeps, the ms allowed).
+    pub overslept: Option<(usize, i64, i64)>,
 }
 
 /// The world's state.
@@ -424,6 +432,12 @@ impl World {
                 rounds,
             )
         }
+    }
+
+    /// Whether the world checks [`FALLBACK_BOUND`]: one node (Redlock's pause comes
+    /// from several nodes' answers), no multi-lock (its refusal names one of its keys).
+    pub fn checks_fallback(&self) -> bool {
+        self.nodes == 1 && !self.kinds.contains(&Kind::Multi)
     }
 
     fn lease(&self) -> Duration {
@@ -736,6 +750,9 @@ impl World {
             };
             self.redlock_reply(state, from, vote, purpose, attempt);
         } else if purpose != Purpose::Background {
+            let refusal = purpose == Purpose::Attempt && refused(reply.as_ref());
+            let max_wait_ms = (refusal && self.checks_fallback())
+                .then(|| max_wait(self.kinds[from], &state.nodes[node].server, &call));
             state.net.push(Packet::Reply {
                 to: from,
                 node,
@@ -743,6 +760,7 @@ impl World {
                 purpose,
                 script: call.script,
                 reply,
+                max_wait_ms,
             });
         } else if reply.is_none() {
             Self::reconnect(state, from, node);
@@ -858,6 +876,7 @@ impl World {
             via: (generation, attempt),
             purpose,
             reply,
+            max_wait_ms,
             ..
         } = state.net.remove(at)
         else {
@@ -904,6 +923,17 @@ impl World {
                     client.pending = client.pending.saturating_sub(mark);
                 }
                 let command = engine.on(event, client::instant(now));
+                if let Command::Sleep { until } = &command
+                    && self.checks_fallback()
+                {
+                    // Anything but a refusal (a lost reply's timeout, a late grant): the
+                    // retry schedule's pause.
+                    let allowed = max_wait_ms.filter(|_| !lost).unwrap_or(RETRY_MAX_MS);
+                    let sleeps = client::ms(*until) - now;
+                    if sleeps > allowed && state.log.overslept.is_none() {
+                        state.log.overslept = Some((c, sleeps, allowed));
+                    }
+                }
                 self.drive(state, c, engine, command);
             }
             (Purpose::Withdraw, Phase::Calling { mut engine, .. }) => {
@@ -1387,6 +1417,11 @@ impl Model for World {
                 !owners.is_empty() || !sharers.is_empty()
             }),
         ];
+        if self.checks_fallback() {
+            out.push(Property::always(FALLBACK_BOUND, |_, state: &State| {
+                state.log.overslept.is_none()
+            }));
+        }
         if !self.faults.delay_wakes() {
             out.push(Property::always(NO_LOST_WAKEUP, |_, state: &State| {
                 !stranded(state) || state.log.lapsed
@@ -1411,6 +1446,10 @@ pub const DEAD_HEAD: &str = "no fair waiter waits on a head past its deadline";
 /// wake-up, or a deadlock), as long as every lease ended by its release: checked in the
 /// worlds without faults.
 pub const NO_LOST_WAKEUP: &str = "no waiter left asleep with nothing in flight";
+/// A refused waiter's timer, the fallback when its wake-up message is lost (or its
+/// holder crashed), ends no later than the lease in its way allows ([`max_wait`]):
+/// checked in every world of one node, faults included.
+pub const FALLBACK_BOUND: &str = "no refused waiter sleeps past the lease in its way";
 
 /// The reachability check beside the safety properties: some state has a holder (a
 /// world where nobody ever gets the lock passes every safety property vacuously).
@@ -1441,6 +1480,63 @@ pub fn holders(world: &World, state: &State) -> (Vec<usize>, Vec<usize>) {
 /// The retry schedule's longest pause (the library's default, 100 ms): a waiter whose
 /// timer ends sooner is trying again anyway (after a node error, a late grant).
 const RETRY_MAX_MS: i64 = 100;
+
+/// Whether an attempt's reply is a refusal (the lock held, or another's turn).
+fn refused(reply: Option<&Reply>) -> bool {
+    reply
+        .and_then(|r| client::decode(r).ok())
+        .is_some_and(|r| matches!(r.answer, fencelock::model::Answer::Held(_)))
+}
+
+/// The longest a waiter of `kind` may sleep on the answer to its attempt `call`, ms,
+/// by the library's rule applied to what the node's keyspace holds after the script
+/// ran (not to what the reply says): 1 ms past the end of the lease in its way (the
+/// lock key's expiry; a semaphore's first permit to end, or a read-write lock's first
+/// reader's, by the scores of the lock key's set; a reader's: the writer's key, else
+/// the first waiting writer's deadline), or the retry schedule's longest pause where
+/// the lease in the way ends within a ms or never; for a fair waiter in line, at most
+/// a third of what is left to its own deadline to call again (the place it keeps),
+/// and only that when nothing holds the lock (another waiter's turn).
+pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
+    let now = server.now_ms();
+    // ms until the first finite score of a set (a permit's or a reader's lease end, a
+    // waiting writer's deadline; a readers' mark scores +inf).
+    let first_end = |key: &[u8]| {
+        let set = server.entry(key)?.value.as_zset()?;
+        let first = set.values().map(|s| s.0).filter(|s| s.is_finite());
+        first.reduce(f64::min).map(|end| Some(end as i64 - now))
+    };
+    let key = |i: usize| call.keys.get(i).map_or(&[][..], Vec::as_slice);
+    // The lease in the way: Some(None) for a key without expiry.
+    let in_the_way: Option<Option<i64>> = match server.entry(key(0)) {
+        Some(
+            entry @ Entry {
+                value: Value::Str(_) | Value::Hash(_),
+                ..
+            },
+        ) => Some(entry.expires_ms.map(|end| end - now)),
+        _ if kind == Kind::Read => first_end(key(2)),
+        Some(_) => first_end(key(0)),
+        None => None,
+    };
+    let lease = in_the_way.map(|left| match left {
+        Some(left) if left >= 1 => left + 1,
+        _ => RETRY_MAX_MS,
+    });
+    // A fair waiter's deadline to call again (its waiters set, KEYS[4]).
+    let keep = match kind {
+        Kind::Fair(_) => server
+            .entry(key(3))
+            .and_then(|e| e.value.as_zset())
+            .and_then(|set| set.get(call.argv.first()?))
+            .map(|deadline| (deadline.0 as i64 - now) / 3),
+        _ => None,
+    };
+    match (lease, keep) {
+        (Some(lease), Some(keep)) => lease.min(keep),
+        (lease, keep) => lease.or(keep).unwrap_or(RETRY_MAX_MS),
+    }
+}
 
 /// Whether every client still at work sleeps on a timer longer than a retry's, with no
 /// message or reply on its way and no wake waiting: nobody holds, so a release (or a
@@ -1480,6 +1576,12 @@ pub fn describe(state: &State) -> String {
         );
     }
     let _ = writeln!(out, "    resource: {}", keys(&state.resource));
+    if let Some((c, sleeps, allowed)) = state.log.overslept {
+        let _ = writeln!(
+            out,
+            "    OVERSLEPT: client {c} sleeps {sleeps} ms on its answer; the lease in its way allows {allowed} ms"
+        );
+    }
     for p in &state.net {
         let _ = writeln!(out, "    in flight: {}", packet(p));
     }
@@ -1555,13 +1657,18 @@ fn packet(p: &Packet) -> String {
             node,
             script,
             reply,
+            max_wait_ms,
             ..
-        } => match reply {
-            Some(reply) => format!(
+        } => match (reply, max_wait_ms) {
+            (Some(reply), Some(max)) => format!(
+                "{} -> client {to}: {script} answered {reply} (by the keyspace, a wait of at most {max} ms)",
+                server(*node)
+            ),
+            (Some(reply), None) => format!(
                 "{} -> client {to}: {script} answered {reply}",
                 server(*node)
             ),
-            None => format!(
+            (None, _) => format!(
                 "{} -> client {to}: {script}: the connection closed",
                 server(*node)
             ),

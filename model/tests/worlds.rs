@@ -2,7 +2,9 @@
 //! library's own acquire engine: each world shows what it must. With the scripts as
 //! shipped the plain lock keeps one holder, rising tokens and a fenced resource that
 //! takes no lower token, under a lost reply, a lost release message and a client crash,
-//! and wakes its waiters without faults; the fair lock grants in queue order and
+//! and wakes its waiters without faults; no refused waiter of one server sleeps past
+//! the lease in its way (the fallback when a release message is lost), faults
+//! included; the fair lock grants in queue order and
 //! purges a crashed head of its queue before it makes a live waiter wait on it, the
 //! semaphore gives at most 2 permits, the read-write lock no reader beside a writer,
 //! the reentrant and multi-locks and the election one holder; Redlock over 3 nodes
