@@ -175,6 +175,18 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             ),
             expect: Expect::Violated(ONE_HOLDER),
         },
+        Entry {
+            world: {
+                let mut world = plain(
+                    "plain lock; the server's clock steps forward a tick (known not to hold)",
+                    shipped(),
+                    |_| {},
+                );
+                world.max_drift_ms = world.tick_ms;
+                world
+            },
+            expect: Expect::Violated(ONE_HOLDER),
+        },
         holds(of("fair lock, 2 clients", shipped(), &[Kind::FAIR; 2])),
         // Quick: the head stops calling by a pause only (twice the states with a crash).
         holds(dead_head(
