@@ -94,6 +94,20 @@ fn dead_head(name: &'static str, scripts: Scripts, crash: bool) -> World {
     world
 }
 
+/// The fair lock's dead head purged by a release: `clients` fair clients with a waiter
+/// timeout of 600 ms (they call again every 200 ms), shorter than the 1 s lease, so
+/// that the first to take the lock may still hold it at 600 ms, the deadline of a
+/// waiter that queued at the start and was silent since (paused: its answer waits in
+/// the network); the clock runs one tick, to 600 ms. A release then must purge that
+/// head and hand the lock to the waiter behind it, alive as it called again since (3
+/// clients), or to nobody (2).
+fn release_purge(name: &'static str, scripts: Scripts, clients: usize) -> World {
+    let fair = Kind::Fair(Duration::from_millis(600));
+    let mut world = World::new(name, scripts, vec![fair; clients], 1);
+    world.ticks = 1;
+    world
+}
+
 /// `world` with each holder writing to the fenced resource before it releases.
 fn fenced(mut world: World) -> World {
     world.fenced_writes = true;
@@ -193,6 +207,12 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             "fair lock; a head of the queue that stops calling (crashed or paused)",
             shipped(),
             !quick,
+        )),
+        // Quick: the head and the holder only (3 clients: 1.9 million states, 67 s).
+        holds(release_purge(
+            "fair lock; a release behind a head of the queue that stopped calling",
+            shipped(),
+            if quick { 2 } else { 3 },
         )),
         holds(semaphore),
         holds(of(
@@ -295,6 +315,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     let control = controls::FAIR_DEAD_HEAD_KEPT;
     out.push(Entry {
         world: dead_head(control.name, mutated(&control), false),
+        expect: Expect::Violated(control.caught_by),
+    });
+    let control = controls::FAIR_RELEASE_KEEPS_DEAD_HEAD;
+    out.push(Entry {
+        world: release_purge(control.name, mutated(&control), 2),
         expect: Expect::Violated(control.caught_by),
     });
     let control = controls::REDLOCK_COUNTER_NOT_RAISED;

@@ -222,6 +222,21 @@ pub const FAIR_DEAD_HEAD_KEPT: Control = Control {
     caught_by: crate::world::DEAD_HEAD,
 };
 
+/// A fair release that does not purge the overdue waiters: a head of the queue past
+/// its deadline (crashed, or paused as long) stays first in line. Its handover is
+/// still capped at that head's deadline (`px`), so the dead head is not granted the
+/// lock: the release leaves it free, the dead head first in line, and the live waiter
+/// behind it waits for its own next call.
+pub const FAIR_RELEASE_KEEPS_DEAD_HEAD: Control = Control {
+    name: "a fair release that never purges a dead head",
+    patches: &[Patch {
+        script: "lock/fair_release.lua",
+        find: "purge_overdue(KEYS[2], KEYS[3], dead, now, grants and KEYS[6] or nil)",
+        replace: "dead = {}",
+    }],
+    caught_by: crate::world::DEAD_HEAD,
+};
+
 /// A refusal that reports a longer wait than the lease in the way: a waiting attempt
 /// (`acquire.lua`) refused by another holder answers its PTTL and 3 s more, and the
 /// waiter's fallback timer (what it sleeps on when a release message is lost) runs

@@ -275,10 +275,12 @@ pub struct Log {
     pub accepted: Vec<u64>,
     /// A lease ran out before its release (in its holder's view, on the server, or
     /// before its grant's reply came): its waiters may then sleep until the lease's
-    /// bound, by design, as nobody releases.
+    /// bound, by design, as nobody releases. Or a fair script purged a waiter past its
+    /// deadline: nobody wakes it, and it calls again on its timer, by design.
     pub lapsed: bool,
-    /// A fair attempt was turned away for the head of the queue (free, another's turn)
-    /// while that head's deadline to call again had passed: a dead head not purged.
+    /// A fair attempt was turned away for the head of the queue (free, another's turn),
+    /// or a fair release released, while that head's deadline to call again had passed
+    /// (after the script): a dead head not purged.
     pub dead_head: bool,
     /// A waiter fell asleep on an answer for longer than the lease in its way allows
     /// ([`max_wait`]): (the client, the ms it sleeps, the ms allowed).
@@ -655,14 +657,22 @@ impl World {
             }
         }
         let first_in_line = first_in_line(server, call.script);
+        // A fair waiter past its deadline (paused that long) is purged as dead, and
+        // nobody wakes it: it calls again on its timer, by design.
+        let purges = fair(call.script)
+            && FairQueue::read(server).is_some_and(|q| q.line.iter().any(|w| !q.live(w)));
         let script = self.scripts.get(call.script);
         let reply = crate::lua::eval(server, script, &call.keys, &call.argv);
         server.subscribers.clear();
-        let dead_head = call.script == "lock/fair_acquire.lua"
-            && reply
+        // A fair attempt turned away for another's turn, or a release that released
+        // (handing the lock over, or leaving it free), with a dead head first in line.
+        let dead_head = match call.script {
+            "lock/fair_acquire.lua" => reply
                 .as_array()
-                .is_some_and(|r| r.get(1) == Some(&Reply::Int(-2)))
-            && head_overdue(server);
+                .is_some_and(|r| r.get(1) == Some(&Reply::Int(-2))),
+            "lock/fair_release.lua" => reply == Reply::Int(1),
+            _ => false,
+        } && head_overdue(server);
         let published = server.take_published();
         let mut granted = Vec::new();
         // The scripts that grant: every acquire, the plain first attempt (take.lua,
@@ -704,9 +714,15 @@ impl World {
         }
         let log = &mut state.log;
         log.dead_head |= dead_head;
+        log.lapsed |= purges;
+        // A holder's acquire again ({2, fence}: the key held its token already, as a
+        // handover left it) is no new grant, whoever is in line.
+        let again = call.script == "lock/fair_acquire.lua"
+            && reply.as_array().and_then(|r| r.first()) == Some(&Reply::Int(2));
         for (holder, fence) in granted {
             if let Some(first) = &first_in_line
                 && *first != holder
+                && !again
             {
                 log.out_of_turn = true;
             }
@@ -1146,7 +1162,7 @@ impl FairQueue {
 /// The first waiter of a fair lock's queue whose deadline has not passed, when `script`
 /// is one of the fair lock's that may grant (`None`: nobody is in line).
 fn first_in_line(server: &Server, script: &str) -> Option<String> {
-    if !matches!(script, "lock/fair_acquire.lua" | "lock/fair_release.lua") {
+    if !fair(script) {
         return None;
     }
     let queue = FairQueue::read(server)?;
@@ -1155,6 +1171,11 @@ fn first_in_line(server: &Server, script: &str) -> Option<String> {
         .iter()
         .find(|w| queue.live(w))
         .map(|w| String::from_utf8_lossy(w).into_owned())
+}
+
+/// Whether `script` is one of the fair lock's that may grant (and purge).
+fn fair(script: &str) -> bool {
+    matches!(script, "lock/fair_acquire.lua" | "lock/fair_release.lua")
 }
 
 /// Whether the head of a fair lock's queue is past its deadline to call again (or has
@@ -1440,7 +1461,8 @@ pub const RESOURCE: &str = "the resource accepts no lower token";
 /// A fair lock grants to the first live waiter of its queue.
 pub const FAIR_ORDER: &str = "a fair lock grants in queue order";
 /// A fair attempt is never turned away for a head of the queue whose deadline to call
-/// again passed (crashed, or paused that long): the script purges it first.
+/// again passed (crashed, or paused that long), and a fair release never leaves one
+/// first in line: the script purges it first.
 pub const DEAD_HEAD: &str = "no fair waiter waits on a head past its deadline";
 /// No waiter is left asleep on its timer alone while nothing is in flight (a lost
 /// wake-up, or a deadlock), as long as every lease ended by its release: checked in the

@@ -5,7 +5,8 @@
 //! and wakes its waiters without faults; no refused waiter of one server sleeps past
 //! the lease in its way (the fallback when a release message is lost), faults
 //! included; the fair lock grants in queue order and
-//! purges a crashed head of its queue before it makes a live waiter wait on it, the
+//! purges a crashed head of its queue before it makes a live waiter wait on it (a
+//! release's handover included), the
 //! semaphore gives at most 2 permits, the read-write lock no reader beside a writer,
 //! the reentrant and multi-locks and the election one holder; Redlock over 3 nodes
 //! keeps one holder and rising tokens, a node restart included with restart protection,
