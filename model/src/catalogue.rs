@@ -274,7 +274,7 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             entry.world.rounds = 1;
         }
     }
-    // The controls: each stops at its (shortest) counterexample.
+    // The controls: each stops at the first counterexample its breadth-first search meets.
     for control in controls::PLAIN {
         let mut world = plain("", mutated(&control), |_| {});
         world.name = control.name;
@@ -371,12 +371,13 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     out
 }
 
-/// Checks one world (breadth first, so a counterexample is a shortest one).
+/// Checks one world, breadth first. The path kept to a violation is the last one the
+/// search met before it stopped, not always a shortest (see docs/model.md).
 pub fn check(entry: &Entry, threads: usize) -> Outcome {
     let started = Instant::now();
     let mut checker = entry.world.clone().checker().threads(threads);
     if let Expect::Violated(property) = entry.expect {
-        // Its counterexample found (a shortest: breadth first), the rest can wait.
+        // Its counterexample found, the rest can wait.
         checker = checker.finish_when(HasDiscoveries::AnyOf([property].into()));
     }
     let checker = checker.spawn_bfs().join();
