@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         }
         if flag("--traces") || !outcome.as_expected {
             for (property, trace) in &outcome.violated {
-                println!("\n{property}, a shortest counterexample:\n{trace}");
+                println!("\n{property}, a counterexample:\n{trace}");
             }
         }
     }
