@@ -25,6 +25,7 @@ use std::io::{self, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::pin::Pin;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use fencelock::{HumanDuration, LossCause};
@@ -356,12 +357,13 @@ fn spawn_command(
             .env_remove("FENCELOCK_NAME")
             .env_remove("FENCELOCK_TOKEN");
     }
-    // SAFETY: between fork and exec only async-signal-safe calls: sigaction(2),
-    // tcsetpgrp(3), getpgrp(2), signal(2). The child is in `group` already (std sets the
-    // process group before these hooks run).
+    let fencelock = std::process::id() as libc::pid_t;
+    // SAFETY: between fork and exec only async-signal-safe calls: an atomic store,
+    // sigaction(2), tcsetpgrp(3), getpgrp(2), signal(2). The child is in `group` already
+    // (std sets the process group before these hooks run).
     unsafe {
         command.pre_exec(move || {
-            pass_signals_to_parent_until_exec();
+            pass_signals_to_parent_until_exec(fencelock);
             if take_terminal {
                 // SIGTTOU is still ignored here (inherited), so this works from the
                 // background.
@@ -388,17 +390,27 @@ const PASSED_ON: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, 
 /// default action is no better: a child stopped before its exec leaves fencelock waiting
 /// in `spawn` for that exec. Sent on, fencelock acts on it as on any other: it passes it
 /// to the group once COMMAND runs.
+///
+/// Only to fencelock itself: a child whose fencelock died meanwhile has been adopted by
+/// another process (init, a subreaper), which must never get them (init takes SIGINT
+/// for Ctrl-Alt-Del).
 #[allow(unsafe_code)]
-fn pass_signals_to_parent_until_exec() {
+fn pass_signals_to_parent_until_exec(fencelock: libc::pid_t) {
+    static FENCELOCK: AtomicI32 = AtomicI32::new(0);
     extern "C" fn pass_on(signal: libc::c_int) {
+        let fencelock = FENCELOCK.load(Ordering::Relaxed);
         // SAFETY: getppid, kill and errno's location are async-signal-safe; errno is
         // restored for the code the handler interrupted.
         unsafe {
             let errno = *libc::__errno_location();
-            libc::kill(libc::getppid(), signal);
+            if fencelock != 0 && libc::getppid() == fencelock {
+                libc::kill(fencelock, signal);
+            }
             *libc::__errno_location() = errno;
         }
     }
+    // In the child's own memory, set before any handler can run.
+    FENCELOCK.store(fencelock, Ordering::Relaxed);
     for signal in PASSED_ON {
         // SAFETY: `action` is a plain C struct, for which all zeroes is a valid value
         // (an empty mask, no flags); sigaction reads it and writes nothing back (null).
@@ -804,8 +816,9 @@ mod tests {
             let mut command = Command::new("true");
             // SAFETY: sigaction(2), getpid(2) and kill(2) are async-signal-safe.
             unsafe {
-                command.pre_exec(|| {
-                    pass_signals_to_parent_until_exec();
+                let parent = std::process::id() as libc::pid_t;
+                command.pre_exec(move || {
+                    pass_signals_to_parent_until_exec(parent);
                     libc::kill(libc::getpid(), libc::SIGTSTP);
                     Ok(())
                 });
@@ -818,5 +831,33 @@ mod tests {
                 "the child went on to its exec"
             );
         });
+    }
+
+    /// A child whose fencelock is gone (adopted by init or a subreaper) passes nothing
+    /// on: here the child is told that another process is its fencelock, and that
+    /// process is not stopped by the child's Ctrl-Z.
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_child_passes_nothing_to_a_process_that_is_not_its_parent() {
+        let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
+        let not_parent = bystander.id() as libc::pid_t;
+        let mut command = Command::new("true");
+        // SAFETY: sigaction(2), getpid(2) and kill(2) are async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                pass_signals_to_parent_until_exec(not_parent);
+                libc::kill(libc::getpid(), libc::SIGTSTP);
+                Ok(())
+            });
+        }
+        let done = command.spawn().unwrap().wait().unwrap();
+        // The child's hooks ran to its exec before it exited: any signal it sent has
+        // been delivered by now.
+        let state = std::fs::read_to_string(format!("/proc/{not_parent}/stat")).unwrap();
+        let letter = state.rsplit(") ").next().unwrap().chars().next().unwrap();
+        bystander.kill().unwrap();
+        bystander.wait().unwrap();
+        assert!(done.success(), "the child went on to its exec");
+        assert_ne!(letter, 'T', "the bystander was stopped: {state}");
     }
 }
