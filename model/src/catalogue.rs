@@ -76,6 +76,16 @@ fn redlock_restart(name: &'static str, protected: bool, quick: bool) -> World {
     world
 }
 
+/// Redlock's world (restart protection on) with the given faults (budget 1): one tick
+/// in the quick run, two in the full.
+fn redlock_faults(name: &'static str, quick: bool, faults: impl Fn(&mut world::Faults)) -> World {
+    let mut world = World::redlock(name, Scripts::shipped(), true);
+    world.faults.budget = 1;
+    faults(&mut world.faults);
+    world.ticks = if quick { 1 } else { 2 };
+    world
+}
+
 /// The fair lock's dead head: 2 fair clients queue behind a holder that is gone (its
 /// lease runs out unreleased), and one of them may crash (`crash`); their waiter
 /// timeout is 1.2 s (they call again every 400 ms), and the clock runs to 1.2 s, the
@@ -246,6 +256,16 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             expect: Expect::Violated(ONE_HOLDER),
         },
     ];
+    // Quick: 2 attempts (3: 0.5 million states).
+    let mut late = redlock_faults(
+        "Redlock; a late answer (after the verdict, or slow)",
+        quick,
+        |f| f.late_answer = true,
+    );
+    if quick {
+        late.max_attempts = Some(2);
+    }
+    out.push(holds(late));
     if !quick {
         // The quick run checks restart protection with the fenced resource only: its
         // holders write before they release, so it checks every property of the world

@@ -43,6 +43,10 @@ pub struct Vote {
     pub generation: u64,
     /// When it came (true ms).
     pub at_ms: i64,
+    /// A refusal's: the ms left of the lease that refused it, as the node's keyspace
+    /// held it after the script ran (`None`: no refusal, or a key without expiry), for
+    /// the fallback bound.
+    pub lease_left_ms: Option<i64>,
 }
 
 /// A node as the tally reads it: the client's memory of it, updated in place.
@@ -116,7 +120,8 @@ fn answer(vote: &Vote) -> Result<fencelock::model::AcquireReply, fencelock::Erro
 }
 
 /// Replays an attempt's votes into the tally (sent at `sent_ms`, for `lease`): the
-/// verdict once the votes decide it or every node answered (`None` before), with
+/// verdict once the votes decide it, every node answered, or (`timed_out`) the node
+/// timeout ran out, the nodes yet to answer counted as timed out (`None` before), with
 /// whether what it wrote must be taken back. `seen` is updated with what the nodes said
 /// about themselves.
 pub fn tally(
@@ -126,6 +131,7 @@ pub fn tally(
     sent_ms: i64,
     lease: Duration,
     now_ms: i64,
+    timed_out: bool,
 ) -> Option<(Result<Outcome, fencelock::Error>, bool)> {
     let nodes = voters(seen);
     let verdict = {
@@ -139,7 +145,7 @@ pub fn tally(
                 client::instant(vote.at_ms),
             );
         }
-        (decided || votes.len() == seen.len())
+        (decided || timed_out || votes.len() == seen.len())
             .then(|| tally.verdict(client::NAME, client::instant(now_ms)))
     };
     remember(seen, nodes);
@@ -147,7 +153,10 @@ pub fn tally(
 }
 
 /// An answer that came after its attempt's verdict: what the node said about itself
-/// is still recorded (`Quorum::judge_late`).
+/// is still recorded (`Quorum::judge_late`). Nothing else: a grant in it is taken back
+/// by the take-back the failed verdict sent to every node, which the node runs after
+/// the attempt on the same connection, or, after a granted verdict, kept, and released
+/// with the rest.
 pub fn late(q: &Quorum, seen: &mut [Seen], vote: &Vote, lease: Duration) {
     let nodes = voters(seen);
     q.judge_late(

@@ -58,6 +58,9 @@ pub struct Faults {
     pub failover: bool,
     /// How many faults at most, of all kinds together.
     pub budget: u8,
+    /// Redlock: a node's answer to an attempt waits in the network (while other things
+    /// happen) and may come after the client's verdict, its node timeout run out.
+    pub late_answer: bool,
 }
 
 impl Faults {
@@ -233,6 +236,8 @@ pub enum Packet {
         /// keyspace as the script left it ([`max_wait`]). (Any other answer allows the
         /// retry schedule's longest pause.)
         max_wait_ms: Option<i64>,
+        /// Redlock: a refusal's lease left on its node ([`Vote::lease_left_ms`]).
+        lease_left_ms: Option<i64>,
     },
     /// A published message on its way to a subscribed client.
     Message {
@@ -337,6 +342,12 @@ pub enum Action {
     Replicate,
     /// Fault: the node's replica takes over, with what it copied last.
     Failover,
+    /// Fault (Redlock): the node runs the attempt's call at this place, and its answer
+    /// waits in the network.
+    ExecuteLate(usize),
+    /// Redlock: the client's node timeout runs out with one answer still on its way:
+    /// the verdict without it.
+    GiveUp(usize),
 }
 
 /// The node number of the fenced resource's server in calls and replies: a store of its
@@ -436,10 +447,11 @@ impl World {
         }
     }
 
-    /// Whether the world checks [`FALLBACK_BOUND`]: one node (Redlock's pause comes
-    /// from several nodes' answers), no multi-lock (its refusal names one of its keys).
+    /// Whether the world checks [`FALLBACK_BOUND`]: every world but the multi-lock's
+    /// (its refusal names one of its keys). Redlock's pause comes from several nodes'
+    /// answers: the soonest refusing lease's (see `World::redlock_verdict`).
     pub fn checks_fallback(&self) -> bool {
-        self.nodes == 1 && !self.kinds.contains(&Kind::Multi)
+        !self.kinds.contains(&Kind::Multi)
     }
 
     fn lease(&self) -> Duration {
@@ -737,7 +749,9 @@ impl World {
         reply
     }
 
-    fn execute(&self, state: &mut State, at: usize) {
+    /// The node runs the call at `at`; `late` (Redlock, an attempt's): its answer waits
+    /// in the network rather than reaching its client at once.
+    fn execute(&self, state: &mut State, at: usize, late: bool) {
         let Packet::Call {
             from,
             node,
@@ -756,13 +770,18 @@ impl World {
         } else {
             Some(self.run(state, node, &call))
         };
-        if redlock && purpose != Purpose::Background {
-            // Redlock: the answer reaches its client at once (see `World::redlock`).
+        let lease_left_ms = (redlock && purpose == Purpose::Attempt && refused(reply.as_ref()))
+            .then(|| lease_left(&state.nodes[node].server, &call))
+            .flatten();
+        if redlock && purpose != Purpose::Background && !late {
+            // Redlock: the answer reaches its client at once (see `World::redlock`),
+            // unless it is the one late answer.
             let vote = Vote {
                 node,
                 reply,
                 generation,
                 at_ms: state.now_ms,
+                lease_left_ms,
             };
             self.redlock_reply(state, from, vote, purpose, attempt);
         } else if purpose != Purpose::Background {
@@ -777,6 +796,7 @@ impl World {
                 script: call.script,
                 reply,
                 max_wait_ms,
+                lease_left_ms,
             });
         } else if reply.is_none() {
             Self::reconnect(state, from, node);
@@ -806,7 +826,7 @@ impl World {
             (
                 Purpose::Attempt,
                 Phase::Calling {
-                    mut engine,
+                    engine,
                     sent_ms,
                     mark,
                     purpose: Purpose::Attempt,
@@ -814,9 +834,10 @@ impl World {
                 },
             ) if n == engine.attempts() => {
                 votes.push(vote);
+                let lease = self.lease();
                 let verdict =
-                    crate::redlock::tally(&q, &mut client.seen, &votes, sent_ms, self.lease(), now);
-                let Some((outcome, take_back)) = verdict else {
+                    crate::redlock::tally(&q, &mut client.seen, &votes, sent_ms, lease, now, false);
+                let Some(verdict) = verdict else {
                     client.phase = Phase::Calling {
                         engine,
                         sent_ms,
@@ -826,21 +847,7 @@ impl World {
                     };
                     return;
                 };
-                if outcome.is_ok() {
-                    client.pending = client.pending.saturating_sub(mark);
-                }
-                if take_back {
-                    // Sent before the next attempt, which each node runs after it.
-                    let req = engine.request();
-                    let call = client::release(&*req.protocol, engine.token(), Undo::TakeBack, 0);
-                    self.send(state, c, Purpose::Background, call);
-                }
-                if let Ok(Outcome::Granted { grant, .. }) = &outcome {
-                    let holder = engine.token().as_str().to_owned();
-                    state.log.grant(holder, grant.fence.get());
-                }
-                let command = engine.on(Event::Answered(outcome), client::instant(now));
-                self.drive(state, c, engine, command);
+                self.redlock_verdict(state, c, engine, mark, &votes, verdict);
             }
             (Purpose::Attempt, phase) => {
                 crate::redlock::late(&q, &mut client.seen, &vote, self.lease());
@@ -884,6 +891,85 @@ impl World {
         }
     }
 
+    /// Client `c`'s node timeout runs out with an answer still on its way (the late
+    /// one): the tally's verdict on the answers it has, the others counted as timed
+    /// out; the late answer, when it comes, is judged late.
+    fn give_up(&self, state: &mut State, c: usize) {
+        let now = state.now_ms;
+        let q = self.quorum().expect("Redlock");
+        let client = &mut state.clients[c];
+        let Phase::Calling {
+            engine,
+            sent_ms,
+            mark,
+            purpose: Purpose::Attempt,
+            votes,
+        } = std::mem::replace(&mut client.phase, Phase::Idle)
+        else {
+            unreachable!("only an attempt gives up on a node")
+        };
+        let verdict = crate::redlock::tally(
+            &q,
+            &mut client.seen,
+            &votes,
+            sent_ms,
+            self.lease(),
+            now,
+            true,
+        )
+        .expect("a verdict, timed out");
+        self.redlock_verdict(state, c, engine, mark, &votes, verdict);
+    }
+
+    /// Client `c`'s Redlock attempt has its verdict (from `votes`): a failed one's
+    /// take-back goes to every node, a grant is logged, and the engine goes on. A
+    /// waiter that falls asleep on a refusal by a majority is held to the fallback
+    /// bound: 1 ms past the soonest end of the refusing leases, as their nodes held
+    /// them (the library's `Blocker::sooner` of the refusals), or the retry schedule's
+    /// longest pause when that lease ends within a ms, or for any other failure.
+    fn redlock_verdict(
+        &self,
+        state: &mut State,
+        c: usize,
+        mut engine: Acquiring<'static>,
+        mark: u8,
+        votes: &[Vote],
+        (outcome, take_back): (Result<Outcome, fencelock::Error>, bool),
+    ) {
+        let now = state.now_ms;
+        if outcome.is_ok() {
+            let client = &mut state.clients[c];
+            client.pending = client.pending.saturating_sub(mark);
+        }
+        if take_back {
+            // Sent before the next attempt, which each node runs after it: to every
+            // node, a late one's grant included.
+            let req = engine.request();
+            let call = client::release(&*req.protocol, engine.token(), Undo::TakeBack, 0);
+            self.send(state, c, Purpose::Background, call);
+        }
+        if let Ok(Outcome::Granted { grant, .. }) = &outcome {
+            let holder = engine.token().as_str().to_owned();
+            state.log.grant(holder, grant.fence.get());
+        }
+        let held = matches!(outcome, Ok(Outcome::Held { .. }));
+        let command = engine.on(Event::Answered(outcome), client::instant(now));
+        if let Command::Sleep { until } = &command
+            && self.checks_fallback()
+        {
+            let soonest = votes.iter().filter_map(|v| v.lease_left_ms).min();
+            let allowed = match soonest {
+                Some(left) if held && left >= 1 => left + 1,
+                _ => RETRY_MAX_MS,
+            };
+            let sleeps = client::ms(*until) - now;
+            if sleeps > allowed && state.log.overslept.is_none() {
+                state.log.overslept = Some((c, sleeps, allowed));
+            }
+        }
+        self.drive(state, c, engine, command);
+    }
+
     /// The reply at `at` arrives (`lost`: its connection times out instead).
     fn reply(&self, state: &mut State, at: usize, lost: bool) {
         let Packet::Reply {
@@ -893,6 +979,7 @@ impl World {
             purpose,
             reply,
             max_wait_ms,
+            lease_left_ms,
             ..
         } = state.net.remove(at)
         else {
@@ -905,6 +992,7 @@ impl World {
                 reply: if lost { None } else { reply },
                 generation,
                 at_ms: now,
+                lease_left_ms,
             };
             return self.redlock_reply(state, c, vote, purpose, attempt);
         }
@@ -1118,6 +1206,63 @@ fn first_on_its_connection(state: &State, at: usize) -> bool {
     !state.net[..at].iter().any(|p| key(p) == mine)
 }
 
+/// Redlock: a node that keeps a client's key while that client neither attempts, holds
+/// nor has a call on its way there ([`NO_STRAY_GRANT`]): (node, client).
+pub fn stray_grant(state: &State) -> Option<(usize, usize)> {
+    let lock = client::keys(client::NAME).lock.into_bytes();
+    (state.nodes.iter().enumerate()).find_map(|(i, node)| {
+        let Some(Entry {
+            value: Value::Str(holder),
+            ..
+        }) = node.server.entry(&lock)
+        else {
+            return None;
+        };
+        let c = (0..state.clients.len()).find(|c| {
+            (0..=state.clients[*c].round)
+                .any(|r| client::token(*c, r).as_str().as_bytes() == holder)
+        })?;
+        let mine = |token: &HolderToken| token.as_str().as_bytes() == holder;
+        let accounted = match &state.clients[c].phase {
+            Phase::Crashed | Phase::Releasing(_) => true,
+            Phase::Calling { engine, .. } => mine(engine.token()),
+            Phase::Holding { token, .. } | Phase::Writing { token, .. } => mine(token),
+            _ => false,
+        } || state
+            .net
+            .iter()
+            .any(|p| matches!(p, Packet::Call { from, node, .. } if *from == c && *node == i));
+        (!accounted).then_some((i, c))
+    })
+}
+
+/// Redlock: whether an answer of `node` to client `c` is still on its way (the late
+/// one): the client's next call there runs after it comes, as a connection answers in
+/// order (a call's answer reaches its client as the node runs it, see `World::redlock`).
+fn answer_due(state: &State, c: usize, node: usize) -> bool {
+    (state.net.iter())
+        .any(|p| matches!(p, Packet::Reply { to, node: n, .. } if *to == c && *n == node))
+}
+
+/// Redlock: whether client `c`'s attempt has every answer in but one, which waits in
+/// the network (the late one): its node timeout may run out first.
+fn late_only(state: &State, c: usize) -> bool {
+    let Phase::Calling {
+        engine,
+        purpose: Purpose::Attempt,
+        votes,
+        ..
+    } = &state.clients[c].phase
+    else {
+        return false;
+    };
+    let waiting = |p: &Packet| {
+        matches!(p, Packet::Reply { to, purpose: Purpose::Attempt, via: (_, n), .. }
+            if *to == c && *n == engine.attempts())
+    };
+    votes.len() + 1 == state.nodes.len() && state.net.iter().any(waiting)
+}
+
 /// A fair lock's queue as its keys hold it.
 struct FairQueue {
     /// The waiters, in line.
@@ -1274,7 +1419,26 @@ impl Model for World {
                 continue;
             }
             match packet {
-                Packet::Call { .. } => actions.push(Action::Execute(at)),
+                Packet::Call { from, node, .. }
+                    if self.nodes > 1 && answer_due(state, *from, *node) => {}
+                Packet::Call {
+                    from,
+                    node,
+                    purpose,
+                    ..
+                } => {
+                    actions.push(Action::Execute(at));
+                    // Client 0's: the clients are alike, so client 1's late answer is
+                    // its mirror image.
+                    if self.faults.late_answer
+                        && *from == 0
+                        && state.faults_left > 0
+                        && *purpose == Purpose::Attempt
+                        && *node != RESOURCE_SERVER
+                    {
+                        actions.push(Action::ExecuteLate(at));
+                    }
+                }
                 Packet::Reply { .. } => {
                     actions.push(Action::Deliver(at));
                     if self.faults.lost_reply && state.faults_left > 0 {
@@ -1288,6 +1452,13 @@ impl Model for World {
                     }
                 }
             }
+        }
+        if self.faults.late_answer {
+            actions.extend(
+                (0..state.clients.len())
+                    .filter(|c| late_only(state, *c))
+                    .map(Action::GiveUp),
+            );
         }
         if state.now_ms + self.tick_ms <= self.horizon() {
             actions.push(Action::Tick);
@@ -1323,7 +1494,12 @@ impl Model for World {
                 self.drive(&mut state, c, engine, command);
             }
             Action::Wake(c) => self.wake(&mut state, c),
-            Action::Execute(at) => self.execute(&mut state, at),
+            Action::Execute(at) => self.execute(&mut state, at, false),
+            Action::ExecuteLate(at) => {
+                state.faults_left -= 1;
+                self.execute(&mut state, at, true);
+            }
+            Action::GiveUp(c) => self.give_up(&mut state, c),
             Action::Deliver(at) => match state.net[at] {
                 Packet::Reply { .. } => self.reply(&mut state, at, false),
                 _ => self.message(&mut state, at),
@@ -1443,6 +1619,11 @@ impl Model for World {
                 state.log.overslept.is_none()
             }));
         }
+        if self.nodes > 1 {
+            out.push(Property::always(NO_STRAY_GRANT, |_, state: &State| {
+                stray_grant(state).is_none()
+            }));
+        }
         if !self.faults.delay_wakes() {
             out.push(Property::always(NO_LOST_WAKEUP, |_, state: &State| {
                 !stranded(state) || state.log.lapsed
@@ -1472,6 +1653,11 @@ pub const NO_LOST_WAKEUP: &str = "no waiter left asleep with nothing in flight";
 /// holder crashed), ends no later than the lease in its way allows ([`max_wait`]):
 /// checked in every world of one node, faults included.
 pub const FALLBACK_BOUND: &str = "no refused waiter sleeps past the lease in its way";
+/// Redlock: no node keeps a client's key unless that client's acquire is under way
+/// with it (its attempt's answers not all in), it holds with it (or releases), or a
+/// call of its is on its way to that node (a take-back, a withdrawal, a release): a
+/// failed attempt's grants, a late one's included, are taken back on every node.
+pub const NO_STRAY_GRANT: &str = "no Redlock node keeps a failed attempt's grant";
 
 /// The reachability check beside the safety properties: some state has a holder (a
 /// world where nobody ever gets the lock passes every safety property vacuously).
@@ -1558,6 +1744,14 @@ pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
         (Some(lease), Some(keep)) => lease.min(keep),
         (lease, keep) => lease.or(keep).unwrap_or(RETRY_MAX_MS),
     }
+}
+
+/// A plain lock's lease left on `server` after `call` ran (ms; `None`: no key, or no
+/// expiry): what a Redlock node's refusal says to wait for, by the keyspace.
+fn lease_left(server: &Server, call: &Call) -> Option<i64> {
+    let key = call.keys.first()?;
+    let end = server.entry(key)?.expires_ms?;
+    Some(end - server.now_ms())
 }
 
 /// Whether every client still at work sleeps on a timer longer than a retry's, with no

@@ -188,24 +188,28 @@ fn a_redlock_client_keeps_what_the_tally_learnt_and_a_fresh_restart_does_not_vot
             reply: grant(7, &"d".repeat(40), 0),
             generation: 0,
             at_ms: 0,
+            lease_left_ms: None,
         },
         Vote {
             node: 1,
             reply: held,
             generation: 0,
             at_ms: 0,
+            lease_left_ms: None,
         },
         Vote {
             node: 2,
             reply: grant(5, &ids[2].0, 60),
             generation: 0,
             at_ms: 0,
+            lease_left_ms: None,
         },
     ];
     for (protected, granted) in [(true, false), (false, true)] {
         let q = quorum(3, protected.then_some(lease));
         let mut seen = connect(&ids, 0);
-        let (verdict, take_back) = tally(&q, &mut seen, &votes, 0, lease, 0).expect("all answered");
+        let (verdict, take_back) =
+            tally(&q, &mut seen, &votes, 0, lease, 0, false).expect("all answered");
         assert_eq!(
             matches!(verdict, Ok(Outcome::Granted { .. })),
             granted,
