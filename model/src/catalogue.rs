@@ -266,6 +266,15 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         late.max_attempts = Some(2);
     }
     out.push(holds(late));
+    // Two lost messages: a release wakes a waiter from each node that listed it (the
+    // majority that refused it). Quick: one tick, where no timer ends before the
+    // horizon; full: two, where a waiter that missed them wakes on its timer and
+    // takes the lock.
+    let mut lost = redlock_faults("Redlock; lost release messages (2)", quick, |f| {
+        f.lost_message = true
+    });
+    lost.faults.budget = 2;
+    out.push(holds(lost));
     if !quick {
         // The quick run checks restart protection with the fenced resource only: its
         // holders write before they release, so it checks every property of the world
@@ -340,6 +349,18 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     let control = controls::FAIR_RELEASE_KEEPS_DEAD_HEAD;
     out.push(Entry {
         world: release_purge(control.name, mutated(&control), 2),
+        expect: Expect::Violated(control.caught_by),
+    });
+    // The fallback bound in Redlock: the pause comes from the majority's refusals.
+    let control = controls::REFUSAL_OVERSTATES_THE_LEASE;
+    let mut world = World::redlock(
+        "a refusal that reports 3 s more than the lease (acquire.lua; Redlock)",
+        mutated(&control),
+        true,
+    );
+    world.ticks = 1;
+    out.push(Entry {
+        world,
         expect: Expect::Violated(control.caught_by),
     });
     let control = controls::REDLOCK_COUNTER_NOT_RAISED;
