@@ -86,6 +86,15 @@ fn redlock_faults(name: &'static str, quick: bool, faults: impl Fn(&mut world::F
     world
 }
 
+/// Redlock's world (restart protection on) where one node's clock jumps ahead by
+/// `skew_ms`, once, at any moment: two ticks, so that leases run out.
+fn skewed(name: &'static str, skew_ms: i64) -> World {
+    let mut world = World::redlock(name, Scripts::shipped(), true);
+    world.ticks = 2;
+    world.skew_ms = skew_ms;
+    world
+}
+
 /// The fair lock's dead head: 2 fair clients queue behind a holder that is gone (its
 /// lease runs out unreleased), and one of them may crash (`crash`); their waiter
 /// timeout is 1.2 s (they call again every 400 ms), and the clock runs to 1.2 s, the
@@ -275,7 +284,31 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     });
     lost.faults.budget = 2;
     out.push(holds(lost));
+    // A node's clock that runs fast, its whole gain at one moment: a tick (600 ms,
+    // inside a 1 s lease) on a node of the holder's majority lets another take it.
+    out.push(Entry {
+        world: skewed(
+            "Redlock; a node's clock steps forward a tick (known not to hold)",
+            600,
+        ),
+        expect: Expect::Violated(ONE_HOLDER),
+    });
     if !quick {
+        // Within the library's drift allowance (validity = ttl - elapsed - drift, drift
+        // 1% of the lease + 2 ms: 12 ms), and 8 ms beyond it (the counterexample: a
+        // waiter wakes on its timer as the fast node's key ends, 6 ms before the
+        // holder's validity).
+        out.push(holds(skewed(
+            "Redlock; a node's clock jumps 12 ms ahead (the drift allowance)",
+            12,
+        )));
+        out.push(Entry {
+            world: skewed(
+                "Redlock; a node's clock jumps 20 ms ahead (known not to hold)",
+                20,
+            ),
+            expect: Expect::Violated(ONE_HOLDER),
+        });
         // The quick run checks restart protection with the fenced resource only: its
         // holders write before they release, so it checks every property of the world
         // without, and the resource's.

@@ -111,6 +111,9 @@ pub struct World {
     /// answer "no quorum", retried within 100 ms: without a bound, each retry at its
     /// own time multiplies the states.
     pub max_attempts: Option<u32>,
+    /// Redlock: one node's clock may jump ahead by this much, once (ms; 0: none): a
+    /// clock that runs fast, its whole gain over a lease at one moment.
+    pub skew_ms: i64,
 }
 
 /// What a client is doing.
@@ -348,6 +351,8 @@ pub enum Action {
     /// Redlock: the client's node timeout runs out with one answer still on its way:
     /// the verdict without it.
     GiveUp(usize),
+    /// Redlock: this node's clock jumps ahead by [`World::skew_ms`].
+    Skew(usize),
 }
 
 /// The node number of the fenced resource's server in calls and replies: a store of its
@@ -402,6 +407,7 @@ impl World {
             quarantine: None,
             held_at_start: false,
             max_attempts: None,
+            skew_ms: 0,
         }
     }
 
@@ -1453,6 +1459,9 @@ impl Model for World {
                 }
             }
         }
+        if self.skew_ms > 0 && state.nodes.iter().all(|n| n.drift_ms == 0) {
+            actions.extend((0..self.nodes).map(Action::Skew));
+        }
         if self.faults.late_answer {
             actions.extend(
                 (0..state.clients.len())
@@ -1500,6 +1509,11 @@ impl Model for World {
                 self.execute(&mut state, at, true);
             }
             Action::GiveUp(c) => self.give_up(&mut state, c),
+            Action::Skew(i) => {
+                let node = &mut state.nodes[i];
+                node.drift_ms += self.skew_ms;
+                node.server.advance_us(self.skew_ms * 1000);
+            }
             Action::Deliver(at) => match state.net[at] {
                 Packet::Reply { .. } => self.reply(&mut state, at, false),
                 _ => self.message(&mut state, at),
