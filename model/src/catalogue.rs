@@ -265,12 +265,13 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             expect: Expect::Violated(ONE_HOLDER),
         },
     ];
-    // Quick: 2 attempts (3: 0.5 million states).
+    // One tick (2: beyond 2.5 GB after 9 minutes); quick: 2 attempts.
     let mut late = redlock_faults(
         "Redlock; a late answer (after the verdict, or slow)",
         quick,
         |f| f.late_answer = true,
     );
+    late.ticks = 1;
     if quick {
         late.max_attempts = Some(2);
     }

@@ -266,6 +266,9 @@ pub struct Node {
     pub drift_ms: i64,
     /// How many times it restarted (its run id says so).
     pub restarts: u8,
+    /// The clients whose subscription here its restart dropped, not yet made again:
+    /// what it publishes meanwhile does not reach them.
+    pub unsubscribed: Vec<usize>,
 }
 
 /// What the properties read besides the clients and nodes: every grant a server made
@@ -353,6 +356,9 @@ pub enum Action {
     GiveUp(usize),
     /// Redlock: this node's clock jumps ahead by [`World::skew_ms`].
     Skew(usize),
+    /// The client's subscriber connects again to the node (after its restart) and
+    /// subscribes again.
+    Resubscribe(usize, usize),
 }
 
 /// The node number of the fenced resource's server in calls and replies: a store of its
@@ -415,19 +421,22 @@ impl World {
     /// with restart protection of one lease (`protected`) or none.
     ///
     /// Three reductions keep it small, each named where it acts: a node's answer
-    /// reaches its client as the node runs the call (no reply waits in the network: a
-    /// late answer is not modelled, only the clock running out the validity while the
-    /// nodes are asked in turn); a client's calls run in the order sent, so its
-    /// attempt asks the nodes in turn, 0, 1, 2 (every order of the two clients at each
-    /// node remains, and a restart of each node); an acquire makes at most
-    /// [`REDLOCK_ATTEMPTS`] attempts ([`World::max_attempts`]).
+    /// reaches its client as the node runs the call, but for one late answer at most,
+    /// a fault ([`Faults::late_answer`], client 0's: the clients are alike), which
+    /// waits in the network and comes before the verdict (slow) or after it (the
+    /// client's node timeout gave the verdict without it, [`Action::GiveUp`]); a
+    /// client's calls run in the order sent, so its attempt asks the nodes in turn, 0,
+    /// 1, 2 (every order of the two clients at each node remains, and a restart of each
+    /// node), and its next call to a node whose answer is late runs after that answer
+    /// came; an acquire makes at most [`REDLOCK_ATTEMPTS`] attempts
+    /// ([`World::max_attempts`]).
     ///
     /// Where it departs from the library besides: a restart is instant (no time in
-    /// which the node is unreachable) and closes the clients' call connections but not
-    /// their subscriptions (the library's subscription to a restarted node drops and is
-    /// made again, a window in which a release message could be missed: not checked
-    /// here); no clock drift on any node; messages from different nodes reach a client
-    /// in the order they were published. A fenced write ([`World::fenced_writes`])
+    /// which the node is unreachable); it closes the clients' call connections and their
+    /// subscriptions, which each client's dispatcher makes again when it will
+    /// ([`Action::Resubscribe`]), then waking its waiter; clock drift on a node is a
+    /// jump, once ([`World::skew_ms`]); messages from different nodes reach a client in
+    /// the order they were published. A fenced write ([`World::fenced_writes`])
     /// goes, as the library's must, to the resource's own server
     /// ([`RESOURCE_SERVER`]), not to the lock nodes: its reply waits in the network as
     /// with one node.
@@ -579,8 +588,13 @@ impl World {
                     return self.call_out(state, c, engine, Purpose::Withdraw, call);
                 }
                 Command::Done(done) => {
-                    // Its subscriptions go with the acquire.
+                    // Its subscriptions go with the acquire (a dispatcher that connects
+                    // again subscribes only the channels that still have waiters).
                     client.listens = None;
+                    for node in &mut state.nodes {
+                        node.unsubscribed.retain(|x| *x != c);
+                    }
+                    let client = &mut state.clients[c];
                     client.pending = 0;
                     client.handover = None;
                     match done.result {
@@ -651,8 +665,15 @@ impl World {
     /// properties need, and sends the messages its script published to the clients
     /// subscribed.
     fn run(&self, state: &mut State, node: usize, call: &Call) -> Reply {
+        // Subscribed here: not crashed, nor cut off by a restart.
+        let cut = |c: &usize| {
+            state
+                .nodes
+                .get(node)
+                .is_some_and(|n| n.unsubscribed.contains(c))
+        };
         let live: Vec<usize> = (0..state.clients.len())
-            .filter(|c| state.clients[*c].phase != Phase::Crashed)
+            .filter(|c| state.clients[*c].phase != Phase::Crashed && !cut(c))
             .collect();
         let to_resource = call.script == "fence/write.lua";
         assert_eq!(
@@ -1352,6 +1373,7 @@ impl Model for World {
                     server,
                     drift_ms: 0,
                     restarts: 0,
+                    unsubscribed: Vec::new(),
                 }
             })
             .collect();
@@ -1458,6 +1480,9 @@ impl Model for World {
                     }
                 }
             }
+        }
+        for (i, node) in state.nodes.iter().enumerate() {
+            actions.extend(node.unsubscribed.iter().map(|c| Action::Resubscribe(*c, i)));
         }
         if self.skew_ms > 0 && state.nodes.iter().all(|n| n.drift_ms == 0) {
             actions.extend((0..self.nodes).map(Action::Skew));
@@ -1581,6 +1606,23 @@ impl Model for World {
                 node.restarts += 1;
                 node.server.wipe(run_id(i, node.restarts));
                 node.replica = node.server.clone();
+                // It closes the subscribers' connections too: each client's dispatcher
+                // subscribes again ([`Action::Resubscribe`]).
+                let listening = state.clients.iter().enumerate();
+                let cut = listening
+                    .filter(|(_, c)| c.listens.is_some())
+                    .map(|(c, _)| c);
+                node.unsubscribed = cut.collect();
+            }
+            Action::Resubscribe(c, i) => {
+                // As the library's dispatcher: subscribed again, it wakes its waiters, as
+                // messages may have been missed meanwhile.
+                state.nodes[i].unsubscribed.retain(|x| *x != c);
+                let client = &mut state.clients[c];
+                let waiting = matches!(client.phase, Phase::Calling { .. } | Phase::Asleep { .. });
+                if waiting && client.listens.is_some() {
+                    client.pending = client.pending.saturating_add(1).min(3);
+                }
             }
             Action::Replicate => {
                 let node = &mut state.nodes[0];
