@@ -8,7 +8,8 @@
 //! [`Protocol::withdraw`] for the rest: the [`Call`]'s script and its keys and
 //! arguments, [`call_parts`]), the decoding of an
 //! acquire script's reply ([`AcquireReply`]), and the tally of the nodes' answers
-//! ([`judge_one`] for one node, [`Quorum::tally`] for Redlock, [`Quorum::confirm`] for a
+//! ([`judge_one`] for one node, [`Quorum::tally`] for Redlock, [`Quorum::judge_late`]
+//! for a Redlock node's answer that comes after the verdict, [`Quorum::confirm`] for a
 //! release or a renewal; a Redlock client's memory of each node, [`Health`], which
 //! [`Voter::observe`] updates), with the holder tokens and the retry jitter it chooses
 //! ([`holder_token`], the seed of [`Acquiring::new`]).
