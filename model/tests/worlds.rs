@@ -10,9 +10,12 @@
 //! semaphore gives at most 2 permits, the read-write lock no reader beside a writer,
 //! the reentrant and multi-locks and the election one holder; Redlock over 3 nodes
 //! keeps one holder and rising tokens, a node restart included with restart protection,
-//! and its fenced resource (a store of its own) takes no lower token;
-//! a server restart, a failover and a Redlock node restart without restart protection
-//! break "one holder" (known, and documented); each control's mutated script is caught
+//! a late or slow answer, lost release messages, and its fenced resource (a store of
+//! its own) takes no lower token; no Redlock node keeps a failed attempt's grant (a
+//! late one's included), and no refused Redlock waiter sleeps past the soonest refusing
+//! lease; a server restart, a failover, a Redlock node restart without restart
+//! protection and a clock step on a Redlock node break "one holder" (known, and
+//! documented); each control's mutated script is caught
 //! with a readable counterexample.
 
 use model::catalogue::{self, Expect};
