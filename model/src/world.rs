@@ -275,9 +275,12 @@ pub struct Log {
     pub accepted: Vec<u64>,
     /// A lease ran out before its release (in its holder's view, on the server, or
     /// before its grant's reply came): its waiters may then sleep until the lease's
-    /// bound, by design, as nobody releases. Or a fair script purged a waiter past its
-    /// deadline: nobody wakes it, and it calls again on its timer, by design.
+    /// bound, by design, as nobody releases.
     pub lapsed: bool,
+    /// The clients (a bit each) that a fair script found in line past their deadline
+    /// to call again: purged as dead, nobody wakes them, and each calls again on its
+    /// timer, by design. Only their own sleep is excused.
+    pub purged: u8,
     /// A fair attempt was turned away for the head of the queue (free, another's turn),
     /// or a fair release released, while that head's deadline to call again had passed
     /// (after the script): a dead head not purged.
@@ -659,8 +662,15 @@ impl World {
         let first_in_line = first_in_line(server, call.script);
         // A fair waiter past its deadline (paused that long) is purged as dead, and
         // nobody wakes it: it calls again on its timer, by design.
-        let purges = fair(call.script)
-            && FairQueue::read(server).is_some_and(|q| q.line.iter().any(|w| !q.live(w)));
+        let purges = if fair(call.script)
+            && let Some(q) = FairQueue::read(server)
+        {
+            (q.line.iter().filter(|w| !q.live(w)))
+                .map(|w| client_bit(w))
+                .fold(0, |bits, bit| bits | bit)
+        } else {
+            0
+        };
         let script = self.scripts.get(call.script);
         let reply = crate::lua::eval(server, script, &call.keys, &call.argv);
         server.subscribers.clear();
@@ -714,7 +724,7 @@ impl World {
         }
         let log = &mut state.log;
         log.dead_head |= dead_head;
-        log.lapsed |= purges;
+        log.purged |= purges;
         // A holder's acquire again ({2, fence}: the key held its token already, as a
         // handover left it) is no new grant, whoever is in line.
         let again = call.script == "lock/fair_acquire.lua"
@@ -1445,7 +1455,7 @@ impl Model for World {
         }
         if !self.faults.delay_wakes() {
             out.push(Property::always(NO_LOST_WAKEUP, |_, state: &State| {
-                !stranded(state) || state.log.lapsed
+                !stranded(state) || state.log.lapsed || excused(state)
             }));
         }
         out
@@ -1574,6 +1584,27 @@ pub fn stranded(state: &State) -> bool {
             && c.pending == 0
             && c.handover.is_none()
     })
+}
+
+/// Whether every client asleep in a [`stranded`] state is one a fair script purged
+/// (`Log::purged`): it calls again on its timer, by design.
+fn excused(state: &State) -> bool {
+    (state.clients.iter().enumerate())
+        .filter(|(_, c)| matches!(c.phase, Phase::Asleep { .. }))
+        .all(|(i, _)| state.log.purged & (1 << i) != 0)
+}
+
+/// The bit of the client whose holder token is `token` (`c{client}r{round}`).
+fn client_bit(token: &[u8]) -> u8 {
+    let digits = token.get(1..).unwrap_or_default();
+    let end = digits
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len());
+    std::str::from_utf8(&digits[..end])
+        .ok()
+        .and_then(|d| d.parse::<u32>().ok())
+        .map_or(0, |c| 1u8.checked_shl(c).unwrap_or(0))
 }
 
 /// A state, readably: the clock, each client, each node's keys (with their TTLs), the
@@ -1736,5 +1767,21 @@ fn explain(state: &State, action: &Action) -> String {
             format!("{verb} {}", packet(&state.net[*at]))
         }
         other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_purged_waiter_is_known_by_its_token() {
+        assert_eq!(client_bit(b"c0r0"), 1);
+        assert_eq!(client_bit(b"c2r1"), 4);
+        assert_eq!(client_bit(b"c7r0"), 128);
+        // Not a client's token: excuses nobody.
+        assert_eq!(client_bit(b"c9r0"), 0);
+        assert_eq!(client_bit(b"x"), 0);
+        assert_eq!(client_bit(b""), 0);
     }
 }
