@@ -100,11 +100,14 @@ fn dead_head(name: &'static str, scripts: Scripts, crash: bool) -> World {
 /// waiter that queued at the start and was silent since (paused: its answer waits in
 /// the network); the clock runs one tick, to 600 ms. A release then must purge that
 /// head and hand the lock to the waiter behind it, alive as it called again since (3
-/// clients), or to nobody (2).
-fn release_purge(name: &'static str, scripts: Scripts, clients: usize) -> World {
+/// clients), or to nobody (2). With `crash`, a client may also crash (a head that stops
+/// calling for good; the server cannot tell it from the pause).
+fn release_purge(name: &'static str, scripts: Scripts, clients: usize, crash: bool) -> World {
     let fair = Kind::Fair(Duration::from_millis(600));
     let mut world = World::new(name, scripts, vec![fair; clients], 1);
     world.ticks = 1;
+    world.faults.crash = crash;
+    world.faults.budget = u8::from(crash);
     world
 }
 
@@ -213,6 +216,13 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             "fair lock; a release behind a head of the queue that stopped calling",
             shipped(),
             if quick { 2 } else { 3 },
+            false,
+        )),
+        holds(release_purge(
+            "fair lock; a release behind a head of the queue that crashed",
+            shipped(),
+            if quick { 2 } else { 3 },
+            true,
         )),
         holds(semaphore),
         holds(of(
@@ -319,9 +329,18 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     });
     let control = controls::FAIR_RELEASE_KEEPS_DEAD_HEAD;
     out.push(Entry {
-        world: release_purge(control.name, mutated(&control), 2),
+        world: release_purge(control.name, mutated(&control), 2, false),
         expect: Expect::Violated(control.caught_by),
     });
+    if !quick {
+        // With a live waiter behind the dead head, which the release must hand the lock.
+        let mut world = release_purge(control.name, mutated(&control), 3, false);
+        world.name = "a fair release that never purges a dead head (3 clients)";
+        out.push(Entry {
+            world,
+            expect: Expect::Violated(control.caught_by),
+        });
+    }
     let control = controls::REDLOCK_COUNTER_NOT_RAISED;
     let mut world = World::redlock(control.name, mutated(&control), true);
     world.ticks = 1;
