@@ -8,6 +8,7 @@ use stateright::{Checker, HasDiscoveries, Model};
 
 use crate::client::Kind;
 use crate::controls::{self, Control, ONE_HOLDER};
+use crate::first::First;
 use crate::scripts::Scripts;
 use crate::world::{self, World};
 
@@ -390,11 +391,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     out
 }
 
-/// Checks one world, breadth first. The path kept to a violation is the last one the
-/// search met before it stopped, not always a shortest (see docs/model.md).
+/// Checks one world, breadth first. The path kept to a violation is the first one the
+/// search met ([`First`]): with one thread, a shortest.
 pub fn check(entry: &Entry, threads: usize) -> Outcome {
     let started = Instant::now();
-    let mut checker = entry.world.clone().checker().threads(threads);
+    let mut checker = First::new(entry.world.clone()).checker().threads(threads);
     if let Expect::Violated(property) = entry.expect {
         // Its counterexample found, the rest can wait.
         checker = checker.finish_when(HasDiscoveries::AnyOf([property].into()));

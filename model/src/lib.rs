@@ -13,6 +13,7 @@
 //! - [`redlock`]: a Redlock client's memory of its nodes and the library's tally of
 //!   their answers, for the worlds of 3 nodes;
 //! - [`controls`]: the mutations each property must be caught violated by;
+//! - [`first`]: each property's first counterexample (a shortest), not the last met.
 //! - [`catalogue`]: the worlds `scripts/model` checks and what each must show.
 //!
 //! The keyspace is proven against real servers by `tests/differential.rs`.
@@ -20,6 +21,7 @@
 pub mod catalogue;
 pub mod client;
 pub mod controls;
+pub mod first;
 pub mod keyspace;
 pub mod lua;
 pub mod redlock;
