@@ -85,7 +85,8 @@ pub struct World {
     pub tick_ms: i64,
     /// How many ticks at most: the clock stops at `ticks * tick_ms`.
     pub ticks: u8,
-    /// How far the node's clock may run ahead of the true time, ms (0: none).
+    /// How far the node's clock may run ahead of the true time, ms (0: none): it jumps
+    /// that far at once, at any point ([`Action::Drift`]).
     pub max_drift_ms: i64,
     /// Each client writes to the fenced resource while it holds the lock.
     pub fenced_writes: bool,
@@ -330,7 +331,7 @@ pub enum Action {
     Tick,
     /// The clock moves to the soonest sleeper's timer, sooner than a tick.
     Elapse,
-    /// The node's clock runs ahead by a tick, within the drift bound.
+    /// The node's clock runs ahead, at once, by what is left of the drift bound.
     Drift,
     /// Fault: a client crashes.
     Crash(usize),
@@ -1306,7 +1307,7 @@ impl Model for World {
             actions.push(Action::Elapse);
         }
         let node = &state.nodes[0];
-        if node.drift_ms + self.tick_ms <= self.max_drift_ms {
+        if node.drift_ms < self.max_drift_ms {
             actions.push(Action::Drift);
         }
         if state.faults_left > 0 && self.faults.restart {
@@ -1385,8 +1386,10 @@ impl Model for World {
                 Self::advance(&mut state, until - now);
             }
             Action::Drift => {
-                state.nodes[0].drift_ms += self.tick_ms;
-                state.nodes[0].server.advance_us(self.tick_ms * 1000);
+                let node = &mut state.nodes[0];
+                let step = self.max_drift_ms - node.drift_ms;
+                node.drift_ms += step;
+                node.server.advance_us(step * 1000);
             }
             Action::Crash(c) => {
                 state.faults_left -= 1;
