@@ -333,6 +333,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         world: plain(control.name, mutated(&control), |_| {}),
         expect: Expect::Violated(control.caught_by),
     });
+    let control = controls::MULTI_REFUSAL_OVERSTATES_THE_LEASE;
+    out.push(Entry {
+        world: of(control.name, mutated(&control), &[Kind::Multi; 2]),
+        expect: Expect::Violated(control.caught_by),
+    });
     let control = controls::CAMPAIGN_WITHOUT_NX;
     out.push(Entry {
         world: of(control.name, mutated(&control), &[Kind::Election; 2]),

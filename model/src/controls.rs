@@ -250,3 +250,15 @@ pub const REFUSAL_OVERSTATES_THE_LEASE: Control = Control {
     }],
     caught_by: crate::world::FALLBACK_BOUND,
 };
+
+/// The same for several locks at once: `multi_acquire.lua`'s refusal names the held
+/// name's place and reports its PTTL and 3 s more.
+pub const MULTI_REFUSAL_OVERSTATES_THE_LEASE: Control = Control {
+    name: "a multi-lock refusal that reports 3 s more than the lease",
+    patches: &[Patch {
+        script: "lock/multi_acquire.lua",
+        find: "    return reply(7, pttl, i + 1)",
+        replace: "    return reply(7, pttl + 3000, i + 1)",
+    }],
+    caught_by: crate::world::FALLBACK_BOUND,
+};

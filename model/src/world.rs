@@ -441,9 +441,9 @@ impl World {
     }
 
     /// Whether the world checks [`FALLBACK_BOUND`]: one node (Redlock's pause comes
-    /// from several nodes' answers), no multi-lock (its refusal names one of its keys).
+    /// from several nodes' answers).
     pub fn checks_fallback(&self) -> bool {
-        self.nodes == 1 && !self.kinds.contains(&Kind::Multi)
+        self.nodes == 1
     }
 
     fn lease(&self) -> Duration {
@@ -778,8 +778,10 @@ impl World {
             self.redlock_reply(state, from, vote, purpose, attempt);
         } else if purpose != Purpose::Background {
             let refusal = purpose == Purpose::Attempt && refused(reply.as_ref());
-            let max_wait_ms = (refusal && self.checks_fallback())
-                .then(|| max_wait(self.kinds[from], &state.nodes[node].server, &call));
+            let max_wait_ms = (refusal && self.checks_fallback()).then(|| {
+                let server = &state.nodes[node].server;
+                max_wait(self.kinds[from], server, &call, reply.as_ref())
+            });
             state.net.push(Packet::Reply {
                 to: from,
                 node,
@@ -1532,7 +1534,7 @@ fn refused(reply: Option<&Reply>) -> bool {
 /// the lease in the way ends within a ms or never; for a fair waiter in line, at most
 /// a third of what is left to its own deadline to call again (the place it keeps),
 /// and only that when nothing holds the lock (another waiter's turn).
-pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
+pub fn max_wait(kind: Kind, server: &Server, call: &Call, reply: Option<&Reply>) -> i64 {
     let now = server.now_ms();
     // ms until the first finite score of a set (a permit's or a reader's lease end, a
     // waiting writer's deadline; a readers' mark scores +inf).
@@ -1542,8 +1544,24 @@ pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
         first.reduce(f64::min).map(|end| Some(end as i64 - now))
     };
     let key = |i: usize| call.keys.get(i).map_or(&[][..], Vec::as_slice);
+    // The lock key in the way: a multi-lock's refusal `{7, ms, place}` names the place
+    // of its name (from 1), whose keys come 3 to a name (4 when its client is listed).
+    let lock = match kind {
+        Kind::Multi => {
+            let place = reply
+                .and_then(Reply::as_array)
+                .and_then(|r| match r.get(2) {
+                    Some(Reply::Int(place)) => usize::try_from(*place).ok(),
+                    _ => None,
+                })
+                .unwrap_or(1);
+            let listed = call.argv.get(5).is_some_and(|tag| !tag.is_empty());
+            (place.saturating_sub(1)) * if listed { 4 } else { 3 }
+        }
+        _ => 0,
+    };
     // The lease in the way: Some(None) for a key without expiry.
-    let in_the_way: Option<Option<i64>> = match server.entry(key(0)) {
+    let in_the_way: Option<Option<i64>> = match server.entry(key(lock)) {
         Some(
             entry @ Entry {
                 value: Value::Str(_) | Value::Hash(_),
@@ -1551,7 +1569,7 @@ pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
             },
         ) => Some(entry.expires_ms.map(|end| end - now)),
         _ if kind == Kind::Read => first_end(key(2)),
-        Some(_) => first_end(key(0)),
+        Some(_) => first_end(key(lock)),
         None => None,
     };
     let lease = in_the_way.map(|left| match left {
@@ -1776,6 +1794,57 @@ fn explain(state: &State, action: &Action) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A multi-lock refused by its second name is bound by that name's lease, not the
+    /// first's (the world's clients always find the first held, so it is shown here).
+    #[test]
+    fn a_multi_lock_refusal_is_bound_by_the_name_it_names() {
+        let mut server = Server::new(EPOCH_US, "run");
+        let set = |server: &mut Server, key: &str, ms: &str| {
+            let args = ["SET", key, "holder", "PX", ms].map(|a| a.as_bytes().to_vec());
+            server.call(&args);
+        };
+        set(&mut server, "{x}", "900");
+        set(&mut server, "{y}", "300");
+        let bytes = |items: &[&str]| items.iter().map(|i| i.as_bytes().to_vec()).collect();
+        let call = |listed: bool| Call {
+            script: "lock/multi_acquire.lua",
+            keys: if listed {
+                bytes(&[
+                    "{x}",
+                    "{x}:fence",
+                    "{x}:holder",
+                    "{x}:wakes",
+                    "{y}",
+                    "{y}:fence",
+                ])
+            } else {
+                bytes(&[
+                    "{x}",
+                    "{x}:fence",
+                    "{x}:holder",
+                    "{y}",
+                    "{y}:fence",
+                    "{y}:holder",
+                ])
+            },
+            argv: bytes(&["t", "1000", "0", "", "0", if listed { "c1" } else { "" }]),
+        };
+        let refused_at =
+            |place: i64| Reply::Array(Some(vec![Reply::Int(7), Reply::Int(0), Reply::Int(place)]));
+        for listed in [false, true] {
+            let wait = |place| {
+                max_wait(
+                    Kind::Multi,
+                    &server,
+                    &call(listed),
+                    Some(&refused_at(place)),
+                )
+            };
+            assert_eq!(wait(1), 901, "listed: {listed}");
+            assert_eq!(wait(2), 301, "listed: {listed}");
+        }
+    }
 
     #[test]
     fn a_purged_waiter_is_known_by_its_token() {
