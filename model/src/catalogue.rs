@@ -112,6 +112,22 @@ fn release_purge(name: &'static str, scripts: Scripts, clients: usize, crash: bo
     world
 }
 
+/// The watchdog's world: 2 plain clients whose holders' leases are renewed by the
+/// library's watchdog ([`World::watchdog`]), over 2 ticks (1.2 s: a lease runs out
+/// unrenewed), with one lost reply: a renewal's (quick), or any (`every_reply`). A
+/// holder's watchdog wakes on a timer, which the clock may run past: a client paused
+/// past its lease (its renewal stalled, or sent and not yet run) is in every
+/// interleaving. (Over 3 ticks, with a lost renewal's reply only, it outgrew 7 GB.)
+fn renewing(name: &'static str, scripts: Scripts, every_reply: bool) -> World {
+    let mut world = World::new(name, scripts, vec![Kind::Plain; 2], 1);
+    world.watchdog = true;
+    world.faults.lost_renewal = true;
+    world.faults.lost_reply = every_reply;
+    world.faults.budget = 1;
+    world.ticks = 2;
+    world
+}
+
 /// `world` with each holder writing to the fenced resource before it releases.
 fn fenced(mut world: World) -> World {
     world.fenced_writes = true;
@@ -399,6 +415,17 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             expect: Expect::Violated(control.caught_by),
         });
     }
+    // Quick: a renewal's reply lost (0.45 million states); full: any reply (1.5 million).
+    out.push(holds(renewing(
+        "plain lock, renewed by the watchdog; a lost reply, a holder paused past its lease",
+        shipped(),
+        !quick,
+    )));
+    let control = controls::RENEW_WITHOUT_OWNER_CHECK;
+    out.push(Entry {
+        world: renewing(control.name, mutated(&control), false),
+        expect: Expect::Violated(control.caught_by),
+    });
     let control = controls::SEMAPHORE_FAST_PATH_ONE_TOO_MANY;
     let mut permits = of(control.name, mutated(&control), &[Kind::Semaphore(2); 3]);
     permits.max_holders = 2;

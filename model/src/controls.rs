@@ -262,3 +262,16 @@ pub const MULTI_REFUSAL_OVERSTATES_THE_LEASE: Control = Control {
     }],
     caught_by: crate::world::FALLBACK_BOUND,
 };
+
+/// A renewal without the owner check (`renew.lua`, through `renew_lease`): it extends
+/// the lock key whoever holds it, so a holder whose renewal reaches the server after
+/// its lease ran out and another took the lock is told its lease was renewed.
+pub const RENEW_WITHOUT_OWNER_CHECK: Control = Control {
+    name: "a renewal without the owner check (renew.lua)",
+    patches: &[Patch {
+        script: "lock/renew.lua",
+        find: "elseif (kind == 'plain' or kind == 'reentrant') and found == holder then",
+        replace: "elseif kind == 'plain' or kind == 'reentrant' then",
+    }],
+    caught_by: ONE_HOLDER,
+};

@@ -31,6 +31,7 @@ use crate::client::{self, Call, Kind};
 use crate::keyspace::{Bytes, Entry, Published, Reply, Server, Value};
 use crate::redlock::Vote;
 use crate::scripts::Scripts;
+use crate::watchdog::{Acted, Watch};
 
 /// The world's start: the servers' clocks read this (µs since the epoch).
 const EPOCH_US: i64 = 1_800_000_000_000_000;
@@ -48,6 +49,8 @@ const REDLOCK_UPTIME_US: i64 = 60_000_000;
 pub struct Faults {
     /// A reply lost on its way back.
     pub lost_reply: bool,
+    /// A renewal's reply lost on its way back (the other replies arrive).
+    pub lost_renewal: bool,
     /// A release message lost.
     pub lost_message: bool,
     /// A client crash.
@@ -64,7 +67,12 @@ impl Faults {
     /// Whether a fault may leave a waiter asleep with nothing in flight for a while
     /// (it then waits for its timer, by design).
     fn delay_wakes(&self) -> bool {
-        self.lost_reply || self.lost_message || self.crash || self.restart || self.failover
+        self.lost_reply
+            || self.lost_renewal
+            || self.lost_message
+            || self.crash
+            || self.restart
+            || self.failover
     }
 }
 
@@ -109,6 +117,9 @@ pub struct World {
     /// answer "no quorum", retried within 100 ms: without a bound, each retry at its
     /// own time multiplies the states.
     pub max_attempts: Option<u32>,
+    /// The holders' leases are renewed by the library's watchdog ([`crate::watchdog`]):
+    /// a holder holds while its watchdog's lease runs and has not been lost.
+    pub watchdog: bool,
 }
 
 /// What a client is doing.
@@ -142,7 +153,8 @@ pub enum Phase {
         token: HolderToken,
         /// The fencing token.
         fence: u64,
-        /// The end of its lease, by its own count (true ms).
+        /// The end of its lease, by its own count (true ms): a renewing holder's moves
+        /// with its watchdog ([`crate::watchdog::Watch::until_ms`]).
         until_ms: i64,
         /// Its fenced write is done (or not wanted).
         wrote: bool,
@@ -181,6 +193,9 @@ pub struct Client {
     pub handover: Option<(u64, u64)>,
     /// Redlock: what it knows of each node (empty with one node).
     pub seen: Vec<crate::redlock::Seen>,
+    /// Its held lease's watchdog, in a world that renews ([`World::watchdog`]), from
+    /// its grant to its release.
+    pub watch: Option<crate::watchdog::Watch>,
 }
 
 /// What a call is for, which says what its reply does.
@@ -196,6 +211,8 @@ pub enum Purpose {
     Write,
     /// In the background: nobody waits for its reply.
     Background,
+    /// A holder's watchdog renews its lease.
+    Renew,
 }
 
 /// What travels between clients and nodes.
@@ -341,6 +358,8 @@ pub enum Action {
     Replicate,
     /// Fault: the node's replica takes over, with what it copied last.
     Failover,
+    /// A holder's watchdog wakes: it renews the lease, or finds it lost.
+    Renew(usize),
 }
 
 /// The node number of the fenced resource's server in calls and replies: a store of its
@@ -395,6 +414,7 @@ impl World {
             quarantine: None,
             held_at_start: false,
             max_attempts: None,
+            watchdog: false,
         }
     }
 
@@ -571,6 +591,10 @@ impl World {
                     client.handover = None;
                     match done.result {
                         Ok(acquired) => {
+                            let fence = acquired.grant.fence.get();
+                            client.watch = self
+                                .watchdog
+                                .then(|| Watch::new(self.lease(), fence, &acquired.grant, now));
                             client.phase = Phase::Holding {
                                 token: acquired.token,
                                 fence: acquired.grant.fence.get(),
@@ -922,6 +946,14 @@ impl World {
             return self.redlock_reply(state, c, vote, purpose, attempt);
         }
         let reply = reply.expect("one node, and the resource, answer every call they run");
+        if purpose == Purpose::Renew {
+            let client = &mut state.clients[c];
+            if let Some(watch) = &mut client.watch {
+                watch.answered((!lost).then_some(&reply), now);
+                Self::holds_until(client, now);
+            }
+            return;
+        }
         let phase = std::mem::replace(&mut state.clients[c].phase, Phase::Idle);
         match (purpose, phase) {
             (
@@ -1094,6 +1126,35 @@ impl World {
         state.log.lapsed |= was_held.iter().zip(is_held).any(|(was, is)| *was && !is);
     }
 
+    /// Client `c`'s watchdog wakes: it sends the renewal of the lease, or finds it lost.
+    fn renew(&self, state: &mut State, c: usize) {
+        let now = state.now_ms;
+        let protocol = self.kinds[c].protocol(c);
+        let client = &mut state.clients[c];
+        let (Some(watch), Phase::Holding { token, .. } | Phase::Writing { token, .. }) =
+            (&mut client.watch, &client.phase)
+        else {
+            unreachable!("a holder's watchdog")
+        };
+        let key = client::keys(client::NAME).lock;
+        match watch.act(&key, &protocol.holder_id(token), now) {
+            Some(Acted::Renew(call)) => self.send(state, c, Purpose::Renew, call),
+            Some(Acted::Lost) => Self::holds_until(client, now),
+            None => {}
+        }
+    }
+
+    /// A renewing holder's lease ends where its watchdog says (by its own count; now,
+    /// once the loss signal fired).
+    fn holds_until(client: &mut Client, now: i64) {
+        let Some(watch) = &client.watch else { return };
+        let end = watch.until_ms(now);
+        if let Phase::Holding { until_ms, .. } | Phase::Writing { until_ms, .. } = &mut client.phase
+        {
+            *until_ms = end;
+        }
+    }
+
     /// The horizon: the clock stops here.
     fn horizon(&self) -> i64 {
         i64::from(self.ticks) * self.tick_ms
@@ -1106,7 +1167,7 @@ impl World {
             .iter()
             .filter_map(|c| match c.phase {
                 Phase::Asleep { until_ms, .. } => Some(until_ms),
-                _ => None,
+                _ => watchdog_due(c),
             })
             .filter(|t| *t > state.now_ms && *t < state.now_ms + self.tick_ms)
             .filter(|t| *t <= self.horizon())
@@ -1245,6 +1306,7 @@ impl Model for World {
                     named: 0,
                     handover: None,
                     seen: crate::redlock::connect(&who, 0),
+                    watch: None,
                 };
                 self.kinds.len()
             ],
@@ -1277,6 +1339,9 @@ impl Model for World {
                 Phase::Holding { wrote: true, .. } => actions.push(Action::Release(c)),
                 _ => {}
             }
+            if watchdog_due(client).is_some_and(|due| due <= state.now_ms) {
+                actions.push(Action::Renew(c));
+            }
             let alive = !matches!(client.phase, Phase::Crashed | Phase::Done);
             if self.faults.crash && state.faults_left > 0 && alive {
                 actions.push(Action::Crash(c));
@@ -1288,9 +1353,11 @@ impl Model for World {
             }
             match packet {
                 Packet::Call { .. } => actions.push(Action::Execute(at)),
-                Packet::Reply { .. } => {
+                Packet::Reply { purpose, .. } => {
                     actions.push(Action::Deliver(at));
-                    if self.faults.lost_reply && state.faults_left > 0 {
+                    let renewal = *purpose == Purpose::Renew;
+                    let lost = self.faults.lost_reply || (renewal && self.faults.lost_renewal);
+                    if lost && state.faults_left > 0 {
                         actions.push(Action::Lose(at));
                     }
                 }
@@ -1331,7 +1398,8 @@ impl Model for World {
         match action {
             Action::Acquire(c) => {
                 let client = &state.clients[c];
-                let mut engine = client::acquire(self.kinds[c], c, client.round, self.lease(), now);
+                let (kind, lease, renew) = (self.kinds[c], self.lease(), self.watchdog);
+                let mut engine = client::acquire_with(kind, c, client.round, lease, now, renew);
                 let command = engine.start(client::instant(now));
                 self.drive(&mut state, c, engine, command);
             }
@@ -1372,6 +1440,8 @@ impl Model for World {
                 let Phase::Holding { token, .. } = state.clients[c].phase.clone() else {
                     return None;
                 };
+                // The guard's release stops its renewal first.
+                state.clients[c].watch = None;
                 let protocol = self.kinds[c].protocol(c);
                 // Redlock raises every node's counter to the grant's token.
                 let Phase::Holding { fence, .. } = state.clients[c].phase else {
@@ -1398,7 +1468,9 @@ impl Model for World {
                 let client = &mut state.clients[c];
                 client.phase = Phase::Crashed;
                 client.listens = None;
+                client.watch = None;
             }
+            Action::Renew(c) => self.renew(&mut state, c),
             Action::Restart(i) => {
                 // Its clock goes on; its keys, run id and uptime start afresh.
                 state.faults_left -= 1;
@@ -1591,6 +1663,14 @@ pub fn max_wait(kind: Kind, server: &Server, call: &Call, reply: Option<&Reply>)
     }
 }
 
+/// When a holder's watchdog acts next (true ms), while it holds.
+fn watchdog_due(client: &Client) -> Option<i64> {
+    match client.phase {
+        Phase::Holding { .. } | Phase::Writing { .. } => client.watch.as_ref()?.due_ms(),
+        _ => None,
+    }
+}
+
 /// Whether every client still at work sleeps on a timer longer than a retry's, with no
 /// message or reply on its way and no wake waiting: nobody holds, so a release (or a
 /// deadlock) left them asleep until a lease bound.
@@ -1639,6 +1719,9 @@ pub fn describe(state: &State) -> String {
             "    client {i}: {:?} (round {}, wakes pending {}, handover {:?})",
             c.phase, c.round, c.pending, c.handover
         );
+        if let Some(watch) = &c.watch {
+            let _ = writeln!(out, "      its watchdog: {}", watch.describe());
+        }
     }
     for (i, node) in state.nodes.iter().enumerate() {
         let _ = writeln!(
