@@ -17,6 +17,10 @@
 //! ticks: every interleaving has it), a node restart that wipes its keyspace, a
 //! failover that loses the last writes (the node's data becomes its replica's, which
 //! copied it at the last `Replicate`).
+//!
+//! In a world that renews ([`World::watchdog`]), each holder's watchdog
+//! ([`crate::watchdog`]) is a timer too: it renews the lease, or finds it lost, when
+//! it acts, and the clock may run past it (the holder paused past its lease).
 
 use std::fmt::Write as _;
 use std::time::Duration;

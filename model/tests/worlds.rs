@@ -11,6 +11,8 @@
 //! the reentrant and multi-locks and the election one holder; Redlock over 3 nodes
 //! keeps one holder and rising tokens, a node restart included with restart protection,
 //! and its fenced resource (a store of its own) takes no lower token;
+//! holders renewed by the library's watchdog keep one holder through a lost renewal
+//! reply and a holder paused past its lease;
 //! a server restart, a failover and a Redlock node restart without restart protection
 //! break "one holder" (known, and documented); each control's mutated script is caught
 //! with a readable counterexample.
