@@ -53,7 +53,7 @@ pub enum Acted {
 impl Watch {
     /// The watchdog of a lease of `ttl` (fencing token `fence`, one holder at a time)
     /// from its `grant`, renewed to `ttl`, without a maximum hold, watched from `now_ms`
-    /// (the task's first look is at once, and finds nothing due).
+    /// (the task's first look is at once).
     pub fn new(ttl: Duration, fence: u64, grant: &Grant, now_ms: i64) -> Watch {
         let terms = Terms {
             ttl,
