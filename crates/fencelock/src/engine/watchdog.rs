@@ -125,6 +125,8 @@ struct Leases {
 pub(crate) struct Lease {
     key: String,
     token: String,
+    /// Its terms, fixed (also in `watched`, read here without the lock).
+    terms: Terms,
     watched: Mutex<Watched>,
     lost: CancellationToken,
     cause: OnceLock<LossCause>,
@@ -409,6 +411,7 @@ impl<R: Renewer> Watchdog<R> {
         let lease = Arc::new(Lease {
             key,
             token,
+            terms,
             watched: Mutex::new(watched),
             lost: CancellationToken::new(),
             cause: OnceLock::new(),
@@ -519,8 +522,8 @@ impl Lease {
         lock(&self.watched).valid_until()
     }
 
-    fn terms(&self) -> Terms {
-        *lock(&self.watched).terms()
+    fn terms(&self) -> &Terms {
+        &self.terms
     }
 
     /// Fires the loss signal with `cause` (the first cause sticks), and reports the loss
@@ -580,8 +583,7 @@ struct Applied {
 /// [`early_window`] (marked in flight), and when to look again (the next tick, a lease's
 /// loss deadline or renewal, whichever comes first; recorded as the next wake).
 fn plan(leases: &mut Leases, now: Instant) -> Plan {
-    let terms: Vec<Terms> = leases.by_id.values().map(|lease| lease.terms()).collect();
-    let tick = tick(&terms);
+    let tick = tick(leases.by_id.values().map(|lease| lease.terms()));
     let mut plan = Plan {
         lost: Vec::new(),
         due: Vec::new(),
@@ -771,7 +773,7 @@ async fn renew<R: Renewer>(inner: &Inner<R>, batch: Vec<Due>) {
     join_all(applied.gone_early.into_iter().map(|lease| async move {
         // Only a lock with one holder at a time is told broken from deleted: one
         // `inspect.lua` call, only on this loss path, bounded (then: deleted).
-        let terms = lease.terms();
+        let terms = *lease.terms();
         let counter = match terms.fence {
             Some(_) => tokio::time::timeout(WHY_GONE_WITHIN, inner.renewer.counter(&lease.key))
                 .await
