@@ -62,6 +62,9 @@ enum Cmd {
     /// Internal: the COMMAND of the CLI scenarios (run by `fencelock run`).
     #[command(hide = true)]
     Command(CommandArgs),
+    /// Prints the model checker's section of the report (docs/model.md's table), which
+    /// `scripts/model --docs` puts at the end of docs/safety.md.
+    ModelSection,
 }
 
 #[derive(clap::Args, Debug)]
@@ -116,6 +119,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Cmd::ModelSection => {
+            print!("{}", report::model_section());
+            ExitCode::SUCCESS
+        }
         Cmd::Run(args) => match run(&args) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,

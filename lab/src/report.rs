@@ -77,13 +77,11 @@ pub fn report(
          stream (replayed, not from the scripts' replies); **C6** after a holder is killed \
          or a fault heals, the next acquire comes within one TTL + 300 ms.\n"
     );
-    // The model checker's table lives in a file of its own: this report is rewritten
-    // whole at each run.
     let _ = writeln!(
         out,
         "Beside these samples, the model checker explores every interleaving of small \
-         worlds running the shipped scripts, with faults: its worlds, the states explored \
-         in each, its depth and time, and each control caught, are in [model.md](model.md).\n"
+         worlds running the shipped scripts, with faults: its table is at the end \
+         ([The model checker](#the-model-checker)).\n"
     );
     let _ = writeln!(
         out,
@@ -188,8 +186,31 @@ pub fn report(
         if ok { "PASS" } else { "FAIL" },
         took.as_secs_f64()
     );
+    out.push_str(&model_section());
     out
 }
+
+/// The model checker's table (docs/model.md's, as this build has it), for the report
+/// beside the lab's: the worlds, the states explored in each, and each control caught.
+pub fn model_section() -> String {
+    let table: Vec<&str> = MODEL_DOC
+        .lines()
+        .skip_while(|l| !l.starts_with("| world |"))
+        .take_while(|l| l.starts_with('|'))
+        .collect();
+    format!(
+        "\n## The model checker\n\n\
+         Beside these samples, `./scripts/model` explores every interleaving of small worlds \
+         running the shipped scripts, with faults ([model.md](model.md) says what each world \
+         holds, what the properties are and what is not modelled). Its worlds, the states \
+         explored in each (the quick run is the one CI makes), and each control caught:\n\n\
+         {}\n",
+        table.join("\n")
+    )
+}
+
+/// docs/model.md, where the model checker's runs are written up.
+const MODEL_DOC: &str = include_str!("../../docs/model.md");
 
 /// `N cores, MODEL` from /proc (best effort).
 fn machine() -> String {
@@ -201,4 +222,21 @@ fn machine() -> String {
         .map_or("unknown CPU", |(_, m)| m.trim());
     let cores = thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cores} cores, {model}")
+}
+
+#[cfg(test)]
+mod tests {
+    /// docs/safety.md is written by a long run of the lab, but the model's table in it
+    /// must be the one docs/model.md has now (`scripts/model --docs` copies it over).
+    #[test]
+    fn safety_md_has_the_model_checker_s_table_as_model_md_has_it() {
+        let safety = include_str!("../../docs/safety.md");
+        let section = super::model_section();
+        assert!(section.contains("| world |"), "docs/model.md has no table");
+        assert!(
+            safety.ends_with(&section),
+            "docs/safety.md must end with the model checker's section of docs/model.md: \
+             run ./scripts/model --docs"
+        );
+    }
 }

@@ -8,6 +8,7 @@ use stateright::{Checker, HasDiscoveries, Model};
 
 use crate::client::Kind;
 use crate::controls::{self, Control, ONE_HOLDER};
+use crate::first::First;
 use crate::scripts::Scripts;
 use crate::world::{self, World};
 
@@ -119,11 +120,30 @@ fn dead_head(name: &'static str, scripts: Scripts, crash: bool) -> World {
 /// waiter that queued at the start and was silent since (paused: its answer waits in
 /// the network); the clock runs one tick, to 600 ms. A release then must purge that
 /// head and hand the lock to the waiter behind it, alive as it called again since (3
-/// clients), or to nobody (2).
-fn release_purge(name: &'static str, scripts: Scripts, clients: usize) -> World {
+/// clients), or to nobody (2). With `crash`, a client may also crash (a head that stops
+/// calling for good; the server cannot tell it from the pause).
+fn release_purge(name: &'static str, scripts: Scripts, clients: usize, crash: bool) -> World {
     let fair = Kind::Fair(Duration::from_millis(600));
     let mut world = World::new(name, scripts, vec![fair; clients], 1);
     world.ticks = 1;
+    world.faults.crash = crash;
+    world.faults.budget = u8::from(crash);
+    world
+}
+
+/// The watchdog's world: 2 plain clients whose holders' leases are renewed by the
+/// library's watchdog ([`World::watchdog`]), over 2 ticks (1.2 s: a lease runs out
+/// unrenewed), with one lost reply: a renewal's (quick), or any (`every_reply`). A
+/// holder's watchdog wakes on a timer, which the clock may run past: a client paused
+/// past its lease (its renewal stalled, or sent and not yet run) is in every
+/// interleaving. (Over 3 ticks, with a lost renewal's reply only, it outgrew 7 GB.)
+fn renewing(name: &'static str, scripts: Scripts, every_reply: bool) -> World {
+    let mut world = World::new(name, scripts, vec![Kind::Plain; 2], 1);
+    world.watchdog = true;
+    world.faults.lost_renewal = true;
+    world.faults.lost_reply = every_reply;
+    world.faults.budget = 1;
+    world.ticks = 2;
     world
 }
 
@@ -211,6 +231,18 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         Entry {
             world: {
                 let mut world = plain(
+                    "plain lock; the server's clock runs 30 ms ahead (known not to hold)",
+                    shipped(),
+                    |_| {},
+                );
+                world.max_drift_ms = 30;
+                world
+            },
+            expect: Expect::Violated(ONE_HOLDER),
+        },
+        Entry {
+            world: {
+                let mut world = plain(
                     "plain lock; the server's clock steps forward a tick (known not to hold)",
                     shipped(),
                     |_| {},
@@ -221,6 +253,12 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             expect: Expect::Violated(ONE_HOLDER),
         },
         holds(of("fair lock, 2 clients", shipped(), &[Kind::FAIR; 2])),
+        // Three in line: one tick, so no lease runs out (2 ticks passed 16 GB in 4 minutes).
+        holds({
+            let mut three = of("fair lock, 3 clients", shipped(), &[Kind::FAIR; 3]);
+            three.ticks = 1;
+            three
+        }),
         // Quick: the head stops calling by a pause only (twice the states with a crash).
         holds(dead_head(
             "fair lock; a head of the queue that stops calling (crashed or paused)",
@@ -232,6 +270,13 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             "fair lock; a release behind a head of the queue that stopped calling",
             shipped(),
             if quick { 2 } else { 3 },
+            false,
+        )),
+        holds(release_purge(
+            "fair lock; a release behind a head of the queue that crashed",
+            shipped(),
+            if quick { 2 } else { 3 },
+            true,
         )),
         holds(semaphore),
         holds(of(
@@ -319,6 +364,17 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             ),
             expect: Expect::Violated(ONE_HOLDER),
         });
+        // The library gives up 1% of the lease and 2 ms to the clocks' drift: 12 ms of
+        // the worlds' 1 s lease (0.5 million states, 19 s: the full run only).
+        out.push(holds({
+            let mut world = plain(
+                "plain lock; the server's clock runs 12 ms ahead (the drift allowance)",
+                shipped(),
+                |_| {},
+            );
+            world.max_drift_ms = 12;
+            world
+        }));
         // The quick run checks restart protection with the fenced resource only: its
         // holders write before they release, so it checks every property of the world
         // without, and the resource's.
@@ -365,6 +421,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
         world: plain(control.name, mutated(&control), |_| {}),
         expect: Expect::Violated(control.caught_by),
     });
+    let control = controls::MULTI_REFUSAL_OVERSTATES_THE_LEASE;
+    out.push(Entry {
+        world: of(control.name, mutated(&control), &[Kind::Multi; 2]),
+        expect: Expect::Violated(control.caught_by),
+    });
     let control = controls::CAMPAIGN_WITHOUT_NX;
     out.push(Entry {
         world: of(control.name, mutated(&control), &[Kind::Election; 2]),
@@ -391,9 +452,18 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     });
     let control = controls::FAIR_RELEASE_KEEPS_DEAD_HEAD;
     out.push(Entry {
-        world: release_purge(control.name, mutated(&control), 2),
+        world: release_purge(control.name, mutated(&control), 2, false),
         expect: Expect::Violated(control.caught_by),
     });
+    if !quick {
+        // With a live waiter behind the dead head, which the release must hand the lock.
+        let mut world = release_purge(control.name, mutated(&control), 3, false);
+        world.name = "a fair release that never purges a dead head (3 clients)";
+        out.push(Entry {
+            world,
+            expect: Expect::Violated(control.caught_by),
+        });
+    }
     // The fallback bound in Redlock: the pause comes from the majority's refusals.
     let control = controls::REFUSAL_OVERSTATES_THE_LEASE;
     let mut world = World::redlock(
@@ -429,6 +499,17 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             expect: Expect::Violated(control.caught_by),
         });
     }
+    // Quick: a renewal's reply lost (0.45 million states); full: any reply (1.5 million).
+    out.push(holds(renewing(
+        "plain lock, renewed by the watchdog; a lost reply, a holder paused past its lease",
+        shipped(),
+        !quick,
+    )));
+    let control = controls::RENEW_WITHOUT_OWNER_CHECK;
+    out.push(Entry {
+        world: renewing(control.name, mutated(&control), false),
+        expect: Expect::Violated(control.caught_by),
+    });
     let control = controls::SEMAPHORE_FAST_PATH_ONE_TOO_MANY;
     let mut permits = of(control.name, mutated(&control), &[Kind::Semaphore(2); 3]);
     permits.max_holders = 2;
@@ -455,11 +536,11 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
     out
 }
 
-/// Checks one world, breadth first. The path kept to a violation is the last one the
-/// search met before it stopped, not always a shortest (see docs/model.md).
+/// Checks one world, breadth first. The path kept to a violation is the first one the
+/// search met ([`First`]): with one thread, a shortest.
 pub fn check(entry: &Entry, threads: usize) -> Outcome {
     let started = Instant::now();
-    let mut checker = entry.world.clone().checker().threads(threads);
+    let mut checker = First::new(entry.world.clone()).checker().threads(threads);
     if let Expect::Violated(property) = entry.expect {
         // Its counterexample found, the rest can wait.
         checker = checker.finish_when(HasDiscoveries::AnyOf([property].into()));

@@ -111,13 +111,28 @@ pub fn token(client: usize, round: u8) -> HolderToken {
 }
 
 /// A new acquire by `client` of its `round`, asked for at `now_ms`: it waits for ever,
-/// with the library's default retry schedule and a fixed seed for its jitter.
+/// with the library's default retry schedule and a fixed seed for its jitter. Its lease
+/// is not renewed.
 pub fn acquire(
     kind: Kind,
     client: usize,
     round: u8,
     lease: Duration,
     now_ms: i64,
+) -> Acquiring<'static> {
+    acquire_with(kind, client, round, lease, now_ms, false)
+}
+
+/// As [`acquire`]; `renew`: the holder's lease will be renewed by the watchdog
+/// ([`crate::watchdog`]), so a fair handover's shorter lease is taken too (the
+/// watchdog renews it to the lease asked for).
+pub fn acquire_with(
+    kind: Kind,
+    client: usize,
+    round: u8,
+    lease: Duration,
+    now_ms: i64,
+    renew: bool,
 ) -> Acquiring<'static> {
     let request = Request {
         name: NAME,
@@ -128,8 +143,8 @@ pub fn acquire(
         retry: Retry::default(),
         info: "",
         replicas: 0,
-        // The model runs no watchdog: a handover's lease is taken only if it is whole.
-        renew: false,
+        // Without a watchdog, a handover's lease is taken only if it is whole.
+        renew,
     };
     Acquiring::new(
         request,

@@ -250,3 +250,28 @@ pub const REFUSAL_OVERSTATES_THE_LEASE: Control = Control {
     }],
     caught_by: crate::world::FALLBACK_BOUND,
 };
+
+/// The same for several locks at once: `multi_acquire.lua`'s refusal names the held
+/// name's place and reports its PTTL and 3 s more.
+pub const MULTI_REFUSAL_OVERSTATES_THE_LEASE: Control = Control {
+    name: "a multi-lock refusal that reports 3 s more than the lease",
+    patches: &[Patch {
+        script: "lock/multi_acquire.lua",
+        find: "    return reply(7, pttl, i + 1)",
+        replace: "    return reply(7, pttl + 3000, i + 1)",
+    }],
+    caught_by: crate::world::FALLBACK_BOUND,
+};
+
+/// A renewal without the owner check (`renew.lua`, through `renew_lease`): it extends
+/// the lock key whoever holds it, so a holder whose renewal reaches the server after
+/// its lease ran out and another took the lock is told its lease was renewed.
+pub const RENEW_WITHOUT_OWNER_CHECK: Control = Control {
+    name: "a renewal without the owner check (renew.lua)",
+    patches: &[Patch {
+        script: "lock/renew.lua",
+        find: "elseif (kind == 'plain' or kind == 'reentrant') and found == holder then",
+        replace: "elseif kind == 'plain' or kind == 'reentrant' then",
+    }],
+    caught_by: ONE_HOLDER,
+};

@@ -17,6 +17,10 @@
 //! ticks: every interleaving has it), a node restart that wipes its keyspace, a
 //! failover that loses the last writes (the node's data becomes its replica's, which
 //! copied it at the last `Replicate`).
+//!
+//! In a world that renews ([`World::watchdog`]), each holder's watchdog
+//! ([`crate::watchdog`]) is a timer too: it renews the lease, or finds it lost, when
+//! it acts, and the clock may run past it (the holder paused past its lease).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -31,6 +35,7 @@ use crate::client::{self, Call, Kind};
 use crate::keyspace::{Bytes, Entry, Published, Reply, Server, Value};
 use crate::redlock::Vote;
 use crate::scripts::Scripts;
+use crate::watchdog::{Acted, Watch};
 
 /// The world's start: the servers' clocks read this (µs since the epoch).
 const EPOCH_US: i64 = 1_800_000_000_000_000;
@@ -48,6 +53,8 @@ const REDLOCK_UPTIME_US: i64 = 60_000_000;
 pub struct Faults {
     /// A reply lost on its way back.
     pub lost_reply: bool,
+    /// A renewal's reply lost on its way back (the other replies arrive).
+    pub lost_renewal: bool,
     /// A release message lost.
     pub lost_message: bool,
     /// A client crash.
@@ -65,7 +72,8 @@ pub struct Faults {
 
 impl Faults {
     /// Whether a fault may leave a waiter asleep with nothing in flight for a while
-    /// (it then waits for its timer, by design).
+    /// (it then waits for its timer, by design). A renewal's lost reply does not: at
+    /// worst its holder's lease runs out, which excuses its waiters' sleep.
     fn delay_wakes(&self) -> bool {
         self.lost_reply || self.lost_message || self.crash || self.restart || self.failover
     }
@@ -88,7 +96,8 @@ pub struct World {
     pub tick_ms: i64,
     /// How many ticks at most: the clock stops at `ticks * tick_ms`.
     pub ticks: u8,
-    /// How far the node's clock may run ahead of the true time, ms (0: none).
+    /// How far the node's clock may run ahead of the true time, ms (0: none): it jumps
+    /// that far at once, at any point ([`Action::Drift`]).
     pub max_drift_ms: i64,
     /// Each client writes to the fenced resource while it holds the lock.
     pub fenced_writes: bool,
@@ -114,6 +123,9 @@ pub struct World {
     /// Redlock: one node's clock may jump ahead by this much, once (ms; 0: none): a
     /// clock that runs fast, its whole gain over a lease at one moment.
     pub skew_ms: i64,
+    /// The holders' leases are renewed by the library's watchdog ([`crate::watchdog`]):
+    /// a holder holds while its watchdog's lease runs and has not been lost.
+    pub watchdog: bool,
 }
 
 /// What a client is doing.
@@ -147,7 +159,8 @@ pub enum Phase {
         token: HolderToken,
         /// The fencing token.
         fence: u64,
-        /// The end of its lease, by its own count (true ms).
+        /// The end of its lease, by its own count (true ms): a renewing holder's moves
+        /// with its watchdog ([`crate::watchdog::Watch::until_ms`]).
         until_ms: i64,
         /// Its fenced write is done (or not wanted).
         wrote: bool,
@@ -186,6 +199,9 @@ pub struct Client {
     pub handover: Option<(u64, u64)>,
     /// Redlock: what it knows of each node (empty with one node).
     pub seen: Vec<crate::redlock::Seen>,
+    /// Its held lease's watchdog, in a world that renews ([`World::watchdog`]), from
+    /// its grant to its release.
+    pub watch: Option<crate::watchdog::Watch>,
 }
 
 /// What a call is for, which says what its reply does.
@@ -201,6 +217,8 @@ pub enum Purpose {
     Write,
     /// In the background: nobody waits for its reply.
     Background,
+    /// A holder's watchdog renews its lease.
+    Renew,
 }
 
 /// What travels between clients and nodes.
@@ -286,9 +304,12 @@ pub struct Log {
     pub accepted: Vec<u64>,
     /// A lease ran out before its release (in its holder's view, on the server, or
     /// before its grant's reply came): its waiters may then sleep until the lease's
-    /// bound, by design, as nobody releases. Or a fair script purged a waiter past its
-    /// deadline: nobody wakes it, and it calls again on its timer, by design.
+    /// bound, by design, as nobody releases.
     pub lapsed: bool,
+    /// The clients (a bit each) that a fair script found in line past their deadline
+    /// to call again: purged as dead, nobody wakes them, and each calls again on its
+    /// timer, by design. Only their own sleep is excused.
+    pub purged: u8,
     /// A fair attempt was turned away for the head of the queue (free, another's turn),
     /// or a fair release released, while that head's deadline to call again had passed
     /// (after the script): a dead head not purged.
@@ -338,7 +359,7 @@ pub enum Action {
     Tick,
     /// The clock moves to the soonest sleeper's timer, sooner than a tick.
     Elapse,
-    /// The node's clock runs ahead by a tick, within the drift bound.
+    /// The node's clock runs ahead, at once, by what is left of the drift bound.
     Drift,
     /// Fault: a client crashes.
     Crash(usize),
@@ -359,6 +380,8 @@ pub enum Action {
     /// The client's subscriber connects again to the node (after its restart) and
     /// subscribes again.
     Resubscribe(usize, usize),
+    /// A holder's watchdog wakes: it renews the lease, or finds it lost.
+    Renew(usize),
 }
 
 /// The node number of the fenced resource's server in calls and replies: a store of its
@@ -414,6 +437,7 @@ impl World {
             held_at_start: false,
             max_attempts: None,
             skew_ms: 0,
+            watchdog: false,
         }
     }
 
@@ -462,11 +486,11 @@ impl World {
         }
     }
 
-    /// Whether the world checks [`FALLBACK_BOUND`]: every world but the multi-lock's
-    /// (its refusal names one of its keys). Redlock's pause comes from several nodes'
-    /// answers: the soonest refusing lease's (see `World::redlock_verdict`).
+    /// Whether the world checks [`FALLBACK_BOUND`]: every world (Redlock's pause comes
+    /// from several nodes' answers: the soonest refusing lease's, see
+    /// `World::redlock_verdict`).
     pub fn checks_fallback(&self) -> bool {
-        !self.kinds.contains(&Kind::Multi)
+        true
     }
 
     fn lease(&self) -> Duration {
@@ -599,6 +623,10 @@ impl World {
                     client.handover = None;
                     match done.result {
                         Ok(acquired) => {
+                            let fence = acquired.grant.fence.get();
+                            client.watch = self
+                                .watchdog
+                                .then(|| Watch::new(self.lease(), fence, &acquired.grant, now));
                             client.phase = Phase::Holding {
                                 token: acquired.token,
                                 fence: acquired.grant.fence.get(),
@@ -698,8 +726,15 @@ impl World {
         let first_in_line = first_in_line(server, call.script);
         // A fair waiter past its deadline (paused that long) is purged as dead, and
         // nobody wakes it: it calls again on its timer, by design.
-        let purges = fair(call.script)
-            && FairQueue::read(server).is_some_and(|q| q.line.iter().any(|w| !q.live(w)));
+        let purges = if fair(call.script)
+            && let Some(q) = FairQueue::read(server)
+        {
+            (q.line.iter().filter(|w| !q.live(w)))
+                .map(|w| client_bit(w))
+                .fold(0, |bits, bit| bits | bit)
+        } else {
+            0
+        };
         let script = self.scripts.get(call.script);
         let reply = crate::lua::eval(server, script, &call.keys, &call.argv);
         server.subscribers.clear();
@@ -753,7 +788,7 @@ impl World {
         }
         let log = &mut state.log;
         log.dead_head |= dead_head;
-        log.lapsed |= purges;
+        log.purged |= purges;
         // A holder's acquire again ({2, fence}: the key held its token already, as a
         // handover left it) is no new grant, whoever is in line.
         let again = call.script == "lock/fair_acquire.lua"
@@ -813,8 +848,10 @@ impl World {
             self.redlock_reply(state, from, vote, purpose, attempt);
         } else if purpose != Purpose::Background {
             let refusal = purpose == Purpose::Attempt && refused(reply.as_ref());
-            let max_wait_ms = (refusal && self.checks_fallback())
-                .then(|| max_wait(self.kinds[from], &state.nodes[node].server, &call));
+            let max_wait_ms = (refusal && self.checks_fallback()).then(|| {
+                let server = &state.nodes[node].server;
+                max_wait(self.kinds[from], server, &call, reply.as_ref())
+            });
             state.net.push(Packet::Reply {
                 to: from,
                 node,
@@ -1024,6 +1061,14 @@ impl World {
             return self.redlock_reply(state, c, vote, purpose, attempt);
         }
         let reply = reply.expect("one node, and the resource, answer every call they run");
+        if purpose == Purpose::Renew {
+            let client = &mut state.clients[c];
+            if let Some(watch) = &mut client.watch {
+                watch.answered((!lost).then_some(&reply), now);
+                Self::holds_until(client, now);
+            }
+            return;
+        }
         let phase = std::mem::replace(&mut state.clients[c].phase, Phase::Idle);
         match (purpose, phase) {
             (
@@ -1196,6 +1241,35 @@ impl World {
         state.log.lapsed |= was_held.iter().zip(is_held).any(|(was, is)| *was && !is);
     }
 
+    /// Client `c`'s watchdog wakes: it sends the renewal of the lease, or finds it lost.
+    fn renew(&self, state: &mut State, c: usize) {
+        let now = state.now_ms;
+        let protocol = self.kinds[c].protocol(c);
+        let client = &mut state.clients[c];
+        let (Some(watch), Phase::Holding { token, .. } | Phase::Writing { token, .. }) =
+            (&mut client.watch, &client.phase)
+        else {
+            unreachable!("a holder's watchdog")
+        };
+        let key = client::keys(client::NAME).lock;
+        match watch.act(&key, &protocol.holder_id(token), now) {
+            Some(Acted::Renew(call)) => self.send(state, c, Purpose::Renew, call),
+            Some(Acted::Lost) => Self::holds_until(client, now),
+            None => {}
+        }
+    }
+
+    /// A renewing holder's lease ends where its watchdog says (by its own count; now,
+    /// once the loss signal fired).
+    fn holds_until(client: &mut Client, now: i64) {
+        let Some(watch) = &client.watch else { return };
+        let end = watch.until_ms(now);
+        if let Phase::Holding { until_ms, .. } | Phase::Writing { until_ms, .. } = &mut client.phase
+        {
+            *until_ms = end;
+        }
+    }
+
     /// The horizon: the clock stops here.
     fn horizon(&self) -> i64 {
         i64::from(self.ticks) * self.tick_ms
@@ -1208,7 +1282,7 @@ impl World {
             .iter()
             .filter_map(|c| match c.phase {
                 Phase::Asleep { until_ms, .. } => Some(until_ms),
-                _ => None,
+                _ => watchdog_due(c),
             })
             .filter(|t| *t > state.now_ms && *t < state.now_ms + self.tick_ms)
             .filter(|t| *t <= self.horizon())
@@ -1405,6 +1479,7 @@ impl Model for World {
                     named: 0,
                     handover: None,
                     seen: crate::redlock::connect(&who, 0),
+                    watch: None,
                 };
                 self.kinds.len()
             ],
@@ -1437,6 +1512,9 @@ impl Model for World {
                 Phase::Holding { wrote: true, .. } => actions.push(Action::Release(c)),
                 _ => {}
             }
+            if watchdog_due(client).is_some_and(|due| due <= state.now_ms) {
+                actions.push(Action::Renew(c));
+            }
             let alive = !matches!(client.phase, Phase::Crashed | Phase::Done);
             if self.faults.crash && state.faults_left > 0 && alive {
                 actions.push(Action::Crash(c));
@@ -1467,9 +1545,11 @@ impl Model for World {
                         actions.push(Action::ExecuteLate(at));
                     }
                 }
-                Packet::Reply { .. } => {
+                Packet::Reply { purpose, .. } => {
                     actions.push(Action::Deliver(at));
-                    if self.faults.lost_reply && state.faults_left > 0 {
+                    let renewal = *purpose == Purpose::Renew;
+                    let lost = self.faults.lost_reply || (renewal && self.faults.lost_renewal);
+                    if lost && state.faults_left > 0 {
                         actions.push(Action::Lose(at));
                     }
                 }
@@ -1501,7 +1581,7 @@ impl Model for World {
             actions.push(Action::Elapse);
         }
         let node = &state.nodes[0];
-        if node.drift_ms + self.tick_ms <= self.max_drift_ms {
+        if node.drift_ms < self.max_drift_ms {
             actions.push(Action::Drift);
         }
         if state.faults_left > 0 && self.faults.restart {
@@ -1523,7 +1603,8 @@ impl Model for World {
         match action {
             Action::Acquire(c) => {
                 let client = &state.clients[c];
-                let mut engine = client::acquire(self.kinds[c], c, client.round, self.lease(), now);
+                let (kind, lease, renew) = (self.kinds[c], self.lease(), self.watchdog);
+                let mut engine = client::acquire_with(kind, c, client.round, lease, now, renew);
                 let command = engine.start(client::instant(now));
                 self.drive(&mut state, c, engine, command);
             }
@@ -1574,6 +1655,8 @@ impl Model for World {
                 let Phase::Holding { token, .. } = state.clients[c].phase.clone() else {
                     return None;
                 };
+                // The guard's release stops its renewal first.
+                state.clients[c].watch = None;
                 let protocol = self.kinds[c].protocol(c);
                 // Redlock raises every node's counter to the grant's token.
                 let Phase::Holding { fence, .. } = state.clients[c].phase else {
@@ -1590,15 +1673,19 @@ impl Model for World {
                 Self::advance(&mut state, until - now);
             }
             Action::Drift => {
-                state.nodes[0].drift_ms += self.tick_ms;
-                state.nodes[0].server.advance_us(self.tick_ms * 1000);
+                let node = &mut state.nodes[0];
+                let step = self.max_drift_ms - node.drift_ms;
+                node.drift_ms += step;
+                node.server.advance_us(step * 1000);
             }
             Action::Crash(c) => {
                 state.faults_left -= 1;
                 let client = &mut state.clients[c];
                 client.phase = Phase::Crashed;
                 client.listens = None;
+                client.watch = None;
             }
+            Action::Renew(c) => self.renew(&mut state, c),
             Action::Restart(i) => {
                 // Its clock goes on; its keys, run id and uptime start afresh.
                 state.faults_left -= 1;
@@ -1682,7 +1769,7 @@ impl Model for World {
         }
         if !self.faults.delay_wakes() {
             out.push(Property::always(NO_LOST_WAKEUP, |_, state: &State| {
-                !stranded(state) || state.log.lapsed
+                !stranded(state) || state.log.lapsed || excused(state)
             }));
         }
         out
@@ -1761,7 +1848,7 @@ fn refused(reply: Option<&Reply>) -> bool {
 /// the lease in the way ends within a ms or never; for a fair waiter in line, at most
 /// a third of what is left to its own deadline to call again (the place it keeps),
 /// and only that when nothing holds the lock (another waiter's turn).
-pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
+pub fn max_wait(kind: Kind, server: &Server, call: &Call, reply: Option<&Reply>) -> i64 {
     let now = server.now_ms();
     // ms until the first finite score of a set (a permit's or a reader's lease end, a
     // waiting writer's deadline; a readers' mark scores +inf).
@@ -1771,8 +1858,24 @@ pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
         first.reduce(f64::min).map(|end| Some(end as i64 - now))
     };
     let key = |i: usize| call.keys.get(i).map_or(&[][..], Vec::as_slice);
+    // The lock key in the way: a multi-lock's refusal `{7, ms, place}` names the place
+    // of its name (from 1), whose keys come 3 to a name (4 when its client is listed).
+    let lock = match kind {
+        Kind::Multi => {
+            let place = reply
+                .and_then(Reply::as_array)
+                .and_then(|r| match r.get(2) {
+                    Some(Reply::Int(place)) => usize::try_from(*place).ok(),
+                    _ => None,
+                })
+                .unwrap_or(1);
+            let listed = call.argv.get(5).is_some_and(|tag| !tag.is_empty());
+            (place.saturating_sub(1)) * if listed { 4 } else { 3 }
+        }
+        _ => 0,
+    };
     // The lease in the way: Some(None) for a key without expiry.
-    let in_the_way: Option<Option<i64>> = match server.entry(key(0)) {
+    let in_the_way: Option<Option<i64>> = match server.entry(key(lock)) {
         Some(
             entry @ Entry {
                 value: Value::Str(_) | Value::Hash(_),
@@ -1780,7 +1883,7 @@ pub fn max_wait(kind: Kind, server: &Server, call: &Call) -> i64 {
             },
         ) => Some(entry.expires_ms.map(|end| end - now)),
         _ if kind == Kind::Read => first_end(key(2)),
-        Some(_) => first_end(key(0)),
+        Some(_) => first_end(key(lock)),
         None => None,
     };
     let lease = in_the_way.map(|left| match left {
@@ -1810,6 +1913,14 @@ fn lease_left(server: &Server, call: &Call) -> Option<i64> {
     Some(end - server.now_ms())
 }
 
+/// When a holder's watchdog acts next (true ms), while it holds.
+fn watchdog_due(client: &Client) -> Option<i64> {
+    match client.phase {
+        Phase::Holding { .. } | Phase::Writing { .. } => client.watch.as_ref()?.due_ms(),
+        _ => None,
+    }
+}
+
 /// Whether every client still at work sleeps on a timer longer than a retry's, with no
 /// message or reply on its way and no wake waiting: nobody holds, so a release (or a
 /// deadlock) left them asleep until a lease bound.
@@ -1826,6 +1937,27 @@ pub fn stranded(state: &State) -> bool {
     })
 }
 
+/// Whether every client asleep in a [`stranded`] state is one a fair script purged
+/// (`Log::purged`): it calls again on its timer, by design.
+fn excused(state: &State) -> bool {
+    (state.clients.iter().enumerate())
+        .filter(|(_, c)| matches!(c.phase, Phase::Asleep { .. }))
+        .all(|(i, _)| state.log.purged & (1 << i) != 0)
+}
+
+/// The bit of the client whose holder token is `token` (`c{client}r{round}`).
+fn client_bit(token: &[u8]) -> u8 {
+    let digits = token.get(1..).unwrap_or_default();
+    let end = digits
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len());
+    std::str::from_utf8(&digits[..end])
+        .ok()
+        .and_then(|d| d.parse::<u32>().ok())
+        .map_or(0, |c| 1u8.checked_shl(c).unwrap_or(0))
+}
+
 /// A state, readably: the clock, each client, each node's keys (with their TTLs), the
 /// resource's, and what is in flight.
 pub fn describe(state: &State) -> String {
@@ -1837,6 +1969,9 @@ pub fn describe(state: &State) -> String {
             "    client {i}: {:?} (round {}, wakes pending {}, handover {:?})",
             c.phase, c.round, c.pending, c.handover
         );
+        if let Some(watch) = &c.watch {
+            let _ = writeln!(out, "      its watchdog: {}", watch.describe());
+        }
     }
     for (i, node) in state.nodes.iter().enumerate() {
         let _ = writeln!(
@@ -1986,5 +2121,72 @@ fn explain(state: &State, action: &Action) -> String {
             format!("{verb} {}", packet(&state.net[*at]))
         }
         other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A multi-lock refused by its second name is bound by that name's lease, not the
+    /// first's (the world's clients always find the first held, so it is shown here).
+    #[test]
+    fn a_multi_lock_refusal_is_bound_by_the_name_it_names() {
+        let mut server = Server::new(EPOCH_US, "run");
+        let set = |server: &mut Server, key: &str, ms: &str| {
+            let args = ["SET", key, "holder", "PX", ms].map(|a| a.as_bytes().to_vec());
+            server.call(&args);
+        };
+        set(&mut server, "{x}", "900");
+        set(&mut server, "{y}", "300");
+        let bytes = |items: &[&str]| items.iter().map(|i| i.as_bytes().to_vec()).collect();
+        let call = |listed: bool| Call {
+            script: "lock/multi_acquire.lua",
+            keys: if listed {
+                bytes(&[
+                    "{x}",
+                    "{x}:fence",
+                    "{x}:holder",
+                    "{x}:wakes",
+                    "{y}",
+                    "{y}:fence",
+                ])
+            } else {
+                bytes(&[
+                    "{x}",
+                    "{x}:fence",
+                    "{x}:holder",
+                    "{y}",
+                    "{y}:fence",
+                    "{y}:holder",
+                ])
+            },
+            argv: bytes(&["t", "1000", "0", "", "0", if listed { "c1" } else { "" }]),
+        };
+        let refused_at =
+            |place: i64| Reply::Array(Some(vec![Reply::Int(7), Reply::Int(0), Reply::Int(place)]));
+        for listed in [false, true] {
+            let wait = |place| {
+                max_wait(
+                    Kind::Multi,
+                    &server,
+                    &call(listed),
+                    Some(&refused_at(place)),
+                )
+            };
+            assert_eq!(wait(1), 901, "listed: {listed}");
+            assert_eq!(wait(2), 301, "listed: {listed}");
+        }
+    }
+
+    #[test]
+    fn a_purged_waiter_is_known_by_its_token() {
+        assert_eq!(client_bit(b"c0r0"), 1);
+        assert_eq!(client_bit(b"c2r1"), 4);
+        assert_eq!(client_bit(b"c7r0"), 128);
+        // Not a client's token: excuses nobody.
+        assert_eq!(client_bit(b"c9r0"), 0);
+        assert_eq!(client_bit(b"x"), 0);
+        assert_eq!(client_bit(b""), 0);
     }
 }

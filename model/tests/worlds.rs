@@ -13,9 +13,10 @@
 //! a late or slow answer, lost release messages, and its fenced resource (a store of
 //! its own) takes no lower token; no Redlock node keeps a failed attempt's grant (a
 //! late one's included), and no refused Redlock waiter sleeps past the soonest refusing
-//! lease; a server restart, a failover, a Redlock node restart without restart
-//! protection and a clock step on a Redlock node break "one holder" (known, and
-//! documented); each control's mutated script is caught
+//! lease; holders renewed by the library's watchdog keep one holder through a lost
+//! renewal reply and a holder paused past its lease; a server restart, a failover, a
+//! Redlock node restart without restart protection and a clock step on a Redlock node
+//! break "one holder" (known, and documented); each control's mutated script is caught
 //! with a readable counterexample.
 
 use model::catalogue::{self, Expect};

@@ -669,7 +669,7 @@ impl fmt::Display for UnavailableReason {
 }
 
 /// What happened to a lease that was lost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LossCause {
     /// The key was gone and the lease had run out by the local clock: it expired (the

@@ -14,6 +14,12 @@
 //! [`Voter::observe`] updates), with the holder tokens and the retry jitter it chooses
 //! ([`holder_token`], the seed of [`Acquiring::new`]).
 //!
+//! The watchdog's decisions for one held lease, on a value the model keeps in its state
+//! ([`Watched`], from the lease's [`Terms`] and its grant): when it is lost or due for
+//! renewal ([`Watched::look`], on the watchdog's [`tick`]), the renewal's call
+//! ([`renew`], one lease), what the node's answer came to ([`decode_renewed`],
+//! [`Quorum::renewal`]) and what that does to the lease ([`Watched::answered`]).
+//!
 //! One acquire by hand, as the driver (`engine/driver.rs`) does it:
 //!
 //! ```
@@ -64,6 +70,7 @@ pub use crate::engine::acquire::{
 };
 pub use crate::engine::protocol::{Acquire, Listed, Protocol, Release, Undo, Waiting, Wake};
 pub use crate::engine::retry::Retry;
+pub use crate::engine::watchdog::{Answered, Look, Renewal, Terms, Watched, tick};
 pub use crate::engine::{Grant, Outcome, Refusal, drift, lease_end};
 pub use crate::keys::LockKeys;
 pub use crate::observe::{ModeLabel, WokenBy};
@@ -86,6 +93,12 @@ pub fn call_parts(call: &Call) -> CallParts<'_> {
 
 /// An acquire script's reply decoded, as the nodes' connections decode it.
 pub fn decode_acquire(reply: redis::Value) -> Result<AcquireReply, redis::ParsingError> {
+    redis::FromRedisValue::from_redis_value(reply)
+}
+
+/// `renew.lua`'s reply decoded, as a node's connection decodes it: what the node said
+/// of each lease of the batch.
+pub fn decode_renewed(reply: redis::Value) -> Result<Renewed, redis::ParsingError> {
     redis::FromRedisValue::from_redis_value(reply)
 }
 

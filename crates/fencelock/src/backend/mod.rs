@@ -713,21 +713,7 @@ impl Backend {
             .enumerate()
             .map(|(i, (_, _, ttl))| {
                 let owned = answers.iter().map(|a| a.get(i).copied().flatten());
-                match self
-                    .quorum
-                    .confirm(&self.nodes, owned, self.quorum.needed())
-                {
-                    Confirmation::Confirmed => {
-                        let valid_until = lease_end(sent_at, *ttl);
-                        if valid_until > now {
-                            Renewal::Renewed { valid_until }
-                        } else {
-                            Renewal::Unknown
-                        }
-                    }
-                    Confirmation::Lost(cause) => Renewal::Lost(cause),
-                    Confirmation::Unknown => Renewal::Unknown,
-                }
+                self.quorum.renewal(&self.nodes, owned, sent_at, *ttl, now)
             })
             .collect()
     }

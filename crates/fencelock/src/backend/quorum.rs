@@ -36,6 +36,7 @@
 use std::time::{Duration, Instant};
 
 use super::node::{Health, Node};
+use crate::engine::watchdog::Renewal;
 use crate::engine::{Grant, Outcome, Refusal, lease_end};
 use crate::error::{Blocker, Error, LossCause, NodeOutcome, NodeReport, UnavailableReason};
 use crate::scripts::replies::{AcquireReply, Answer, Owned};
@@ -276,6 +277,33 @@ impl Quorum {
             })
         } else {
             Confirmation::Unknown
+        }
+    }
+
+    /// What one lease's renewal to `ttl`, sent at `sent_at`, came to at `now`, from what
+    /// the nodes answered for it (one per node, `None` where a node did not answer in
+    /// time): renewed when a majority confirmed it and its new end ([`lease_end`]) is
+    /// still ahead; lost when so many said it is not held that no majority can hold it;
+    /// else no verdict.
+    pub fn renewal(
+        &self,
+        nodes: &[impl Voter],
+        answers: impl IntoIterator<Item = Option<Owned>>,
+        sent_at: Instant,
+        ttl: Duration,
+        now: Instant,
+    ) -> Renewal {
+        match self.confirm(nodes, answers, self.needed()) {
+            Confirmation::Confirmed => {
+                let valid_until = lease_end(sent_at, ttl);
+                if valid_until > now {
+                    Renewal::Renewed { valid_until }
+                } else {
+                    Renewal::Unknown
+                }
+            }
+            Confirmation::Lost(cause) => Renewal::Lost(cause),
+            Confirmation::Unknown => Renewal::Unknown,
         }
     }
 

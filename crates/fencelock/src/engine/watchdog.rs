@@ -28,9 +28,12 @@
 //! chose (a new lease, such as one capped by a short maximum hold, or an extend to a
 //! shorter TTL) wakes it at once, so no deadline waits for a tick.
 //!
-//! As the acquire engine, it decides without I/O: [`plan`] says at a given time which
-//! leases are lost, which fall due and when to look again; [`apply`] turns a batch's
-//! renewals into the leases' new ends and losses; [`why_gone`] names the loss of a key
+//! As the acquire engine, it decides without I/O, lease by lease, on a plain value
+//! ([`Watched`]: the lease's [`Terms`] and where it stands, which the model checker
+//! keeps too): [`Watched::look`] says at a given time whether a lease is lost, due for
+//! renewal, or when to look again, and [`plan`] gathers that over the table;
+//! [`Watched::answered`] turns a renewal's answer into the lease's new end or its loss,
+//! and [`apply`] does so for a batch; [`Terms::why_gone`] names the loss of a key
 //! found gone early. The task around them sends the batches through a [`Renewer`] (the
 //! backend, or the tests' fake under paused time) on the engine's clock.
 
@@ -69,11 +72,15 @@ pub(crate) trait Renewer: Send + Sync + 'static {
     fn node_count(&self) -> usize;
 }
 
-/// What a renewal batch did for one lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Renewal {
+/// What a renewal batch did for one lease (the backend's verdict:
+/// [`Quorum::renewal`](crate::backend::quorum::Quorum::renewal)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Renewal {
     /// Confirmed with time to spare: the lease now lasts until then.
-    Renewed { valid_until: Instant },
+    Renewed {
+        /// Its new end, by the local clock.
+        valid_until: Instant,
+    },
     /// It is gone.
     Lost(LossCause),
     /// No verdict this time (too few answers, or too late): retry.
@@ -118,21 +125,37 @@ struct Leases {
 pub(crate) struct Lease {
     key: String,
     token: String,
-    /// The grant's fencing token, for a lock with one holder at a time (plain, fair,
-    /// reentrant): a key found gone early is told broken from deleted by the counter
-    /// (see [`why_gone`]). `None` for a permit or a reader, whose counter others move.
-    fence: Option<u64>,
-    ttl: Duration,
-    /// `false` for a fixed lease: watched for expiry, never renewed.
-    renew: bool,
-    /// Renewals stop here (the maximum hold); the lease then runs out.
-    hold_until: Option<Instant>,
-    state: Mutex<State>,
+    /// Its terms, fixed (also in `watched`, read here without the lock).
+    terms: Terms,
+    watched: Mutex<Watched>,
     lost: CancellationToken,
     cause: OnceLock<LossCause>,
 }
 
-struct State {
+/// What the watchdog decides a lease by, fixed when it is granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Terms {
+    /// The lease each renewal asks for.
+    pub ttl: Duration,
+    /// `false` for a fixed lease: watched for expiry, never renewed.
+    pub renew: bool,
+    /// Renewals stop here (the maximum hold); the lease then runs out.
+    pub hold_until: Option<Instant>,
+    /// The grant's fencing token, for a lock with one holder at a time (plain, fair,
+    /// reentrant): a key found gone early is told broken from deleted by the counter
+    /// (see [`Terms::why_gone`]). `None` for a permit or a reader, whose counter others
+    /// move.
+    pub fence: Option<u64>,
+}
+
+/// One lease as the watchdog sees it: its [`Terms`] and where it stands, a plain value.
+/// The watchdog's task decides every lease by it ([`Watched::look`] at a given time,
+/// [`Watched::answered`] for a renewal's answer), each behind its lease's mutex; the
+/// model checker keeps a copy in its state and runs the same decisions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Watched {
+    terms: Terms,
+    /// When the lease ends, by the local clock: only a confirmed renewal moves it on.
     valid_until: Instant,
     /// The TTL of the grant that set `valid_until` (the acquire, a renewal, an extend):
     /// the loss margin is a tenth of it, since that is the lease the key really has.
@@ -141,13 +164,83 @@ struct State {
     capped: bool,
     /// When the next renewal is due.
     next_renewal: Instant,
+    /// A renewal was sent and not answered yet.
     in_flight: bool,
 }
 
-impl State {
+/// What the watchdog does about one lease at a given time ([`Watched::look`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Look {
+    /// It is lost, and why.
+    Lost(LossCause),
+    /// Renew it now, to `ttl` (`capped`: shortened to end at the maximum hold); it is
+    /// marked in flight until [`Watched::answered`]. Look again by `wake` (its loss
+    /// deadline).
+    Renew {
+        /// The TTL the renewal asks for.
+        ttl: Duration,
+        /// Whether that TTL was shortened to end at the maximum hold.
+        capped: bool,
+        /// When to look again at the latest.
+        wake: Instant,
+    },
+    /// Nothing to do now: look again by then (its loss deadline, or its renewal).
+    Wait(Instant),
+}
+
+/// What a renewal's answer did to a lease ([`Watched::answered`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Answered {
+    /// Still held: renewed, or no verdict this time (the next tick retries).
+    Kept,
+    /// Lost, and why.
+    Lost(LossCause),
+    /// Its key was gone while its lease still ran (by the local clock, so not an
+    /// expiry): [`Terms::why_gone`] tells the cause from the fencing counter.
+    GoneEarly,
+}
+
+impl Watched {
+    /// A lease of `terms` watched from its `grant` (whose TTL was shortened to end at the
+    /// maximum hold if `capped`): its first renewal is due a third of the lease after
+    /// the grant's request was sent.
+    pub fn new(terms: Terms, grant: &Grant, capped: bool) -> Self {
+        let mut watched = Self {
+            terms,
+            valid_until: grant.valid_until,
+            granted: grant.ttl,
+            capped,
+            next_renewal: grant.sent_at,
+            in_flight: false,
+        };
+        watched.extended(grant, capped);
+        watched
+    }
+
+    /// Its terms.
+    pub fn terms(&self) -> &Terms {
+        &self.terms
+    }
+
+    /// When the lease ends, by the local clock (a guard's `valid_until()`).
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// Records an extend that Redis confirmed (`capped`: its TTL was shortened to end at
+    /// the maximum hold): the lease ends at the extend's end, the loss margin follows
+    /// the extend's TTL, and a renewed lease is renewed again to its own length within
+    /// a third of the extend's TTL.
+    pub fn extended(&mut self, grant: &Grant, capped: bool) {
+        self.valid_until = grant.valid_until;
+        self.granted = grant.ttl;
+        self.capped = capped;
+        self.next_renewal = grant.sent_at + self.terms.ttl.min(grant.ttl) / 3;
+    }
+
     /// When to give up on the lease if no renewal is confirmed first: a little before
     /// `valid_until`, so the holder can stop before the lease really ends.
-    fn loss_deadline(&self) -> Instant {
+    pub fn loss_deadline(&self) -> Instant {
         let margin = (self.granted / 10).min(Duration::from_secs(1));
         self.valid_until
             .checked_sub(margin)
@@ -155,14 +248,117 @@ impl State {
     }
 
     /// The earliest moment the watchdog must look at this lease.
-    fn first_event(&self, renew: bool) -> Instant {
+    fn first_event(&self) -> Instant {
         let loss = self.loss_deadline();
-        if renew {
+        if self.terms.renew {
             loss.min(self.next_renewal)
         } else {
             loss
         }
     }
+
+    /// At `now`, on the watchdog's `tick` ([`tick`]): lost past its loss deadline; due
+    /// for renewal within half a tick of its renewal time (and then marked in
+    /// flight); else when to look again.
+    pub fn look(&mut self, now: Instant, tick: Duration) -> Look {
+        let give_up = self.loss_deadline();
+        if now >= give_up {
+            let cause = if self.capped {
+                // Granted right up to the maximum hold: it ran out as asked.
+                LossCause::MaxHold
+            } else if !self.terms.renew {
+                LossCause::Expired
+            } else {
+                LossCause::Unconfirmed
+            };
+            return Look::Lost(cause);
+        }
+        if !self.terms.renew || self.in_flight {
+            return Look::Wait(give_up);
+        }
+        if self.next_renewal > now + early_window(tick) {
+            return Look::Wait(give_up.min(self.next_renewal));
+        }
+        match self.terms.capped_ttl(self.terms.ttl, now) {
+            Some((ttl, capped)) => {
+                self.in_flight = true;
+                Look::Renew {
+                    ttl,
+                    capped,
+                    wake: give_up,
+                }
+            }
+            None => Look::Wait(give_up),
+        }
+    }
+
+    /// Applies the answer to its renewal to `ttl` (`capped` as [`Look::Renew`] said), sent
+    /// at `sent_at` and answered at `now`: a renewed lease ends later and is renewed
+    /// again a third of its lease after the send; a lease the nodes said is gone is
+    /// lost, unless its key was gone while its lease still ran; no verdict leaves it to
+    /// the next tick.
+    pub fn answered(
+        &mut self,
+        ttl: Duration,
+        capped: bool,
+        renewal: Renewal,
+        sent_at: Instant,
+        now: Instant,
+    ) -> Answered {
+        self.in_flight = false;
+        match renewal {
+            Renewal::Renewed { valid_until } => {
+                if valid_until > self.valid_until {
+                    self.valid_until = valid_until;
+                    self.granted = ttl;
+                    self.capped = capped;
+                }
+                self.next_renewal = sent_at + self.terms.ttl / 3;
+                Answered::Kept
+            }
+            Renewal::Lost(LossCause::Expired) if now < self.valid_until => Answered::GoneEarly,
+            Renewal::Lost(cause) => Answered::Lost(cause),
+            Renewal::Unknown => Answered::Kept,
+        }
+    }
+}
+
+impl Terms {
+    /// `ttl`, shortened to end at the maximum hold (then `true`), in whole milliseconds;
+    /// `None` once the maximum hold is reached.
+    pub fn capped_ttl(&self, ttl: Duration, now: Instant) -> Option<(Duration, bool)> {
+        let (ttl, capped) = match self.hold_until {
+            Some(end) => {
+                let left = end.saturating_duration_since(now);
+                (ttl.min(left), left <= ttl)
+            }
+            None => (ttl, false),
+        };
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        (ttl >= Duration::from_millis(1)).then_some((ttl, capped))
+    }
+
+    /// Why the key of a lease was gone while its lease still ran (by the local clock, so
+    /// not an expiry), from the fencing `counter` a node reported: [`LossCause::Broken`]
+    /// when it moved past the lease's token (a break burns one; no grant can have
+    /// followed, since the key is absent), else [`LossCause::Deleted`].
+    pub fn why_gone(&self, counter: Option<u64>) -> LossCause {
+        match (self.fence, counter) {
+            (Some(fence), Some(counter)) if counter > fence => LossCause::Broken,
+            _ => LossCause::Deleted,
+        }
+    }
+}
+
+/// The watchdog's tick for leases of these terms: a sixth of the shortest renewed
+/// lease (10 s when none is renewed), at least 5 ms.
+pub fn tick<'a>(leases: impl IntoIterator<Item = &'a Terms>) -> Duration {
+    leases
+        .into_iter()
+        .filter(|terms| terms.renew)
+        .map(|terms| terms.ttl / 6)
+        .fold(Duration::from_secs(10), Duration::min)
+        .max(Duration::from_millis(5))
 }
 
 /// Keeps a lease watched; dropping it stops the watch at once.
@@ -204,26 +400,24 @@ impl<R: Renewer> Watchdog<R> {
         grant: &Grant,
         capped: bool,
     ) -> Registration {
-        let lease = Arc::new(Lease {
-            key,
-            token,
-            fence: exclusive.then_some(grant.fence.get()),
+        let terms = Terms {
             ttl,
             renew,
             hold_until,
-            state: Mutex::new(State {
-                valid_until: grant.valid_until,
-                granted: grant.ttl,
-                capped,
-                next_renewal: grant.sent_at + ttl.min(grant.ttl) / 3,
-                in_flight: false,
-            }),
+            fence: exclusive.then_some(grant.fence.get()),
+        };
+        let watched = Watched::new(terms, grant, capped);
+        let first_event = watched.first_event();
+        let lease = Arc::new(Lease {
+            key,
+            token,
+            terms,
+            watched: Mutex::new(watched),
             lost: CancellationToken::new(),
             cause: OnceLock::new(),
         });
         let table = &self.inner.table;
         let id = table.next_id.fetch_add(1, Ordering::Relaxed);
-        let first_event = lock(&lease.state).first_event(renew);
         let mut leases = lock(&table.leases);
         leases.by_id.insert(id, lease.clone());
         if leases.task.as_ref().is_none_or(|t| t.is_finished()) {
@@ -268,17 +462,17 @@ impl Registration {
 
     /// The lease each renewal asks for.
     pub fn ttl(&self) -> Duration {
-        self.lease.ttl
+        self.lease.terms().ttl
     }
 
     /// Whether the watchdog renews it (false: a fixed lease).
     pub fn renews(&self) -> bool {
-        self.lease.renew
+        self.lease.terms().renew
     }
 
     /// The maximum hold's end, if there is one.
     pub fn hold_until(&self) -> Option<Instant> {
-        self.lease.hold_until
+        self.lease.terms().hold_until
     }
 
     /// Records an extend that Redis confirmed (a manual one; `capped`: its TTL was
@@ -287,12 +481,9 @@ impl Registration {
     /// extend's TTL: the watchdog is woken if that comes before its next wake.
     pub fn extended(&self, grant: &Grant, capped: bool) {
         let first_event = {
-            let mut st = lock(&self.lease.state);
-            st.valid_until = grant.valid_until;
-            st.granted = grant.ttl;
-            st.capped = capped;
-            st.next_renewal = grant.sent_at + self.lease.ttl.min(grant.ttl) / 3;
-            st.first_event(self.lease.renew)
+            let mut watched = lock(&self.lease.watched);
+            watched.extended(grant, capped);
+            watched.first_event()
         };
         if let Some(table) = self.table.upgrade() {
             table.wake_before(&lock(&table.leases), first_event);
@@ -306,11 +497,12 @@ impl Registration {
 
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let watched = *lock(&self.lease.watched);
         f.debug_struct("Lease")
             .field("key", &self.lease.key)
-            .field("ttl", &self.lease.ttl)
-            .field("renew", &self.lease.renew)
-            .field("valid_until", &self.lease.valid_until())
+            .field("ttl", &watched.terms.ttl)
+            .field("renew", &watched.terms.renew)
+            .field("valid_until", &watched.valid_until)
             .field("lost", &self.lease.cause())
             .finish()
     }
@@ -327,7 +519,11 @@ impl Drop for Registration {
 
 impl Lease {
     pub fn valid_until(&self) -> Instant {
-        lock(&self.state).valid_until
+        lock(&self.watched).valid_until()
+    }
+
+    fn terms(&self) -> &Terms {
+        &self.terms
     }
 
     /// Fires the loss signal with `cause` (the first cause sticks), and reports the loss
@@ -352,24 +548,10 @@ impl Lease {
         self.lost.clone()
     }
 
-    /// The TTL the next renewal asks for, and whether it was shortened to end at the
-    /// maximum hold; `None` if the lease must not be renewed any more.
-    fn renewal_ttl(&self, now: Instant) -> Option<(Duration, bool)> {
-        self.capped_ttl(self.ttl, now)
-    }
-
     /// `ttl`, shortened to end at the maximum hold (then `true`), in whole milliseconds;
-    /// `None` once the maximum hold is reached.
+    /// `None` once the maximum hold is reached ([`Terms::capped_ttl`]).
     pub fn capped_ttl(&self, ttl: Duration, now: Instant) -> Option<(Duration, bool)> {
-        let (ttl, capped) = match self.hold_until {
-            Some(end) => {
-                let left = end.saturating_duration_since(now);
-                (ttl.min(left), left <= ttl)
-            }
-            None => (ttl, false),
-        };
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
-        (ttl >= Duration::from_millis(1)).then_some((ttl, capped))
+        self.terms().capped_ttl(ttl, now)
     }
 }
 
@@ -392,7 +574,7 @@ struct Plan {
 struct Applied {
     /// The leases lost, and why.
     lost: Vec<(Arc<Lease>, LossCause)>,
-    /// The leases whose key was gone while their lease still ran: [`why_gone`] tells
+    /// The leases whose key was gone while their lease still ran: [`Terms::why_gone`] tells
     /// their cause.
     gone_early: Vec<Arc<Lease>>,
 }
@@ -401,13 +583,7 @@ struct Applied {
 /// [`early_window`] (marked in flight), and when to look again (the next tick, a lease's
 /// loss deadline or renewal, whichever comes first; recorded as the next wake).
 fn plan(leases: &mut Leases, now: Instant) -> Plan {
-    let tick = leases
-        .by_id
-        .values()
-        .filter(|lease| lease.renew)
-        .map(|lease| lease.ttl / 6)
-        .fold(Duration::from_secs(10), Duration::min)
-        .max(Duration::from_millis(5));
+    let tick = tick(leases.by_id.values().map(|lease| lease.terms()));
     let mut plan = Plan {
         lost: Vec::new(),
         due: Vec::new(),
@@ -417,31 +593,14 @@ fn plan(leases: &mut Leases, now: Instant) -> Plan {
         if lease.lost.is_cancelled() {
             continue;
         }
-        let mut st = lock(&lease.state);
-        let give_up = st.loss_deadline();
-        if now >= give_up {
-            let cause = if st.capped {
-                // Granted right up to the maximum hold: it ran out as asked.
-                LossCause::MaxHold
-            } else if !lease.renew {
-                LossCause::Expired
-            } else {
-                LossCause::Unconfirmed
-            };
-            plan.lost.push((lease.clone(), cause));
-            continue;
-        }
-        plan.wake = plan.wake.min(give_up);
-        if !lease.renew || st.in_flight {
-            continue;
-        }
-        if st.next_renewal > now + early_window(tick) {
-            plan.wake = plan.wake.min(st.next_renewal);
-            continue;
-        }
-        if let Some((ttl, capped)) = lease.renewal_ttl(now) {
-            st.in_flight = true;
-            plan.due.push((lease.clone(), ttl, capped));
+        let look = lock(&lease.watched).look(now, tick);
+        match look {
+            Look::Lost(cause) => plan.lost.push((lease.clone(), cause)),
+            Look::Renew { ttl, capped, wake } => {
+                plan.wake = plan.wake.min(wake);
+                plan.due.push((lease.clone(), ttl, capped));
+            }
+            Look::Wait(wake) => plan.wake = plan.wake.min(wake),
         }
     }
     leases.next_wake = Some(plan.wake);
@@ -460,40 +619,18 @@ fn early_window(tick: Duration) -> Duration {
 /// Applies one batch's `renewals` (sent at `sent_at`, answered at `now`): a renewed
 /// lease ends later and is renewed again a third of its lease after the send; a lease
 /// the nodes said is gone is lost, unless its key was gone while its lease still ran
-/// (see [`why_gone`]); no verdict leaves it to the next tick.
+/// (see [`Terms::why_gone`]); no verdict leaves it to the next tick.
 fn apply(batch: &[Due], renewals: Vec<Renewal>, sent_at: Instant, now: Instant) -> Applied {
     let mut applied = Applied::default();
     for ((lease, ttl, capped), renewal) in batch.iter().zip(renewals) {
-        let mut st = lock(&lease.state);
-        st.in_flight = false;
-        match renewal {
-            Renewal::Renewed { valid_until } => {
-                if valid_until > st.valid_until {
-                    st.valid_until = valid_until;
-                    st.granted = *ttl;
-                    st.capped = *capped;
-                }
-                st.next_renewal = sent_at + lease.ttl / 3;
-            }
-            Renewal::Lost(LossCause::Expired) if now < st.valid_until => {
-                applied.gone_early.push(lease.clone());
-            }
-            Renewal::Lost(cause) => applied.lost.push((lease.clone(), cause)),
-            Renewal::Unknown => {}
+        let answered = lock(&lease.watched).answered(*ttl, *capped, renewal, sent_at, now);
+        match answered {
+            Answered::Kept => {}
+            Answered::Lost(cause) => applied.lost.push((lease.clone(), cause)),
+            Answered::GoneEarly => applied.gone_early.push(lease.clone()),
         }
     }
     applied
-}
-
-/// Why the key of `lease` was gone while its lease still ran (by the local clock, so not
-/// an expiry), from the fencing `counter` a node reported: [`LossCause::Broken`] when
-/// it moved past the lease's token (a break burns one; no grant can have followed, since
-/// the key is absent), else [`LossCause::Deleted`].
-fn why_gone(lease: &Lease, counter: Option<u64>) -> LossCause {
-    match (lease.fence, counter) {
-        (Some(fence), Some(counter)) if counter > fence => LossCause::Broken,
-        _ => LossCause::Deleted,
-    }
 }
 
 /// The watchdog task. It runs on a fixed tick (a sixth of the shortest renewed lease)
@@ -636,13 +773,14 @@ async fn renew<R: Renewer>(inner: &Inner<R>, batch: Vec<Due>) {
     join_all(applied.gone_early.into_iter().map(|lease| async move {
         // Only a lock with one holder at a time is told broken from deleted: one
         // `inspect.lua` call, only on this loss path, bounded (then: deleted).
-        let counter = match lease.fence {
+        let terms = *lease.terms();
+        let counter = match terms.fence {
             Some(_) => tokio::time::timeout(WHY_GONE_WITHIN, inner.renewer.counter(&lease.key))
                 .await
                 .unwrap_or(None),
             None => None,
         };
-        lease.lose(why_gone(&lease, counter));
+        lease.lose(terms.why_gone(counter));
     }))
     .await;
 }
