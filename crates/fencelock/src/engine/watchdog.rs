@@ -217,7 +217,8 @@ impl Watched {
         watched
     }
 
-    /// Its terms.
+    /// Its terms (the watchdog's task reads its lease's own copy).
+    #[cfg(feature = "model")]
     pub fn terms(&self) -> &Terms {
         &self.terms
     }
