@@ -291,7 +291,7 @@ pub fn worlds(quick: bool) -> Vec<Entry> {
             &[Kind::Election; 2],
         )),
         holds(of(
-            "multi-lock: 2 clients take x and y",
+            "multi-lock: 2 clients take x and y in opposite orders",
             shipped(),
             &[Kind::Multi; 2],
         )),

@@ -69,7 +69,8 @@ pub enum Kind {
     Semaphore(u32),
     /// A read-write lock's reader.
     Read,
-    /// Both names [`NAME`] and [`SECOND`] at once (a multi-lock).
+    /// Both names [`NAME`] and [`SECOND`] at once (a multi-lock; client 1 names them
+    /// in the opposite order).
     Multi,
     /// A candidate of a leader election (its term: the fencing token).
     Election,
@@ -81,14 +82,25 @@ impl Kind {
 
     /// The library's protocol for client `client`.
     pub fn protocol(self, client: usize) -> SharedProtocol {
-        use fencelock::model::{Election, Fair, Plain, Read, Reentrant, Semaphore, multi};
+        use fencelock::model::{
+            Election, Fair, Plain, Read, Reentrant, Semaphore, multi, multi_order,
+        };
         match self {
             Kind::Plain => Arc::new(Plain),
             Kind::Fair(timeout) => Arc::new(Fair::new(timeout)),
             Kind::Reentrant => Arc::new(Reentrant::new(format!("owner{client}"))),
             Kind::Semaphore(permits) => Arc::new(Semaphore::new(permits, None)),
             Kind::Read => Arc::new(Read::new(String::new())),
-            Kind::Multi => Arc::new(multi(vec![keys(NAME), keys(SECOND)])),
+            Kind::Multi => {
+                // Client 0 asks for x and y, client 1 for y and x: the library sorts
+                // them into one global order before it acquires.
+                let mut names = vec![NAME.to_owned(), SECOND.to_owned()];
+                if client % 2 == 1 {
+                    names.reverse();
+                }
+                let sorted = multi_order(&names).expect("valid names");
+                Arc::new(multi(sorted.into_iter().map(|(_, keys)| keys).collect()))
+            }
             Kind::Election => Arc::new(Election),
         }
     }

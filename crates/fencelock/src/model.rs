@@ -111,6 +111,12 @@ pub fn multi(names: Vec<LockKeys>) -> Multi {
     Multi::new(names)
 }
 
+/// A multi-lock's `names` sorted into the global order every caller takes them in, each
+/// with its keys (no prefix), as `MultiLockBuilder` sorts them before it acquires.
+pub fn multi_order(names: &[String]) -> Result<Vec<(String, LockKeys)>, crate::Error> {
+    crate::multi::global_order("", names)
+}
+
 /// What a node's subscriber runs when a wake by name finds no waiter of its client left
 /// (`lock/wake.lua`, the `HandOn` of `backend/subscriber.rs`): the wake goes on to the
 /// next client of the wake list.

@@ -172,33 +172,7 @@ impl MultiLockBuilder {
     /// list.
     fn sorted(&self) -> Result<Vec<(String, LockKeys)>, Error> {
         let (shared, _, kind) = self.parts();
-        if kind.names.is_empty() {
-            return Err(Error::invalid("lock names", "the list is empty".to_owned()));
-        }
-        if kind.names.len() > MAX_MULTI_NAMES {
-            return Err(Error::invalid(
-                "lock names",
-                format!(
-                    "{} names; a multi-lock takes at most {MAX_MULTI_NAMES}",
-                    kind.names.len()
-                ),
-            ));
-        }
-        let mut names = kind.names.clone();
-        names.sort_unstable();
-        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::invalid(
-                "lock names",
-                format!("{:?} is named twice", twice[0]),
-            ));
-        }
-        names
-            .into_iter()
-            .map(|name| {
-                let keys = LockKeys::new(&shared.prefix, &name)?;
-                Ok((name, keys))
-            })
-            .collect()
+        global_order(&shared.prefix, &kind.names)
     }
 
     /// One request of this acquire: `keys` under `protocol`, waiting `wait`.
@@ -451,4 +425,40 @@ impl MultiGuard {
     pub fn into_guards(self) -> Vec<LockGuard> {
         self.guards
     }
+}
+
+/// `names` sorted into the global order every caller takes them in, each with its keys
+/// under `prefix`; typed errors for an empty list, too many names, a name given twice
+/// or an invalid one.
+pub(crate) fn global_order(
+    prefix: &str,
+    names: &[String],
+) -> Result<Vec<(String, LockKeys)>, Error> {
+    if names.is_empty() {
+        return Err(Error::invalid("lock names", "the list is empty".to_owned()));
+    }
+    if names.len() > MAX_MULTI_NAMES {
+        return Err(Error::invalid(
+            "lock names",
+            format!(
+                "{} names; a multi-lock takes at most {MAX_MULTI_NAMES}",
+                names.len()
+            ),
+        ));
+    }
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(Error::invalid(
+            "lock names",
+            format!("{:?} is named twice", twice[0]),
+        ));
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let keys = LockKeys::new(prefix, &name)?;
+            Ok((name, keys))
+        })
+        .collect()
 }
