@@ -9,7 +9,10 @@ use crate::rt;
 /// with nothing of its own left in Redis or in flight.
 pub fn shutdown() {
     rt().block_on(async {
-        let (client, redis) = super::client().await;
+        // The worker reaches Redis through a proxy, so that it can be slowed down below.
+        let redis = testkit::RedisServer::start();
+        let proxy = testkit::FaultProxy::start(&redis.addr());
+        let client = fencelock::Client::connect(&proxy.url()).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let worker = tokio::spawn(b::shutdown::worker(client.clone(), async {
             let _ = stopped.await;
@@ -20,7 +23,15 @@ pub fn shutdown() {
                 .as_str()
                 .is_some()
         });
-        // Another holder, so that the worker is waiting when it is told to stop.
+        // Another holder, so that the worker is waiting when it is told to stop. A plain
+        // lock lets a releaser take it back at once (barging), and the worker always
+        // does: its next acquire follows its release, while the other waits for the
+        // release's message. With 5 ms each way between the worker and Redis, the other,
+        // woken by the release, comes first.
+        proxy.set(testkit::Fault::Delay {
+            base: Duration::from_millis(5),
+            jitter: Duration::ZERO,
+        });
         let other = fencelock::Client::connect(&redis.url()).await.unwrap();
         let held = other
             .lock("jobs:report")
@@ -28,6 +39,12 @@ pub fn shutdown() {
             .acquire()
             .await
             .unwrap();
+        testkit::eventually("the worker waits, listed", Duration::from_secs(10), || {
+            redis
+                .cmd(&["ZCARD", "fencelock:{jobs:report}:wakes"])
+                .as_int()
+                == Some(1)
+        });
         stop.send(()).unwrap();
         let done = tokio::time::timeout(Duration::from_secs(10), worker)
             .await
