@@ -212,6 +212,13 @@ fn leases_with(history: &[Event], sharing: Sharing) -> Vec<Violation> {
                 ));
                 continue;
             };
+            // A grant whose lease had run out when its acquire returned (the process was
+            // paused between the grant and its record: the worker records `valid_until`
+            // as the moment of the record then) held nothing, and overlaps nobody; a
+            // write it makes lies outside its lease, which the write check flags.
+            if e.op == Op::Acquire && until <= t {
+                continue;
+            }
             if e.op == Op::Extend
                 && let Some(l) = live.get_mut(&e.process).filter(|l| l.owner == owner)
             {
@@ -607,6 +614,31 @@ mod tests {
             acquire_ok(2, 50, 2, "b", 150),
         ]);
         assert_eq!(leases_overlap(&h), []);
+    }
+
+    #[test]
+    fn c1_ignores_a_grant_whose_lease_ran_out_before_its_acquire_returned() {
+        // b was paused after its grant, past its lease: it records its acquire at 60
+        // with nothing left of the lease (valid until 60), while a holds until 150.
+        let h = sorted(vec![
+            acquire_ok(1, 50, 1, "a", 150),
+            acquire_ok(2, 60, 2, "b", 60),
+        ]);
+        assert_eq!(leases_overlap(&h), []);
+        // One nanosecond of lease left is a lease: flagged.
+        let h = sorted(vec![
+            acquire_ok(1, 50, 1, "a", 150),
+            acquire_ok(2, 60, 2, "b", 61),
+        ]);
+        assert_eq!(leases_overlap(&h).len(), 1);
+        // And its write, outside any lease it held, is flagged.
+        let h = sorted(vec![
+            acquire_ok(1, 50, 1, "a", 150),
+            acquire_ok(2, 60, 2, "b", 60),
+            write(2, 70, Phase::Invoke, 2, 20),
+            write(2, 80, Phase::Ok, 2, 20),
+        ]);
+        assert_eq!(leases_overlap(&h).len(), 1);
     }
 
     #[test]
